@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One-line setup for a fresh Debian bookworm machine (run as root, or with sudo available).
+# Idempotent: running it again only reports what is already there.
+#
+#  1. libgccjit (Debian's libgccjit-12-dev) for the native gccjit backend;
+#  2. NVRTC (the Python package nvidia-cuda-nvrtc-cu12) unpacked into .nv/ of this workspace,
+#     where the CUDA backend finds it (after ROCANNL_NVRTC_DIR and before the system's paths).
+#     The NVIDIA files are never committed (.nv/ is ignored by git).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+say() { echo "setup: $*"; }
+fail() { echo "setup: error: $*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else fail "need root (or sudo) to run: $*"
+  fi
+}
+
+# --- 1. libgccjit -----------------------------------------------------------------------------
+if dpkg-query -W -f='${Status}' libgccjit-12-dev 2>/dev/null | grep -q "install ok installed"; then
+  say "libgccjit-12-dev is already installed"
+else
+  command -v apt-get >/dev/null 2>&1 || fail "apt-get not found: install libgccjit-12-dev by hand"
+  say "installing libgccjit-12-dev with apt-get"
+  as_root apt-get update -qq || fail "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq libgccjit-12-dev >/dev/null \
+    || fail "apt-get could not install libgccjit-12-dev"
+  say "installed libgccjit-12-dev"
+fi
+
+# --- 2. NVRTC into .nv/ -----------------------------------------------------------------------
+nv="$root/.nv"
+nvlib="$nv/nvidia/cuda_nvrtc/lib"
+if compgen -G "$nvlib/libnvrtc.so.*" >/dev/null; then
+  say "NVRTC is already in $nvlib"
+else
+  command -v python3 >/dev/null 2>&1 || fail "python3 not found: it is needed to fetch NVRTC"
+  python3 -m pip --version >/dev/null 2>&1 || fail "pip for python3 not found: it is needed to fetch NVRTC"
+  say "installing NVRTC (nvidia-cuda-nvrtc-cu12) into $nv"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --upgrade \
+    --target "$nv" 'nvidia-cuda-nvrtc-cu12>=12.4,<13' \
+    || fail "pip could not install nvidia-cuda-nvrtc-cu12 into $nv"
+  compgen -G "$nvlib/libnvrtc.so.*" >/dev/null || fail "NVRTC was installed but $nvlib has no libnvrtc.so.*"
+  say "installed NVRTC into $nvlib"
+fi
+# The wheel ships alternative builds next to the ones that are loaded; they are never used.
+removed=$(find "$nv" -name '*.alt.so*' -print -delete | wc -l)
+[ "$removed" -gt 0 ] && say "removed $removed unused *.alt.so* files"
+
+say "done"

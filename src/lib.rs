@@ -1,0 +1,10 @@
+//! rocannl: deep learning in Rust where shapes are inferred, never declared.
+//!
+//! This facade re-exports the three crates of the workspace:
+//! - [`arrayjit`]: the assignments IR, lowering, optimization and backends;
+//! - [`shape`]: shape inference, the extended einsum notation and projection inference;
+//! - [`tensor`]: differentiable tensors, operations, optimizers and nn blocks.
+
+pub use rocannl_arrayjit as arrayjit;
+pub use rocannl_shape as shape;
+pub use rocannl_tensor as tensor;

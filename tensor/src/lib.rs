@@ -1,0 +1,1 @@
+//! `rocannl-tensor`: differentiable tensors built on inferred shapes and compiled assignments.
