@@ -1,0 +1,222 @@
+//! Constraints between rows and dimensions, as produced by the operations of a tensor graph.
+//!
+//! Equations come from einsum-like specs of permutations and batch slicing; inequalities
+//! `cur ≥ subr` come from broadcasting, with `cur` on the side of the super-tensor (the result)
+//! and `subr` on the side of a sub-tensor (an argument). For dimensions `n ≥ m` means `n = m` or
+//! `m = 1`; for rows it means `cur` has at least the axes of `subr`, each axis `≥`.
+//!
+//! Every constraint carries its [`Origin`] — the operations that produced it — so an error can
+//! say which operations disagree.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::dim::Dim;
+use crate::row::Row;
+use crate::var::{DimVar, StepId};
+
+/// A constraint on a single dimension variable beyond equations and inequalities.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DimConstraint {
+    /// Nothing known.
+    Unconstrained,
+    /// The axis has at least this many positions (from a fixed index `i`: `i + 1`).
+    AtLeast(usize),
+}
+
+impl DimConstraint {
+    /// Both constraints at once.
+    pub fn conjunction(&self, other: &DimConstraint) -> DimConstraint {
+        match (self, other) {
+            (DimConstraint::Unconstrained, c) | (c, DimConstraint::Unconstrained) => c.clone(),
+            (DimConstraint::AtLeast(a), DimConstraint::AtLeast(b)) => {
+                DimConstraint::AtLeast(*a.max(b))
+            }
+        }
+    }
+
+    /// The lower bound, if any (an `AtLeast(1)` bounds nothing).
+    pub fn lower_bound(&self) -> Option<usize> {
+        match self {
+            DimConstraint::AtLeast(n) if *n > 1 => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// The numerator of a [`RowConstraint::TotalElems`] constraint.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TotalElems {
+    /// A known number of elements.
+    NumElems(usize),
+    /// `coeff * var / denom` elements, for a dimension variable `var` not known yet.
+    StridedVar {
+        /// The multiplier.
+        coeff: usize,
+        /// The variable.
+        var: DimVar,
+        /// The divisor.
+        denom: usize,
+    },
+}
+
+/// A constraint on whole rows.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RowConstraint {
+    /// Nothing known.
+    Unconstrained,
+    /// The rows together have `numerator / Π divided_by` elements.
+    TotalElems {
+        /// The number of elements before dividing.
+        numerator: TotalElems,
+        /// Dimension variables the numerator is divided by.
+        divided_by: Vec<DimVar>,
+    },
+    /// The rows concatenated are exactly these axes.
+    Exact(Vec<Dim>),
+}
+
+/// The operations a constraint came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Origin(pub Arc<[StepId]>);
+
+impl Origin {
+    /// The constraint came from one operation.
+    pub fn step(s: StepId) -> Origin {
+        Origin(Arc::from(vec![s]))
+    }
+
+    /// The operations of both origins.
+    pub fn join(&self, other: &Origin) -> Origin {
+        if other.0.iter().all(|s| self.0.contains(s)) {
+            return self.clone();
+        }
+        let mut v: Vec<StepId> = self.0.to_vec();
+        v.extend(other.0.iter().filter(|s| !self.0.contains(s)));
+        Origin(Arc::from(v))
+    }
+}
+
+/// A constraint to solve.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Constraint {
+    /// `d1 = d2`.
+    DimEq {
+        /// Left side.
+        d1: Dim,
+        /// Right side.
+        d2: Dim,
+    },
+    /// `r1 = r2`, no broadcasting.
+    RowEq {
+        /// Left side.
+        r1: Row,
+        /// Right side.
+        r2: Row,
+    },
+    /// `cur ≥ subr`: `subr` broadcasts to `cur`.
+    DimIneq {
+        /// The super-tensor's side.
+        cur: Dim,
+        /// The sub-tensor's side.
+        subr: Dim,
+    },
+    /// `cur ≥ subr` for rows.
+    RowIneq {
+        /// The super-tensor's side.
+        cur: Row,
+        /// The sub-tensor's side.
+        subr: Row,
+    },
+    /// A constraint on one dimension.
+    DimConstr {
+        /// The dimension.
+        d: Dim,
+        /// What is known about it.
+        constr: DimConstraint,
+    },
+    /// A constraint on the concatenation of several rows.
+    RowsConstr {
+        /// The rows, in memory order.
+        rows: Vec<Row>,
+        /// What is known about them.
+        constr: RowConstraint,
+    },
+    /// A dimension of a leaf tensor: closed to its least upper bound.
+    TerminalDim(Dim),
+    /// A row of a leaf tensor: closed to its least upper bound.
+    TerminalRow(Row),
+    /// A row of some tensor of the graph, injected at the closing stages so that its
+    /// remaining variables get closed.
+    ShapeRow(Row),
+}
+
+/// A constraint with its origin.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Constr {
+    /// The constraint.
+    pub c: Constraint,
+    /// Which operations produced it.
+    pub origin: Origin,
+}
+
+impl Constraint {
+    /// Attaches an origin.
+    pub fn at(self, origin: &Origin) -> Constr {
+        Constr { c: self, origin: origin.clone() }
+    }
+}
+
+impl fmt::Display for TotalElems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TotalElems::NumElems(n) => write!(f, "{n}"),
+            TotalElems::StridedVar { coeff, var, denom: 1 } => write!(f, "{coeff}*{var}"),
+            TotalElems::StridedVar { coeff, var, denom } => write!(f, "{coeff}*{var}/{denom}"),
+        }
+    }
+}
+
+impl fmt::Display for RowConstraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RowConstraint::Unconstrained => write!(f, "unconstrained"),
+            RowConstraint::TotalElems { numerator, divided_by } => {
+                write!(f, "elements = {numerator}")?;
+                for v in divided_by {
+                    write!(f, "/{v}")?;
+                }
+                Ok(())
+            }
+            RowConstraint::Exact(dims) => {
+                let ds: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+                write!(f, "exactly [{}]", ds.join(","))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Constraint {
+    /// A stable rendering used in solver traces and snapshots.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Constraint::DimEq { d1, d2 } => write!(f, "{d1} = {d2}"),
+            Constraint::RowEq { r1, r2 } => write!(f, "[{r1}] = [{r2}]"),
+            Constraint::DimIneq { cur, subr } => write!(f, "{cur} >= {subr}"),
+            Constraint::RowIneq { cur, subr } => write!(f, "[{cur}] >= [{subr}]"),
+            Constraint::DimConstr { d, constr: DimConstraint::AtLeast(n) } => {
+                write!(f, "{d} >= {n} positions")
+            }
+            Constraint::DimConstr { d, constr: DimConstraint::Unconstrained } => {
+                write!(f, "{d} unconstrained")
+            }
+            Constraint::RowsConstr { rows, constr } => {
+                let rs: Vec<String> = rows.iter().map(|r| format!("[{r}]")).collect();
+                write!(f, "{}: {constr}", rs.join(" "))
+            }
+            Constraint::TerminalDim(d) => write!(f, "terminal {d}"),
+            Constraint::TerminalRow(r) => write!(f, "terminal [{r}]"),
+            Constraint::ShapeRow(r) => write!(f, "shape row [{r}]"),
+        }
+    }
+}

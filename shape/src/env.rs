@@ -1,0 +1,255 @@
+//! The environment: what is known about every variable.
+//!
+//! Each variable is either solved, or has *bounds*: the variables known to be `≥` it (`cur`),
+//! the variables known to be `≤` it (`subr`), a least upper bound `lub` derived from the `cur`
+//! sides of inequalities with the variable on the `subr` side, and a constraint (`constr`).
+//! The `cur`/`subr` lists are kept symmetric (if `a` lists `b` in `subr`, `b` lists `a` in
+//! `cur`), which gives the transitive closure of variable inequalities by graph reachability
+//! and lets a solved variable visit just its neighbours.
+//!
+//! Solved values are substituted lazily: [`Environment::subst_dim`] and
+//! [`Environment::subst_row`] follow chains of solved variables, so solving a variable is
+//! cheap and never rewrites the whole environment.
+
+use rustc_hash::FxHashSet;
+
+use crate::constraint::{DimConstraint, Origin, RowConstraint};
+use crate::dim::Dim;
+use crate::row::{Bcast, Row};
+use crate::var::{DimVar, RowVar};
+
+/// The bounds of an unsolved dimension variable.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DimBounds {
+    /// Variables known to be `≥` this one.
+    pub cur: Vec<DimVar>,
+    /// Variables known to be `≤` this one.
+    pub subr: Vec<DimVar>,
+    /// The least upper bound: a solved dimension `> 1` every value must broadcast to, with the
+    /// operations it came from.
+    pub lub: Option<(Dim, Origin)>,
+    /// Other knowledge (a lower bound from fixed indexing).
+    pub constr: Option<(DimConstraint, Origin)>,
+}
+
+/// What is known about a dimension variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DimEntry {
+    /// The variable equals this dimension (which may mention other variables).
+    Solved(Dim, Origin),
+    /// The variable is not known yet.
+    Bounds(DimBounds),
+}
+
+/// The bounds of an unsolved row variable.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowBounds {
+    /// Row variables known to be `≥` this one.
+    pub cur: Vec<RowVar>,
+    /// Row variables known to be `≤` this one.
+    pub subr: Vec<RowVar>,
+    /// The least upper bound (a row that may itself contain variables).
+    pub lub: Option<(Row, Origin)>,
+    /// A constraint on the number of elements or the exact axes of the variable's axes.
+    pub constr: Option<(RowConstraint, Origin)>,
+}
+
+/// What is known about a row variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowEntry {
+    /// The variable stands for these axes (which may end in another row variable).
+    Solved(Row, Origin),
+    /// The variable is not known yet.
+    Bounds(RowBounds),
+}
+
+/// All knowledge about the variables of one inference problem.
+#[derive(Clone, Debug, Default)]
+pub struct Environment {
+    dims: Vec<Option<DimEntry>>,
+    rows: Vec<Option<RowEntry>>,
+    /// Incremented on every change; the solver uses it to detect progress.
+    pub version: u64,
+}
+
+impl Environment {
+    /// What is known about a dimension variable (`None`: nothing).
+    pub fn dim_entry(&self, v: DimVar) -> Option<&DimEntry> {
+        self.dims.get(v.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// What is known about a row variable (`None`: nothing).
+    pub fn row_entry(&self, v: RowVar) -> Option<&RowEntry> {
+        self.rows.get(v.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The bounds of an unsolved dimension variable (default bounds if nothing is known).
+    pub fn dim_bounds(&self, v: DimVar) -> DimBounds {
+        match self.dim_entry(v) {
+            Some(DimEntry::Bounds(b)) => b.clone(),
+            _ => DimBounds::default(),
+        }
+    }
+
+    /// The bounds of an unsolved row variable.
+    pub fn row_bounds(&self, v: RowVar) -> RowBounds {
+        match self.row_entry(v) {
+            Some(RowEntry::Bounds(b)) => b.clone(),
+            _ => RowBounds::default(),
+        }
+    }
+
+    /// Replaces the bounds of an unsolved dimension variable.
+    pub fn set_dim_bounds(&mut self, v: DimVar, b: DimBounds) {
+        self.set_dim(v, DimEntry::Bounds(b));
+    }
+
+    /// Replaces the bounds of an unsolved row variable.
+    pub fn set_row_bounds(&mut self, v: RowVar, b: RowBounds) {
+        self.set_row(v, RowEntry::Bounds(b));
+    }
+
+    fn set_dim(&mut self, v: DimVar, e: DimEntry) {
+        let i = v.0 as usize;
+        if self.dims.len() <= i {
+            self.dims.resize(i + 1, None);
+        }
+        self.dims[i] = Some(e);
+        self.version += 1;
+    }
+
+    fn set_row(&mut self, v: RowVar, e: RowEntry) {
+        let i = v.0 as usize;
+        if self.rows.len() <= i {
+            self.rows.resize(i + 1, None);
+        }
+        self.rows[i] = Some(e);
+        self.version += 1;
+    }
+
+    /// Records `v = value`, returning the bounds it had (so the caller can re-check them against
+    /// the value) after removing `v` from its neighbours' lists.
+    pub fn solve_dim(&mut self, v: DimVar, value: Dim, origin: Origin) -> DimBounds {
+        let old = self.dim_bounds(v);
+        for c in &old.cur {
+            let mut b = self.dim_bounds(*c);
+            b.subr.retain(|x| x != &v);
+            self.set_dim_bounds(*c, b);
+        }
+        for s in &old.subr {
+            let mut b = self.dim_bounds(*s);
+            b.cur.retain(|x| x != &v);
+            self.set_dim_bounds(*s, b);
+        }
+        self.set_dim(v, DimEntry::Solved(value, origin));
+        old
+    }
+
+    /// Records that row variable `v` stands for `value`, returning its former bounds.
+    pub fn solve_row(&mut self, v: RowVar, value: Row, origin: Origin) -> RowBounds {
+        let old = self.row_bounds(v);
+        for c in &old.cur {
+            let mut b = self.row_bounds(*c);
+            b.subr.retain(|x| x != &v);
+            self.set_row_bounds(*c, b);
+        }
+        for s in &old.subr {
+            let mut b = self.row_bounds(*s);
+            b.cur.retain(|x| x != &v);
+            self.set_row_bounds(*s, b);
+        }
+        self.set_row(v, RowEntry::Solved(value, origin));
+        old
+    }
+
+    /// The dimension with every solved variable substituted.
+    pub fn subst_dim(&self, d: &Dim) -> Dim {
+        d.map_vars(&mut |v| match self.dim_entry(v) {
+            Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
+            _ => None,
+        })
+    }
+
+    /// The row with every solved variable (dimension and row) substituted.
+    pub fn subst_row(&self, r: &Row) -> Row {
+        let mut row = r.map_dims(&mut |d| self.subst_dim(d));
+        while let Some(v) = row.var() {
+            match self.row_entry(v) {
+                Some(RowEntry::Solved(value, _)) => {
+                    let value = self.subst_row(value);
+                    row = row.splice(v, &value);
+                }
+                _ => break,
+            }
+        }
+        row
+    }
+
+    /// The origin recorded for a solved dimension variable, if any.
+    pub fn dim_origin(&self, v: DimVar) -> Option<Origin> {
+        match self.dim_entry(v) {
+            Some(DimEntry::Solved(_, o)) => Some(o.clone()),
+            Some(DimEntry::Bounds(b)) => b.lub.as_ref().map(|(_, o)| o.clone()),
+            None => None,
+        }
+    }
+
+    /// Whether `to` is reachable from `from` by following `subr` edges (i.e. `from ≥ … ≥ to`).
+    pub fn dim_below(&self, from: DimVar, to: DimVar) -> bool {
+        let mut seen = FxHashSet::default();
+        let mut stack = vec![from];
+        while let Some(v) = stack.pop() {
+            if v == to {
+                return true;
+            }
+            if seen.insert(v) {
+                if let Some(DimEntry::Bounds(b)) = self.dim_entry(v) {
+                    stack.extend(b.subr.iter().copied());
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether row variable `to` is reachable from `from` by following `subr` edges.
+    pub fn row_below(&self, from: RowVar, to: RowVar) -> bool {
+        let mut seen = FxHashSet::default();
+        let mut stack = vec![from];
+        while let Some(v) = stack.pop() {
+            if v == to {
+                return true;
+            }
+            if seen.insert(v) {
+                if let Some(RowEntry::Bounds(b)) = self.row_entry(v) {
+                    stack.extend(b.subr.iter().copied());
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether row variable `v` occurs in `row` after substitution (an occurs check).
+    pub fn row_mentions(&self, row: &Row, v: RowVar) -> bool {
+        self.subst_row(row).var() == Some(v)
+    }
+
+    /// Every unsolved dimension variable mentioned by a row, after substitution.
+    pub fn row_dim_vars(&self, row: &Row) -> Vec<DimVar> {
+        let row = self.subst_row(row);
+        let mut vs = Vec::new();
+        for d in row.all_dims() {
+            d.vars(&mut vs);
+        }
+        vs
+    }
+}
+
+/// A row with `n` fresh dimension variables (the variables-only template).
+pub fn fresh_dims(n: usize, fresh: &mut impl FnMut() -> DimVar) -> Vec<Dim> {
+    (0..n).map(|_| Dim::Var(fresh())).collect()
+}
+
+/// The row `beg ++ ..v.. ++ dims`.
+pub fn row_with_var(beg: Vec<Dim>, v: RowVar, dims: Vec<Dim>, like: &Row) -> Row {
+    Row { dims, bcast: Bcast::Var { v, beg_dims: beg }, id: like.id }
+}

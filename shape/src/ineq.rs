@@ -1,0 +1,439 @@
+//! Inequalities `cur ≥ subr`: `solve_dim_ineq`, `solve_row_ineq` and least upper bounds.
+//!
+//! For dimensions the order is flat: 1 is below everything, other sizes are incomparable. So
+//! `cur ≥ subr` with a known `subr > 1` forces `cur = subr`, a known `cur = 1` forces `subr = 1`,
+//! and a known `cur > 1` becomes `subr`'s least upper bound. A second, different upper bound
+//! `> 1` forces `subr` to 1: the only size below both 3 and 4 is 1. (That is the unique
+//! solution, so it is not an error; an operation that then needs the axis larger than 1 reports
+//! the conflict.) Between two variables the relation is stored as bounds; a cycle of `≥` means
+//! equality.
+//!
+//! For rows, leading axes pair from the left and trailing axes from the right, and the rest is
+//! absorbed by row variables: the `cur` side is expanded with a variables-only template when
+//! `subr` has more axes than `cur` can show (so `cur` has at least `subr`'s axes), and the part
+//! of `cur` left over becomes `subr`'s least upper bound. Row upper bounds meet dimension-wise;
+//! where a meet of two bounds cannot be written down yet (both end in unknown row variables),
+//! the second bound waits for a later pass.
+
+use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
+use crate::dim::Dim;
+use crate::error::{Conflict, conflict};
+use crate::row::{Bcast, Row};
+use crate::solve::Solver;
+use crate::stage::Stage;
+use crate::unify::labels_agree;
+use crate::var::{DimVar, RowVar};
+
+type Derived = Result<Vec<Constr>, Conflict>;
+
+fn arithmetic(d: &Dim) -> bool {
+    matches!(d, Dim::Conv(_) | Dim::Concat(_))
+}
+
+/// Whether two dimensions are the same (ignoring projection ids).
+fn same_dim(a: &Dim, b: &Dim) -> bool {
+    match (a, b) {
+        (Dim::Solved(x), Dim::Solved(y)) => x.d == y.d && x.label == y.label,
+        _ => a == b,
+    }
+}
+
+/// Whether two rows are the same (ignoring projection ids and row ids).
+fn same_row(a: &Row, b: &Row) -> bool {
+    a.bcast_var_eq(b)
+        && a.dims.len() == b.dims.len()
+        && a.beg_dims().len() == b.beg_dims().len()
+        && a.dims.iter().zip(&b.dims).all(|(x, y)| same_dim(x, y))
+        && a.beg_dims().iter().zip(b.beg_dims()).all(|(x, y)| same_dim(x, y))
+}
+
+impl Row {
+    fn bcast_var_eq(&self, other: &Row) -> bool {
+        self.var() == other.var()
+    }
+}
+
+impl Solver {
+    /// Solves `cur ≥ subr` for dimensions.
+    pub fn solve_dim_ineq(&mut self, cur: &Dim, subr: &Dim, origin: &Origin) -> Derived {
+        let cur = self.env.subst_dim(cur);
+        let subr = self.env.subst_dim(subr);
+        if same_dim(&cur, &subr) {
+            return Ok(vec![]);
+        }
+        if let (Some(c), Some(s)) = (cur.size(), subr.size()) {
+            if c == s {
+                if !labels_agree(&cur, &subr) {
+                    return Err(conflict(
+                        format!("axes of size {c} have different labels: {cur} vs {subr}"),
+                        origin,
+                    ));
+                }
+                return Ok(vec![]);
+            }
+            if s == 1 {
+                return Ok(vec![]);
+            }
+            return Err(conflict(
+                format!(
+                    "dimension {subr} cannot broadcast to {cur} ({cur} >= {subr} fails: only a \
+                     dimension of 1 broadcasts)"
+                ),
+                origin,
+            ));
+        }
+        if subr.is_one() {
+            return Ok(vec![]);
+        }
+        let eq =
+            |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
+        if cur.is_one() {
+            return Ok(vec![eq(&subr, &cur)]);
+        }
+        if arithmetic(&cur) || arithmetic(&subr) {
+            // Convolution and concatenation axes do not broadcast.
+            return Ok(vec![eq(&cur, &subr)]);
+        }
+        match (&cur, &subr) {
+            (Dim::Var(_), Dim::Solved(_)) => Ok(vec![eq(&cur, &subr)]),
+            (Dim::Solved(_), Dim::Var(s)) => self.add_dim_lub(*s, cur.clone(), origin),
+            (Dim::Var(c), Dim::Var(s)) => self.add_dim_var_ineq(*c, *s, origin),
+            _ => Err(conflict(format!("cannot compare {cur} and {subr}"), origin)),
+        }
+    }
+
+    /// `lub ≥ s` for a solved `lub > 1`.
+    fn add_dim_lub(&mut self, s: DimVar, lub: Dim, origin: &Origin) -> Derived {
+        let mut b = self.env.dim_bounds(s);
+        let mut out = Vec::new();
+        match &b.lub {
+            None => {
+                if let Some((DimConstraint::AtLeast(n), o)) = &b.constr {
+                    if lub.size().is_some_and(|l| l < *n) && *n > 1 {
+                        return Err(conflict(
+                            format!(
+                                "an axis indexed at position {} cannot be at most {lub}",
+                                n - 1
+                            ),
+                            &o.join(origin),
+                        ));
+                    }
+                }
+                for s2 in &b.subr {
+                    out.push(
+                        Constraint::DimIneq { cur: lub.clone(), subr: Dim::Var(*s2) }.at(origin),
+                    );
+                }
+                b.lub = Some((lub, origin.clone()));
+            }
+            Some((old, _)) if old.size() == lub.size() => {
+                if !labels_agree(old, &lub) {
+                    return Err(conflict(
+                        format!("axes of size {old} have different labels: {old} vs {lub}"),
+                        origin,
+                    ));
+                }
+                return Ok(vec![]);
+            }
+            Some((_, o)) => {
+                let both = o.join(origin);
+                out.push(Constraint::DimEq { d1: Dim::Var(s), d2: Dim::of(1) }.at(&both));
+                b.lub = Some((Dim::of(1), both));
+            }
+        }
+        self.env.set_dim_bounds(s, b);
+        Ok(out)
+    }
+
+    /// `c ≥ s` between two dimension variables.
+    fn add_dim_var_ineq(&mut self, c: DimVar, s: DimVar, origin: &Origin) -> Derived {
+        if self.env.dim_below(s, c) {
+            // s ≥ … ≥ c ≥ s: a cycle means equality.
+            return Ok(vec![Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) }.at(origin)]);
+        }
+        if self.env.dim_below(c, s) {
+            return Ok(vec![]);
+        }
+        let mut bc = self.env.dim_bounds(c);
+        let mut bs = self.env.dim_bounds(s);
+        bc.subr.push(s);
+        bs.cur.push(c);
+        let mut out = Vec::new();
+        if let Some((lub, o)) = &bc.lub {
+            out.push(
+                Constraint::DimIneq { cur: lub.clone(), subr: Dim::Var(s) }.at(&o.join(origin)),
+            );
+        }
+        // A lower bound > 1 on s rules out broadcasting, so c equals s and shares the bound.
+        if let Some((constr, o)) = &bs.constr {
+            if constr.lower_bound().is_some() {
+                out.push(
+                    Constraint::DimConstr { d: Dim::Var(c), constr: constr.clone() }
+                        .at(&o.join(origin)),
+                );
+            }
+        }
+        self.env.set_dim_bounds(c, bc);
+        self.env.set_dim_bounds(s, bs);
+        Ok(out)
+    }
+
+    /// Solves `cur ≥ subr` for rows.
+    pub fn solve_row_ineq(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Derived {
+        let cur = self.env.subst_row(cur);
+        let subr = self.env.subst_row(subr);
+        if same_row(&cur, &subr) {
+            return Ok(vec![]);
+        }
+        let ineq =
+            |c: &Dim, s: &Dim| Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin);
+        if self.stage >= Stage::RowsToNoMoreAxes {
+            // Close the remaining row variables (the result side first), then compare again.
+            if let Some(v) = cur.var().or(subr.var()) {
+                let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+                out.push(Constraint::RowIneq { cur, subr }.at(origin));
+                return Ok(out);
+            }
+        }
+        let (cb, cd) = (cur.beg_dims().to_vec(), cur.dims.clone());
+        let (sb, sd) = (subr.beg_dims().to_vec(), subr.dims.clone());
+        if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
+            if cv == sv {
+                // The same row variable on both sides: its axes line up only if the trailing
+                // parts have the same length; then the leading parts line up from the right.
+                if cd.len() != sd.len() || cb.len() < sb.len() {
+                    return Err(conflict(
+                        format!(
+                            "[{cur}] >= [{subr}] would need row variable {cv} to contain itself"
+                        ),
+                        origin,
+                    ));
+                }
+                let mut out: Vec<Constr> = cd.iter().zip(&sd).map(|(c, s)| ineq(c, s)).collect();
+                let off = cb.len() - sb.len();
+                out.extend(cb[off..].iter().zip(&sb).map(|(c, s)| ineq(c, s)));
+                return Ok(out);
+            }
+        }
+        if let (Some(cv), None) = (cur.var(), subr.var()) {
+            // subr's axes are all known: its first axes pair with cur's leading axes, its last
+            // axes with cur's trailing axes, and cur's row variable must hold the middle.
+            let n = sd.len();
+            let k = cd.len().min(n);
+            let mut out: Vec<Constr> =
+                cd[cd.len() - k..].iter().zip(&sd[n - k..]).map(|(c, s)| ineq(c, s)).collect();
+            let middle = &sd[..n - k];
+            let j = cb.len().min(middle.len());
+            out.extend(cb[..j].iter().zip(&middle[..j]).map(|(c, s)| ineq(c, s)));
+            let rest = &middle[j..];
+            if !rest.is_empty() {
+                let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
+                out.extend(expanded);
+                out.push(Constraint::RowIneq { cur, subr }.at(origin));
+            }
+            return Ok(out);
+        }
+        let j = cb.len().min(sb.len());
+        let k = cd.len().min(sd.len());
+        let mut out: Vec<Constr> = cb[..j].iter().zip(&sb[..j]).map(|(c, s)| ineq(c, s)).collect();
+        out.extend(cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]).map(|(c, s)| ineq(c, s)));
+        let (cb2, sb2) = (&cb[j..], &sb[j..]);
+        let (cd2, sd2) = (&cd[..cd.len() - k], &sd[..sd.len() - k]);
+        match cur.var() {
+            None => {
+                // cur is exactly cd (no leading part).
+                if !sd2.is_empty() {
+                    return Err(conflict(
+                        format!(
+                            "[{subr}] has more axes than [{cur}]: a sub-tensor cannot have more \
+                             axes than the result (maybe use pointmul instead of matmul?)"
+                        ),
+                        origin,
+                    ));
+                }
+                let Some(sv) = subr.var() else { return Ok(out) };
+                // subr's leading axes are fixed at the start of the row.
+                if sb2.len() > cd2.len() {
+                    return Err(conflict(format!("[{subr}] has more axes than [{cur}]"), origin));
+                }
+                out.extend(cd2.iter().zip(sb2).map(|(c, s)| ineq(c, s)));
+                let rest = Row::fixed(cd2[sb2.len()..].to_vec(), cur.id);
+                out.extend(self.add_row_lub(sv, rest, origin)?);
+                Ok(out)
+            }
+            Some(cv) => {
+                if !sb2.is_empty() || !sd2.is_empty() {
+                    // subr has axes cur does not show yet: cur's row variable must supply them,
+                    // unless cur's own leftover axes could (then wait).
+                    if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
+                    {
+                        self.defer(Constraint::RowIneq { cur, subr }.at(origin));
+                        return Ok(out);
+                    }
+                    out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
+                    out.push(Constraint::RowIneq { cur, subr }.at(origin));
+                    return Ok(out);
+                }
+                let Some(sv) = subr.var() else { return Ok(out) };
+                if cb2.is_empty() && cd2.is_empty() {
+                    out.extend(self.add_row_var_ineq(cv, sv, &cur, origin)?);
+                } else {
+                    let rest = Row {
+                        dims: cd2.to_vec(),
+                        bcast: Bcast::Var { v: cv, beg_dims: cb2.to_vec() },
+                        id: cur.id,
+                    };
+                    out.extend(self.add_row_lub(sv, rest, origin)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// `c ≥ s` between two row variables.
+    fn add_row_var_ineq(&mut self, c: RowVar, s: RowVar, like: &Row, origin: &Origin) -> Derived {
+        if self.env.row_below(s, c) {
+            return Ok(vec![
+                Constraint::RowEq { r1: Row::of_var(c, like.id), r2: Row::of_var(s, like.id) }
+                    .at(origin),
+            ]);
+        }
+        if self.env.row_below(c, s) {
+            return Ok(vec![]);
+        }
+        let mut bc = self.env.row_bounds(c);
+        let mut bs = self.env.row_bounds(s);
+        bc.subr.push(s);
+        bs.cur.push(c);
+        let mut out = Vec::new();
+        if let Some((lub, o)) = &bc.lub {
+            out.push(
+                Constraint::RowIneq { cur: lub.clone(), subr: Row::of_var(s, like.id) }
+                    .at(&o.join(origin)),
+            );
+        }
+        self.env.set_row_bounds(c, bc);
+        self.env.set_row_bounds(s, bs);
+        Ok(out)
+    }
+
+    /// `bound ≥ s` for a row variable `s`: meets `bound` into s's least upper bound.
+    fn add_row_lub(&mut self, s: RowVar, bound: Row, origin: &Origin) -> Derived {
+        let bound = self.env.subst_row(&bound);
+        if bound.var() == Some(s) {
+            // [..s.., more] >= s says nothing useful about s's size.
+            return Ok(vec![]);
+        }
+        let mut b = self.env.row_bounds(s);
+        let mut out = Vec::new();
+        let new_lub = match &b.lub {
+            None => bound.clone(),
+            Some((old, _)) => {
+                let old = self.env.subst_row(old);
+                match self.meet_rows(&old, &bound, origin, &mut out) {
+                    Some(m) => m,
+                    None => {
+                        self.defer(
+                            Constraint::RowIneq { cur: bound, subr: Row::of_var(s, old.id) }
+                                .at(origin),
+                        );
+                        return Ok(out);
+                    }
+                }
+            }
+        };
+        let changed =
+            b.lub.as_ref().is_none_or(|(old, _)| !same_row(&self.env.subst_row(old), &new_lub));
+        if !changed {
+            return Ok(out);
+        }
+        for s2 in &b.subr {
+            out.push(
+                Constraint::RowIneq { cur: bound.clone(), subr: Row::of_var(*s2, bound.id) }
+                    .at(origin),
+            );
+        }
+        let lub_origin = match &b.lub {
+            Some((_, o)) => o.join(origin),
+            None => origin.clone(),
+        };
+        if new_lub.is_empty_fixed() {
+            // Nothing but no axes is below [].
+            out.push(
+                Constraint::RowEq { r1: Row::of_var(s, new_lub.id), r2: new_lub.clone() }
+                    .at(&lub_origin),
+            );
+        }
+        b.lub = Some((new_lub, lub_origin));
+        self.env.set_row_bounds(s, b);
+        Ok(out)
+    }
+
+    /// The greatest row below both `a` and `b`, or `None` when it cannot be written down yet.
+    fn meet_rows(
+        &mut self,
+        a: &Row,
+        b: &Row,
+        origin: &Origin,
+        out: &mut Vec<Constr>,
+    ) -> Option<Row> {
+        if same_row(a, b) {
+            return Some(a.clone());
+        }
+        let k = a.dims.len().min(b.dims.len());
+        let (ra, rb) = (&a.dims[..a.dims.len() - k], &b.dims[..b.dims.len() - k]);
+        let a_rest_empty = ra.is_empty() && a.var().is_none();
+        let b_rest_empty = rb.is_empty() && b.var().is_none();
+        let prefix_same = ra.is_empty()
+            && rb.is_empty()
+            && a.var() == b.var()
+            && a.beg_dims().len() == b.beg_dims().len()
+            && a.beg_dims().iter().zip(b.beg_dims()).all(|(x, y)| same_dim(x, y));
+        if !(a_rest_empty || b_rest_empty || prefix_same) {
+            return None;
+        }
+        let mut dims = Vec::with_capacity(k);
+        for (x, y) in a.dims[a.dims.len() - k..].iter().zip(&b.dims[b.dims.len() - k..]) {
+            dims.push(self.meet_dims(x, y, origin, out));
+        }
+        let bcast =
+            if a_rest_empty || b_rest_empty { Bcast::Broadcastable } else { a.bcast.clone() };
+        Some(Row { dims, bcast, id: a.id })
+    }
+
+    /// The greatest dimension below both `x` and `y` (a fresh variable when it is not known).
+    fn meet_dims(&mut self, x: &Dim, y: &Dim, origin: &Origin, out: &mut Vec<Constr>) -> Dim {
+        let x = self.env.subst_dim(x);
+        let y = self.env.subst_dim(y);
+        if same_dim(&x, &y) || self.dim_known_below(&x, &y) {
+            return x;
+        }
+        if self.dim_known_below(&y, &x) {
+            return y;
+        }
+        if x.is_one() || y.is_one() {
+            return Dim::of(1);
+        }
+        if x.size().is_some() && y.size().is_some() {
+            // Two different sizes > 1: only 1 is below both.
+            return Dim::of(1);
+        }
+        let l = self.vars.dim();
+        out.push(Constraint::DimIneq { cur: x, subr: Dim::Var(l) }.at(origin));
+        out.push(Constraint::DimIneq { cur: y, subr: Dim::Var(l) }.at(origin));
+        Dim::Var(l)
+    }
+
+    /// Whether `x ≤ y` is already known (so the meet of `x` and `y` is `x`).
+    fn dim_known_below(&self, x: &Dim, y: &Dim) -> bool {
+        match (x, y) {
+            (_, _) if x.is_one() => true,
+            (Dim::Var(a), Dim::Var(b)) => self.env.dim_below(*b, *a),
+            (Dim::Var(a), _) => match self.env.dim_bounds(*a).lub {
+                Some((l, _)) => l.size().is_some() && l.size() == y.size(),
+                None => false,
+            },
+            _ => false,
+        }
+    }
+}

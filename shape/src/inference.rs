@@ -1,0 +1,476 @@
+//! The inference driver: shapes, steps, `propagate_shapes` and `finish_inference`.
+//!
+//! [`Inference`] owns every shape and update step of a graph. [`Inference::add_step`] is
+//! `propagate_shapes`: it derives the step's constraints and solves them online (stage 1),
+//! updating the shapes involved so partial results are observable. [`Inference::finish`] is
+//! `finish_inference`: a second pass over all steps in reverse order, then stages 2–7, after
+//! which every shape is closed (no variables left). Guesses made while closing parameters are
+//! reported as [`Warning`]s, or as an error in strict mode.
+
+use std::fmt;
+
+use rustc_hash::FxHashSet;
+
+use crate::constraint::{Constr, Constraint, Origin};
+use crate::dim::Dim;
+use crate::env::{DimEntry, RowEntry};
+use crate::error::{Conflict, OpContext, ShapeError, ShapeMismatch};
+use crate::logic::{Derivation, Logic, Shape, get_inequalities};
+use crate::row::{Kind, Row, RowId};
+use crate::solve::Solver;
+use crate::stage::Stage;
+use crate::var::{DimVar, RowVar, ShapeId, StepId};
+
+/// How one row of a new shape is declared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowDecl {
+    /// Exactly these axes.
+    Given(Vec<usize>),
+    /// Exactly these axes, with labels.
+    Labeled(Vec<(usize, Option<String>)>),
+    /// Inferred from use: a fresh row variable.
+    Inferred,
+}
+
+/// How a new shape is declared, row by row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeDecl {
+    /// The batch row.
+    pub batch: RowDecl,
+    /// The input row.
+    pub input: RowDecl,
+    /// The output row.
+    pub output: RowDecl,
+}
+
+impl ShapeDecl {
+    /// A shape whose rows are all inferred (the result of an operation).
+    pub fn inferred() -> ShapeDecl {
+        ShapeDecl { batch: RowDecl::Inferred, input: RowDecl::Inferred, output: RowDecl::Inferred }
+    }
+
+    /// A shape with all rows given.
+    pub fn given(batch: &[usize], input: &[usize], output: &[usize]) -> ShapeDecl {
+        ShapeDecl {
+            batch: RowDecl::Given(batch.to_vec()),
+            input: RowDecl::Given(input.to_vec()),
+            output: RowDecl::Given(output.to_vec()),
+        }
+    }
+
+    fn row(&self, kind: Kind) -> &RowDecl {
+        match kind {
+            Kind::Batch => &self.batch,
+            Kind::Input => &self.input,
+            Kind::Output => &self.output,
+        }
+    }
+}
+
+/// A guess made while closing a parameter's shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    /// The parameter's name.
+    pub param: String,
+    /// The row in which the guess was made.
+    pub kind: Kind,
+    /// A message naming the parameter.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct StepRecord {
+    shape: ShapeId,
+    logic: Logic,
+    labels: Vec<(String, DimVar)>,
+}
+
+/// Shape inference for one graph.
+#[derive(Clone, Debug, Default)]
+pub struct Inference {
+    pub(crate) solver: Solver,
+    shapes: Vec<Shape>,
+    /// The rows each shape was declared with (inferred rows start as a row variable).
+    initial: Vec<[Row; 3]>,
+    steps: Vec<StepRecord>,
+    pending: Vec<Constr>,
+    finished: bool,
+    warnings: Vec<Warning>,
+    strict: bool,
+}
+
+impl Inference {
+    /// An empty graph.
+    pub fn new() -> Inference {
+        Inference::default()
+    }
+
+    /// In strict mode, [`Inference::finish`] fails instead of warning when closing has to
+    /// guess a parameter's size.
+    pub fn set_strict(&mut self, strict: bool) {
+        self.strict = strict;
+    }
+
+    /// Records every processed constraint (for debugging and solver snapshots).
+    pub fn enable_trace(&mut self) {
+        self.solver.trace = Some(Vec::new());
+    }
+
+    /// The recorded trace.
+    pub fn trace(&self) -> &[String] {
+        self.solver.trace.as_deref().unwrap_or(&[])
+    }
+
+    /// Creates a shape.
+    ///
+    /// ```
+    /// use rocannl_shape::inference::{Inference, ShapeDecl};
+    /// let mut inf = Inference::new();
+    /// let x = inf.new_shape("x", &ShapeDecl::given(&[2], &[], &[3]));
+    /// assert_eq!(inf.shape(x).to_string(), "2|->3");
+    /// ```
+    pub fn new_shape(&mut self, debug_name: &str, decl: &ShapeDecl) -> ShapeId {
+        let id = ShapeId(self.shapes.len() as u32);
+        let mut make = |kind: Kind| {
+            let rid = RowId { shape: id, kind };
+            match decl.row(kind) {
+                RowDecl::Given(ds) => Row::fixed(ds.iter().map(|&d| Dim::of(d)).collect(), rid),
+                RowDecl::Labeled(ds) => Row::fixed(
+                    ds.iter()
+                        .map(|(d, l)| match l {
+                            Some(l) => Dim::labeled(*d, l),
+                            None => Dim::of(*d),
+                        })
+                        .collect(),
+                    rid,
+                ),
+                RowDecl::Inferred => Row::of_var(self.solver.vars.row(), rid),
+            }
+        };
+        let (batch, input, output) = (make(Kind::Batch), make(Kind::Input), make(Kind::Output));
+        self.initial.push([batch.clone(), input.clone(), output.clone()]);
+        self.shapes.push(Shape { batch, input, output, id, debug_name: debug_name.to_string() });
+        id
+    }
+
+    /// The current (possibly partially inferred) shape.
+    pub fn shape(&self, id: ShapeId) -> &Shape {
+        &self.shapes[id.0 as usize]
+    }
+
+    /// The number of shapes.
+    pub fn num_shapes(&self) -> usize {
+        self.shapes.len()
+    }
+
+    /// The logic of a step.
+    pub fn step_logic(&self, step: StepId) -> &Logic {
+        &self.steps[step.0 as usize].logic
+    }
+
+    /// The result shape of a step.
+    pub fn step_shape(&self, step: StepId) -> ShapeId {
+        self.steps[step.0 as usize].shape
+    }
+
+    /// Whether all shapes are closed.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The guesses made while closing parameters (after [`Inference::finish`]).
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
+
+    /// `propagate_shapes`: adds an operation (or leaf) whose result is `shape`, and solves its
+    /// constraints online.
+    ///
+    /// ```
+    /// use rocannl_shape::inference::{Inference, ShapeDecl};
+    /// use rocannl_shape::logic::Logic;
+    /// let mut inf = Inference::new();
+    /// let a = inf.new_shape("a", &ShapeDecl::given(&[], &[], &[2, 3]));
+    /// let b = inf.new_shape("b", &ShapeDecl::given(&[], &[], &[3]));
+    /// let c = inf.new_shape("c", &ShapeDecl::inferred());
+    /// inf.add_step(c, Logic::Pointwise(vec![a, b])).unwrap();
+    /// inf.finish().unwrap();
+    /// assert_eq!(inf.shape(c).to_string(), "|->2,3");
+    /// ```
+    pub fn add_step(&mut self, shape: ShapeId, logic: Logic) -> Result<StepId, ShapeError> {
+        let step = StepId(self.steps.len() as u32);
+        self.finished = false;
+        let deriv = self.derive(shape, &logic)?;
+        self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone() });
+        let origin = Origin::step(step);
+        let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
+        let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
+        self.pending.extend(rest);
+        self.refresh_step(step);
+        Ok(step)
+    }
+
+    fn derive(&mut self, shape: ShapeId, logic: &Logic) -> Result<Derivation, ShapeError> {
+        let cur = self.solver.env.subst_shape(self.shape(shape));
+        let args: Vec<Shape> =
+            logic.args().iter().map(|a| self.solver.env.subst_shape(self.shape(*a))).collect();
+        let arg_refs: Vec<&Shape> = args.iter().collect();
+        get_inequalities(&cur, logic, &arg_refs, &mut self.solver.vars)
+    }
+
+    /// `finish_inference`: a second propagation pass in reverse order, then the closing stages.
+    /// Afterwards every shape is closed.
+    pub fn finish(&mut self) -> Result<(), ShapeError> {
+        if self.finished {
+            return Ok(());
+        }
+        for i in (0..self.steps.len()).rev() {
+            let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
+            let deriv = self.derive(shape, &logic)?;
+            let origin = Origin::step(StepId(i as u32));
+            let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
+            let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
+            self.pending.extend(rest);
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        for stage in Stage::CLOSING {
+            if stage == Stage::TerminalRowsClosed {
+                pending.extend(self.shape_rows());
+            }
+            pending = self.solver.solve(stage, pending).map_err(|c| self.report(c))?;
+        }
+        if !pending.is_empty() {
+            // Variables left only in unsolved constraints (e.g. a concatenation split nothing
+            // determines): close them and try once more.
+            let mut close = Vec::new();
+            for c in &pending {
+                for v in constraint_dim_vars(&self.solver, &c.c) {
+                    close.push(
+                        Constraint::ShapeRow(Row::fixed(vec![Dim::Var(v)], any_row_id()))
+                            .at(&c.origin),
+                    );
+                }
+            }
+            pending.extend(close);
+            pending =
+                self.solver.solve(Stage::DimsToLowerBound, pending).map_err(|c| self.report(c))?;
+        }
+        if let Some(c) = pending.first() {
+            let c = c.clone();
+            return Err(self.report(Conflict {
+                message: format!("could not infer shapes: {} remains unsolved", c.c),
+                origin: c.origin,
+            }));
+        }
+        for i in 0..self.shapes.len() {
+            self.shapes[i] = self.solver.env.subst_shape(&self.shapes[i]);
+        }
+        if let Some(sh) = self.shapes.iter().find(|s| s.dims().is_none()) {
+            let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
+            return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+                message: msg,
+                ops: vec![],
+            })));
+        }
+        self.finished = true;
+        self.warnings = self.compute_warnings();
+        if self.strict {
+            if let Some(w) = self.warnings.first() {
+                return Err(ShapeError::Guess(w.message.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ShapeRow` constraints for every row of every step's shapes.
+    fn shape_rows(&self) -> Vec<Constr> {
+        let mut out = Vec::new();
+        let mut seen = FxHashSet::default();
+        for (i, st) in self.steps.iter().enumerate() {
+            let origin = Origin::step(StepId(i as u32));
+            for sh in std::iter::once(st.shape).chain(st.logic.args()) {
+                if seen.insert(sh) {
+                    for kind in Kind::ALL {
+                        let r = self.shape(sh).row(kind).clone();
+                        out.push(Constraint::ShapeRow(r).at(&origin));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn refresh_step(&mut self, step: StepId) {
+        let st = &self.steps[step.0 as usize];
+        let ids: Vec<ShapeId> = std::iter::once(st.shape).chain(st.logic.args()).collect();
+        for id in ids {
+            let i = id.0 as usize;
+            self.shapes[i] = self.solver.env.subst_shape(&self.shapes[i]);
+        }
+    }
+
+    /// The size an einsum label of a step was solved to (a captured dimension).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rocannl_shape::inference::{Inference, ShapeDecl};
+    /// use rocannl_shape::logic::Logic;
+    /// use rocannl_shape::spec::EinsumSpec;
+    /// let mut inf = Inference::new();
+    /// let x = inf.new_shape("x", &ShapeDecl::given(&[], &[], &[7]));
+    /// let y = inf.new_shape("y", &ShapeDecl::inferred());
+    /// let spec = Arc::new(EinsumSpec::parse("o+k => o").unwrap());
+    /// let k = inf.new_shape("k", &ShapeDecl::given(&[], &[], &[3]));
+    /// let spec2 = Arc::new(EinsumSpec::parse("o+k; k => o").unwrap());
+    /// let step = inf.add_step(y, Logic::Einsum(spec2, vec![x, k])).unwrap();
+    /// inf.finish().unwrap();
+    /// assert_eq!(inf.label_size(step, "o"), Some(5));
+    /// # let _ = spec;
+    /// ```
+    pub fn label_size(&self, step: StepId, label: &str) -> Option<usize> {
+        let st = self.steps.get(step.0 as usize)?;
+        let (_, v) = st.labels.iter().find(|(l, _)| l == label)?;
+        self.solver.env.subst_dim(&Dim::Var(*v)).size()
+    }
+
+    /// Turns a solver conflict into an error naming the operations involved.
+    pub(crate) fn report(&self, c: Conflict) -> ShapeError {
+        let mut ops = Vec::new();
+        for s in c.origin.0.iter().rev() {
+            let Some(st) = self.steps.get(s.0 as usize) else { continue };
+            let show = |id: ShapeId| self.solver.env.subst_shape(self.shape(id)).to_string();
+            let mut shapes = vec![show(st.shape)];
+            shapes.extend(st.logic.args().into_iter().map(show));
+            ops.push(OpContext {
+                op: st.logic.describe(),
+                name: self.shape(st.shape).debug_name.clone(),
+                shapes,
+            });
+        }
+        ShapeError::Mismatch(Box::new(ShapeMismatch { message: c.message, ops }))
+    }
+
+    fn compute_warnings(&self) -> Vec<Warning> {
+        let mut out = Vec::new();
+        let mut seen = FxHashSet::default();
+        for st in &self.steps {
+            let Logic::Terminal(t) = &st.logic else { continue };
+            if !t.param || !seen.insert(st.shape) {
+                continue;
+            }
+            for (n, kind) in Kind::ALL.into_iter().enumerate() {
+                let initial = &self.initial[st.shape.0 as usize][n];
+                if initial.var().is_none() {
+                    continue;
+                }
+                let name = &self.shape(st.shape).debug_name;
+                let (dvars, rvars) = self.vars_in_solution(initial);
+                let final_row = self.shape(st.shape).row(kind);
+                if dvars.iter().any(|v| self.solver.guessed_dims.contains(v)) {
+                    out.push(Warning {
+                        param: name.clone(),
+                        kind,
+                        message: format!(
+                            "param {name}: a dimension of its {} row was closed to 1 because \
+                             nothing bounds it from above (a size-1 axis it broadcasts against is \
+                             no upper bound); give its {} row explicitly if 1 is not intended",
+                            kind.name(),
+                            kind.name()
+                        ),
+                    });
+                } else if final_row.dims.is_empty()
+                    && rvars.iter().any(|v| self.solver.guessed_rows.contains(v))
+                {
+                    out.push(Warning {
+                        param: name.clone(),
+                        kind,
+                        message: format!(
+                            "param {name}: its {} row was closed to no axes because nothing \
+                             determines it; did you forget to specify a hidden dimension?",
+                            kind.name()
+                        ),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Every variable that took part in a row's solution.
+    fn vars_in_solution(&self, row: &Row) -> (Vec<DimVar>, Vec<RowVar>) {
+        let mut dims = Vec::new();
+        let mut rows = Vec::new();
+        let mut stack_rows = vec![row.clone()];
+        let mut stack_dims: Vec<Dim> = Vec::new();
+        let mut seen_r = FxHashSet::default();
+        let mut seen_d = FxHashSet::default();
+        while let Some(r) = stack_rows.pop() {
+            stack_dims.extend(r.all_dims());
+            if let Some(v) = r.var() {
+                if seen_r.insert(v) {
+                    rows.push(v);
+                    if let Some(RowEntry::Solved(value, _)) = self.solver.env.row_entry(v) {
+                        stack_rows.push(value.clone());
+                    }
+                }
+            }
+        }
+        while let Some(d) = stack_dims.pop() {
+            let mut vs = Vec::new();
+            d.vars(&mut vs);
+            for v in vs {
+                if seen_d.insert(v) {
+                    dims.push(v);
+                    if let Some(DimEntry::Solved(value, _)) = self.solver.env.dim_entry(v) {
+                        stack_dims.push(value.clone());
+                    }
+                }
+            }
+        }
+        (dims, rows)
+    }
+}
+
+fn any_row_id() -> RowId {
+    RowId { shape: ShapeId(u32::MAX), kind: Kind::Output }
+}
+
+fn constraint_dim_vars(solver: &Solver, c: &Constraint) -> Vec<DimVar> {
+    let mut vs = Vec::new();
+    let mut dim = |d: &Dim| solver.env.subst_dim(d).vars(&mut vs);
+    match c {
+        Constraint::DimEq { d1, d2 } | Constraint::DimIneq { cur: d1, subr: d2 } => {
+            dim(d1);
+            dim(d2);
+        }
+        Constraint::DimConstr { d, .. } | Constraint::TerminalDim(d) => dim(d),
+        _ => {}
+    }
+    vs
+}
+
+impl crate::env::Environment {
+    /// A shape with every solved variable substituted.
+    pub fn subst_shape(&self, sh: &Shape) -> Shape {
+        Shape {
+            batch: self.subst_row(&sh.batch),
+            input: self.subst_row(&sh.input),
+            output: self.subst_row(&sh.output),
+            id: sh.id,
+            debug_name: sh.debug_name.clone(),
+        }
+    }
+}
+
+impl Shape {
+    /// The closed shape as three lists of sizes, or `None` if it still has variables.
+    pub fn rows_sizes(&self) -> Option<[Vec<usize>; 3]> {
+        Some([self.batch.sizes()?, self.input.sizes()?, self.output.sizes()?])
+    }
+}

@@ -1,0 +1,390 @@
+//! Shapes and the shape logic of each kind of operation (`get_inequalities`).
+//!
+//! Every operation instance is an *update step*: a result shape (`cur`) and a [`Logic`] saying
+//! how it relates to its argument shapes. [`get_inequalities`] turns a step into constraints:
+//! pointwise, compose and einsum all generate inequalities `cur ≥ subr`, so arguments broadcast
+//! (einsum arguments included: `result ≥ lhs template` and `rhs template ≥ argument`); batch
+//! slicing generates equations; leaves generate terminal constraints. It also returns the
+//! projection-relevant facts that substitution would lose: which dimension variables are fixed
+//! indices or runtime symbols, and the einsum labels.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rocannl_arrayjit::indexing::{AxisIndex, Symbol};
+use rustc_hash::FxHashMap;
+
+use crate::constraint::{Constraint, DimConstraint, RowConstraint, TotalElems};
+use crate::dim::{ConvDim, Dim};
+use crate::error::ShapeError;
+use crate::row::{Bcast, Kind, Row, RowId};
+use crate::spec::{AxisSpec, EinsumSpec, RowSpec, RowVarSpec, ShapePattern};
+use crate::var::{DimVar, RowVar, ShapeId, VarGen};
+
+/// A tensor shape: three rows, mutable so that partially inferred shapes can be observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Batch axes.
+    pub batch: Row,
+    /// Input axes.
+    pub input: Row,
+    /// Output axes.
+    pub output: Row,
+    /// The shape's id.
+    pub id: ShapeId,
+    /// The tensor's name, used in messages.
+    pub debug_name: String,
+}
+
+impl Shape {
+    /// The row of a kind.
+    pub fn row(&self, kind: Kind) -> &Row {
+        match kind {
+            Kind::Batch => &self.batch,
+            Kind::Input => &self.input,
+            Kind::Output => &self.output,
+        }
+    }
+
+    /// The rows in memory order: batch, output, input.
+    pub fn memory_rows(&self) -> [&Row; 3] {
+        [&self.batch, &self.output, &self.input]
+    }
+
+    /// The dimensions in memory order, when all are known.
+    pub fn dims(&self) -> Option<Vec<usize>> {
+        let mut out = Vec::new();
+        for r in self.memory_rows() {
+            out.extend(r.sizes()?);
+        }
+        Some(out)
+    }
+}
+
+impl fmt::Display for Shape {
+    /// `batch|input->output`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}->{}", self.batch, self.input, self.output)
+    }
+}
+
+/// Where a batch slice takes its position from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SliceIndex {
+    /// A fixed position.
+    Fixed(usize),
+    /// A runtime symbol (bound when the routine runs, e.g. in a training loop).
+    Runtime(Symbol),
+}
+
+/// Extra shape information of a leaf.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TerminalData {
+    /// Only what the shape's rows say.
+    Rows,
+    /// The leaf holds this many values (its rows may be inferred).
+    Values(usize),
+    /// The leaf's axes in memory order are exactly these (their split into rows is inferred).
+    Exact(Vec<usize>),
+}
+
+/// A leaf tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Terminal {
+    /// A learnable parameter (closing guesses about it are warned about).
+    pub param: bool,
+    /// Extra shape information.
+    pub data: TerminalData,
+    /// The input row equals the output row (a square map).
+    pub input_equals_output: bool,
+}
+
+/// How an operation's result shape relates to its arguments.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Logic {
+    /// A leaf.
+    Terminal(Terminal),
+    /// Pointwise with NumPy-style broadcasting per row (unary, binary, ternary).
+    Pointwise(Vec<ShapeId>),
+    /// `a * b`: the input axes of `a` contract with the output axes of `b`.
+    Compose(ShapeId, ShapeId),
+    /// `a * b + c` (fused multiply-add).
+    ComposeAccumulate(ShapeId, ShapeId, ShapeId),
+    /// An einsum spec over one or more arguments (also permutations and concatenations).
+    Einsum(Arc<EinsumSpec>, Vec<ShapeId>),
+    /// Swaps input and output axes, keeps batch axes.
+    Transpose(ShapeId),
+    /// Removes the leftmost batch axis, taking one position.
+    BatchSlice(ShapeId, SliceIndex),
+    /// Same number of elements, any shape.
+    Reshape(ShapeId),
+}
+
+impl Logic {
+    /// The argument shapes.
+    pub fn args(&self) -> Vec<ShapeId> {
+        match self {
+            Logic::Terminal(_) => vec![],
+            Logic::Pointwise(a) | Logic::Einsum(_, a) => a.clone(),
+            Logic::Compose(a, b) => vec![*a, *b],
+            Logic::ComposeAccumulate(a, b, c) => vec![*a, *b, *c],
+            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => vec![*a],
+        }
+    }
+
+    /// A short description for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Logic::Terminal(t) if t.param => "param".into(),
+            Logic::Terminal(_) => "leaf".into(),
+            Logic::Pointwise(a) => format!("pointwise op of {} argument(s)", a.len()),
+            Logic::Compose(..) => "compose (matmul)".into(),
+            Logic::ComposeAccumulate(..) => "compose-accumulate (fma)".into(),
+            Logic::Einsum(s, _) => format!("einsum \"{}\"", s.text),
+            Logic::Transpose(_) => "transpose".into(),
+            Logic::BatchSlice(_, SliceIndex::Fixed(i)) => format!("batch slice at {i}"),
+            Logic::BatchSlice(_, SliceIndex::Runtime(s)) => format!("batch slice at {s}"),
+            Logic::Reshape(_) => "reshape".into(),
+        }
+    }
+}
+
+/// The constraints of one step, with the facts projection inference needs.
+#[derive(Clone, Debug, Default)]
+pub struct Derivation {
+    /// The constraints, in a fixed order.
+    pub constraints: Vec<Constraint>,
+    /// Dimension variables indexed at a fixed position or by a runtime symbol.
+    pub proj_env: FxHashMap<DimVar, AxisIndex>,
+    /// The einsum labels and their variables.
+    pub labels: Vec<(String, DimVar)>,
+}
+
+fn ineq(cur: &Row, subr: &Row) -> Constraint {
+    Constraint::RowIneq { cur: cur.clone(), subr: subr.clone() }
+}
+
+/// Derives the constraints of a step: `cur` is the result shape, `args` the argument shapes.
+pub fn get_inequalities(
+    cur: &Shape,
+    logic: &Logic,
+    args: &[&Shape],
+    vars: &mut VarGen,
+) -> Result<Derivation, ShapeError> {
+    let mut d = Derivation::default();
+    let cs = &mut d.constraints;
+    match logic {
+        Logic::Terminal(t) => {
+            if t.input_equals_output {
+                cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: cur.output.clone() });
+            }
+            let rows: Vec<Row> = cur.memory_rows().into_iter().cloned().collect();
+            match &t.data {
+                TerminalData::Rows => {}
+                TerminalData::Values(n) => cs.push(Constraint::RowsConstr {
+                    rows: rows.clone(),
+                    constr: RowConstraint::TotalElems {
+                        numerator: TotalElems::NumElems(*n),
+                        divided_by: vec![],
+                    },
+                }),
+                TerminalData::Exact(dims) => cs.push(Constraint::RowsConstr {
+                    rows: rows.clone(),
+                    constr: RowConstraint::Exact(dims.iter().map(|&x| Dim::of(x)).collect()),
+                }),
+            }
+            for kind in Kind::ALL {
+                cs.push(Constraint::TerminalRow(cur.row(kind).clone()));
+            }
+        }
+        Logic::Pointwise(_) => {
+            for a in args {
+                for kind in Kind::ALL {
+                    cs.push(ineq(cur.row(kind), a.row(kind)));
+                }
+            }
+        }
+        Logic::Compose(..) | Logic::ComposeAccumulate(..) => {
+            let (a, b) = (args[0], args[1]);
+            cs.push(ineq(&a.input, &b.output));
+            cs.push(ineq(&cur.batch, &a.batch));
+            cs.push(ineq(&cur.batch, &b.batch));
+            cs.push(ineq(&cur.input, &b.input));
+            cs.push(ineq(&cur.output, &a.output));
+            if let Some(c) = args.get(2) {
+                for kind in Kind::ALL {
+                    cs.push(ineq(cur.row(kind), c.row(kind)));
+                }
+            }
+        }
+        Logic::Transpose(_) => {
+            let a = args[0];
+            cs.push(ineq(&cur.batch, &a.batch));
+            cs.push(ineq(&cur.input, &a.output));
+            cs.push(ineq(&cur.output, &a.input));
+        }
+        Logic::BatchSlice(_, index) => {
+            let a = args[0];
+            let s = vars.dim();
+            let expanded = match &cur.batch.bcast {
+                Bcast::Broadcastable => {
+                    let mut dims = vec![Dim::Var(s)];
+                    dims.extend(cur.batch.dims.iter().cloned());
+                    Row { dims, bcast: Bcast::Broadcastable, id: cur.batch.id }
+                }
+                Bcast::Var { v, beg_dims } => {
+                    let mut beg = vec![Dim::Var(s)];
+                    beg.extend(beg_dims.iter().cloned());
+                    Row {
+                        dims: cur.batch.dims.clone(),
+                        bcast: Bcast::Var { v: *v, beg_dims: beg },
+                        id: cur.batch.id,
+                    }
+                }
+            };
+            match index {
+                SliceIndex::Fixed(i) => {
+                    cs.push(Constraint::DimConstr {
+                        d: Dim::Var(s),
+                        constr: DimConstraint::AtLeast(i + 1),
+                    });
+                    d.proj_env.insert(s, AxisIndex::Fixed(*i as i64));
+                }
+                SliceIndex::Runtime(sym) => {
+                    d.proj_env.insert(s, AxisIndex::Iterator(*sym));
+                }
+            }
+            cs.push(Constraint::RowEq { r1: expanded, r2: a.batch.clone() });
+            cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });
+            cs.push(Constraint::RowEq { r1: cur.output.clone(), r2: a.output.clone() });
+        }
+        Logic::Reshape(_) => {
+            let a = args[0];
+            let t = vars.dim();
+            let total = RowConstraint::TotalElems {
+                numerator: TotalElems::StridedVar { coeff: 1, var: t, denom: 1 },
+                divided_by: vec![],
+            };
+            let rows = |s: &Shape| s.memory_rows().into_iter().cloned().collect::<Vec<_>>();
+            cs.push(Constraint::RowsConstr { rows: rows(a), constr: total.clone() });
+            cs.push(Constraint::RowsConstr { rows: rows(cur), constr: total });
+        }
+        Logic::Einsum(spec, _) => {
+            if spec.operands.len() != args.len() {
+                return Err(ShapeError::Arity(format!(
+                    "einsum spec \"{}\" has {} operand(s) but the operation has {} argument(s)",
+                    spec.text,
+                    spec.operands.len(),
+                    args.len()
+                )));
+            }
+            let mut t = Templates {
+                vars,
+                labels: FxHashMap::default(),
+                row_vars: FxHashMap::default(),
+                padded: spec.padded,
+                extra: vec![],
+                proj_env: FxHashMap::default(),
+            };
+            for (pattern, a) in spec.operands.iter().zip(args) {
+                let rows = t.shape(pattern, a, None);
+                for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
+                    t.extra.push(ineq(&tpl, a.row(kind)));
+                }
+            }
+            let generative = Kind::ALL.map(|k| cur.row(k).num_fixed() == 0);
+            let rows = t.shape(&spec.result, cur, Some(generative));
+            for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
+                t.extra.push(ineq(cur.row(kind), &tpl));
+            }
+            let mut labels: Vec<(String, DimVar)> = t.labels.into_iter().collect();
+            labels.sort();
+            d.labels = labels;
+            d.proj_env = t.proj_env;
+            cs.extend(t.extra);
+        }
+    }
+    Ok(d)
+}
+
+/// Builds the template rows of an einsum spec, sharing variables between operands.
+struct Templates<'a> {
+    vars: &'a mut VarGen,
+    labels: FxHashMap<String, DimVar>,
+    row_vars: FxHashMap<RowVarSpec, RowVar>,
+    padded: bool,
+    extra: Vec<Constraint>,
+    proj_env: FxHashMap<DimVar, AxisIndex>,
+}
+
+impl Templates<'_> {
+    fn label(&mut self, l: &str) -> Dim {
+        let vars = &mut *self.vars;
+        Dim::Var(*self.labels.entry(l.to_string()).or_insert_with(|| vars.dim()))
+    }
+
+    /// The three template rows of a pattern (batch, input, output), for `sh`'s row ids.
+    /// `generative` is given for the result: a fixed index 0 in a row that has no axes yet is
+    /// a plain axis of size 1.
+    fn shape(&mut self, p: &ShapePattern, sh: &Shape, generative: Option<[bool; 3]>) -> [Row; 3] {
+        let mut out = Vec::with_capacity(3);
+        for (n, (kind, rs)) in Kind::ALL.into_iter().zip(p.rows()).enumerate() {
+            let gen0 = generative.is_some_and(|g| g[n]);
+            out.push(self.row(rs, RowId { shape: sh.id, kind }, gen0));
+        }
+        [out[0].clone(), out[1].clone(), out[2].clone()]
+    }
+
+    fn row(&mut self, rs: &RowSpec, id: RowId, generative: bool) -> Row {
+        let beg: Vec<Dim> = rs.beg.iter().map(|a| self.axis(a, generative)).collect();
+        let end: Vec<Dim> = rs.end.iter().map(|a| self.axis(a, generative)).collect();
+        match &rs.var {
+            None => Row { dims: end, bcast: Bcast::Broadcastable, id },
+            Some(name) => {
+                let key = match name {
+                    RowVarSpec::Ellipsis => RowVarSpec::Named(format!("...{}", id.kind.name())),
+                    named => named.clone(),
+                };
+                let vars = &mut *self.vars;
+                let v = *self.row_vars.entry(key).or_insert_with(|| vars.row());
+                Row { dims: end, bcast: Bcast::Var { v, beg_dims: beg }, id }
+            }
+        }
+    }
+
+    fn axis(&mut self, a: &AxisSpec, generative: bool) -> Dim {
+        match a {
+            AxisSpec::Label(l) => self.label(l),
+            AxisSpec::Anonymous => Dim::Var(self.vars.dim()),
+            AxisSpec::Fixed(0) if generative => Dim::of(1),
+            AxisSpec::Fixed(i) => {
+                let f = self.vars.dim();
+                self.extra.push(Constraint::DimConstr {
+                    d: Dim::Var(f),
+                    constr: DimConstraint::AtLeast(i + 1),
+                });
+                self.proj_env.insert(f, AxisIndex::Fixed(*i as i64));
+                Dim::Var(f)
+            }
+            AxisSpec::Conv { stride, output, dilation, kernel } => {
+                let output = self.label(output);
+                let kernel = match kernel {
+                    Some(k) => self.label(k),
+                    None => Dim::of(1),
+                };
+                Dim::Conv(Box::new(ConvDim {
+                    stride: *stride,
+                    output,
+                    dilation: if kernel_is_dummy(a) { 0 } else { *dilation },
+                    kernel,
+                    padded: self.padded,
+                }))
+            }
+            AxisSpec::Concat(parts) => Dim::Concat(parts.iter().map(|p| self.label(p)).collect()),
+        }
+    }
+}
+
+fn kernel_is_dummy(a: &AxisSpec) -> bool {
+    matches!(a, AxisSpec::Conv { kernel: None, .. })
+}

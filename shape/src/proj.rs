@@ -1,0 +1,439 @@
+//! Projection inference: from closed shapes to the indexing of one assignment.
+//!
+//! Knowing that two axes have the same size is not enough to know they are iterated together:
+//! two axes can be equal because they are reduced together in *another* operation. To avoid such
+//! contamination, each derivation starts from the closed shapes of one step, gives every axis of
+//! every tensor instance a fresh projection id (two uses of one tensor get different ids),
+//! regenerates the step's constraints with fresh template variables, and re-solves them in a
+//! local environment. Then every equation or inequality between two axes becomes a projection
+//! equation, solved with union-find:
+//!
+//! - a broadcast axis of size 1 (the `subr` side of `n ≥ 1`) is indexed at fixed position 0;
+//! - a fixed index from the einsum spec or a batch slice fixes its class;
+//! - a convolution axis is `stride*output + dilation*kernel` (minus the left padding when
+//!   padded), an affine index over the classes of its output and kernel;
+//! - a concatenated axis, for the operand that fills part `i`, is `offset_i + part_i`;
+//! - every other class of size > 1 is a product-space iterator, in order of first appearance
+//!   (result axes first, so reductions are innermost).
+
+use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol, SymbolGen};
+use rustc_hash::FxHashMap;
+
+use crate::constraint::{Constraint, Origin};
+use crate::dim::{ConvDim, Dim, SolvedDim};
+use crate::env::RowEntry;
+use crate::error::ShapeError;
+use crate::inference::Inference;
+use crate::logic::{Logic, Shape, get_inequalities};
+use crate::row::Row;
+use crate::solve::Solver;
+use crate::spec::AxisSpec;
+use crate::stage::Stage;
+use crate::var::{DimVar, ProjId, StepId};
+
+#[derive(Clone, Debug)]
+enum Def {
+    Conv { stride: usize, output: usize, dilation: usize, kernel: usize, padded: bool },
+    Concat(Vec<usize>),
+}
+
+#[derive(Clone, Debug, Default)]
+struct Class {
+    size: Option<usize>,
+    fixed: Option<AxisIndex>,
+    def: Option<Def>,
+}
+
+/// Union-find over axis instances and template variables.
+struct ProjSolver<'a> {
+    local: &'a Solver,
+    proj_env: &'a FxHashMap<DimVar, AxisIndex>,
+    parent: Vec<usize>,
+    info: Vec<Class>,
+    by_proj: FxHashMap<ProjId, usize>,
+    by_var: FxHashMap<DimVar, usize>,
+}
+
+impl<'a> ProjSolver<'a> {
+    fn new_node(&mut self, class: Class) -> usize {
+        self.parent.push(self.parent.len());
+        self.info.push(class);
+        self.parent.len() - 1
+    }
+
+    fn find(&mut self, mut n: usize) -> usize {
+        while self.parent[n] != n {
+            self.parent[n] = self.parent[self.parent[n]];
+            n = self.parent[n];
+        }
+        n
+    }
+
+    fn union(&mut self, a: usize, b: usize) -> Result<(), String> {
+        let (ra, rb) = (self.find(a), self.find(b));
+        if ra == rb {
+            return Ok(());
+        }
+        let b_info = std::mem::take(&mut self.info[rb]);
+        let a_info = &mut self.info[ra];
+        match (a_info.size, b_info.size) {
+            (Some(x), Some(y)) if x != y => {
+                return Err(format!("axes of sizes {x} and {y} would share one index"));
+            }
+            (None, s) => a_info.size = s,
+            _ => {}
+        }
+        match (&a_info.fixed, b_info.fixed) {
+            (Some(x), Some(y)) if *x != y => {
+                return Err(format!("one axis would be indexed both at {x} and at {y}"));
+            }
+            (None, f) => a_info.fixed = f,
+            _ => {}
+        }
+        if a_info.def.is_none() {
+            a_info.def = b_info.def;
+        }
+        self.parent[rb] = ra;
+        Ok(())
+    }
+
+    fn node(&mut self, d: &Dim) -> Result<usize, String> {
+        match d {
+            Dim::Var(v) => {
+                if let Some(&n) = self.by_var.get(v) {
+                    return Ok(n);
+                }
+                let fixed = self.proj_env.get(v).cloned();
+                let n = self.new_node(Class { size: None, fixed: fixed.clone(), def: None });
+                self.by_var.insert(*v, n);
+                if fixed.is_none() {
+                    if let Some(crate::env::DimEntry::Solved(value, _)) =
+                        self.local.env.dim_entry(*v)
+                    {
+                        let value = value.clone();
+                        let m = self.node(&value)?;
+                        self.union(n, m)?;
+                    }
+                } else {
+                    let size = self.local.env.subst_dim(d).size();
+                    let r = self.find(n);
+                    self.info[r].size = self.info[r].size.or(size);
+                }
+                Ok(n)
+            }
+            Dim::Solved(SolvedDim { d, proj_id: Some(p), .. }) => {
+                if let Some(&n) = self.by_proj.get(p) {
+                    return Ok(n);
+                }
+                let n = self.new_node(Class { size: Some(*d), ..Class::default() });
+                self.by_proj.insert(*p, n);
+                Ok(n)
+            }
+            Dim::Solved(s) => Ok(self.new_node(Class { size: Some(s.d), ..Class::default() })),
+            Dim::Conv(c) => {
+                let output = self.node(&c.output)?;
+                let kernel = self.node(&c.kernel)?;
+                let size = self.local.env.subst_dim(d).size();
+                let def = Def::Conv {
+                    stride: c.stride,
+                    output,
+                    dilation: c.dilation,
+                    kernel,
+                    padded: c.padded,
+                };
+                Ok(self.new_node(Class { size, fixed: None, def: Some(def) }))
+            }
+            Dim::Concat(parts) => {
+                let ns = parts.iter().map(|p| self.node(p)).collect::<Result<Vec<_>, _>>()?;
+                let size = self.local.env.subst_dim(d).size();
+                Ok(self.new_node(Class { size, fixed: None, def: Some(Def::Concat(ns)) }))
+            }
+        }
+    }
+
+    fn size(&self, d: &Dim) -> Option<usize> {
+        self.local.env.subst_dim(d).size()
+    }
+
+    /// Links two axes related by an equation (`ineq = false`) or `cur ≥ subr`.
+    fn link(&mut self, cur: &Dim, subr: &Dim, ineq: bool) -> Result<(), String> {
+        let a = self.node(cur)?;
+        let b = self.node(subr)?;
+        if ineq && self.size(subr) == Some(1) && self.size(cur) != Some(1) {
+            // A broadcast axis: read at position 0.
+            let r = self.find(b);
+            if self.info[r].fixed.is_none() && self.info[r].def.is_none() {
+                self.info[r].fixed = Some(AxisIndex::Fixed(0));
+            }
+            return Ok(());
+        }
+        self.union(a, b)
+    }
+
+    /// The axes a row variable stands for in the local solution (unsolved: none, as closing
+    /// would make them).
+    fn expand_var(&self, v: Option<crate::var::RowVar>) -> Vec<Dim> {
+        let Some(var) = v else { return vec![] };
+        match self.local.env.row_entry(var) {
+            Some(RowEntry::Solved(value, _)) => {
+                let mut out = value.beg_dims().to_vec();
+                out.extend(self.expand_var(value.var()));
+                out.extend(value.dims.iter().cloned());
+                out
+            }
+            _ => vec![],
+        }
+    }
+
+    /// Links two rows: leading axes from the left, trailing axes from the right, then the parts
+    /// the row variables stand for, from the right.
+    fn link_rows(&mut self, cur: &Row, subr: &Row, ineq: bool) -> Result<(), String> {
+        let (cb, cm, cd) = (cur.beg_dims().to_vec(), self.expand_var(cur.var()), cur.dims.clone());
+        let (sb, sm, sd) =
+            (subr.beg_dims().to_vec(), self.expand_var(subr.var()), subr.dims.clone());
+        let j = cb.len().min(sb.len());
+        for (c, s) in cb[..j].iter().zip(&sb[..j]) {
+            self.link(c, s, ineq)?;
+        }
+        let k = cd.len().min(sd.len());
+        for (c, s) in cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]) {
+            self.link(c, s, ineq)?;
+        }
+        let cmid: Vec<Dim> = [&cb[j..], &cm[..], &cd[..cd.len() - k]].concat();
+        let smid: Vec<Dim> = [&sb[j..], &sm[..], &sd[..sd.len() - k]].concat();
+        let m = cmid.len().min(smid.len());
+        for (c, s) in cmid[cmid.len() - m..].iter().zip(&smid[smid.len() - m..]) {
+            self.link(c, s, ineq)?;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves classes to indices, allocating iterators in order of first use.
+struct Resolver<'s, 'a> {
+    ps: &'s mut ProjSolver<'a>,
+    symbols: &'s mut SymbolGen,
+    index: FxHashMap<usize, AxisIndex>,
+    product: Vec<(Symbol, usize)>,
+    /// For a concatenation operand: the nodes of the parts it fills.
+    active_parts: Vec<usize>,
+}
+
+impl Resolver<'_, '_> {
+    fn index_of(&mut self, node: usize, depth: usize) -> Result<AxisIndex, String> {
+        let r = self.ps.find(node);
+        if let Some(i) = self.index.get(&r) {
+            return Ok(i.clone());
+        }
+        if depth > 64 {
+            return Err("cyclic projection definitions".into());
+        }
+        let class = self.ps.info[r].clone();
+        let idx = if let Some(f) = class.fixed {
+            f
+        } else if let Some(def) = class.def {
+            match def {
+                Def::Conv { stride, output, dilation, kernel, padded } => {
+                    let (ot, oo) = self.index_of(output, depth + 1)?.as_affine();
+                    let mut terms: Vec<(i64, Symbol)> =
+                        ot.into_iter().map(|(c, s)| (c * stride as i64, s)).collect();
+                    let mut offset = oo * stride as i64;
+                    if dilation > 0 {
+                        let (kt, ko) = self.index_of(kernel, depth + 1)?.as_affine();
+                        terms.extend(kt.into_iter().map(|(c, s)| (c * dilation as i64, s)));
+                        offset += ko * dilation as i64;
+                        if padded {
+                            let kr = self.ps.find(kernel);
+                            let k = self.ps.info[kr].size.unwrap_or(1);
+                            offset -= ConvDim::left_padding(dilation, k) as i64;
+                        }
+                    }
+                    AxisIndex::affine(terms, offset)
+                }
+                Def::Concat(parts) => {
+                    let roots: Vec<usize> = parts.iter().map(|p| self.ps.find(*p)).collect();
+                    let active: Vec<usize> =
+                        self.active_parts.iter().map(|p| self.ps.find(*p)).collect();
+                    let Some(pos) = roots.iter().position(|r| active.contains(r)) else {
+                        return Err(
+                            "a concatenated axis is read without knowing which part it fills"
+                                .into(),
+                        );
+                    };
+                    let mut offset = 0i64;
+                    for p in &roots[..pos] {
+                        offset +=
+                            self.ps.info[*p].size.ok_or("a concatenated part has no size")? as i64;
+                    }
+                    let (t, o) = self.index_of(parts[pos], depth + 1)?.as_affine();
+                    AxisIndex::affine(t, o + offset)
+                }
+            }
+        } else {
+            match class.size {
+                Some(0 | 1) => AxisIndex::Fixed(0),
+                Some(d) => {
+                    let s = self.symbols.fresh();
+                    self.product.push((s, d));
+                    AxisIndex::Iterator(s)
+                }
+                None => return Err("an axis of unknown size".into()),
+            }
+        };
+        self.index.insert(r, idx.clone());
+        Ok(idx)
+    }
+}
+
+impl Inference {
+    /// Derives the projections of a step (after [`Inference::finish`]).
+    ///
+    /// ```
+    /// use rocannl_arrayjit::indexing::SymbolGen;
+    /// use rocannl_shape::inference::{Inference, ShapeDecl};
+    /// use rocannl_shape::logic::Logic;
+    /// let mut inf = Inference::new();
+    /// let a = inf.new_shape("a", &ShapeDecl::given(&[], &[3], &[2]));
+    /// let b = inf.new_shape("b", &ShapeDecl::given(&[], &[4], &[3]));
+    /// let c = inf.new_shape("c", &ShapeDecl::inferred());
+    /// let step = inf.add_step(c, Logic::Compose(a, b)).unwrap();
+    /// inf.finish().unwrap();
+    /// let p = inf.derive_projections(step, &mut SymbolGen::default()).unwrap();
+    /// assert_eq!(p.to_string(), "[i0:2, i1:4, i2:3] lhs[i0, i1] <- rhs0[i0, i2], rhs1[i2, i1]");
+    /// ```
+    pub fn derive_projections(
+        &self,
+        step: StepId,
+        symbols: &mut SymbolGen,
+    ) -> Result<Projections, ShapeError> {
+        self.derive_for(step, None, symbols)
+    }
+
+    /// The projections of a concatenation: one per operand, each writing its part of the result.
+    pub fn derive_concat_projections(
+        &self,
+        step: StepId,
+        symbols: &mut SymbolGen,
+    ) -> Result<Vec<Projections>, ShapeError> {
+        let n = self.step_logic(step).args().len();
+        (0..n).map(|i| self.derive_for(step, Some(i), symbols)).collect()
+    }
+
+    fn derive_for(
+        &self,
+        step: StepId,
+        operand: Option<usize>,
+        symbols: &mut SymbolGen,
+    ) -> Result<Projections, ShapeError> {
+        if !self.is_finished() {
+            return Err(ShapeError::Arity(
+                "projections need closed shapes: call finish first".into(),
+            ));
+        }
+        let logic = self.step_logic(step).clone();
+        let cur_id = self.step_shape(step);
+        let mut local = Solver::default();
+        let fresh = |sh: &Shape, local: &mut Solver| {
+            let mut f = |d: &Dim| match d {
+                Dim::Solved(s) => {
+                    Dim::Solved(SolvedDim { proj_id: Some(local.vars.proj()), ..s.clone() })
+                }
+                other => other.clone(),
+            };
+            Shape {
+                batch: sh.batch.map_dims(&mut f),
+                input: sh.input.map_dims(&mut f),
+                output: sh.output.map_dims(&mut f),
+                id: sh.id,
+                debug_name: sh.debug_name.clone(),
+            }
+        };
+        let cur = fresh(self.shape(cur_id), &mut local);
+        let args: Vec<Shape> =
+            logic.args().iter().map(|a| fresh(self.shape(*a), &mut local)).collect();
+        let arg_refs: Vec<&Shape> = args.iter().collect();
+        let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
+        let origin = Origin::step(step);
+        let mut pending: Vec<_> =
+            deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
+        let fail = |msg: String| {
+            ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
+        };
+        for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
+            pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
+        }
+        let mut ps = ProjSolver {
+            local: &local,
+            proj_env: &deriv.proj_env,
+            parent: vec![],
+            info: vec![],
+            by_proj: FxHashMap::default(),
+            by_var: FxHashMap::default(),
+        };
+        for c in &deriv.constraints {
+            let r = match c {
+                Constraint::DimEq { d1, d2 } => ps.link(d1, d2, false),
+                Constraint::DimIneq { cur, subr } => ps.link(cur, subr, true),
+                Constraint::RowEq { r1, r2 } => ps.link_rows(r1, r2, false),
+                Constraint::RowIneq { cur, subr } => ps.link_rows(cur, subr, true),
+                _ => Ok(()),
+            };
+            r.map_err(&fail)?;
+        }
+        // Which parts of concatenated axes the operand fills: the labels of its pattern.
+        let mut active_parts = Vec::new();
+        if let (Some(i), Logic::Einsum(spec, _)) = (operand, &logic) {
+            let pattern = &spec.operands[i];
+            for row in pattern.rows() {
+                for a in row.axes() {
+                    if let AxisSpec::Label(l) = a {
+                        if let Some((_, v)) = deriv.labels.iter().find(|(n, _)| n == l) {
+                            active_parts.push(ps.node(&Dim::Var(*v)).map_err(&fail)?);
+                        }
+                    }
+                }
+            }
+        }
+        let mut res = Resolver {
+            ps: &mut ps,
+            symbols,
+            index: FxHashMap::default(),
+            product: vec![],
+            active_parts,
+        };
+        let indices =
+            |sh: &Shape, res: &mut Resolver| -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
+                let mut dims = Vec::new();
+                let mut idx = Vec::new();
+                for r in sh.memory_rows() {
+                    for d in &r.dims {
+                        dims.push(d.size().ok_or("an axis of unknown size")?);
+                        let n = res.ps.node(d)?;
+                        idx.push(res.index_of(n, 0)?);
+                    }
+                }
+                Ok((dims, idx))
+            };
+        let (lhs_dims, project_lhs) = indices(&cur, &mut res).map_err(&fail)?;
+        let mut rhs_dims = Vec::new();
+        let mut project_rhs = Vec::new();
+        for (i, a) in args.iter().enumerate() {
+            if operand.is_some_and(|o| o != i) {
+                continue;
+            }
+            let (d, p) = indices(a, &mut res).map_err(&fail)?;
+            rhs_dims.push(d);
+            project_rhs.push(p);
+        }
+        let (product_iterators, product_space) = res.product.into_iter().unzip();
+        Ok(Projections {
+            product_space,
+            product_iterators,
+            lhs_dims,
+            rhs_dims,
+            project_lhs,
+            project_rhs,
+            debug_info: format!("{} for '{}'", logic.describe(), cur.debug_name),
+        })
+    }
+}

@@ -1,0 +1,330 @@
+//! Constraints beyond (in)equalities: lower bounds on dimensions and row constraints.
+//!
+//! `AtLeast(n)` comes from fixed indexing: an axis indexed at position `i` has at least `i + 1`
+//! positions. It propagates upward (`cur ≥ subr` with `subr ≥ n > 1` rules out broadcasting, so
+//! `cur = subr`).
+//!
+//! Row constraints relate several rows, concatenated in memory order:
+//! - `TotalElems`: the rows hold `numerator / Π divided_by` elements; the numerator is a number
+//!   or `coeff * var / denom` for a dimension variable (so two reshaped tensors can share an
+//!   unknown element count). A single missing dimension is solved by division.
+//! - `Exact`: the rows concatenated are exactly the given axes (data whose axes are known but
+//!   whose split into batch, output and input is inferred).
+//!
+//! When rows still have unknown row variables the constraint waits; with a single row variable
+//! its reduced form is recorded on the variable's entry, which closing consults (stages 3–5).
+
+use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
+use crate::dim::Dim;
+use crate::error::{Conflict, conflict};
+use crate::row::{Kind, Row};
+use crate::solve::Solver;
+use crate::stage::Stage;
+use crate::var::RowVar;
+
+type Derived = Result<Vec<Constr>, Conflict>;
+
+impl Solver {
+    /// Applies a constraint on one dimension.
+    pub fn apply_dim_constraint(
+        &mut self,
+        d: &Dim,
+        constr: &DimConstraint,
+        origin: &Origin,
+    ) -> Derived {
+        let DimConstraint::AtLeast(n) = constr else { return Ok(vec![]) };
+        let n = *n;
+        let d = self.env.subst_dim(d);
+        if let Some(size) = d.size() {
+            if size < n && n > 1 {
+                return Err(conflict(
+                    format!("fixed index {} is out of range for an axis of size {size}", n - 1),
+                    origin,
+                ));
+            }
+            return Ok(vec![]);
+        }
+        let Dim::Var(v) = d else {
+            // An arithmetic dimension: check once its size is known.
+            self.defer(Constraint::DimConstr { d, constr: constr.clone() }.at(origin));
+            return Ok(vec![]);
+        };
+        let mut b = self.env.dim_bounds(v);
+        let old = b.constr.as_ref().map(|(c, _)| c.clone()).unwrap_or(DimConstraint::Unconstrained);
+        let new = old.conjunction(constr);
+        if new == old {
+            return Ok(vec![]);
+        }
+        if let (Some((lub, lo)), Some(lower)) = (&b.lub, new.lower_bound()) {
+            if lub.size().is_some_and(|l| l < lower) {
+                return Err(conflict(
+                    format!(
+                        "fixed index {} is out of range for an axis of size at most {lub}",
+                        lower - 1
+                    ),
+                    &lo.join(origin),
+                ));
+            }
+        }
+        let o = match &b.constr {
+            Some((_, o)) => o.join(origin),
+            None => origin.clone(),
+        };
+        let mut out = Vec::new();
+        if new.lower_bound().is_some() {
+            for c in &b.cur {
+                out.push(Constraint::DimConstr { d: Dim::Var(*c), constr: new.clone() }.at(&o));
+            }
+        }
+        b.constr = Some((new, o));
+        self.env.set_dim_bounds(v, b);
+        Ok(out)
+    }
+
+    /// Applies a constraint on rows concatenated in memory order.
+    pub fn apply_rows_constraint(
+        &mut self,
+        rows: &[Row],
+        constr: &RowConstraint,
+        origin: &Origin,
+    ) -> Derived {
+        let rows: Vec<Row> = rows.iter().map(|r| self.env.subst_row(r)).collect();
+        match constr {
+            RowConstraint::Unconstrained => Ok(vec![]),
+            RowConstraint::Exact(dims) => self.apply_exact(rows, dims, origin),
+            RowConstraint::TotalElems { numerator, divided_by } => {
+                self.apply_total_elems(rows, numerator, divided_by, origin)
+            }
+        }
+    }
+
+    fn apply_exact(&mut self, rows: Vec<Row>, dims: &[Dim], origin: &Origin) -> Derived {
+        let fixed: usize = rows.iter().map(Row::num_fixed).sum();
+        let vars: Vec<(usize, RowVar)> =
+            rows.iter().enumerate().filter_map(|(i, r)| r.var().map(|v| (i, v))).collect();
+        let shown = || rows.iter().map(|r| format!("[{r}]")).collect::<Vec<_>>().join(" ");
+        if fixed > dims.len() || (vars.is_empty() && fixed != dims.len()) {
+            return Err(conflict(
+                format!("rows {} must have exactly {} axes", shown(), dims.len()),
+                origin,
+            ));
+        }
+        let eq =
+            |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
+        let mut out = Vec::new();
+        if vars.len() == 1 || fixed == dims.len() {
+            let mut pos = 0;
+            for r in &rows {
+                for d in r.beg_dims() {
+                    out.push(eq(d, &dims[pos]));
+                    pos += 1;
+                }
+                if let Some(v) = r.var() {
+                    // The row variable takes whatever the other rows leave.
+                    let rest: usize = fixed - pos;
+                    let take = dims.len() - pos - rest;
+                    let value = Row::fixed(dims[pos..pos + take].to_vec(), r.id);
+                    out.extend(self.bind_row(v, value, origin)?);
+                    pos += take;
+                }
+                for d in &r.dims {
+                    out.push(eq(d, &dims[pos]));
+                    pos += 1;
+                }
+            }
+            return Ok(out);
+        }
+        if self.stage >= Stage::RowConstraints {
+            return self.keep_output_var_only(
+                &rows,
+                &vars,
+                Constraint::RowsConstr {
+                    rows: rows.clone(),
+                    constr: RowConstraint::Exact(dims.to_vec()),
+                },
+                origin,
+            );
+        }
+        self.defer(
+            Constraint::RowsConstr { rows, constr: RowConstraint::Exact(dims.to_vec()) }.at(origin),
+        );
+        Ok(out)
+    }
+
+    /// Stage 5 with several row variables: the output row takes the axes, the others get none.
+    fn keep_output_var_only(
+        &mut self,
+        rows: &[Row],
+        vars: &[(usize, RowVar)],
+        retry: Constraint,
+        origin: &Origin,
+    ) -> Derived {
+        let keep = vars
+            .iter()
+            .find(|(i, _)| rows[*i].id.kind == Kind::Output)
+            .or(vars.last())
+            .map(|(_, v)| *v);
+        let mut out = Vec::new();
+        for (i, v) in vars {
+            if Some(*v) != keep {
+                out.extend(self.bind_row(*v, Row::empty(rows[*i].id), origin)?);
+            }
+        }
+        out.push(retry.at(origin));
+        Ok(out)
+    }
+
+    fn apply_total_elems(
+        &mut self,
+        rows: Vec<Row>,
+        numerator: &TotalElems,
+        divided_by: &[crate::var::DimVar],
+        origin: &Origin,
+    ) -> Derived {
+        let shown = || rows.iter().map(|r| format!("[{r}]")).collect::<Vec<_>>().join(" ");
+        // Resolve the numerator and the known divisors.
+        let mut num: Option<usize> = None;
+        let mut strided = None;
+        match numerator {
+            TotalElems::NumElems(n) => num = Some(*n),
+            TotalElems::StridedVar { coeff, var, denom } => {
+                match self.env.subst_dim(&Dim::Var(*var)).size() {
+                    Some(x) => {
+                        if (coeff * x) % denom != 0 {
+                            return Err(conflict(
+                                format!("{coeff}*{x} elements cannot be divided by {denom}"),
+                                origin,
+                            ));
+                        }
+                        num = Some(coeff * x / denom);
+                    }
+                    None => strided = Some((*coeff, *var, *denom)),
+                }
+            }
+        }
+        let mut unknown_div = Vec::new();
+        for v in divided_by {
+            match self.env.subst_dim(&Dim::Var(*v)) {
+                d if d.size().is_some() => {
+                    let s = d.size().unwrap_or(1);
+                    if let Some(n) = &mut num {
+                        if s == 0 || *n % s != 0 {
+                            return Err(conflict(
+                                format!("{n} elements cannot be divided by {s}"),
+                                origin,
+                            ));
+                        }
+                        *n /= s;
+                    } else {
+                        self.defer(
+                            Constraint::RowsConstr {
+                                rows: rows.clone(),
+                                constr: RowConstraint::TotalElems {
+                                    numerator: numerator.clone(),
+                                    divided_by: divided_by.to_vec(),
+                                },
+                            }
+                            .at(origin),
+                        );
+                        return Ok(vec![]);
+                    }
+                }
+                d => unknown_div.push(d),
+            }
+        }
+        // The known product and the unknown axes of the rows.
+        let mut known = 1usize;
+        let mut unknown: Vec<Dim> = unknown_div;
+        for r in &rows {
+            for d in r.all_dims() {
+                match d.size() {
+                    Some(s) => known *= s,
+                    None => unknown.push(d),
+                }
+            }
+        }
+        let vars: Vec<(usize, RowVar)> =
+            rows.iter().enumerate().filter_map(|(i, r)| r.var().map(|v| (i, v))).collect();
+        let pending = |num: Option<usize>| Constraint::RowsConstr {
+            rows: rows.clone(),
+            constr: RowConstraint::TotalElems {
+                numerator: match (num, strided) {
+                    (Some(n), _) => TotalElems::NumElems(n),
+                    (None, Some((coeff, var, denom))) => {
+                        TotalElems::StridedVar { coeff, var, denom }
+                    }
+                    (None, None) => numerator.clone(),
+                },
+                divided_by: divided_by.to_vec(),
+            },
+        };
+        let Some(n) = num else {
+            // coeff * var / denom = known (everything else known): solve for var.
+            let (coeff, var, denom) = strided.expect("numerator is either known or strided");
+            if vars.is_empty() && unknown.is_empty() {
+                if (known * denom) % coeff != 0 {
+                    return Err(conflict(
+                        format!(
+                            "{} holds {known} elements, not a multiple of {coeff}/{denom}",
+                            shown()
+                        ),
+                        origin,
+                    ));
+                }
+                return Ok(vec![
+                    Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(known * denom / coeff) }
+                        .at(origin),
+                ]);
+            }
+            self.defer(pending(None).at(origin));
+            return Ok(vec![]);
+        };
+        if known == 0 || n % known != 0 {
+            return Err(conflict(
+                format!(
+                    "{} cannot hold {n} elements: the known axes already give {known}",
+                    shown()
+                ),
+                origin,
+            ));
+        }
+        let m = n / known;
+        if vars.is_empty() {
+            return match unknown.as_slice() {
+                [] if m == 1 => Ok(vec![]),
+                [] => Err(conflict(format!("{} holds {known} elements, not {n}", shown()), origin)),
+                [d] => Ok(vec![Constraint::DimEq { d1: d.clone(), d2: Dim::of(m) }.at(origin)]),
+                ds if m == 1 => Ok(ds
+                    .iter()
+                    .map(|d| Constraint::DimEq { d1: d.clone(), d2: Dim::of(1) }.at(origin))
+                    .collect()),
+                _ => {
+                    self.defer(pending(Some(n)).at(origin));
+                    Ok(vec![])
+                }
+            };
+        }
+        if let [(i, v)] = vars.as_slice() {
+            if unknown.is_empty() {
+                // Record the reduced constraint for closing, and close it from stage 5 on.
+                let reduced = RowConstraint::TotalElems {
+                    numerator: TotalElems::NumElems(m),
+                    divided_by: vec![],
+                };
+                let mut b = self.env.row_bounds(*v);
+                if b.constr.as_ref().map(|(c, _)| c) != Some(&reduced) {
+                    b.constr = Some((reduced, origin.clone()));
+                    self.env.set_row_bounds(*v, b);
+                }
+                if self.stage >= Stage::RowConstraints {
+                    let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
+                    return self.bind_row(*v, Row::fixed(value, rows[*i].id), origin);
+                }
+            }
+        } else if self.stage >= Stage::RowConstraints {
+            return self.keep_output_var_only(&rows, &vars, pending(Some(n)), origin);
+        }
+        self.defer(pending(Some(n)).at(origin));
+        Ok(vec![])
+    }
+}

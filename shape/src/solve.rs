@@ -1,0 +1,117 @@
+//! The constraint solver's state and its driver loop.
+//!
+//! [`Solver::solve`] takes a list of constraints and a [`Stage`], and simplifies them until only
+//! those that cannot make progress remain: equations are unified ([`crate::unify`]),
+//! inequalities are turned into bounds and least upper bounds ([`crate::ineq`]), row
+//! constraints are propagated ([`crate::row_constraint`]) and, from stage 2 on, variables are
+//! closed ([`crate::stage`]). Solving a constraint can derive more constraints (breadth first);
+//! a constraint that cannot make progress yet is *deferred* and retried on the next pass, as
+//! long as the previous pass changed the environment.
+
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::constraint::{Constr, Constraint};
+use crate::env::Environment;
+use crate::error::{Conflict, conflict};
+use crate::stage::Stage;
+use crate::var::{DimVar, RowVar, VarGen};
+
+/// How many constraints one call of [`Solver::solve`] may process before it gives up with an
+/// error instead of looping forever on a pathological input.
+const FUEL: u64 = 5_000_000;
+
+/// The solver: environment, variable generator and closing bookkeeping.
+#[derive(Clone, Debug, Default)]
+pub struct Solver {
+    /// What is known about every variable.
+    pub env: Environment,
+    /// Fresh variables.
+    pub vars: VarGen,
+    /// The current stage.
+    pub stage: Stage,
+    /// Dimension variables closed to 1 without any upper bound (a guess).
+    pub guessed_dims: FxHashSet<DimVar>,
+    /// Row variables closed to no axes without any upper bound (a guess).
+    pub guessed_rows: FxHashSet<RowVar>,
+    /// Constraints deferred during the current pass.
+    pub(crate) deferred: Vec<Constr>,
+    /// An optional trace of processed constraints, for debugging and snapshots.
+    pub trace: Option<Vec<String>>,
+}
+
+impl Solver {
+    /// Keeps a constraint for a later pass (it cannot make progress now).
+    pub(crate) fn defer(&mut self, c: Constr) {
+        self.deferred.push(c);
+    }
+
+    /// Simplifies `constraints` at `stage`, returning those that remain unsolved.
+    pub fn solve(
+        &mut self,
+        stage: Stage,
+        constraints: Vec<Constr>,
+    ) -> Result<Vec<Constr>, Conflict> {
+        self.stage = stage;
+        let mut work = dedup(constraints);
+        let mut fuel = FUEL;
+        loop {
+            let version = self.env.version;
+            let mut queue: VecDeque<Constr> = work.into();
+            // When each derived constraint was last queued (environment version).
+            let mut queued_at: FxHashMap<Constr, u64> = FxHashMap::default();
+            while let Some(c) = queue.pop_front() {
+                fuel = fuel.checked_sub(1).ok_or_else(|| {
+                    conflict(
+                        "shape inference did not converge (the constraints keep growing)",
+                        &c.origin,
+                    )
+                })?;
+                if let Some(trace) = &mut self.trace {
+                    trace.push(format!("{:?}: {}", self.stage, c.c));
+                }
+                let derived = self.solve_one(c)?;
+                for d in derived {
+                    // The same constraint derived again while the environment is unchanged
+                    // since it was queued carries no new information.
+                    let now = self.env.version;
+                    if queued_at.get(&d) == Some(&now) {
+                        continue;
+                    }
+                    queued_at.insert(d.clone(), now);
+                    queue.push_back(d);
+                }
+            }
+            let pending = dedup(std::mem::take(&mut self.deferred));
+            if pending.is_empty() || self.env.version == version {
+                return Ok(pending);
+            }
+            work = pending;
+        }
+    }
+
+    /// Solves one constraint, returning what it derives (deferring it if it cannot progress).
+    fn solve_one(&mut self, c: Constr) -> Result<Vec<Constr>, Conflict> {
+        let origin = c.origin.clone();
+        match &c.c {
+            Constraint::DimEq { d1, d2 } => self.unify_dim(d1, d2, &origin),
+            Constraint::RowEq { r1, r2 } => self.unify_row(r1, r2, &origin),
+            Constraint::DimIneq { cur, subr } => self.solve_dim_ineq(cur, subr, &origin),
+            Constraint::RowIneq { cur, subr } => self.solve_row_ineq(cur, subr, &origin),
+            Constraint::DimConstr { d, constr } => self.apply_dim_constraint(d, constr, &origin),
+            Constraint::RowsConstr { rows, constr } => {
+                self.apply_rows_constraint(rows, constr, &origin)
+            }
+            Constraint::TerminalDim(d) => self.close_dim_terminal(d, &origin),
+            Constraint::TerminalRow(r) => self.close_row_terminal(r, &origin),
+            Constraint::ShapeRow(r) => self.close_shape_row(r, &origin),
+        }
+    }
+}
+
+/// Removes repeated constraints, keeping the first occurrence of each.
+fn dedup(cs: Vec<Constr>) -> Vec<Constr> {
+    let mut seen = FxHashSet::default();
+    cs.into_iter().filter(|c| seen.insert(c.clone())).collect()
+}

@@ -1,0 +1,189 @@
+//! The stages of shape inference and how each closes variables.
+//!
+//! Stage 1 runs online while tensors are built. The later stages run in `finish_inference`,
+//! in order, each solving all remaining constraints to a fixed point before the next starts:
+//!
+//! | stage | closes |
+//! |---|---|
+//! | 1 `Online` | nothing: unification and propagation only |
+//! | 2 `TerminalDimsToOne` | dimension variables of leaf (terminal) shapes with no upper bound and no other constraint, to 1 |
+//! | 3 `TerminalsToLub` | dimension and row variables of leaf shapes to their least upper bounds (rows only without a `TotalElems 1` constraint); a leaf row without an upper bound whose constraint needs one axis gets it |
+//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
+//! | 5 `RowConstraints` | `TotalElems` and `Exact` constraints with unknown row variables: one row variable gets the remaining axes (one axis, or none when one element is left); with several, the output row's variable does |
+//! | 6 `RowsToNoMoreAxes` | every remaining row variable to no further axes |
+//! | 7 `DimsToLowerBound` | every remaining dimension variable to its lower bound, or 1 |
+//!
+//! Leaf shapes close to their least upper bounds because a leaf can always be broadcast: its
+//! only shape information comes from its uses. Everything else closes to the smallest shape,
+//! since composite tensors get their shapes forced from below by their components. When a leaf
+//! row closes to an upper bound, the axes of that bound become part of the leaf and close as
+//! leaf axes too.
+//!
+//! Closing a leaf's dimension to 1, or a leaf's row to no axes, without any upper bound is a
+//! *guess* (the classic forgotten hidden dimension); the guessed variables are recorded so the
+//! driver can warn, or fail in strict mode.
+
+use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
+use crate::dim::Dim;
+use crate::error::Conflict;
+use crate::row::Row;
+use crate::solve::Solver;
+
+type Derived = Result<Vec<Constr>, Conflict>;
+
+/// The stages of shape inference, in order.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// 1: online unification and propagation while tensors are built.
+    #[default]
+    Online = 1,
+    /// 2: unbounded leaf dimensions to 1.
+    TerminalDimsToOne = 2,
+    /// 3: leaf dimensions and rows to their least upper bounds.
+    TerminalsToLub = 3,
+    /// 4: unbounded leaf rows to no further axes; lower-bounded dimensions to upper bounds.
+    TerminalRowsClosed = 4,
+    /// 5: row constraints with unknown row variables.
+    RowConstraints = 5,
+    /// 6: all row variables to no further axes.
+    RowsToNoMoreAxes = 6,
+    /// 7: all dimension variables to their lower bound or 1.
+    DimsToLowerBound = 7,
+}
+
+impl Stage {
+    /// The closing stages, in order.
+    pub const CLOSING: [Stage; 6] = [
+        Stage::TerminalDimsToOne,
+        Stage::TerminalsToLub,
+        Stage::TerminalRowsClosed,
+        Stage::RowConstraints,
+        Stage::RowsToNoMoreAxes,
+        Stage::DimsToLowerBound,
+    ];
+}
+
+impl Solver {
+    /// Closes a dimension of a leaf shape according to the stage.
+    pub fn close_dim_terminal(&mut self, d: &Dim, origin: &Origin) -> Derived {
+        let d = self.env.subst_dim(d);
+        let v = match &d {
+            Dim::Var(v) => *v,
+            Dim::Solved(_) => return Ok(vec![]),
+            Dim::Conv(_) | Dim::Concat(_) => {
+                // A leaf's convolution or concatenated axis is as large as its parts allow:
+                // the parts close like leaf axes.
+                let mut vs = Vec::new();
+                d.vars(&mut vs);
+                return Ok(vs
+                    .into_iter()
+                    .map(|v| Constraint::TerminalDim(Dim::Var(v)).at(origin))
+                    .collect());
+            }
+        };
+        let b = self.env.dim_bounds(v);
+        let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
+        match (&b.lub, lower) {
+            (None, None) if self.stage >= Stage::TerminalDimsToOne => {
+                self.guessed_dims.insert(v);
+                Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin)])
+            }
+            (Some((lub, o)), _) if self.stage >= Stage::TerminalsToLub => {
+                Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))])
+            }
+            (None, Some(n)) if self.stage >= Stage::DimsToLowerBound => {
+                Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(n) }.at(origin)])
+            }
+            _ => {
+                self.defer(Constraint::TerminalDim(d).at(origin));
+                Ok(vec![])
+            }
+        }
+    }
+
+    /// Closes a row of a leaf shape according to the stage.
+    pub fn close_row_terminal(&mut self, r: &Row, origin: &Origin) -> Derived {
+        let r = self.env.subst_row(r);
+        if self.stage == Stage::Online {
+            self.defer(Constraint::TerminalRow(r).at(origin));
+            return Ok(vec![]);
+        }
+        let mut out: Vec<Constr> =
+            r.all_dims().into_iter().map(|d| Constraint::TerminalDim(d).at(origin)).collect();
+        let Some(v) = r.var() else { return Ok(out) };
+        let b = self.env.row_bounds(v);
+        let total_elems = match &b.constr {
+            Some((
+                RowConstraint::TotalElems { numerator: TotalElems::NumElems(m), divided_by },
+                _,
+            )) if divided_by.is_empty() => Some(*m),
+            _ => None,
+        };
+        let var_row = Row::of_var(v, r.id);
+        match (&b.lub, total_elems) {
+            (Some((lub, o)), t) if self.stage >= Stage::TerminalsToLub && t != Some(1) => {
+                // The leaf takes its least upper bound, whose axes become leaf axes.
+                let lub = self.env.subst_row(lub);
+                out.extend(self.bind_row(v, lub, &o.join(origin))?);
+                out.push(Constraint::TerminalRow(r).at(origin));
+            }
+            (None, Some(m)) if self.stage >= Stage::TerminalsToLub => {
+                let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
+                out.extend(self.bind_row(v, Row::fixed(value, r.id), origin)?);
+            }
+            (None, None) if self.stage >= Stage::TerminalRowsClosed => {
+                self.guessed_rows.insert(v);
+                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
+            }
+            _ if self.stage >= Stage::RowsToNoMoreAxes => {
+                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
+            }
+            _ => self.defer(Constraint::TerminalRow(var_row).at(origin)),
+        }
+        Ok(out)
+    }
+
+    /// Closes the variables of a row of some shape of the graph (from stage 4 on).
+    pub fn close_shape_row(&mut self, r: &Row, origin: &Origin) -> Derived {
+        let r = self.env.subst_row(r);
+        let mut out = Vec::new();
+        let mut keep = false;
+        for d in r.all_dims() {
+            let mut vs = Vec::new();
+            d.vars(&mut vs);
+            for v in vs {
+                let b = self.env.dim_bounds(v);
+                let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
+                match (&b.lub, lower) {
+                    (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => out
+                        .push(
+                            Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }
+                                .at(&o.join(origin)),
+                        ),
+                    (_, lower) if self.stage >= Stage::DimsToLowerBound => {
+                        if b.lub.is_none() && lower.is_none() {
+                            self.guessed_dims.insert(v);
+                        }
+                        out.push(
+                            Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
+                                .at(origin),
+                        );
+                    }
+                    _ => keep = true,
+                }
+            }
+        }
+        if let Some(v) = r.var() {
+            if self.stage >= Stage::RowsToNoMoreAxes {
+                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
+                out.push(Constraint::ShapeRow(r.clone()).at(origin));
+            } else {
+                keep = true;
+            }
+        }
+        if keep {
+            self.defer(Constraint::ShapeRow(r).at(origin));
+        }
+        Ok(out)
+    }
+}

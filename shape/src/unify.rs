@@ -1,0 +1,296 @@
+//! Equations: `unify_dim` and `unify_row`.
+//!
+//! Unification is strict equality, no broadcasting. Binding a variable re-checks whatever its
+//! bounds said against the new value: each `cur` variable must be `≥` it, each `subr` variable
+//! `≤` it, the least upper bound `≥` it, and its constraint must hold. Arithmetic dimensions
+//! (convolutions, concatenations) are solved for their missing part once enough is known, and
+//! deferred until then.
+
+use crate::constraint::{Constr, Constraint, Origin, RowConstraint};
+use crate::dim::{ConvDim, Dim};
+use crate::env::{fresh_dims, row_with_var};
+use crate::error::{Conflict, conflict};
+use crate::row::{Bcast, Row};
+use crate::solve::Solver;
+use crate::stage::Stage;
+use crate::var::{DimVar, RowVar};
+
+type Derived = Result<Vec<Constr>, Conflict>;
+
+/// Whether two solved dimensions have compatible labels (a missing label matches any).
+pub(crate) fn labels_agree(a: &Dim, b: &Dim) -> bool {
+    match (a.label(), b.label()) {
+        (Some(x), Some(y)) => x == y,
+        _ => true,
+    }
+}
+
+impl Solver {
+    /// Solves `d1 = d2`.
+    pub fn unify_dim(&mut self, d1: &Dim, d2: &Dim, origin: &Origin) -> Derived {
+        let d1 = self.env.subst_dim(d1);
+        let d2 = self.env.subst_dim(d2);
+        match (&d1, &d2) {
+            (Dim::Solved(a), Dim::Solved(b)) => {
+                if a.d != b.d {
+                    return Err(conflict(
+                        format!("dimensions {d1} and {d2} must be equal"),
+                        origin,
+                    ));
+                }
+                if !labels_agree(&d1, &d2) {
+                    return Err(conflict(
+                        format!("axes of size {} have different labels: {d1} vs {d2}", a.d),
+                        origin,
+                    ));
+                }
+                Ok(vec![])
+            }
+            (Dim::Var(a), Dim::Var(b)) if a == b => Ok(vec![]),
+            (Dim::Var(v), other) | (other, Dim::Var(v)) => self.bind_dim(*v, other.clone(), origin),
+            (Dim::Conv(c), other) | (other, Dim::Conv(c)) => {
+                let c = (**c).clone();
+                self.unify_conv(&c, other, origin)
+            }
+            (Dim::Concat(parts), other) | (other, Dim::Concat(parts)) => {
+                let parts = parts.clone();
+                self.unify_concat(&parts, other, origin)
+            }
+        }
+    }
+
+    /// Records `v = value` and re-checks v's former bounds against the value.
+    pub(crate) fn bind_dim(&mut self, v: DimVar, value: Dim, origin: &Origin) -> Derived {
+        if value.mentions(v) {
+            return Err(conflict(
+                format!("dimension {v} would have to equal {value}, which contains it"),
+                origin,
+            ));
+        }
+        let old = self.env.solve_dim(v, value.clone(), origin.clone());
+        let mut out = Vec::new();
+        for c in old.cur {
+            out.push(Constraint::DimIneq { cur: Dim::Var(c), subr: value.clone() }.at(origin));
+        }
+        for s in old.subr {
+            out.push(Constraint::DimIneq { cur: value.clone(), subr: Dim::Var(s) }.at(origin));
+        }
+        if let Some((lub, o)) = old.lub {
+            out.push(Constraint::DimIneq { cur: lub, subr: value.clone() }.at(&o.join(origin)));
+        }
+        if let Some((constr, o)) = old.constr {
+            out.push(Constraint::DimConstr { d: value, constr }.at(&o.join(origin)));
+        }
+        Ok(out)
+    }
+
+    /// `conv = other` where `other` is not a variable.
+    fn unify_conv(&mut self, c: &ConvDim, other: &Dim, origin: &Origin) -> Derived {
+        let Some(n) = other.size() else {
+            // Two arithmetic dimensions with unknown parts: wait for more information.
+            self.defer(
+                Constraint::DimEq { d1: Dim::Conv(Box::new(c.clone())), d2: other.clone() }
+                    .at(origin),
+            );
+            return Ok(vec![]);
+        };
+        let bad = |why: String| {
+            conflict(
+                format!(
+                    "convolution axis {} cannot have size {n}: {why}",
+                    Dim::Conv(Box::new(c.clone()))
+                ),
+                origin,
+            )
+        };
+        if !c.kernel_counts() {
+            let out = c.solve_output(n, 0).map_err(|e| bad(e.0))?;
+            return Ok(vec![
+                Constraint::DimEq { d1: c.output.clone(), d2: Dim::of(out) }.at(origin),
+            ]);
+        }
+        match (c.output.size(), c.kernel.size()) {
+            (_, Some(k)) => {
+                let out = c.solve_output(n, k).map_err(|e| bad(e.0))?;
+                Ok(vec![Constraint::DimEq { d1: c.output.clone(), d2: Dim::of(out) }.at(origin)])
+            }
+            (Some(o), None) => {
+                let k = c.solve_kernel(n, o).map_err(|e| bad(e.0))?;
+                Ok(vec![Constraint::DimEq { d1: c.kernel.clone(), d2: Dim::of(k) }.at(origin)])
+            }
+            (None, None) => {
+                self.defer(
+                    Constraint::DimEq { d1: Dim::Conv(Box::new(c.clone())), d2: other.clone() }
+                        .at(origin),
+                );
+                Ok(vec![])
+            }
+        }
+    }
+
+    /// `a^b^… = other` where `other` is not a variable.
+    fn unify_concat(&mut self, parts: &[Dim], other: &Dim, origin: &Origin) -> Derived {
+        let whole = Dim::Concat(parts.to_vec());
+        let Some(n) = other.size() else {
+            self.defer(Constraint::DimEq { d1: whole, d2: other.clone() }.at(origin));
+            return Ok(vec![]);
+        };
+        let known: usize = parts.iter().filter_map(Dim::size).sum();
+        let unknown: Vec<&Dim> = parts.iter().filter(|p| p.size().is_none()).collect();
+        if n < known + unknown.len() {
+            return Err(conflict(
+                format!(
+                    "concatenated axis {whole} cannot have size {n}: its known parts already \
+                     take {known} positions{}",
+                    if unknown.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" and {} more part(s) need at least one each", unknown.len())
+                    }
+                ),
+                origin,
+            ));
+        }
+        match unknown.as_slice() {
+            [] if known == n => Ok(vec![]),
+            [] => Err(conflict(
+                format!("concatenated axis {whole} has size {known}, not {n}"),
+                origin,
+            )),
+            [part] => Ok(vec![
+                Constraint::DimEq { d1: (*part).clone(), d2: Dim::of(n - known) }.at(origin),
+            ]),
+            _ => {
+                self.defer(Constraint::DimEq { d1: whole, d2: other.clone() }.at(origin));
+                Ok(vec![])
+            }
+        }
+    }
+
+    /// Solves `r1 = r2`: pairs leading axes from the left and trailing axes from the right,
+    /// and binds row variables to what is left over.
+    pub fn unify_row(&mut self, r1: &Row, r2: &Row, origin: &Origin) -> Derived {
+        let a = self.env.subst_row(r1);
+        let b = self.env.subst_row(r2);
+        if a.dims == b.dims && a.bcast == b.bcast {
+            return Ok(vec![]);
+        }
+        let mismatch =
+            |why: &str| conflict(format!("rows [{a}] and [{b}] must be equal, but {why}"), origin);
+        let eq =
+            |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
+        match (a.var(), b.var()) {
+            (None, None) => {
+                if a.dims.len() != b.dims.len() {
+                    return Err(mismatch("they have different numbers of axes"));
+                }
+                Ok(a.dims.iter().zip(&b.dims).map(|(x, y)| eq(x, y)).collect())
+            }
+            (Some(v), None) | (None, Some(v)) => {
+                let (var_row, fixed) = if a.var().is_some() { (&a, &b) } else { (&b, &a) };
+                let (beg, end) = (var_row.beg_dims(), &var_row.dims);
+                if fixed.dims.len() < beg.len() + end.len() {
+                    return Err(mismatch("the second has fewer axes than the first requires"));
+                }
+                let n = fixed.dims.len();
+                let mut out: Vec<Constr> =
+                    beg.iter().zip(&fixed.dims).map(|(x, y)| eq(x, y)).collect();
+                out.extend(end.iter().zip(&fixed.dims[n - end.len()..]).map(|(x, y)| eq(x, y)));
+                let middle = Row::fixed(fixed.dims[beg.len()..n - end.len()].to_vec(), var_row.id);
+                out.extend(self.bind_row(v, middle, origin)?);
+                Ok(out)
+            }
+            (Some(va), Some(vb)) if va == vb => {
+                if a.beg_dims().len() != b.beg_dims().len() || a.dims.len() != b.dims.len() {
+                    return Err(mismatch(&format!(
+                        "row variable {va} would have to contain itself and more axes"
+                    )));
+                }
+                let mut out: Vec<Constr> =
+                    a.beg_dims().iter().zip(b.beg_dims()).map(|(x, y)| eq(x, y)).collect();
+                out.extend(a.dims.iter().zip(&b.dims).map(|(x, y)| eq(x, y)));
+                Ok(out)
+            }
+            (Some(va), Some(vb)) => {
+                let (ab, bb) = (a.beg_dims(), b.beg_dims());
+                let j = ab.len().min(bb.len());
+                let k = a.dims.len().min(b.dims.len());
+                let mut out: Vec<Constr> = ab.iter().zip(bb).map(|(x, y)| eq(x, y)).collect();
+                let (na, nb) = (a.dims.len(), b.dims.len());
+                out.extend(a.dims[na - k..].iter().zip(&b.dims[nb - k..]).map(|(x, y)| eq(x, y)));
+                // The leftovers: at most one side has leading axes left, at most one trailing.
+                let (ab2, bb2) = (ab[j..].to_vec(), bb[j..].to_vec());
+                let (ad2, bd2) = (a.dims[..na - k].to_vec(), b.dims[..nb - k].to_vec());
+                if ab2.is_empty() && ad2.is_empty() {
+                    out.extend(self.bind_row(va, row_with_var(bb2, vb, bd2, &b), origin)?);
+                } else if bb2.is_empty() && bd2.is_empty() {
+                    out.extend(self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?);
+                } else if self.stage >= Stage::RowsToNoMoreAxes {
+                    // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
+                    // picks the smallest: va gets no further axes.
+                    out.extend(self.bind_row(va, Row::empty(a.id), origin)?);
+                    out.push(Constraint::RowEq { r1: a.clone(), r2: b.clone() }.at(origin));
+                } else {
+                    // Wait until one of the variables is known.
+                    self.defer(Constraint::RowEq { r1: a.clone(), r2: b.clone() }.at(origin));
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Records that row variable `v` stands for `value`, re-checking its former bounds.
+    pub(crate) fn bind_row(&mut self, v: RowVar, value: Row, origin: &Origin) -> Derived {
+        let value = self.env.subst_row(&value);
+        if value.var() == Some(v) {
+            if value.num_fixed() == 0 {
+                return Ok(vec![]);
+            }
+            return Err(conflict(
+                format!("row variable {v} would have to equal [{value}], which contains it"),
+                origin,
+            ));
+        }
+        let old = self.env.solve_row(v, value.clone(), origin.clone());
+        let mut out = Vec::new();
+        for c in old.cur {
+            out.push(
+                Constraint::RowIneq { cur: Row::of_var(c, value.id), subr: value.clone() }
+                    .at(origin),
+            );
+        }
+        for s in old.subr {
+            out.push(
+                Constraint::RowIneq { cur: value.clone(), subr: Row::of_var(s, value.id) }
+                    .at(origin),
+            );
+        }
+        if let Some((lub, o)) = old.lub {
+            out.push(Constraint::RowIneq { cur: lub, subr: value.clone() }.at(&o.join(origin)));
+        }
+        if let Some((constr, o)) = old.constr {
+            if constr != RowConstraint::Unconstrained {
+                out.push(Constraint::RowsConstr { rows: vec![value], constr }.at(&o.join(origin)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Expands row variable `v` of `row` so it has at least `beg` leading and `end` trailing
+    /// axes: `v := beg fresh dims ++ ..v2.. ++ end fresh dims`.
+    pub(crate) fn expand_row_var(
+        &mut self,
+        v: RowVar,
+        beg: usize,
+        end: usize,
+        like: &Row,
+        origin: &Origin,
+    ) -> Derived {
+        let vars = &mut self.vars;
+        let beg_dims = fresh_dims(beg, &mut || vars.dim());
+        let end_dims = fresh_dims(end, &mut || vars.dim());
+        let v2 = self.vars.row();
+        let template = Row { dims: end_dims, bcast: Bcast::Var { v: v2, beg_dims }, id: like.id };
+        self.bind_row(v, template, origin)
+    }
+}
