@@ -229,9 +229,10 @@ impl Projections {
     /// of size > 1 appears in the lhs index. Then the assignment can overwrite instead of
     /// accumulating.
     pub fn is_injective(&self) -> bool {
-        self.product_iterators.iter().zip(&self.product_space).all(|(s, &d)| {
-            d <= 1 || self.project_lhs.iter().any(|idx| idx.symbols().contains(s))
-        })
+        self.product_iterators
+            .iter()
+            .zip(&self.product_space)
+            .all(|(s, &d)| d <= 1 || self.project_lhs.iter().any(|idx| idx.symbols().contains(s)))
     }
 }
 
