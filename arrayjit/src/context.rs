@@ -107,6 +107,9 @@ impl Context {
     pub fn new(kind: BackendKind, opts: CompileOptions) -> Result<Context, Error> {
         let backend: Box<dyn Backend> = match kind {
             BackendKind::Interp => Box::new(Interp::new(&opts)),
+            #[cfg(feature = "gccjit")]
+            BackendKind::Gccjit => Box::new(crate::backend::gccjit::Gccjit::new(&opts)),
+            #[cfg(not(feature = "gccjit"))]
             BackendKind::Gccjit => return Err(Error::NotBuiltIn("gccjit")),
             BackendKind::Cuda => return Err(Error::NotBuiltIn("cuda")),
         };

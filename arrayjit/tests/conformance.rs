@@ -35,3 +35,41 @@ fn interp_without_virtualization() {
     let opts = CompileOptions { virtualize: false, ..CompileOptions::default() };
     conformance(BackendKind::Interp, &[Prec::F32, Prec::F64], opts);
 }
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_all_precisions() {
+    conformance(BackendKind::Gccjit, &Prec::ALL, CompileOptions::default());
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_unoptimized_single_thread() {
+    let opts = CompileOptions { opt_level: 0, threads: Some(1), ..CompileOptions::default() };
+    conformance(BackendKind::Gccjit, &[Prec::F32, Prec::F64], opts);
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_bounds_checked_threads_always_split() {
+    let opts = CompileOptions {
+        bounds_check: true,
+        threads: Some(3),
+        min_parallel_work: 1,
+        ..CompileOptions::default()
+    };
+    conformance(BackendKind::Gccjit, &[Prec::F32], opts);
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_large_matmuls_match_interp() {
+    for (m, k, n) in [(64, 64, 64), (33, 47, 65), (128, 96, 80), (5, 300, 17), (2, 3, 1024)] {
+        for prec in [Prec::F32, Prec::F64] {
+            let case = matmul_case(m, k, n, prec);
+            let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            assert_close(&case.name, &got[0], &want[0], 1e-4);
+        }
+    }
+}

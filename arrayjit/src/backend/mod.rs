@@ -10,6 +10,9 @@
 //! Buffers belong to the backend (host memory for the CPU backends, device memory for CUDA),
 //! keyed by [`NodeId`], allocated zeroed once and shared by every routine of a context.
 
+pub mod c_syntax;
+#[cfg(feature = "gccjit")]
+pub mod gccjit;
 pub mod host;
 pub mod interp;
 
@@ -62,14 +65,18 @@ impl BackendKind {
     /// The backends built into this build (cuda is listed even without a GPU; creating a
     /// context for it then fails with [`Error::NoDevice`]).
     pub fn available() -> Vec<BackendKind> {
-        vec![BackendKind::Interp]
+        let mut v = vec![BackendKind::Interp];
+        if cfg!(feature = "gccjit") {
+            v.push(BackendKind::Gccjit);
+        }
+        v
     }
 }
 
 impl Default for BackendKind {
     /// The fastest CPU backend built in.
     fn default() -> Self {
-        BackendKind::Interp
+        if cfg!(feature = "gccjit") { BackendKind::Gccjit } else { BackendKind::Interp }
     }
 }
 

@@ -17,6 +17,7 @@
 pub mod cse;
 pub mod dse;
 pub mod optimize;
+pub mod schedule;
 pub mod simplify;
 pub mod trace;
 pub mod verify;
