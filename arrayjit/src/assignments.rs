@@ -1,0 +1,267 @@
+//! The assignments IR: what the tensor layer hands to the compiler.
+//!
+//! One [`Asgn::Accum`] is `lhs (accum)= expr(rhs...)` evaluated at every point of the product
+//! space of its [`Projections`]; a [`ScalarExpr`] tree (not a single operation) lets a gradient
+//! such as relu's `x.grad += g * (0 < x)` be one assignment. [`Asgn::Fetch`] fills a node from a
+//! source that is not another tensor (a constant, `iota`, a runtime symbol, counter-based random
+//! numbers). A whole training step is a [`Asgn::Seq`] of these, compiled into one routine.
+//!
+//! The printer ([`fmt::Display`]) is stable: snapshots and debug dumps rely on it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::indexing::{AxisIndex, Projections, Symbol};
+use crate::ops::{BinOp, TernOp, UnOp};
+use crate::tnode::NodeId;
+
+/// The right-hand side of one assignment, evaluated at each product-space point.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScalarExpr {
+    /// The `i`-th argument tensor, read at its projection `project_rhs[i]`.
+    Arg(usize),
+    /// A constant.
+    Const(f64),
+    /// A unary operation.
+    Unop(UnOp, Box<ScalarExpr>),
+    /// A binary operation.
+    Binop(BinOp, Box<ScalarExpr>, Box<ScalarExpr>),
+    /// A ternary operation.
+    Ternop(TernOp, Box<ScalarExpr>, Box<ScalarExpr>, Box<ScalarExpr>),
+}
+
+impl ScalarExpr {
+    /// `op(a)`.
+    pub fn un(op: UnOp, a: ScalarExpr) -> ScalarExpr {
+        ScalarExpr::Unop(op, Box::new(a))
+    }
+
+    /// `op(a, b)`.
+    pub fn bin(op: BinOp, a: ScalarExpr, b: ScalarExpr) -> ScalarExpr {
+        ScalarExpr::Binop(op, Box::new(a), Box::new(b))
+    }
+
+    /// `op(a, b, c)`.
+    pub fn tern(op: TernOp, a: ScalarExpr, b: ScalarExpr, c: ScalarExpr) -> ScalarExpr {
+        ScalarExpr::Ternop(op, Box::new(a), Box::new(b), Box::new(c))
+    }
+
+    /// The largest argument position used, if any.
+    pub fn max_arg(&self) -> Option<usize> {
+        match self {
+            ScalarExpr::Arg(i) => Some(*i),
+            ScalarExpr::Const(_) => None,
+            ScalarExpr::Unop(_, a) => a.max_arg(),
+            ScalarExpr::Binop(_, a, b) => a.max_arg().max(b.max_arg()),
+            ScalarExpr::Ternop(_, a, b, c) => a.max_arg().max(b.max_arg()).max(c.max_arg()),
+        }
+    }
+
+    fn fmt_with(&self, f: &mut fmt::Formatter<'_>, arg: &dyn Fn(usize) -> String) -> fmt::Result {
+        match self {
+            ScalarExpr::Arg(i) => f.write_str(&arg(*i)),
+            ScalarExpr::Const(c) => write!(f, "{}", fmt_f64(*c)),
+            ScalarExpr::Unop(op, a) => {
+                write!(f, "{}(", op.name())?;
+                a.fmt_with(f, arg)?;
+                write!(f, ")")
+            }
+            ScalarExpr::Binop(op, a, b) => {
+                write!(f, "{}(", op.name())?;
+                a.fmt_with(f, arg)?;
+                write!(f, ", ")?;
+                b.fmt_with(f, arg)?;
+                write!(f, ")")
+            }
+            ScalarExpr::Ternop(op, a, b, c) => {
+                write!(f, "{}(", op.name())?;
+                a.fmt_with(f, arg)?;
+                write!(f, ", ")?;
+                b.fmt_with(f, arg)?;
+                write!(f, ", ")?;
+                c.fmt_with(f, arg)?;
+                write!(f, ")")
+            }
+        }
+    }
+}
+
+/// Prints a float so that it reads back exactly and integers stay short (`1`, `-0.5`, `inf`).
+pub fn fmt_f64(c: f64) -> String {
+    if c.is_nan() {
+        "nan".to_string()
+    } else if c.is_infinite() {
+        if c > 0.0 { "inf".to_string() } else { "-inf".to_string() }
+    } else {
+        format!("{c:?}").trim_end_matches(".0").to_string()
+    }
+}
+
+/// A source that fills a node without reading other tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FetchOp {
+    /// Every cell holds this constant.
+    Constant(f64),
+    /// Every cell holds its row-major offset.
+    Iota,
+    /// Every cell holds the runtime value of a symbol.
+    EmbedSymbol(Symbol),
+    /// Counter-based random numbers in `[0, 1)`: cell `o` holds
+    /// [`crate::ops::uniform`]`(seed, o)` (SplitMix64), identical on every backend.
+    Uniform {
+        /// The generator's seed.
+        seed: u64,
+    },
+}
+
+impl fmt::Display for FetchOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FetchOp::Constant(c) => write!(f, "constant({})", fmt_f64(*c)),
+            FetchOp::Iota => write!(f, "iota"),
+            FetchOp::EmbedSymbol(s) => write!(f, "symbol({s})"),
+            FetchOp::Uniform { seed } => write!(f, "uniform(seed={seed})"),
+        }
+    }
+}
+
+/// The assignments IR.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+/// use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+/// use rocannl_arrayjit::ops::{BinOp, UnOp};
+/// use rocannl_arrayjit::tnode::NodeId;
+/// let proj = Arc::new(Projections::identity(&[3], 1, &mut SymbolGen::default()));
+/// let a = Asgn::Seq(vec![
+///     Asgn::Comment("forward".into()),
+///     Asgn::Accum {
+///         lhs: NodeId(1),
+///         accum: None,
+///         rhs: vec![NodeId(0)],
+///         expr: ScalarExpr::un(UnOp::Relu, ScalarExpr::Arg(0)),
+///         projections: proj,
+///         initialize_neutral: false,
+///     },
+/// ]);
+/// assert_eq!(a.to_string(), "# forward\nn1[i0] = relu(n0[i0])  over [i0:3]\n");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub enum Asgn {
+    /// Nothing.
+    Noop,
+    /// In order.
+    Seq(Vec<Asgn>),
+    /// A comment, kept in dumps.
+    Comment(String),
+    /// `lhs (accum)= expr(rhs...)` over the product space of `projections`.
+    Accum {
+        /// The assigned node.
+        lhs: NodeId,
+        /// `None`: plain assignment `=`; `Some(op)`: `lhs = lhs op expr`.
+        accum: Option<BinOp>,
+        /// The argument nodes; `ScalarExpr::Arg(i)` reads `rhs[i]`.
+        rhs: Vec<NodeId>,
+        /// The value at each point.
+        expr: ScalarExpr,
+        /// The indexing; `rhs_dims`/`project_rhs` have one entry per element of `rhs`.
+        projections: Arc<Projections>,
+        /// Fill the lhs with the accumulation's neutral element (0 for `=`) first.
+        initialize_neutral: bool,
+    },
+    /// Fill a node from a [`FetchOp`].
+    Fetch {
+        /// The filled node.
+        lhs: NodeId,
+        /// The source.
+        fetch: FetchOp,
+    },
+}
+
+impl Asgn {
+    /// Every node written.
+    pub fn nodes_written(&self) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        self.visit(&mut |a| match a {
+            Asgn::Accum { lhs, .. } | Asgn::Fetch { lhs, .. } => out.push(*lhs),
+            _ => {}
+        });
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Every node read or written.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        self.visit(&mut |a| match a {
+            Asgn::Accum { lhs, rhs, .. } => {
+                out.push(*lhs);
+                out.extend(rhs.iter().copied());
+            }
+            Asgn::Fetch { lhs, .. } => out.push(*lhs),
+            _ => {}
+        });
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Calls `f` on every assignment, in order (sequences first, then their elements).
+    pub fn visit(&self, f: &mut impl FnMut(&Asgn)) {
+        f(self);
+        if let Asgn::Seq(items) = self {
+            for a in items {
+                a.visit(f);
+            }
+        }
+    }
+
+    fn fmt_indented(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Asgn::Noop => Ok(()),
+            Asgn::Seq(items) => items.iter().try_for_each(|a| a.fmt_indented(f)),
+            Asgn::Comment(c) => writeln!(f, "# {c}"),
+            Asgn::Accum { lhs, accum, rhs, expr, projections, initialize_neutral } => {
+                write!(f, "{lhs}")?;
+                write_idx(f, &projections.project_lhs)?;
+                match accum {
+                    None => write!(f, " = ")?,
+                    Some(op) => write!(f, " {}= ", op.name())?,
+                }
+                let arg = |i: usize| match (rhs.get(i), projections.project_rhs.get(i)) {
+                    (Some(n), Some(idx)) => format!("{n}{}", idx_string(idx)),
+                    _ => format!("<arg{i}?>"),
+                };
+                expr.fmt_with(f, &arg)?;
+                write!(f, "  over [")?;
+                let space = projections.product_iterators.iter().zip(&projections.product_space);
+                for (n, (s, d)) in space.enumerate() {
+                    write!(f, "{}{s}:{d}", if n > 0 { ", " } else { "" })?;
+                }
+                write!(f, "]")?;
+                if *initialize_neutral {
+                    write!(f, "  init")?;
+                }
+                writeln!(f)
+            }
+            Asgn::Fetch { lhs, fetch } => writeln!(f, "{lhs} := {fetch}"),
+        }
+    }
+}
+
+fn idx_string(idx: &[AxisIndex]) -> String {
+    let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn write_idx(f: &mut fmt::Formatter<'_>, idx: &[AxisIndex]) -> fmt::Result {
+    f.write_str(&idx_string(idx))
+}
+
+impl fmt::Display for Asgn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_indented(f)
+    }
+}

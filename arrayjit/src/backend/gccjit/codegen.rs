@@ -1,0 +1,696 @@
+//! Building libgccjit IR directly from the low-level IR (no C text in between).
+//!
+//! A routine becomes one libgccjit context, compiled once, holding one function per *step*: a
+//! parallel loop nest (its outermost loop runs `lo..hi`, so the pool can split it) or a run of
+//! small statements executed on the calling thread. Every step has the signature
+//! `void step(void **bufs, long long *syms, long long lo, long long hi, void *err)`.
+//!
+//! - Buffers are cast once per step to typed pointers; cells are addressed by flat row-major
+//!   offsets that are affine in the loop variables, which GCC's vectorizer understands.
+//! - Arithmetic is done in `float` (for f16, bf16, f32) or `double`; f16/bf16 are converted on
+//!   load and store by calls to the `half` crate through function pointers.
+//! - Selections (`where`, `max`, `relu`, ...) are small diamonds GCC if-converts.
+//! - In bounds-check mode, every access first compares each axis index with its bound and on
+//!   failure calls back into Rust with (node, axis, index, bound) and returns.
+
+use gccjit::{
+    BinaryOp, Block, ComparisonOp, Context, Function, FunctionType, LValue, OptimizationLevel,
+    RValue, ToRValue, Type, UnaryOp,
+};
+use rustc_hash::FxHashMap;
+
+use crate::backend::c_syntax::{expr_prec, nodes_of};
+use crate::error::Error;
+use crate::low_level::{Expr, IdxVar, Index, LocalId, Program, Stmt, Var};
+use crate::ops::{BinOp, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
+use crate::tnode::{NodeId, row_major_strides};
+
+/// How a step is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// On the calling thread, once.
+    Serial,
+    /// Split over `0..extent` of its outermost loop across the pool.
+    Parallel {
+        /// The outermost loop's trip count.
+        extent: i64,
+    },
+}
+
+/// The callback generated code calls when bounds-check mode finds a bad index.
+pub type ReportFn = unsafe extern "C" fn(*mut u8, i64, i64, i64, i64);
+
+/// Addresses of Rust helpers embedded into generated code.
+#[derive(Clone, Copy, Debug)]
+pub struct Helpers {
+    /// `f16 bits -> f32`.
+    pub f16_to_f32: usize,
+    /// `f32 -> f16 bits`.
+    pub f32_to_f16: usize,
+    /// `bf16 bits -> f32`.
+    pub bf16_to_f32: usize,
+    /// `f32 -> bf16 bits`.
+    pub f32_to_bf16: usize,
+    /// The bounds-check report.
+    pub report: usize,
+}
+
+/// Settings of one build.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    /// 0..=3.
+    pub opt_level: u8,
+    /// `-march=native`.
+    pub march_native: bool,
+    /// Check every index.
+    pub bounds_check: bool,
+    /// Where libgccjit writes its own C-like dump, if anywhere.
+    pub dump: Option<std::path::PathBuf>,
+}
+
+/// Builds one libgccjit context for `steps` and compiles it. The `gccjit` crate panics on
+/// libgccjit errors in debug builds; such a panic is caught and returned as a typed error.
+pub fn build(
+    prog: &Program,
+    steps: &[(Vec<Stmt>, StepKind)],
+    slots: &[NodeId],
+    helpers: Helpers,
+    opts: &BuildOptions,
+) -> Result<gccjit::CompileResult, Error> {
+    let run = std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, helpers, opts));
+    std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+        let log = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "libgccjit reported an error".to_string());
+        Err(Error::Compile { backend: "gccjit", routine: prog.name.clone(), log })
+    })
+}
+
+fn build_unchecked(
+    prog: &Program,
+    steps: &[(Vec<Stmt>, StepKind)],
+    slots: &[NodeId],
+    helpers: Helpers,
+    opts: &BuildOptions,
+) -> Result<gccjit::CompileResult, Error> {
+    let ctx = Context::default();
+    ctx.set_optimization_level(match opts.opt_level {
+        0 => OptimizationLevel::None,
+        1 => OptimizationLevel::Limited,
+        2 => OptimizationLevel::Standard,
+        _ => OptimizationLevel::Aggressive,
+    });
+    if opts.march_native {
+        for flag in host_arch_flags() {
+            ctx.add_command_line_option(flag);
+        }
+    }
+    ctx.add_command_line_option("-fno-math-errno");
+    ctx.add_command_line_option("-fno-trapping-math");
+    ctx.add_command_line_option("--param=vect-max-version-for-alias-checks=64");
+    ctx.set_print_errors_to_stderr(false);
+    for (k, (body, kind)) in steps.iter().enumerate() {
+        let mut g = Gen::new(&ctx, prog, slots, helpers, opts.bounds_check, &format!("step_{k}"));
+        g.function(body, kind);
+    }
+    if let Some(path) = &opts.dump {
+        ctx.dump_to_file(path.display().to_string(), false);
+    }
+    let fail = |log: String| Error::Compile { backend: "gccjit", routine: prog.name.clone(), log };
+    if let Ok(Some(e)) = ctx.get_first_error() {
+        return Err(fail(e.to_string()));
+    }
+    ctx.compile().map_err(fail)
+}
+
+/// Code generation flags for the host CPU. libgccjit cannot expand `-march=native` (that is the
+/// driver's job), so the host's features, as detected by the Rust runtime, are mapped to the
+/// x86-64 micro-architecture levels.
+pub fn host_arch_flags() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+            return vec!["-march=x86-64-v4", "-mprefer-vector-width=512"];
+        }
+        if has!("avx2") && has!("fma") && has!("bmi2") {
+            return vec!["-march=x86-64-v3"];
+        }
+        if has!("sse4.2") && has!("popcnt") {
+            return vec!["-march=x86-64-v2"];
+        }
+        vec![]
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        vec!["-mcpu=native"]
+    }
+}
+
+struct Types<'c> {
+    f32: Type<'c>,
+    f64: Type<'c>,
+    i64: Type<'c>,
+    u64: Type<'c>,
+    u16: Type<'c>,
+    int: Type<'c>,
+    boolean: Type<'c>,
+}
+
+struct Gen<'c> {
+    ctx: &'c Context<'static>,
+    prog: &'c Program,
+    t: Types<'c>,
+    func: Function<'c>,
+    block: Block<'c>,
+    bufs: RValue<'c>,
+    syms: RValue<'c>,
+    lo: RValue<'c>,
+    hi: RValue<'c>,
+    err: RValue<'c>,
+    slots: &'c [NodeId],
+    ptrs: FxHashMap<NodeId, LValue<'c>>,
+    vars: FxHashMap<Var, LValue<'c>>,
+    locals: FxHashMap<LocalId, LValue<'c>>,
+    helpers: Helpers,
+    bounds_check: bool,
+    fresh: usize,
+}
+
+impl<'c> Gen<'c> {
+    fn new(
+        ctx: &'c Context<'static>,
+        prog: &'c Program,
+        slots: &'c [NodeId],
+        helpers: Helpers,
+        bounds_check: bool,
+        name: &str,
+    ) -> Gen<'c> {
+        let void_ptr = ctx.new_type::<()>().make_pointer();
+        let t = Types {
+            f32: ctx.new_type::<f32>(),
+            f64: ctx.new_type::<f64>(),
+            i64: ctx.new_type::<i64>(),
+            u64: ctx.new_type::<u64>(),
+            u16: ctx.new_type::<u16>(),
+            int: ctx.new_type::<i32>(),
+            boolean: ctx.new_type::<bool>(),
+        };
+        let params = [
+            ctx.new_parameter(None, void_ptr.make_pointer(), "bufs"),
+            ctx.new_parameter(None, t.i64.make_pointer(), "syms"),
+            ctx.new_parameter(None, t.i64, "lo"),
+            ctx.new_parameter(None, t.i64, "hi"),
+            ctx.new_parameter(None, void_ptr, "err"),
+        ];
+        let func = ctx.new_function(
+            None,
+            FunctionType::Exported,
+            ctx.new_type::<()>(),
+            &params,
+            name,
+            false,
+        );
+        let block = func.new_block("entry");
+        Gen {
+            ctx,
+            prog,
+            t,
+            func,
+            block,
+            bufs: params[0].to_rvalue(),
+            syms: params[1].to_rvalue(),
+            lo: params[2].to_rvalue(),
+            hi: params[3].to_rvalue(),
+            err: params[4].to_rvalue(),
+            slots,
+            ptrs: FxHashMap::default(),
+            vars: FxHashMap::default(),
+            locals: FxHashMap::default(),
+            helpers,
+            bounds_check,
+            fresh: 0,
+        }
+    }
+
+    fn name(&mut self, base: &str) -> String {
+        self.fresh += 1;
+        format!("{base}{}", self.fresh)
+    }
+
+    fn new_block(&mut self, base: &str) -> Block<'c> {
+        let name = self.name(base);
+        self.func.new_block(name)
+    }
+
+    fn new_local(&mut self, ty: Type<'c>, base: &str) -> LValue<'c> {
+        let name = self.name(base);
+        self.func.new_local(None, ty, name)
+    }
+
+    fn storage_type(&self, prec: Prec) -> Type<'c> {
+        match prec {
+            Prec::F16 | Prec::Bf16 => self.t.u16,
+            Prec::F32 => self.t.f32,
+            Prec::F64 => self.t.f64,
+        }
+    }
+
+    fn compute_type(&self, prec: Prec) -> Type<'c> {
+        if prec == Prec::F64 { self.t.f64 } else { self.t.f32 }
+    }
+
+    fn function(&mut self, body: &[Stmt], kind: &StepKind) {
+        // Typed buffer pointers for every node the step touches.
+        for n in nodes_of(body) {
+            let slot = self.slots.iter().position(|s| *s == n).unwrap_or(0);
+            let prec = self.prog.nodes[&n].prec;
+            let ty = self.storage_type(prec).make_pointer();
+            let ptr = self.func.new_local(None, ty, format!("p_n{}", n.0));
+            let idx = self.ctx.new_rvalue_from_long(self.t.i64, slot as i64);
+            let raw = self.ctx.new_array_access(None, self.bufs, idx).to_rvalue();
+            self.block.add_assignment(None, ptr, self.ctx.new_cast(None, raw, ty));
+            self.ptrs.insert(n, ptr);
+        }
+        match kind {
+            StepKind::Serial => self.stmts(body),
+            StepKind::Parallel { .. } => match body {
+                [Stmt::For { var, body, .. }] => {
+                    let (lo, hi) = (self.lo, self.hi);
+                    self.for_loop(*var, lo, hi, body);
+                }
+                other => self.stmts(other),
+            },
+        }
+        self.block.end_with_void_return(None);
+    }
+
+    fn stmts(&mut self, body: &[Stmt]) {
+        for s in body {
+            self.stmt(s);
+        }
+    }
+
+    fn var(&mut self, v: Var) -> LValue<'c> {
+        if let Some(l) = self.vars.get(&v) {
+            return *l;
+        }
+        let l = self.func.new_local(None, self.t.i64, format!("v{}", v.0));
+        self.vars.insert(v, l);
+        l
+    }
+
+    fn for_loop(&mut self, var: Var, from: RValue<'c>, to: RValue<'c>, body: &[Stmt]) {
+        let v = self.var(var);
+        let cond = self.new_block("cond");
+        let inner = self.new_block("body");
+        let after = self.new_block("after");
+        self.block.add_assignment(None, v, from);
+        self.block.end_with_jump(None, cond);
+        let test = self.ctx.new_comparison(None, ComparisonOp::LessThan, v.to_rvalue(), to);
+        cond.end_with_conditional(None, test, inner, after);
+        self.block = inner;
+        self.stmts(body);
+        let one = self.ctx.new_rvalue_one(self.t.i64);
+        self.block.add_assignment_op(None, v, BinaryOp::Plus, one);
+        self.block.end_with_jump(None, cond);
+        self.block = after;
+    }
+
+    fn stmt(&mut self, s: &Stmt) {
+        match s {
+            Stmt::Comment(c) => self.block.add_comment(None, c),
+            Stmt::For { var, extent, body, .. } => {
+                let zero = self.ctx.new_rvalue_zero(self.t.i64);
+                let to = self.ctx.new_rvalue_from_long(self.t.i64, *extent as i64);
+                self.for_loop(*var, zero, to, body);
+            }
+            Stmt::If { guards, body } => {
+                let mut cond: Option<RValue<'c>> = None;
+                for g in guards {
+                    let i = self.index(&g.index);
+                    let zero = self.ctx.new_rvalue_zero(self.t.i64);
+                    let bound = self.ctx.new_rvalue_from_long(self.t.i64, g.bound as i64);
+                    let ge =
+                        self.ctx.new_comparison(None, ComparisonOp::GreaterThanEquals, i, zero);
+                    let lt = self.ctx.new_comparison(None, ComparisonOp::LessThan, i, bound);
+                    let both =
+                        self.ctx.new_binary_op(None, BinaryOp::LogicalAnd, self.t.boolean, ge, lt);
+                    cond = Some(match cond {
+                        None => both,
+                        Some(c) => self.ctx.new_binary_op(
+                            None,
+                            BinaryOp::LogicalAnd,
+                            self.t.boolean,
+                            c,
+                            both,
+                        ),
+                    });
+                }
+                let then = self.new_block("then");
+                let after = self.new_block("endif");
+                let cond = cond.unwrap_or_else(|| self.ctx.new_rvalue_one(self.t.boolean));
+                self.block.end_with_conditional(None, cond, then, after);
+                self.block = then;
+                self.stmts(body);
+                self.block.end_with_jump(None, after);
+                self.block = after;
+            }
+            Stmt::Set { node, idx, value } => {
+                let prec = self.prog.nodes[node].prec;
+                let ty = self.compute_type(expr_prec(self.prog, value, prec));
+                let v = self.expr(value, ty);
+                let cell = self.cell(*node, idx);
+                let stored = self.to_storage(v, prec);
+                self.block.add_assignment(None, cell, stored);
+            }
+            Stmt::SetLocal { local, value } => {
+                let prec = self.prog.locals[local.0 as usize];
+                let lty = self.compute_type(prec);
+                let ty = self.compute_type(expr_prec(self.prog, value, prec));
+                let v = self.expr(value, ty);
+                let l = self.local(*local);
+                let v = if ty == lty { v } else { self.ctx.new_cast(None, v, lty) };
+                self.block.add_assignment(None, l, v);
+            }
+        }
+    }
+
+    fn local(&mut self, l: LocalId) -> LValue<'c> {
+        if let Some(x) = self.locals.get(&l) {
+            return *x;
+        }
+        let ty = self.compute_type(self.prog.locals[l.0 as usize]);
+        let x = self.func.new_local(None, ty, format!("t{}", l.0));
+        self.locals.insert(l, x);
+        x
+    }
+
+    fn long(&self, v: i64) -> RValue<'c> {
+        self.ctx.new_rvalue_from_long(self.t.i64, v)
+    }
+
+    fn index(&mut self, i: &Index) -> RValue<'c> {
+        let mut acc: Option<RValue<'c>> = None;
+        for &(c, x) in &i.terms {
+            let v = match x {
+                IdxVar::Loop(v) => self.var(v).to_rvalue(),
+                IdxVar::Sym(s) => {
+                    let slot = self.prog.symbol_slot(s).unwrap_or(0) as i64;
+                    self.ctx.new_array_access(None, self.syms, self.long(slot)).to_rvalue()
+                }
+            };
+            let term = if c == 1 {
+                v
+            } else {
+                self.ctx.new_binary_op(None, BinaryOp::Mult, self.t.i64, self.long(c), v)
+            };
+            acc = Some(match acc {
+                None => term,
+                Some(a) => self.ctx.new_binary_op(None, BinaryOp::Plus, self.t.i64, a, term),
+            });
+        }
+        match acc {
+            None => self.long(i.offset),
+            Some(a) if i.offset == 0 => a,
+            Some(a) => {
+                self.ctx.new_binary_op(None, BinaryOp::Plus, self.t.i64, a, self.long(i.offset))
+            }
+        }
+    }
+
+    fn cell(&mut self, node: NodeId, idx: &[Index]) -> LValue<'c> {
+        let dims = self.prog.nodes[&node].dims.clone();
+        if self.bounds_check {
+            for (axis, (i, &d)) in idx.iter().zip(&dims).enumerate() {
+                self.check(node, axis, i, d);
+            }
+        }
+        let strides = row_major_strides(&dims);
+        let mut terms = Vec::new();
+        let mut offset = 0;
+        for (i, s) in idx.iter().zip(strides) {
+            terms.extend(i.terms.iter().map(|&(c, x)| (c * s as i64, x)));
+            offset += i.offset * s as i64;
+        }
+        let flat = self.index(&Index::new(terms, offset));
+        let ptr = self.ptrs[&node].to_rvalue();
+        self.ctx.new_array_access(None, ptr, flat)
+    }
+
+    fn check(&mut self, node: NodeId, axis: usize, i: &Index, bound: usize) {
+        let v = self.index(i);
+        let tmp = self.new_local(self.t.i64, "chk");
+        self.block.add_assignment(None, tmp, v);
+        let zero = self.long(0);
+        let lt0 = self.ctx.new_comparison(None, ComparisonOp::LessThan, tmp.to_rvalue(), zero);
+        let b = self.long(bound as i64);
+        let ge = self.ctx.new_comparison(None, ComparisonOp::GreaterThanEquals, tmp.to_rvalue(), b);
+        let bad = self.ctx.new_binary_op(None, BinaryOp::LogicalOr, self.t.boolean, lt0, ge);
+        let fail = self.new_block("oob");
+        let ok = self.new_block("inb");
+        self.block.end_with_conditional(None, bad, fail, ok);
+        let fty = self.ctx.new_function_pointer_type(
+            None,
+            self.ctx.new_type::<()>(),
+            &[self.err.get_type(), self.t.i64, self.t.i64, self.t.i64, self.t.i64],
+            false,
+        );
+        let f = self.ctx.new_rvalue_from_ptr(fty, self.helpers.report as *mut ());
+        let args = [self.err, self.long(node.0 as i64), self.long(axis as i64), tmp.to_rvalue(), b];
+        let call = self.ctx.new_call_through_ptr(None, f, &args);
+        fail.add_eval(None, call);
+        fail.end_with_void_return(None);
+        self.block = ok;
+    }
+
+    fn convert_call(
+        &self,
+        addr: usize,
+        arg: RValue<'c>,
+        from: Type<'c>,
+        to: Type<'c>,
+    ) -> RValue<'c> {
+        let fty = self.ctx.new_function_pointer_type(None, to, &[from], false);
+        let f = self.ctx.new_rvalue_from_ptr(fty, addr as *mut ());
+        self.ctx.new_call_through_ptr(None, f, &[arg])
+    }
+
+    fn to_storage(&self, v: RValue<'c>, prec: Prec) -> RValue<'c> {
+        let (t, h) = (&self.t, &self.helpers);
+        let as_f32 = || if v.get_type() == t.f32 { v } else { self.ctx.new_cast(None, v, t.f32) };
+        match prec {
+            Prec::F16 => self.convert_call(h.f32_to_f16, as_f32(), t.f32, t.u16),
+            Prec::Bf16 => self.convert_call(h.f32_to_bf16, as_f32(), t.f32, t.u16),
+            Prec::F32 => as_f32(),
+            Prec::F64 => {
+                if v.get_type() == t.f64 {
+                    v
+                } else {
+                    self.ctx.new_cast(None, v, t.f64)
+                }
+            }
+        }
+    }
+
+    fn cast(&self, v: RValue<'c>, ty: Type<'c>) -> RValue<'c> {
+        if v.get_type() == ty { v } else { self.ctx.new_cast(None, v, ty) }
+    }
+
+    fn float(&self, x: f64, ty: Type<'c>) -> RValue<'c> {
+        self.ctx.new_rvalue_from_double(ty, x)
+    }
+
+    fn bool_to_float(&self, b: RValue<'c>, ty: Type<'c>) -> RValue<'c> {
+        let i = self.ctx.new_cast(None, b, self.t.int);
+        self.ctx.new_cast(None, i, ty)
+    }
+
+    /// `cond ? a : b` as a diamond of blocks writing a fresh local.
+    fn select(
+        &mut self,
+        cond: RValue<'c>,
+        a: RValue<'c>,
+        b: RValue<'c>,
+        ty: Type<'c>,
+    ) -> RValue<'c> {
+        let res = self.new_local(ty, "sel");
+        self.block.add_assignment(None, res, b);
+        let then = self.new_block("sel_then");
+        let after = self.new_block("sel_end");
+        self.block.end_with_conditional(None, cond, then, after);
+        then.add_assignment(None, res, a);
+        then.end_with_jump(None, after);
+        self.block = after;
+        res.to_rvalue()
+    }
+
+    /// Evaluates into a fresh local so the value can be used several times.
+    fn temp(&mut self, v: RValue<'c>, ty: Type<'c>) -> RValue<'c> {
+        let l = self.new_local(ty, "e");
+        self.block.add_assignment(None, l, v);
+        l.to_rvalue()
+    }
+
+    fn builtin(&self, name: &str, ty: Type<'c>, args: &[RValue<'c>]) -> RValue<'c> {
+        let suffix = if ty == self.t.f32 { "f" } else { "" };
+        let f = self.ctx.get_builtin_function(format!("__builtin_{name}{suffix}"));
+        self.ctx.new_call(None, f, args)
+    }
+
+    fn cmp(&self, op: ComparisonOp, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.ctx.new_comparison(None, op, a, b)
+    }
+
+    fn expr(&mut self, e: &Expr, ty: Type<'c>) -> RValue<'c> {
+        match e {
+            Expr::Const(c) => self.float(*c, ty),
+            Expr::Get(n, idx) => {
+                let prec = self.prog.nodes[n].prec;
+                let cell = self.cell(*n, idx).to_rvalue();
+                let v = match prec {
+                    Prec::F16 => {
+                        self.convert_call(self.helpers.f16_to_f32, cell, self.t.u16, self.t.f32)
+                    }
+                    Prec::Bf16 => {
+                        self.convert_call(self.helpers.bf16_to_f32, cell, self.t.u16, self.t.f32)
+                    }
+                    _ => cell,
+                };
+                self.cast(v, ty)
+            }
+            Expr::Local(l) => {
+                let x = self.local(*l).to_rvalue();
+                self.cast(x, ty)
+            }
+            Expr::IndexValue(i) => {
+                let v = self.index(i);
+                self.ctx.new_cast(None, v, ty)
+            }
+            Expr::Uniform { seed, offset } => self.uniform(*seed, offset, ty),
+            Expr::Unop(op, a) => {
+                let a = self.expr(a, ty);
+                self.unop(*op, a, ty)
+            }
+            Expr::Binop(op, a, b) => {
+                let a = self.expr(a, ty);
+                let b = self.expr(b, ty);
+                self.binop(*op, a, b, ty)
+            }
+            Expr::Ternop(op, a, b, c) => {
+                let a = self.expr(a, ty);
+                let b = self.expr(b, ty);
+                let c = self.expr(c, ty);
+                match op {
+                    TernOp::Fma => self.builtin("fma", ty, &[a, b, c]),
+                    TernOp::Where => {
+                        let zero = self.float(0.0, ty);
+                        let cond = self.cmp(ComparisonOp::NotEquals, a, zero);
+                        self.select(cond, b, c, ty)
+                    }
+                }
+            }
+        }
+    }
+
+    fn unop(&mut self, op: UnOp, a: RValue<'c>, ty: Type<'c>) -> RValue<'c> {
+        let zero = self.float(0.0, ty);
+        let one = self.float(1.0, ty);
+        match op {
+            UnOp::Identity => a,
+            UnOp::Neg => self.ctx.new_unary_op(None, UnaryOp::Minus, ty, a),
+            UnOp::Relu => {
+                let a = self.temp(a, ty);
+                let neg = self.cmp(ComparisonOp::LessThan, a, zero);
+                self.select(neg, zero, a, ty)
+            }
+            UnOp::Sat01 => {
+                let a = self.temp(a, ty);
+                let hi = self.cmp(ComparisonOp::GreaterThan, a, one);
+                let top = self.select(hi, one, a, ty);
+                let lo = self.cmp(ComparisonOp::LessThan, a, zero);
+                self.select(lo, zero, top, ty)
+            }
+            UnOp::Exp => self.builtin("exp", ty, &[a]),
+            UnOp::Log => self.builtin("log", ty, &[a]),
+            UnOp::Exp2 => self.builtin("exp2", ty, &[a]),
+            UnOp::Log2 => self.builtin("log2", ty, &[a]),
+            UnOp::Sqrt => self.builtin("sqrt", ty, &[a]),
+            UnOp::Sin => self.builtin("sin", ty, &[a]),
+            UnOp::Cos => self.builtin("cos", ty, &[a]),
+            UnOp::Tanh => self.builtin("tanh", ty, &[a]),
+            UnOp::Abs => self.builtin("fabs", ty, &[a]),
+            UnOp::Recip => self.ctx.new_binary_op(None, BinaryOp::Divide, ty, one, a),
+            UnOp::Sigmoid => {
+                let neg = self.ctx.new_unary_op(None, UnaryOp::Minus, ty, a);
+                let e = self.builtin("exp", ty, &[neg]);
+                let den = self.ctx.new_binary_op(None, BinaryOp::Plus, ty, one, e);
+                self.ctx.new_binary_op(None, BinaryOp::Divide, ty, one, den)
+            }
+            UnOp::Not => {
+                let c = self.cmp(ComparisonOp::Equals, a, zero);
+                self.bool_to_float(c, ty)
+            }
+        }
+    }
+
+    fn binop(&mut self, op: BinOp, a: RValue<'c>, b: RValue<'c>, ty: Type<'c>) -> RValue<'c> {
+        let arith = |g: &Self, o| g.ctx.new_binary_op(None, o, ty, a, b);
+        match op {
+            BinOp::Add => arith(self, BinaryOp::Plus),
+            BinOp::Sub => arith(self, BinaryOp::Minus),
+            BinOp::Mul => arith(self, BinaryOp::Mult),
+            BinOp::Div => arith(self, BinaryOp::Divide),
+            BinOp::Pow => self.builtin("pow", ty, &[a, b]),
+            BinOp::Max | BinOp::Min => {
+                let a = self.temp(a, ty);
+                let b = self.temp(b, ty);
+                let dir = if op == BinOp::Max {
+                    ComparisonOp::GreaterThan
+                } else {
+                    ComparisonOp::LessThan
+                };
+                let better = self.cmp(dir, a, b);
+                let nan = self.cmp(ComparisonOp::NotEquals, a, a);
+                let pick_a =
+                    self.ctx.new_binary_op(None, BinaryOp::LogicalOr, self.t.boolean, better, nan);
+                self.select(pick_a, a, b, ty)
+            }
+            BinOp::Lt => self.bool_to_float(self.cmp(ComparisonOp::LessThan, a, b), ty),
+            BinOp::Le => self.bool_to_float(self.cmp(ComparisonOp::LessThanEquals, a, b), ty),
+            BinOp::Gt => self.bool_to_float(self.cmp(ComparisonOp::GreaterThan, a, b), ty),
+            BinOp::Eq => self.bool_to_float(self.cmp(ComparisonOp::Equals, a, b), ty),
+            BinOp::Ne => self.bool_to_float(self.cmp(ComparisonOp::NotEquals, a, b), ty),
+            BinOp::Second => b,
+        }
+    }
+
+    fn uniform(&mut self, seed: u64, offset: &Index, ty: Type<'c>) -> RValue<'c> {
+        let u = self.t.u64;
+        let k = |g: &Self, x: u64| g.ctx.new_rvalue_from_long(u, x as i64);
+        let off = self.index(offset);
+        let off = self.ctx.new_cast(None, off, u);
+        let z = self.new_local(u, "rng");
+        let plus1 = self.ctx.new_binary_op(None, BinaryOp::Plus, u, off, k(self, 1));
+        let mixed = self.ctx.new_binary_op(None, BinaryOp::Mult, u, plus1, k(self, SPLITMIX_GAMMA));
+        let start = self.ctx.new_binary_op(None, BinaryOp::Plus, u, k(self, seed), mixed);
+        self.block.add_assignment(None, z, start);
+        for (shift, mul) in [(30, Some(SPLITMIX_M1)), (27, Some(SPLITMIX_M2)), (31, None)] {
+            let sh =
+                self.ctx.new_binary_op(None, BinaryOp::RShift, u, z.to_rvalue(), k(self, shift));
+            let x = self.ctx.new_binary_op(None, BinaryOp::BitwiseXor, u, z.to_rvalue(), sh);
+            let x = match mul {
+                Some(m) => self.ctx.new_binary_op(None, BinaryOp::Mult, u, x, k(self, m)),
+                None => x,
+            };
+            self.block.add_assignment(None, z, x);
+        }
+        let top = self.ctx.new_binary_op(None, BinaryOp::RShift, u, z.to_rvalue(), k(self, 40));
+        let top = self.ctx.new_cast(None, top, self.t.i64);
+        let f = self.ctx.new_cast(None, top, ty);
+        let scale = self.float(1.0 / 16_777_216.0, ty);
+        self.ctx.new_binary_op(None, BinaryOp::Mult, ty, f, scale)
+    }
+}

@@ -1,0 +1,289 @@
+//! The native backend: libgccjit IR built directly from the low-level IR.
+//!
+//! Compiling a routine: the CPU schedule ([`crate::low_level::schedule`]) reorders and tiles
+//! contractions; the top-level statements are grouped into *steps* — every parallel loop nest
+//! with enough work becomes its own step, split across the context's persistent thread pool;
+//! everything else runs in order on the calling thread — and one libgccjit context holding all
+//! steps is compiled once (`-O3 -march=native` by default). Running a routine calls the steps'
+//! function pointers in order with a buffer table built at compile time: no allocation, no
+//! thread spawning, no lookups per run.
+
+pub mod codegen;
+pub mod pool;
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use codegen::{BuildOptions, Helpers, StepKind};
+use pool::{Pool, StepFn};
+
+use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
+use super::host::HostBuffers;
+use super::{Backend, BackendKind, CompileOptions};
+use crate::error::Error;
+use crate::low_level::{Program, Stmt, schedule};
+use crate::ndarray::NdArray;
+use crate::tnode::{NodeId, TensorNode};
+
+/// Where bounds-check mode reports the first bad index of a run.
+#[derive(Debug, Default)]
+struct OobSlot {
+    first: Mutex<Option<(i64, i64, i64, i64)>>,
+}
+
+unsafe extern "C" fn report_oob(slot: *mut u8, node: i64, axis: i64, index: i64, bound: i64) {
+    // SAFETY: generated code passes the `OobSlot` given to the step, alive during the run.
+    let slot = unsafe { &*(slot as *const OobSlot) };
+    let mut first = slot.first.lock().unwrap_or_else(|e| e.into_inner());
+    if first.is_none() {
+        *first = Some((node, axis, index, bound));
+    }
+}
+
+extern "C" fn f16_to_f32(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
+extern "C" fn f32_to_f16(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+extern "C" fn bf16_to_f32(h: u16) -> f32 {
+    half::bf16::from_bits(h).to_f32()
+}
+
+extern "C" fn f32_to_bf16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+fn helpers() -> Helpers {
+    Helpers {
+        f16_to_f32: f16_to_f32 as *const () as usize,
+        f32_to_f16: f32_to_f16 as *const () as usize,
+        bf16_to_f32: bf16_to_f32 as *const () as usize,
+        f32_to_bf16: f32_to_bf16 as *const () as usize,
+        report: report_oob as *const () as usize,
+    }
+}
+
+struct Compiled {
+    /// Keeps the machine code alive.
+    _result: gccjit::CompileResult,
+    steps: Vec<(StepFn, StepKind)>,
+    table: Vec<*mut u8>,
+    labels: Vec<(NodeId, String)>,
+    oob: Box<OobSlot>,
+}
+
+/// The gccjit backend.
+pub struct Gccjit {
+    buffers: HostBuffers,
+    routines: Vec<Compiled>,
+    pool: Pool,
+    opts: CompileOptions,
+}
+
+impl std::fmt::Debug for Gccjit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gccjit({} routines, {:?})", self.routines.len(), self.pool)
+    }
+}
+
+impl Gccjit {
+    /// A backend with a pool of `opts.thread_count()` threads.
+    pub fn new(opts: &CompileOptions) -> Gccjit {
+        Gccjit {
+            buffers: HostBuffers::default(),
+            routines: Vec::new(),
+            pool: Pool::new(opts.thread_count()),
+            opts: opts.clone(),
+        }
+    }
+
+    /// The scheduled program and its steps.
+    fn plan(&self, prog: &Program) -> (Program, Vec<(Vec<Stmt>, StepKind)>) {
+        let mut prog = prog.clone();
+        schedule::schedule_cpu(&mut prog);
+        let threads = self.pool.threads();
+        let mut steps = Vec::new();
+        let mut serial: Vec<Stmt> = Vec::new();
+        let flush = |serial: &mut Vec<Stmt>, steps: &mut Vec<(Vec<Stmt>, StepKind)>| {
+            if serial.iter().any(|s| !matches!(s, Stmt::Comment(_))) {
+                steps.push((std::mem::take(serial), StepKind::Serial));
+            }
+            serial.clear();
+        };
+        for s in &prog.body {
+            match s {
+                Stmt::For { parallel: true, extent, .. }
+                    if threads > 1 && *extent > 1 && work(s) >= self.opts.min_parallel_work =>
+                {
+                    flush(&mut serial, &mut steps);
+                    steps.push((vec![s.clone()], StepKind::Parallel { extent: *extent as i64 }));
+                }
+                s => serial.push(s.clone()),
+            }
+        }
+        flush(&mut serial, &mut steps);
+        (prog, steps)
+    }
+}
+
+/// Scalar operations executed by a statement: iterations times expression cost.
+pub fn work(s: &Stmt) -> usize {
+    fn go(s: &Stmt, mult: usize) -> usize {
+        match s {
+            Stmt::For { extent, body, .. } => {
+                body.iter().map(|b| go(b, mult.saturating_mul(*extent))).sum()
+            }
+            Stmt::If { body, .. } => body.iter().map(|b| go(b, mult)).sum(),
+            Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
+                mult.saturating_mul(1 + value.cost() as usize)
+            }
+            Stmt::Comment(_) => 0,
+        }
+    }
+    go(s, 1)
+}
+
+impl Backend for Gccjit {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Gccjit
+    }
+
+    fn render(&self, prog: &Program) -> Result<String, Error> {
+        let (prog, steps) = self.plan(prog);
+        let r =
+            CRenderer { prog: &prog, dialect: Dialect::C, bounds_check: self.opts.bounds_check };
+        let mut out = prelude(Dialect::C);
+        if self.opts.bounds_check {
+            out.push_str("extern void rc_report(void *err, long long node, long long axis, long long index, long long bound);\n");
+        }
+        let slots: Vec<NodeId> = prog.materialized_nodes();
+        for (k, (body, kind)) in steps.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "\n/* {} */\nvoid step_{k}(void **bufs, long long *syms, long long lo, long long hi, void *err) {{",
+                match kind {
+                    StepKind::Serial => "serial".to_string(),
+                    StepKind::Parallel { extent } => format!("parallel over 0..{extent}"),
+                }
+            );
+            for n in nodes_of(body) {
+                let slot = slots.iter().position(|s| *s == n).unwrap_or(0);
+                let ty = storage_ctype(prog.nodes[&n].prec);
+                let _ = writeln!(out, "  {ty} *{} = ({ty} *)bufs[{slot}];", CRenderer::ptr_name(n));
+            }
+            r.declarations(&mut out, body, 1);
+            match (kind, body.as_slice()) {
+                (StepKind::Parallel { .. }, [Stmt::For { var, body: inner, .. }]) => {
+                    CRenderer::for_header(&mut out, 1, &var.to_string(), "lo", "hi");
+                    r.stmts(&mut out, inner, 2);
+                    out.push_str("  }\n");
+                }
+                _ => r.stmts(&mut out, body, 1),
+            }
+            out.push_str("}\n");
+        }
+        Ok(out)
+    }
+
+    fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+        let (scheduled, steps) = self.plan(prog);
+        let slots: Vec<NodeId> = scheduled.materialized_nodes();
+        let mut table = Vec::with_capacity(slots.len());
+        let mut labels = Vec::with_capacity(slots.len());
+        for n in &slots {
+            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
+            table.push(b.as_ptr());
+            labels.push((*n, b.node.label.clone()));
+        }
+        let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
+        if let Some(d) = &self.opts.debug_dir {
+            let _ = std::fs::create_dir_all(d);
+        }
+        let opts = BuildOptions {
+            opt_level: self.opts.opt_level.min(3),
+            march_native: self.opts.march_native,
+            bounds_check: self.opts.bounds_check,
+            dump,
+        };
+        let result = codegen::build(&scheduled, &steps, &slots, helpers(), &opts)?;
+        let mut fns = Vec::with_capacity(steps.len());
+        for (k, (_, kind)) in steps.iter().enumerate() {
+            let name = format!("step_{k}");
+            let Some(ptr) = result.get_function(&name) else {
+                return Err(Error::Compile {
+                    backend: "gccjit",
+                    routine: prog.name.clone(),
+                    log: format!("compiled code has no function {name}"),
+                });
+            };
+            // SAFETY: `step_k` was built with exactly the `StepFn` signature.
+            let f: StepFn = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr.as_ptr()) };
+            fns.push((f, kind.clone()));
+        }
+        self.routines.push(Compiled {
+            _result: result,
+            steps: fns,
+            table,
+            labels,
+            oob: Box::default(),
+        });
+        Ok(self.routines.len() - 1)
+    }
+
+    fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
+        self.buffers.alloc(node);
+        Ok(())
+    }
+
+    fn has_buffer(&self, node: NodeId) -> bool {
+        self.buffers.contains(node)
+    }
+
+    fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
+        let Some(r) = self.routines.get(routine) else {
+            return Err(Error::ForeignRoutine(format!("#{routine}")));
+        };
+        let syms = if symbols.is_empty() { [0i64].as_ptr() } else { symbols.as_ptr() };
+        let err = &*r.oob as *const OobSlot as *mut u8;
+        for (f, kind) in &r.steps {
+            match kind {
+                // SAFETY: the table points to live buffers of this backend, the symbols slice
+                // outlives the call, and `err` points to this routine's report slot.
+                StepKind::Serial => unsafe { f(r.table.as_ptr(), syms, 0, 1, err) },
+                // SAFETY: as above; `Pool::run` returns only after every chunk finished.
+                StepKind::Parallel { extent } => unsafe {
+                    self.pool.run(*f, r.table.as_ptr(), syms, err, *extent)
+                },
+            }
+            if self.opts.bounds_check {
+                let hit = r.oob.first.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some((node, axis, index, bound)) = hit {
+                    let label = r
+                        .labels
+                        .iter()
+                        .find(|(n, _)| n.0 as i64 == node)
+                        .map_or_else(String::new, |(_, l)| l.clone());
+                    return Err(Error::OutOfBounds {
+                        node: node as u32,
+                        label,
+                        axis: axis as usize,
+                        index,
+                        bound: bound as usize,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
+        self.buffers.write(node, data)
+    }
+
+    fn read(&self, node: NodeId) -> Result<NdArray, Error> {
+        self.buffers.read(node)
+    }
+}

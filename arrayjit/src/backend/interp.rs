@@ -1,0 +1,372 @@
+//! The reference interpreter: the oracle every compiled backend is tested against.
+//!
+//! It executes the low-level IR with the reference semantics of [`crate::ops`] in `f64`,
+//! rounding to the storage precision on every store to a tensor or a local, exactly where
+//! compiled code rounds. "Compiling" resolves the IR once into a tree with flat buffer offsets
+//! and variable slots, so running does no lookups. Every access is checked: an index outside
+//! its tensor is a typed [`Error::OutOfBounds`], never a stray memory access.
+
+use half::{bf16, f16};
+
+use super::host::HostBuffers;
+use super::{Backend, BackendKind, CompileOptions};
+use crate::error::Error;
+use crate::low_level::{Expr, IdxVar, Index, Program, Stmt};
+use crate::ndarray::NdArray;
+use crate::ops::{BinOp, Prec, TernOp, UnOp, uniform};
+use crate::tnode::{NodeId, TensorNode, row_major_strides};
+
+/// An affine function of variable slots.
+#[derive(Clone, Debug)]
+struct Lin {
+    terms: Vec<(i64, usize)>,
+    offset: i64,
+}
+
+impl Lin {
+    #[inline]
+    fn eval(&self, env: &[i64]) -> i64 {
+        let mut x = self.offset;
+        for &(c, s) in &self.terms {
+            x += c * env[s];
+        }
+        x
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Access {
+    buf: usize,
+    flat: Lin,
+    axes: Vec<Lin>,
+    dims: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+enum IExpr {
+    Const(f64),
+    Load(Box<Access>),
+    Local(usize),
+    IndexValue(Lin),
+    Uniform(u64, Lin),
+    Un(UnOp, Box<IExpr>),
+    Bin(BinOp, Box<IExpr>, Box<IExpr>),
+    Tern(TernOp, Box<IExpr>, Box<IExpr>, Box<IExpr>),
+}
+
+#[derive(Clone, Debug)]
+enum IStmt {
+    For { slot: usize, extent: i64, body: Vec<IStmt> },
+    If { guards: Vec<(Lin, i64)>, body: Vec<IStmt> },
+    Set { access: Access, value: IExpr },
+    SetLocal { local: usize, prec: Prec, value: IExpr },
+}
+
+#[derive(Debug)]
+struct Compiled {
+    body: Vec<IStmt>,
+    bufs: Vec<NodeId>,
+    labels: Vec<String>,
+    env: Vec<i64>,
+    locals: Vec<f64>,
+    sym_base: usize,
+}
+
+/// The interpreter backend.
+#[derive(Debug, Default)]
+pub struct Interp {
+    buffers: HostBuffers,
+    routines: Vec<Compiled>,
+    bounds_check: bool,
+}
+
+impl Interp {
+    /// A new interpreter.
+    pub fn new(opts: &CompileOptions) -> Interp {
+        Interp {
+            buffers: HostBuffers::default(),
+            routines: Vec::new(),
+            bounds_check: opts.bounds_check,
+        }
+    }
+}
+
+struct Resolver<'a> {
+    prog: &'a Program,
+    bufs: Vec<NodeId>,
+    sym_base: usize,
+}
+
+impl Resolver<'_> {
+    fn slot(&self, x: IdxVar) -> usize {
+        match x {
+            IdxVar::Loop(v) => v.0 as usize,
+            IdxVar::Sym(s) => self.sym_base + self.prog.symbol_slot(s).unwrap_or(0),
+        }
+    }
+
+    fn lin(&self, i: &Index) -> Lin {
+        Lin { terms: i.terms.iter().map(|&(c, x)| (c, self.slot(x))).collect(), offset: i.offset }
+    }
+
+    fn access(&mut self, node: NodeId, idx: &[Index]) -> Access {
+        let buf = match self.bufs.iter().position(|b| *b == node) {
+            Some(p) => p,
+            None => {
+                self.bufs.push(node);
+                self.bufs.len() - 1
+            }
+        };
+        let dims = self.prog.nodes.get(&node).map_or_else(Vec::new, |n| n.dims.clone());
+        let strides = row_major_strides(&dims);
+        let mut flat = Index::fixed(0);
+        for (i, s) in idx.iter().zip(&strides) {
+            let scaled = Index::new(i.terms.iter().map(|&(c, x)| (c * *s as i64, x)).collect(), 0);
+            flat = Index::new(
+                flat.terms.iter().copied().chain(scaled.terms).collect(),
+                flat.offset + i.offset * *s as i64,
+            );
+        }
+        Access { buf, flat: self.lin(&flat), axes: idx.iter().map(|i| self.lin(i)).collect(), dims }
+    }
+
+    fn expr(&mut self, e: &Expr) -> IExpr {
+        match e {
+            Expr::Const(c) => IExpr::Const(*c),
+            Expr::Get(n, idx) => IExpr::Load(Box::new(self.access(*n, idx))),
+            Expr::Local(l) => IExpr::Local(l.0 as usize),
+            Expr::IndexValue(i) => IExpr::IndexValue(self.lin(i)),
+            Expr::Uniform { seed, offset } => IExpr::Uniform(*seed, self.lin(offset)),
+            Expr::Unop(op, a) => IExpr::Un(*op, Box::new(self.expr(a))),
+            Expr::Binop(op, a, b) => {
+                IExpr::Bin(*op, Box::new(self.expr(a)), Box::new(self.expr(b)))
+            }
+            Expr::Ternop(op, a, b, c) => IExpr::Tern(
+                *op,
+                Box::new(self.expr(a)),
+                Box::new(self.expr(b)),
+                Box::new(self.expr(c)),
+            ),
+        }
+    }
+
+    fn stmts(&mut self, body: &[Stmt]) -> Vec<IStmt> {
+        body.iter().filter_map(|s| self.stmt(s)).collect()
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Option<IStmt> {
+        Some(match s {
+            Stmt::Comment(_) => return None,
+            Stmt::For { var, extent, body, .. } => {
+                IStmt::For { slot: var.0 as usize, extent: *extent as i64, body: self.stmts(body) }
+            }
+            Stmt::If { guards, body } => IStmt::If {
+                guards: guards.iter().map(|g| (self.lin(&g.index), g.bound as i64)).collect(),
+                body: self.stmts(body),
+            },
+            Stmt::Set { node, idx, value } => {
+                let value = self.expr(value);
+                IStmt::Set { access: self.access(*node, idx), value }
+            }
+            Stmt::SetLocal { local, value } => IStmt::SetLocal {
+                local: local.0 as usize,
+                prec: self.prog.locals[local.0 as usize],
+                value: self.expr(value),
+            },
+        })
+    }
+}
+
+/// A raw view of one buffer during a run.
+#[derive(Clone, Copy)]
+struct View {
+    ptr: *mut u8,
+    len: usize,
+    prec: Prec,
+}
+
+struct Machine<'a> {
+    views: &'a [View],
+    labels: &'a [String],
+    nodes: &'a [NodeId],
+    bounds_check: bool,
+}
+
+impl Machine<'_> {
+    fn offset(&self, a: &Access, env: &[i64]) -> Result<usize, Error> {
+        let off = a.flat.eval(env);
+        let view = &self.views[a.buf];
+        if self.bounds_check || off < 0 || off as usize >= view.len {
+            for (axis, (lin, &d)) in a.axes.iter().zip(&a.dims).enumerate() {
+                let i = lin.eval(env);
+                if i < 0 || i >= d as i64 {
+                    return Err(Error::OutOfBounds {
+                        node: self.nodes[a.buf].0,
+                        label: self.labels[a.buf].clone(),
+                        axis,
+                        index: i,
+                        bound: d,
+                    });
+                }
+            }
+        }
+        if off < 0 || off as usize >= view.len {
+            return Err(Error::OutOfBounds {
+                node: self.nodes[a.buf].0,
+                label: self.labels[a.buf].clone(),
+                axis: 0,
+                index: off,
+                bound: view.len,
+            });
+        }
+        Ok(off as usize)
+    }
+
+    fn load(&self, a: &Access, env: &[i64]) -> Result<f64, Error> {
+        let off = self.offset(a, env)?;
+        let v = self.views[a.buf];
+        // SAFETY: `off < len` was checked and the buffer holds `len` elements of `prec`.
+        Ok(unsafe {
+            match v.prec {
+                Prec::F32 => *(v.ptr as *const f32).add(off) as f64,
+                Prec::F64 => *(v.ptr as *const f64).add(off),
+                Prec::F16 => f16::from_bits(*(v.ptr as *const u16).add(off)).to_f64(),
+                Prec::Bf16 => bf16::from_bits(*(v.ptr as *const u16).add(off)).to_f64(),
+            }
+        })
+    }
+
+    fn store(&self, a: &Access, env: &[i64], x: f64) -> Result<(), Error> {
+        let off = self.offset(a, env)?;
+        let v = self.views[a.buf];
+        // SAFETY: as in `load`; no other reference to the buffer is live during a run.
+        unsafe {
+            match v.prec {
+                Prec::F32 => *(v.ptr as *mut f32).add(off) = x as f32,
+                Prec::F64 => *(v.ptr as *mut f64).add(off) = x,
+                Prec::F16 => *(v.ptr as *mut u16).add(off) = f16::from_f64(x).to_bits(),
+                Prec::Bf16 => *(v.ptr as *mut u16).add(off) = bf16::from_f64(x).to_bits(),
+            }
+        }
+        Ok(())
+    }
+
+    fn eval(&self, e: &IExpr, env: &[i64], locals: &[f64]) -> Result<f64, Error> {
+        Ok(match e {
+            IExpr::Const(c) => *c,
+            IExpr::Load(a) => self.load(a, env)?,
+            IExpr::Local(l) => locals[*l],
+            IExpr::IndexValue(i) => i.eval(env) as f64,
+            IExpr::Uniform(seed, i) => uniform(*seed, i.eval(env) as u64),
+            IExpr::Un(op, a) => op.apply(self.eval(a, env, locals)?),
+            IExpr::Bin(op, a, b) => {
+                op.apply(self.eval(a, env, locals)?, self.eval(b, env, locals)?)
+            }
+            IExpr::Tern(op, a, b, c) => op.apply(
+                self.eval(a, env, locals)?,
+                self.eval(b, env, locals)?,
+                self.eval(c, env, locals)?,
+            ),
+        })
+    }
+
+    fn exec(&self, body: &[IStmt], env: &mut [i64], locals: &mut [f64]) -> Result<(), Error> {
+        for s in body {
+            match s {
+                IStmt::For { slot, extent, body } => {
+                    for i in 0..*extent {
+                        env[*slot] = i;
+                        self.exec(body, env, locals)?;
+                    }
+                }
+                IStmt::If { guards, body } => {
+                    if guards.iter().all(|(g, b)| (0..*b).contains(&g.eval(env))) {
+                        self.exec(body, env, locals)?;
+                    }
+                }
+                IStmt::Set { access, value } => {
+                    let x = self.eval(value, env, locals)?;
+                    self.store(access, env, x)?;
+                }
+                IStmt::SetLocal { local, prec, value } => {
+                    let x = self.eval(value, env, locals)?;
+                    locals[*local] = prec.round(x);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Interp {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Interp
+    }
+
+    fn render(&self, prog: &Program) -> Result<String, Error> {
+        Ok(prog.to_string())
+    }
+
+    fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+        let sym_base = prog.next_var as usize;
+        let mut r = Resolver { prog, bufs: Vec::new(), sym_base };
+        let body = r.stmts(&prog.body);
+        let bufs = r.bufs;
+        let mut labels = Vec::with_capacity(bufs.len());
+        for b in &bufs {
+            if !self.buffers.contains(*b) {
+                return Err(Error::UnknownNode(b.0));
+            }
+            labels.push(prog.nodes.get(b).map_or_else(String::new, |n| n.label.clone()));
+        }
+        self.routines.push(Compiled {
+            body,
+            bufs,
+            labels,
+            env: vec![0; sym_base + prog.runtime_symbols.len()],
+            locals: vec![0.0; prog.locals.len()],
+            sym_base,
+        });
+        Ok(self.routines.len() - 1)
+    }
+
+    fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
+        self.buffers.alloc(node);
+        Ok(())
+    }
+
+    fn has_buffer(&self, node: NodeId) -> bool {
+        self.buffers.contains(node)
+    }
+
+    fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
+        let Some(r) = self.routines.get_mut(routine) else {
+            return Err(Error::ForeignRoutine(format!("#{routine}")));
+        };
+        let mut views = Vec::with_capacity(r.bufs.len());
+        for b in &r.bufs {
+            let buf = self.buffers.get(*b).ok_or(Error::UnknownNode(b.0))?;
+            views.push(View { ptr: buf.as_ptr(), len: buf.len(), prec: buf.prec() });
+        }
+        for (k, v) in symbols.iter().enumerate() {
+            if let Some(slot) = r.env.get_mut(r.sym_base + k) {
+                *slot = *v;
+            }
+        }
+        let m = Machine {
+            views: &views,
+            labels: &r.labels,
+            nodes: &r.bufs,
+            bounds_check: self.bounds_check,
+        };
+        m.exec(&r.body, &mut r.env, &mut r.locals)
+    }
+
+    fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
+        self.buffers.write(node, data)
+    }
+
+    fn read(&self, node: NodeId) -> Result<NdArray, Error> {
+        self.buffers.read(node)
+    }
+}

@@ -1,0 +1,145 @@
+//! Backends: one trait, three implementations.
+//!
+//! A backend keeps three steps apart:
+//! - **render**: a pure function from the low-level IR to source text (C for gccjit, CUDA C
+//!   for cuda, the IR itself for the interpreter) — testable without any compiler or device;
+//! - **compile**: turn a program into something runnable (libgccjit machine code, PTX loaded
+//!   into a CUDA module, a resolved tree for the interpreter), once per routine;
+//! - **run**: execute a compiled routine on the backend's buffers with runtime symbol values.
+//!
+//! Buffers belong to the backend (host memory for the CPU backends, device memory for CUDA),
+//! keyed by [`NodeId`], allocated zeroed once and shared by every routine of a context.
+
+pub mod c_syntax;
+#[cfg(feature = "gccjit")]
+pub mod gccjit;
+pub mod host;
+pub mod interp;
+
+use std::path::PathBuf;
+
+use crate::error::Error;
+use crate::low_level::Program;
+use crate::ndarray::NdArray;
+use crate::tnode::{NodeId, TensorNode};
+
+/// The backends this crate knows.
+///
+/// ```
+/// use rocannl_arrayjit::BackendKind;
+/// assert_eq!(BackendKind::from_name("interp").unwrap(), BackendKind::Interp);
+/// assert!(BackendKind::from_name("tpu").is_err());
+/// assert!(BackendKind::available().contains(&BackendKind::Interp));
+/// assert!(BackendKind::available().contains(&BackendKind::default()));
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The reference interpreter.
+    Interp,
+    /// Native code through libgccjit.
+    Gccjit,
+    /// CUDA C through NVRTC and the CUDA driver.
+    Cuda,
+}
+
+impl BackendKind {
+    /// The backend called `name` (`interp`, `gccjit` or `cuda`).
+    pub fn from_name(name: &str) -> Result<BackendKind, Error> {
+        match name {
+            "interp" => Ok(BackendKind::Interp),
+            "gccjit" => Ok(BackendKind::Gccjit),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(Error::UnknownBackend(other.to_string())),
+        }
+    }
+
+    /// The backend's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Interp => "interp",
+            BackendKind::Gccjit => "gccjit",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// The backends built into this build (cuda is listed even without a GPU; creating a
+    /// context for it then fails with [`Error::NoDevice`]).
+    pub fn available() -> Vec<BackendKind> {
+        let mut v = vec![BackendKind::Interp];
+        if cfg!(feature = "gccjit") {
+            v.push(BackendKind::Gccjit);
+        }
+        v
+    }
+}
+
+impl Default for BackendKind {
+    /// The fastest CPU backend built in.
+    fn default() -> Self {
+        if cfg!(feature = "gccjit") { BackendKind::Gccjit } else { BackendKind::Interp }
+    }
+}
+
+/// Settings of compilation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// When set, every compiled routine's assignments, low-level IR and generated source are
+    /// written to this folder (`{name}.asgn.txt`, `{name}.ll.txt`, `{name}.c` / `{name}.cu`).
+    pub debug_dir: Option<PathBuf>,
+    /// Check every index of every access and report the tensor, index and bound instead of
+    /// touching memory out of range.
+    pub bounds_check: bool,
+    /// Optimization level of native code, 0..=3.
+    pub opt_level: u8,
+    /// Generate code for the host CPU's full instruction set (`-march=native`).
+    pub march_native: bool,
+    /// Worker threads of CPU backends (default: the number of cores).
+    pub threads: Option<usize>,
+    /// Inline intermediates into their consumers.
+    pub virtualize: bool,
+    /// Loop nests with fewer scalar operations than this run on the calling thread.
+    pub min_parallel_work: usize,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            debug_dir: None,
+            bounds_check: false,
+            opt_level: 3,
+            march_native: true,
+            threads: None,
+            virtualize: true,
+            min_parallel_work: 1 << 15,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// The number of worker threads to use.
+    pub fn thread_count(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1)
+    }
+}
+
+/// A backend: buffers plus render, compile and run.
+pub trait Backend {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// The generated source of a program (pure; no compiler involved).
+    fn render(&self, prog: &Program) -> Result<String, Error>;
+    /// Compiles a program whose buffers are already allocated; returns its routine index.
+    fn compile(&mut self, prog: &Program) -> Result<usize, Error>;
+    /// Allocates a zeroed buffer for a node unless it already has one.
+    fn alloc(&mut self, node: &TensorNode) -> Result<(), Error>;
+    /// Whether the node has a buffer.
+    fn has_buffer(&self, node: NodeId) -> bool;
+    /// Runs a compiled routine; `symbols` holds the runtime symbols' values in slot order.
+    fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error>;
+    /// Copies host data into a node's buffer (converting the precision).
+    fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error>;
+    /// Copies a node's buffer to the host.
+    fn read(&self, node: NodeId) -> Result<NdArray, Error>;
+}

@@ -1,0 +1,253 @@
+//! Contexts: one backend, its buffers, and the routines compiled for it.
+//!
+//! A [`Context`] is what the tensor layer talks to. `compile` runs the whole pipeline
+//! ([`crate::compile_program`], then the backend) for one assignment sequence and allocates a
+//! zeroed buffer for every node the routine touches that has none yet, so an initialization
+//! routine and a training-step routine compiled on one context share their parameters.
+//! `run` binds runtime symbols, checks that they keep every index in range, and executes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use crate::assignments::Asgn;
+use crate::backend::interp::Interp;
+use crate::backend::{Backend, BackendKind, CompileOptions};
+use crate::error::Error;
+use crate::indexing::Symbol;
+use crate::low_level::RuntimeCheck;
+use crate::ndarray::NdArray;
+use crate::tnode::{NodeId, NodeTable, TensorNode};
+
+/// A compiled routine: a handle into the context that compiled it, plus what it was built from.
+#[derive(Clone, Debug)]
+pub struct Routine {
+    name: String,
+    index: usize,
+    owner: Arc<()>,
+    low_level: String,
+    source: String,
+    virtual_nodes: Vec<NodeId>,
+    runtime_symbols: Vec<Symbol>,
+    runtime_checks: Vec<RuntimeCheck>,
+}
+
+impl Routine {
+    /// The routine's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The optimized low-level IR, in its stable text form.
+    pub fn low_level_text(&self) -> &str {
+        &self.low_level
+    }
+
+    /// The generated source (C for gccjit, CUDA C for cuda, the IR for interp).
+    pub fn source_text(&self) -> &str {
+        &self.source
+    }
+
+    /// The nodes that the optimizer inlined or removed: they have no buffer for this routine.
+    pub fn virtual_nodes(&self) -> &[NodeId] {
+        &self.virtual_nodes
+    }
+
+    /// The runtime symbols `run` must bind.
+    pub fn runtime_symbols(&self) -> &[Symbol] {
+        &self.runtime_symbols
+    }
+}
+
+/// A backend with its buffers.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rocannl_arrayjit::assignments::{Asgn, FetchOp, ScalarExpr};
+/// use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+/// use rocannl_arrayjit::ops::{BinOp, Prec};
+/// use rocannl_arrayjit::tnode::{MemoryMode, NodeTable};
+/// use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
+///
+/// let mut nodes = NodeTable::default();
+/// let x = nodes.add("x", &[3], Prec::F32, MemoryMode::HostVisible);
+/// let y = nodes.add("y", &[3], Prec::F32, MemoryMode::HostVisible);
+/// let step = Asgn::Accum {
+///     lhs: y,
+///     accum: Some(BinOp::Add),
+///     rhs: vec![x],
+///     expr: ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Const(2.0)),
+///     projections: Arc::new(Projections::identity(&[3], 1, &mut SymbolGen::default())),
+///     initialize_neutral: false,
+/// };
+/// let mut ctx = Context::new(BackendKind::Interp, CompileOptions::default()).unwrap();
+/// let r = ctx.compile("step", &step, &nodes).unwrap();
+/// ctx.write(x, &NdArray::from_f64(Prec::F32, &[3], &[1.0, 2.0, 3.0]).unwrap()).unwrap();
+/// ctx.run(&r, &[]).unwrap();
+/// ctx.run(&r, &[]).unwrap();
+/// assert_eq!(ctx.read(y).unwrap().to_f64_vec(), vec![4.0, 8.0, 12.0]);
+/// ```
+pub struct Context {
+    backend: Box<dyn Backend>,
+    opts: CompileOptions,
+    owner: Arc<()>,
+    nodes: FxHashMap<NodeId, TensorNode>,
+    symbol_scratch: Vec<i64>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("backend", &self.backend.kind()).finish()
+    }
+}
+
+impl Context {
+    /// A context for a backend. CUDA without a driver or a device gives [`Error::NoDevice`].
+    pub fn new(kind: BackendKind, opts: CompileOptions) -> Result<Context, Error> {
+        let backend: Box<dyn Backend> = match kind {
+            BackendKind::Interp => Box::new(Interp::new(&opts)),
+            #[cfg(feature = "gccjit")]
+            BackendKind::Gccjit => Box::new(crate::backend::gccjit::Gccjit::new(&opts)),
+            #[cfg(not(feature = "gccjit"))]
+            BackendKind::Gccjit => return Err(Error::NotBuiltIn("gccjit")),
+            BackendKind::Cuda => return Err(Error::NotBuiltIn("cuda")),
+        };
+        Ok(Context {
+            backend,
+            opts,
+            owner: Arc::new(()),
+            nodes: FxHashMap::default(),
+            symbol_scratch: Vec::new(),
+        })
+    }
+
+    /// The backend's kind.
+    pub fn kind(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    /// The options routines are compiled with.
+    pub fn options(&self) -> &CompileOptions {
+        &self.opts
+    }
+
+    /// Lowers, optimizes and compiles one routine for the whole assignment sequence, and
+    /// allocates zeroed buffers for the nodes it touches that have none yet.
+    pub fn compile(
+        &mut self,
+        name: &str,
+        asgn: &Asgn,
+        nodes: &NodeTable,
+    ) -> Result<Routine, Error> {
+        let prog = crate::compile_program(name, asgn, nodes, &self.opts)?;
+        for id in prog.materialized_nodes() {
+            let node = &prog.nodes[&id];
+            self.backend.alloc(node)?;
+            self.nodes.insert(id, node.clone());
+        }
+        let low_level = prog.to_string();
+        let source = self.backend.render(&prog)?;
+        if let Some(dir) = &self.opts.debug_dir {
+            let ext = match self.backend.kind() {
+                BackendKind::Interp => "interp.txt",
+                BackendKind::Gccjit => "c",
+                BackendKind::Cuda => "cu",
+            };
+            write_debug(dir, &format!("{name}.asgn.txt"), &asgn.to_string())?;
+            write_debug(dir, &format!("{name}.ll.txt"), &low_level)?;
+            write_debug(dir, &format!("{name}.{ext}"), &source)?;
+        }
+        let index = self.backend.compile(&prog)?;
+        for n in &prog.virtual_nodes {
+            if let Some(node) = prog.nodes.get(n) {
+                self.nodes.entry(*n).or_insert_with(|| node.clone());
+            }
+        }
+        Ok(Routine {
+            name: name.to_string(),
+            index,
+            owner: self.owner.clone(),
+            low_level,
+            source,
+            virtual_nodes: prog.virtual_nodes,
+            runtime_symbols: prog.runtime_symbols,
+            runtime_checks: prog.runtime_checks,
+        })
+    }
+
+    /// Runs a routine with values for its runtime symbols.
+    pub fn run(&mut self, routine: &Routine, bindings: &[(Symbol, i64)]) -> Result<(), Error> {
+        if !Arc::ptr_eq(&routine.owner, &self.owner) {
+            return Err(Error::ForeignRoutine(routine.name.clone()));
+        }
+        self.symbol_scratch.clear();
+        for s in &routine.runtime_symbols {
+            let v = bindings.iter().find(|(b, _)| b == s).ok_or(Error::MissingBinding(*s))?.1;
+            self.symbol_scratch.push(v);
+        }
+        for c in &routine.runtime_checks {
+            let mut shift = 0;
+            for (coeff, s) in &c.sym_terms {
+                let slot = routine.runtime_symbols.iter().position(|x| x == s).unwrap_or(0);
+                shift += coeff * self.symbol_scratch.get(slot).copied().unwrap_or(0);
+            }
+            if c.lo + shift < 0 || c.hi + shift >= c.bound as i64 {
+                let (_, symbol) = c.sym_terms[0];
+                let slot = routine.runtime_symbols.iter().position(|x| *x == symbol).unwrap_or(0);
+                let label = self.nodes.get(&c.node).map_or_else(String::new, |n| n.label.clone());
+                return Err(Error::SymbolOutOfRange {
+                    symbol,
+                    value: self.symbol_scratch.get(slot).copied().unwrap_or(0),
+                    node: c.node.0,
+                    label,
+                    axis: c.axis,
+                    bound: c.bound,
+                });
+            }
+        }
+        self.backend.run(routine.index, &self.symbol_scratch)
+    }
+
+    /// Allocates a zeroed buffer for a node unless it has one (e.g. to write parameters before
+    /// any routine using them is compiled).
+    pub fn ensure_buffer(&mut self, node: &TensorNode) -> Result<(), Error> {
+        self.backend.alloc(node)?;
+        self.nodes.insert(node.id, node.clone());
+        Ok(())
+    }
+
+    /// Whether a node has a buffer in this context.
+    pub fn has_buffer(&self, node: NodeId) -> bool {
+        self.backend.has_buffer(node)
+    }
+
+    /// Copies host data into a node's buffer, converting the precision.
+    pub fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
+        self.check_buffer(node)?;
+        self.backend.write(node, data)
+    }
+
+    /// Copies a node's buffer to the host.
+    pub fn read(&self, node: NodeId) -> Result<NdArray, Error> {
+        self.check_buffer(node)?;
+        self.backend.read(node)
+    }
+
+    fn check_buffer(&self, node: NodeId) -> Result<(), Error> {
+        if self.backend.has_buffer(node) {
+            return Ok(());
+        }
+        match self.nodes.get(&node) {
+            Some(n) => Err(Error::NotMaterialized { id: node.0, label: n.label.clone() }),
+            None => Err(Error::UnknownNode(node.0)),
+        }
+    }
+}
+
+fn write_debug(dir: &Path, file: &str, text: &str) -> Result<(), Error> {
+    let path = dir.join(file);
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::write(&path, text).map_err(io)
+}

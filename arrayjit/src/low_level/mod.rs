@@ -1,0 +1,536 @@
+//! The low-level IR: loop nests over scalar statements, what every backend consumes.
+//!
+//! Lowering ([`crate::lower`]) turns assignments into this form; the passes listed in
+//! [`optimize::optimize`] rewrite it; backends render it (C, CUDA C), build it (libgccjit) or
+//! interpret it. It is deliberately small:
+//!
+//! - loops `for v in 0..extent` (marked parallel when distinct iterations write distinct cells
+//!   and read nothing another iteration writes),
+//! - guards `if 0 <= index < bound` (padded convolutions),
+//! - stores to a tensor cell `n[idx] = expr` or to a scalar local `t = expr`,
+//! - expressions over tensor reads, locals, constants, index values and the operation table.
+//!
+//! Indices are affine in loop variables ([`Var`], printed `v3`) and runtime symbols
+//! ([`Symbol`], printed `i3`), so bounds analysis, substitution during virtualization and
+//! tiling stay exact. The printer is stable and is the snapshot format of lowered code.
+
+pub mod cse;
+pub mod dse;
+pub mod optimize;
+pub mod schedule;
+pub mod simplify;
+pub mod trace;
+pub mod verify;
+pub mod virtualize;
+
+use std::fmt::{self, Write as _};
+
+use rustc_hash::FxHashMap;
+
+use crate::assignments::fmt_f64;
+use crate::indexing::Symbol;
+use crate::ops::{BinOp, Prec, TernOp, UnOp};
+use crate::tnode::{NodeId, TensorNode};
+
+/// A loop variable, printed `v{n}`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Var(pub u32);
+
+impl fmt::Display for Var {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// A scalar local variable, printed `t{n}`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocalId(pub u32);
+
+impl fmt::Display for LocalId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t{}", self.0)
+    }
+}
+
+/// What an index term multiplies: a loop variable or a runtime symbol.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IdxVar {
+    /// A loop variable.
+    Loop(Var),
+    /// A symbol bound when the routine runs.
+    Sym(Symbol),
+}
+
+impl fmt::Display for IdxVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdxVar::Loop(v) => write!(f, "{v}"),
+            IdxVar::Sym(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// An affine index `offset + Σ coeff·var`. Terms have distinct variables and non-zero
+/// coefficients (kept so by [`Index::new`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Index {
+    /// The terms.
+    pub terms: Vec<(i64, IdxVar)>,
+    /// The constant part.
+    pub offset: i64,
+}
+
+impl Index {
+    /// Builds a normalized index (repeated variables merged, zero terms dropped).
+    ///
+    /// ```
+    /// use rocannl_arrayjit::low_level::{IdxVar, Index, Var};
+    /// let v = IdxVar::Loop(Var(0));
+    /// let i = Index::new(vec![(2, v), (1, v), (0, IdxVar::Loop(Var(1)))], -1);
+    /// assert_eq!(i.to_string(), "3*v0 - 1");
+    /// ```
+    pub fn new(terms: Vec<(i64, IdxVar)>, offset: i64) -> Index {
+        let mut merged: Vec<(i64, IdxVar)> = Vec::with_capacity(terms.len());
+        for (c, v) in terms {
+            match merged.iter_mut().find(|(_, v2)| *v2 == v) {
+                Some((c2, _)) => *c2 += c,
+                None => merged.push((c, v)),
+            }
+        }
+        merged.retain(|(c, _)| *c != 0);
+        Index { terms: merged, offset }
+    }
+
+    /// A constant index.
+    pub fn fixed(i: i64) -> Index {
+        Index { terms: vec![], offset: i }
+    }
+
+    /// The index `v`.
+    pub fn var(v: Var) -> Index {
+        Index { terms: vec![(1, IdxVar::Loop(v))], offset: 0 }
+    }
+
+    /// The single loop variable if this index is exactly `v`.
+    pub fn as_var(&self) -> Option<Var> {
+        match self.terms.as_slice() {
+            [(1, IdxVar::Loop(v))] if self.offset == 0 => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Whether the index mentions `v`.
+    pub fn uses(&self, v: Var) -> bool {
+        self.terms.iter().any(|(_, x)| *x == IdxVar::Loop(v))
+    }
+
+    /// The coefficient of `v` (0 when absent).
+    pub fn coeff(&self, v: Var) -> i64 {
+        self.terms.iter().find(|(_, x)| *x == IdxVar::Loop(v)).map_or(0, |(c, _)| *c)
+    }
+
+    /// Replaces loop variables by indices.
+    pub fn subst(&self, f: &impl Fn(Var) -> Option<Index>) -> Index {
+        let mut terms = Vec::new();
+        let mut offset = self.offset;
+        for &(c, x) in &self.terms {
+            match x {
+                IdxVar::Loop(v) => match f(v) {
+                    Some(idx) => {
+                        offset += c * idx.offset;
+                        terms.extend(idx.terms.iter().map(|&(c2, x2)| (c * c2, x2)));
+                    }
+                    None => terms.push((c, x)),
+                },
+                IdxVar::Sym(_) => terms.push((c, x)),
+            }
+        }
+        Index::new(terms, offset)
+    }
+
+    /// The range `[min, max]` taken over loop variables in `0..extent` (`extent(v)`), or `None`
+    /// when the index involves runtime symbols or an unknown variable.
+    pub fn range(&self, extent: &impl Fn(Var) -> Option<usize>) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (self.offset, self.offset);
+        for &(c, x) in &self.terms {
+            let IdxVar::Loop(v) = x else { return None };
+            let top = extent(v)? as i64 - 1;
+            if top < 0 {
+                return None;
+            }
+            if c > 0 {
+                hi += c * top;
+            } else {
+                lo += c * top;
+            }
+        }
+        Some((lo, hi))
+    }
+}
+
+impl fmt::Display for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.terms.is_empty() {
+            return write!(f, "{}", self.offset);
+        }
+        for (n, (c, x)) in self.terms.iter().enumerate() {
+            match (n, *c) {
+                (0, 1) => write!(f, "{x}")?,
+                (0, -1) => write!(f, "-{x}")?,
+                (0, c) => write!(f, "{c}*{x}")?,
+                (_, 1) => write!(f, " + {x}")?,
+                (_, -1) => write!(f, " - {x}")?,
+                (_, c) if c < 0 => write!(f, " - {}*{x}", -c)?,
+                (_, c) => write!(f, " + {c}*{x}")?,
+            }
+        }
+        match self.offset {
+            0 => Ok(()),
+            o if o > 0 => write!(f, " + {o}"),
+            o => write!(f, " - {}", -o),
+        }
+    }
+}
+
+/// A scalar expression.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// A constant.
+    Const(f64),
+    /// A tensor cell.
+    Get(NodeId, Vec<Index>),
+    /// A scalar local.
+    Local(LocalId),
+    /// The value of an index, as a float (iota, embedded symbols).
+    IndexValue(Index),
+    /// [`crate::ops::uniform`]`(seed, offset)`.
+    Uniform {
+        /// The seed.
+        seed: u64,
+        /// The counter.
+        offset: Index,
+    },
+    /// A unary operation.
+    Unop(UnOp, Box<Expr>),
+    /// A binary operation.
+    Binop(BinOp, Box<Expr>, Box<Expr>),
+    /// A ternary operation.
+    Ternop(TernOp, Box<Expr>, Box<Expr>, Box<Expr>),
+}
+
+impl Expr {
+    /// `op(a, b)`.
+    pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::Binop(op, Box::new(a), Box::new(b))
+    }
+
+    /// Calls `f` on this expression and every subexpression, parents first.
+    pub fn visit<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
+        f(self);
+        match self {
+            Expr::Unop(_, a) => a.visit(f),
+            Expr::Binop(_, a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::Ternop(_, a, b, c) => {
+                a.visit(f);
+                b.visit(f);
+                c.visit(f);
+            }
+            _ => {}
+        }
+    }
+
+    /// Rebuilds the expression bottom-up, applying `f` to every node after its children.
+    pub fn rewrite(self, f: &mut impl FnMut(Expr) -> Expr) -> Expr {
+        let e = match self {
+            Expr::Unop(op, a) => Expr::Unop(op, Box::new(a.rewrite(f))),
+            Expr::Binop(op, a, b) => {
+                Expr::Binop(op, Box::new(a.rewrite(f)), Box::new(b.rewrite(f)))
+            }
+            Expr::Ternop(op, a, b, c) => Expr::Ternop(
+                op,
+                Box::new(a.rewrite(f)),
+                Box::new(b.rewrite(f)),
+                Box::new(c.rewrite(f)),
+            ),
+            e => e,
+        };
+        f(e)
+    }
+
+    /// Every index in the expression (tensor reads, index values, random counters).
+    pub fn indices(&self) -> Vec<&Index> {
+        let mut out = Vec::new();
+        self.visit(&mut |e| match e {
+            Expr::Get(_, idx) => out.extend(idx.iter()),
+            Expr::IndexValue(i) | Expr::Uniform { offset: i, .. } => out.push(i),
+            _ => {}
+        });
+        out
+    }
+
+    /// Replaces loop variables in every index.
+    pub fn subst(self, f: &impl Fn(Var) -> Option<Index>) -> Expr {
+        self.rewrite(&mut |e| match e {
+            Expr::Get(n, idx) => Expr::Get(n, idx.iter().map(|i| i.subst(f)).collect()),
+            Expr::IndexValue(i) => Expr::IndexValue(i.subst(f)),
+            Expr::Uniform { seed, offset } => Expr::Uniform { seed, offset: offset.subst(f) },
+            e => e,
+        })
+    }
+
+    /// Whether the expression reads tensor `n`.
+    pub fn reads(&self, n: NodeId) -> bool {
+        let mut found = false;
+        self.visit(&mut |e| found |= matches!(e, Expr::Get(m, _) if *m == n));
+        found
+    }
+
+    /// The number of operation and read nodes, weighted by the operation table's cost.
+    pub fn cost(&self) -> u32 {
+        let mut c = 0;
+        self.visit(&mut |e| {
+            c += match e {
+                Expr::Const(_) | Expr::Local(_) => 0,
+                Expr::Get(..) | Expr::IndexValue(_) => 1,
+                Expr::Uniform { .. } => 8,
+                Expr::Unop(op, _) => op.facts().cost,
+                Expr::Binop(op, ..) => op.facts().cost,
+                Expr::Ternop(op, ..) => op.facts().cost,
+            }
+        });
+        c
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expr::Const(c) => write!(f, "{}", fmt_f64(*c)),
+            Expr::Get(n, idx) => write!(f, "{n}{}", fmt_indices(idx)),
+            Expr::Local(l) => write!(f, "{l}"),
+            Expr::IndexValue(i) => write!(f, "index({i})"),
+            Expr::Uniform { seed, offset } => write!(f, "uniform({seed}, {offset})"),
+            Expr::Unop(op, a) => write!(f, "{}({a})", op.name()),
+            Expr::Binop(op, a, b) => write!(f, "{}({a}, {b})", op.name()),
+            Expr::Ternop(op, a, b, c) => write!(f, "{}({a}, {b}, {c})", op.name()),
+        }
+    }
+}
+
+/// Prints `[i, j]`.
+pub fn fmt_indices(idx: &[Index]) -> String {
+    let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// A bounds condition `0 <= index < bound`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Guard {
+    /// The guarded index.
+    pub index: Index,
+    /// The exclusive upper bound.
+    pub bound: usize,
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// A comment, kept in dumps and generated source.
+    Comment(String),
+    /// `for var in 0..extent { body }`.
+    For {
+        /// The loop variable.
+        var: Var,
+        /// The trip count.
+        extent: usize,
+        /// Distinct iterations write distinct cells and read nothing another iteration
+        /// writes: the loop may be split across threads or GPU threads.
+        parallel: bool,
+        /// The body.
+        body: Vec<Stmt>,
+    },
+    /// Runs `body` only when every guard holds.
+    If {
+        /// The conditions.
+        guards: Vec<Guard>,
+        /// The body.
+        body: Vec<Stmt>,
+    },
+    /// `node[idx] = value`, rounding to the node's precision.
+    Set {
+        /// The written node.
+        node: NodeId,
+        /// The cell.
+        idx: Vec<Index>,
+        /// The value.
+        value: Expr,
+    },
+    /// `local = value`, rounding to the local's precision.
+    SetLocal {
+        /// The local.
+        local: LocalId,
+        /// The value.
+        value: Expr,
+    },
+}
+
+impl Stmt {
+    /// Calls `f` on every statement, parents first.
+    pub fn visit(&self, f: &mut impl FnMut(&Stmt)) {
+        f(self);
+        match self {
+            Stmt::For { body, .. } | Stmt::If { body, .. } => body.iter().for_each(|s| s.visit(f)),
+            _ => {}
+        }
+    }
+
+    /// Calls `f` on every expression of this statement and its children.
+    pub fn visit_exprs(&self, f: &mut impl FnMut(&Expr)) {
+        self.visit(&mut |s| match s {
+            Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => f(value),
+            _ => {}
+        });
+    }
+}
+
+/// A routine in the low-level IR, with everything a backend needs to know about it.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// The routine's name.
+    pub name: String,
+    /// The statements.
+    pub body: Vec<Stmt>,
+    /// The precision of each local, indexed by [`LocalId`].
+    pub locals: Vec<Prec>,
+    /// The next fresh loop variable number.
+    pub next_var: u32,
+    /// The nodes the routine refers to.
+    pub nodes: FxHashMap<NodeId, TensorNode>,
+    /// The nodes the optimizer removed (no buffer needed for this routine).
+    pub virtual_nodes: Vec<NodeId>,
+    /// Runtime symbols, in slot order (the order bindings are passed to backends).
+    pub runtime_symbols: Vec<Symbol>,
+    /// Range checks for indices that depend on runtime symbols, checked when running.
+    pub runtime_checks: Vec<RuntimeCheck>,
+}
+
+/// A bounds condition that depends on runtime symbols: for every value of the loop
+/// variables, `lo + Σ c·sym >= 0` and `hi + Σ c·sym < bound`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeCheck {
+    /// The indexed node.
+    pub node: NodeId,
+    /// The axis.
+    pub axis: usize,
+    /// The symbol terms.
+    pub sym_terms: Vec<(i64, Symbol)>,
+    /// The smallest value of the loop-variable part plus the offset.
+    pub lo: i64,
+    /// The largest value of the loop-variable part plus the offset.
+    pub hi: i64,
+    /// The axis' size.
+    pub bound: usize,
+}
+
+impl Program {
+    /// A fresh loop variable.
+    pub fn fresh_var(&mut self) -> Var {
+        let v = Var(self.next_var);
+        self.next_var += 1;
+        v
+    }
+
+    /// A fresh local of precision `prec`.
+    pub fn fresh_local(&mut self, prec: Prec) -> LocalId {
+        self.locals.push(prec);
+        LocalId(self.locals.len() as u32 - 1)
+    }
+
+    /// The nodes that need a buffer: those the routine reads or writes after optimization.
+    pub fn materialized_nodes(&self) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        for s in &self.body {
+            s.visit(&mut |s| {
+                if let Stmt::Set { node, .. } = s {
+                    out.push(*node);
+                }
+            });
+            s.visit_exprs(&mut |e| {
+                e.visit(&mut |e| {
+                    if let Expr::Get(n, _) = e {
+                        out.push(*n);
+                    }
+                })
+            });
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The slot of a runtime symbol.
+    pub fn symbol_slot(&self, s: Symbol) -> Option<usize> {
+        self.runtime_symbols.iter().position(|x| *x == s)
+    }
+}
+
+impl fmt::Display for Program {
+    /// The stable text form: one statement per line, loops and guards as indented blocks.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        for s in &self.body {
+            print_stmt(&mut out, s, 0);
+        }
+        f.write_str(&out)
+    }
+}
+
+fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
+    let pad = "  ".repeat(depth);
+    match s {
+        Stmt::Comment(c) => {
+            let _ = writeln!(out, "{pad}# {c}");
+        }
+        Stmt::For { var, extent, parallel, body } => {
+            let par = if *parallel { " par" } else { "" };
+            let _ = writeln!(out, "{pad}for {var} in 0..{extent}{par} {{");
+            body.iter().for_each(|s| print_stmt(out, s, depth + 1));
+            let _ = writeln!(out, "{pad}}}");
+        }
+        Stmt::If { guards, body } => {
+            let conds: Vec<String> =
+                guards.iter().map(|g| format!("0 <= {} < {}", g.index, g.bound)).collect();
+            let _ = writeln!(out, "{pad}if {} {{", conds.join(" && "));
+            body.iter().for_each(|s| print_stmt(out, s, depth + 1));
+            let _ = writeln!(out, "{pad}}}");
+        }
+        Stmt::Set { node, idx, value } => {
+            let _ = writeln!(out, "{pad}{node}{} := {value}", fmt_indices(idx));
+        }
+        Stmt::SetLocal { local, value } => {
+            let _ = writeln!(out, "{pad}{local} := {value}");
+        }
+    }
+}
+
+/// Removes loops and guards whose bodies became empty (after passes delete statements).
+pub fn prune_empty(body: Vec<Stmt>) -> Vec<Stmt> {
+    body.into_iter()
+        .filter_map(|s| match s {
+            Stmt::For { var, extent, parallel, body } => {
+                let body = prune_empty(body);
+                let has_work = body.iter().any(|s| !matches!(s, Stmt::Comment(_)));
+                (has_work && extent > 0).then_some(Stmt::For { var, extent, parallel, body })
+            }
+            Stmt::If { guards, body } => {
+                let body = prune_empty(body);
+                let has_work = body.iter().any(|s| !matches!(s, Stmt::Comment(_)));
+                has_work.then_some(Stmt::If { guards, body })
+            }
+            s => Some(s),
+        })
+        .collect()
+}

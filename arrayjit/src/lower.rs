@@ -1,0 +1,407 @@
+//! Lowering: from assignments with projections to loop nests.
+//!
+//! An `Accum` becomes one loop per product iterator. Iterators that index the assigned tensor
+//! ("lhs iterators") come first; the others are reduction iterators and go innermost, folding
+//! into a scalar local so each cell is read and written once per point of the lhs loops:
+//!
+//! ```text
+//! c[i,j] add= mul(a[i,k], b[k,j])  init      for v0, v1 par { t0 := 0
+//!                                      ==>     for v2 { t0 := add(t0, mul(a[v0,v2], b[v2,v1])) }
+//!                                              c[v0, v1] := t0 }
+//! ```
+//!
+//! Three facts of the projection decide the shape of the code:
+//! - not surjective and `initialize_neutral`: the tensor is first filled with the neutral
+//!   element (cells no point touches must hold it);
+//! - injective on the lhs iterators and `initialize_neutral`: every cell is reached once, so
+//!   the accumulation starts from the neutral element instead of reading the old value (an
+//!   assignment instead of an accumulation);
+//! - an affine index that can leave its axis (padded convolutions) is guarded, skipping the
+//!   point (its contribution is the neutral element).
+//!
+//! Indices that depend on runtime symbols are not guarded; they become
+//! [`RuntimeCheck`]s verified when the routine runs.
+
+use rustc_hash::FxHashMap;
+
+use crate::assignments::{Asgn, FetchOp, ScalarExpr};
+use crate::error::Error;
+use crate::indexing::{AxisIndex, Projections, Symbol};
+use crate::low_level::{Expr, Guard, IdxVar, Index, Program, RuntimeCheck, Stmt, Var};
+use crate::ops::BinOp;
+use crate::tnode::{NodeId, NodeTable, TensorNode, row_major_strides};
+
+/// Lowers a whole assignment sequence into one program.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+/// use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+/// use rocannl_arrayjit::ops::{Prec, UnOp};
+/// use rocannl_arrayjit::tnode::{MemoryMode, NodeTable};
+/// let mut nodes = NodeTable::default();
+/// let x = nodes.add("x", &[3], Prec::F32, MemoryMode::HostVisible);
+/// let y = nodes.add("y", &[3], Prec::F32, MemoryMode::HostVisible);
+/// let asgn = Asgn::Accum {
+///     lhs: y,
+///     accum: None,
+///     rhs: vec![x],
+///     expr: ScalarExpr::un(UnOp::Exp, ScalarExpr::Arg(0)),
+///     projections: Arc::new(Projections::identity(&[3], 1, &mut SymbolGen::default())),
+///     initialize_neutral: false,
+/// };
+/// let prog = rocannl_arrayjit::lower::lower("r", &asgn, &nodes).unwrap();
+/// assert_eq!(prog.to_string(), "for v0 in 0..3 par {\n  n1[v0] := exp(n0[v0])\n}\n");
+/// ```
+pub fn lower(name: &str, asgn: &Asgn, nodes: &NodeTable) -> Result<Program, Error> {
+    let mut used = FxHashMap::default();
+    for id in asgn.nodes() {
+        used.insert(id, nodes.get(id)?.clone());
+    }
+    let mut prog = Program {
+        name: name.to_string(),
+        body: Vec::new(),
+        locals: Vec::new(),
+        next_var: 0,
+        nodes: used,
+        virtual_nodes: Vec::new(),
+        runtime_symbols: Vec::new(),
+        runtime_checks: Vec::new(),
+    };
+    let mut body = Vec::new();
+    lower_into(&mut prog, asgn, &mut body)?;
+    prog.body = body;
+    Ok(prog)
+}
+
+fn lower_into(prog: &mut Program, asgn: &Asgn, out: &mut Vec<Stmt>) -> Result<(), Error> {
+    match asgn {
+        Asgn::Noop => Ok(()),
+        Asgn::Seq(items) => items.iter().try_for_each(|a| lower_into(prog, a, out)),
+        Asgn::Comment(c) => {
+            out.push(Stmt::Comment(c.clone()));
+            Ok(())
+        }
+        Asgn::Fetch { lhs, fetch } => {
+            let node = prog.nodes[lhs].clone();
+            lower_fetch(prog, &node, fetch, out);
+            Ok(())
+        }
+        Asgn::Accum { lhs, accum, rhs, expr, projections, initialize_neutral } => {
+            let acc = AccumParts {
+                lhs: prog.nodes[lhs].clone(),
+                accum: *accum,
+                rhs,
+                expr,
+                proj: projections,
+                init: *initialize_neutral,
+            };
+            lower_accum(prog, &acc, out)
+        }
+    }
+}
+
+/// Loops over every cell of `dims`, with the body built from the loop variables.
+fn fill_loops(prog: &mut Program, dims: &[usize], body: impl FnOnce(&[Var]) -> Stmt) -> Stmt {
+    let vars: Vec<Var> = dims.iter().map(|_| prog.fresh_var()).collect();
+    let mut stmt = body(&vars);
+    for (v, &d) in vars.iter().zip(dims).rev() {
+        stmt = Stmt::For { var: *v, extent: d, parallel: true, body: vec![stmt] };
+    }
+    stmt
+}
+
+fn linear_offset(vars: &[Var], dims: &[usize]) -> Index {
+    let strides = row_major_strides(dims);
+    Index::new(vars.iter().zip(strides).map(|(v, s)| (s as i64, IdxVar::Loop(*v))).collect(), 0)
+}
+
+fn lower_fetch(prog: &mut Program, node: &TensorNode, fetch: &FetchOp, out: &mut Vec<Stmt>) {
+    if let FetchOp::EmbedSymbol(s) = fetch {
+        register_symbol(prog, *s);
+    }
+    let dims = node.dims.clone();
+    let id = node.id;
+    out.push(fill_loops(prog, &dims, |vars| {
+        let value = match fetch {
+            FetchOp::Constant(c) => Expr::Const(*c),
+            FetchOp::Iota => Expr::IndexValue(linear_offset(vars, &dims)),
+            FetchOp::EmbedSymbol(s) => Expr::IndexValue(Index::new(vec![(1, IdxVar::Sym(*s))], 0)),
+            FetchOp::Uniform { seed } => {
+                Expr::Uniform { seed: *seed, offset: linear_offset(vars, &dims) }
+            }
+        };
+        Stmt::Set { node: id, idx: vars.iter().map(|v| Index::var(*v)).collect(), value }
+    }));
+}
+
+fn register_symbol(prog: &mut Program, s: Symbol) {
+    if !prog.runtime_symbols.contains(&s) {
+        prog.runtime_symbols.push(s);
+    }
+}
+
+struct AccumParts<'a> {
+    lhs: TensorNode,
+    accum: Option<BinOp>,
+    rhs: &'a [NodeId],
+    expr: &'a ScalarExpr,
+    proj: &'a Projections,
+    init: bool,
+}
+
+fn invalid(lhs: NodeId, reason: String) -> Error {
+    Error::InvalidAssignment { lhs: lhs.0, reason }
+}
+
+fn check_shapes(prog: &Program, a: &AccumParts<'_>) -> Result<(), Error> {
+    let p = a.proj;
+    let id = a.lhs.id;
+    if p.product_space.len() != p.product_iterators.len() {
+        return Err(invalid(id, "product_space and product_iterators differ in length".into()));
+    }
+    if p.lhs_dims != a.lhs.dims || p.project_lhs.len() != a.lhs.dims.len() {
+        let reason = format!(
+            "projection lhs dims {:?} / {} indices do not match node dims {:?}",
+            p.lhs_dims,
+            p.project_lhs.len(),
+            a.lhs.dims
+        );
+        return Err(invalid(id, reason));
+    }
+    if p.project_rhs.len() != a.rhs.len() || p.rhs_dims.len() != a.rhs.len() {
+        let reason = format!(
+            "{} arguments but {} rhs projections and {} rhs dims",
+            a.rhs.len(),
+            p.project_rhs.len(),
+            p.rhs_dims.len()
+        );
+        return Err(invalid(id, reason));
+    }
+    if let Some(m) = a.expr.max_arg()
+        && m >= a.rhs.len()
+    {
+        return Err(invalid(id, format!("expression reads argument {m} of {}", a.rhs.len())));
+    }
+    for (k, r) in a.rhs.iter().enumerate() {
+        let dims = &prog.nodes[r].dims;
+        if &p.rhs_dims[k] != dims || p.project_rhs[k].len() != dims.len() {
+            let reason = format!(
+                "argument {k} ({r}) has dims {dims:?}, projection says {:?} with {} indices",
+                p.rhs_dims[k],
+                p.project_rhs[k].len()
+            );
+            return Err(invalid(id, reason));
+        }
+    }
+    Ok(())
+}
+
+/// Converts a projection index to a low-level index, classifying symbols as loop variables or
+/// runtime symbols.
+fn convert_index(prog: &mut Program, idx: &AxisIndex, loop_of: &FxHashMap<Symbol, Var>) -> Index {
+    let (terms, offset) = idx.as_affine();
+    let mut out = Vec::new();
+    for (c, s) in terms {
+        match loop_of.get(&s) {
+            Some(v) => out.push((c, IdxVar::Loop(*v))),
+            None => {
+                register_symbol(prog, s);
+                out.push((c, IdxVar::Sym(s)));
+            }
+        }
+    }
+    Index::new(out, offset)
+}
+
+/// Guards (or runtime checks) needed for one access of `node` at `idx`.
+fn access_guards(
+    prog: &mut Program,
+    node: &TensorNode,
+    idx: &[Index],
+    extent: &impl Fn(Var) -> Option<usize>,
+    guards: &mut Vec<Guard>,
+) -> Result<(), Error> {
+    for (axis, (i, &d)) in idx.iter().zip(&node.dims).enumerate() {
+        let has_sym = i.terms.iter().any(|(_, x)| matches!(x, IdxVar::Sym(_)));
+        if has_sym {
+            let loop_part = Index::new(
+                i.terms.iter().copied().filter(|(_, x)| matches!(x, IdxVar::Loop(_))).collect(),
+                i.offset,
+            );
+            let (lo, hi) = loop_part.range(extent).unwrap_or((i.offset, i.offset));
+            let sym_terms = i
+                .terms
+                .iter()
+                .filter_map(|&(c, x)| match x {
+                    IdxVar::Sym(s) => Some((c, s)),
+                    IdxVar::Loop(_) => None,
+                })
+                .collect();
+            prog.runtime_checks.push(RuntimeCheck {
+                node: node.id,
+                axis,
+                sym_terms,
+                lo,
+                hi,
+                bound: d,
+            });
+            continue;
+        }
+        let Some((lo, hi)) = i.range(extent) else { continue };
+        if lo >= 0 && hi < d as i64 {
+            continue;
+        }
+        if i.terms.is_empty() {
+            let reason =
+                format!("fixed index {} on axis {axis} of {} (size {d})", i.offset, node.id);
+            return Err(Error::InvalidAssignment { lhs: node.id.0, reason });
+        }
+        let g = Guard { index: i.clone(), bound: d };
+        if !guards.contains(&g) {
+            guards.push(g);
+        }
+    }
+    Ok(())
+}
+
+fn convert_expr(e: &ScalarExpr, args: &[Expr]) -> Expr {
+    match e {
+        ScalarExpr::Arg(i) => args[*i].clone(),
+        ScalarExpr::Const(c) => Expr::Const(*c),
+        ScalarExpr::Unop(op, a) => Expr::Unop(*op, Box::new(convert_expr(a, args))),
+        ScalarExpr::Binop(op, a, b) => Expr::bin(*op, convert_expr(a, args), convert_expr(b, args)),
+        ScalarExpr::Ternop(op, a, b, c) => Expr::Ternop(
+            *op,
+            Box::new(convert_expr(a, args)),
+            Box::new(convert_expr(b, args)),
+            Box::new(convert_expr(c, args)),
+        ),
+    }
+}
+
+fn guarded(guards: Vec<Guard>, body: Vec<Stmt>) -> Vec<Stmt> {
+    if guards.is_empty() { body } else { vec![Stmt::If { guards, body }] }
+}
+
+fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> Result<(), Error> {
+    check_shapes(prog, a)?;
+    let p = a.proj;
+    let id = a.lhs.id;
+    let neutral = match a.accum {
+        None => Some(0.0),
+        Some(op) => op.neutral(),
+    };
+    if a.init && neutral.is_none() {
+        return Err(Error::NoNeutral(a.accum.map_or("=", |op| op.name())));
+    }
+    let neutral = neutral.unwrap_or(0.0);
+    if p.product_space.contains(&0) {
+        // No point to visit; only the initialization (if any) remains.
+        if a.init {
+            out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
+                node: id,
+                idx: vars.iter().map(|v| Index::var(*v)).collect(),
+                value: Expr::Const(neutral),
+            }));
+        }
+        return Ok(());
+    }
+    // Loop variables for iterators of extent > 1; extent-1 iterators are the constant 0.
+    let mut loop_of: FxHashMap<Symbol, Var> = FxHashMap::default();
+    let mut extents: FxHashMap<Var, usize> = FxHashMap::default();
+    let mut zero_iters = Vec::new();
+    let mut iter_vars = Vec::new();
+    for (&s, &d) in p.product_iterators.iter().zip(&p.product_space) {
+        if d == 1 {
+            zero_iters.push(s);
+            continue;
+        }
+        let v = prog.fresh_var();
+        loop_of.insert(s, v);
+        extents.insert(v, d);
+        iter_vars.push((s, v));
+    }
+    let zero_fix = |idx: &AxisIndex| {
+        idx.subst(&mut |s| {
+            if zero_iters.contains(&s) { AxisIndex::Fixed(0) } else { AxisIndex::Iterator(s) }
+        })
+    };
+    let lhs_idx: Vec<Index> =
+        p.project_lhs.iter().map(|i| convert_index(prog, &zero_fix(i), &loop_of)).collect();
+    let rhs_idx: Vec<Vec<Index>> = p
+        .project_rhs
+        .iter()
+        .map(|r| r.iter().map(|i| convert_index(prog, &zero_fix(i), &loop_of)).collect())
+        .collect();
+    let extent = |v: Var| extents.get(&v).copied();
+
+    let mut lhs_guards = Vec::new();
+    access_guards(prog, &a.lhs, &lhs_idx, &extent, &mut lhs_guards)?;
+    let mut rhs_guards = Vec::new();
+    for (k, r) in a.rhs.iter().enumerate() {
+        let node = prog.nodes[r].clone();
+        access_guards(prog, &node, &rhs_idx[k], &extent, &mut rhs_guards)?;
+    }
+    rhs_guards.retain(|g| !lhs_guards.contains(g));
+
+    // Lhs iterators come first, reduction iterators innermost.
+    let (lhs_vars, red_vars): (Vec<Var>, Vec<Var>) =
+        iter_vars.iter().map(|(_, v)| *v).partition(|v| lhs_idx.iter().any(|i| i.uses(*v)));
+    // A variable that alone indexes some lhs axis writes distinct cells for distinct values.
+    let sole = |v: Var| lhs_idx.iter().any(|i| i.terms == [(1, IdxVar::Loop(v))]);
+    let injective_on_lhs_vars = lhs_vars.iter().all(|v| sole(*v));
+    let self_reading = a.rhs.contains(&id);
+    let start_neutral = a.init && injective_on_lhs_vars && !self_reading;
+
+    if a.init && !p.is_surjective() {
+        out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
+            node: id,
+            idx: vars.iter().map(|v| Index::var(*v)).collect(),
+            value: Expr::Const(neutral),
+        }));
+    } else if a.init && self_reading {
+        // The old values are read by the expression: initialize separately, then accumulate.
+        out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
+            node: id,
+            idx: vars.iter().map(|v| Index::var(*v)).collect(),
+            value: Expr::Const(neutral),
+        }));
+    }
+
+    let args: Vec<Expr> =
+        a.rhs.iter().zip(&rhs_idx).map(|(n, idx)| Expr::Get(*n, idx.clone())).collect();
+    let value = convert_expr(a.expr, &args);
+    let old = Expr::Get(id, lhs_idx.clone());
+    let combine = |acc: Expr, v: Expr| match a.accum {
+        None => v,
+        Some(op) => Expr::bin(op, acc, v),
+    };
+
+    let point_body: Vec<Stmt> = if red_vars.is_empty() {
+        let v = if start_neutral || a.accum.is_none() { value } else { combine(old, value) };
+        guarded(rhs_guards, vec![Stmt::Set { node: id, idx: lhs_idx.clone(), value: v }])
+    } else {
+        let t = prog.fresh_local(a.lhs.prec.compute());
+        let start = if start_neutral { Expr::Const(neutral) } else { old };
+        let step = Stmt::SetLocal { local: t, value: combine(Expr::Local(t), value) };
+        let mut inner = guarded(rhs_guards, vec![step]);
+        for v in red_vars.iter().rev() {
+            inner = vec![Stmt::For { var: *v, extent: extents[v], parallel: false, body: inner }];
+        }
+        let mut b = vec![Stmt::SetLocal { local: t, value: start }];
+        b.extend(inner);
+        b.push(Stmt::Set { node: id, idx: lhs_idx.clone(), value: Expr::Local(t) });
+        b
+    };
+    let mut nest = guarded(lhs_guards, point_body);
+    for v in lhs_vars.iter().rev() {
+        let parallel = !self_reading && sole(*v);
+        nest = vec![Stmt::For { var: *v, extent: extents[v], parallel, body: nest }];
+    }
+    if !p.debug_info.is_empty() && p.debug_info != "identity" {
+        out.push(Stmt::Comment(format!("{} {}", a.lhs.label, p.debug_info)));
+    }
+    out.extend(nest);
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Host arrays in any precision.
+//!
+//! An [`NdArray`] is what crosses the boundary between the host and a context: dense row-major
+//! data with its dims, stored in its own precision (crate `half` for `f16`/`bf16`). Conversions
+//! go through `f64`, which represents every value of every supported precision exactly.
+
+use crate::error::Error;
+use crate::ops::Prec;
+
+/// Typed storage of an [`NdArray`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Storage {
+    /// Half precision.
+    F16(Vec<half::f16>),
+    /// bfloat16.
+    Bf16(Vec<half::bf16>),
+    /// Single precision.
+    F32(Vec<f32>),
+    /// Double precision.
+    F64(Vec<f64>),
+}
+
+/// A dense row-major host array.
+///
+/// ```
+/// use rocannl_arrayjit::ndarray::NdArray;
+/// use rocannl_arrayjit::ops::Prec;
+/// let a = NdArray::from_f64(Prec::Bf16, &[2, 2], &[1.0, 2.0, 3.0, 1.0 / 3.0]).unwrap();
+/// assert_eq!(a.dims(), &[2, 2]);
+/// assert_eq!(a.to_f64_vec()[..3], [1.0, 2.0, 3.0]);
+/// assert_eq!(a.to_f64_vec()[3], 0.333984375); // rounded to bf16
+/// assert!(NdArray::from_f64(Prec::F32, &[3], &[1.0]).is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct NdArray {
+    dims: Vec<usize>,
+    storage: Storage,
+}
+
+impl NdArray {
+    /// An array of zeros.
+    pub fn zeros(prec: Prec, dims: &[usize]) -> NdArray {
+        let n = dims.iter().product();
+        let storage = match prec {
+            Prec::F16 => Storage::F16(vec![half::f16::ZERO; n]),
+            Prec::Bf16 => Storage::Bf16(vec![half::bf16::ZERO; n]),
+            Prec::F32 => Storage::F32(vec![0.0; n]),
+            Prec::F64 => Storage::F64(vec![0.0; n]),
+        };
+        NdArray { dims: dims.to_vec(), storage }
+    }
+
+    /// An array of precision `prec` from `f64` values (rounded to nearest even).
+    pub fn from_f64(prec: Prec, dims: &[usize], data: &[f64]) -> Result<NdArray, Error> {
+        let n: usize = dims.iter().product();
+        if n != data.len() {
+            return Err(Error::DataLength { dims: dims.to_vec(), expected: n, got: data.len() });
+        }
+        let storage = match prec {
+            Prec::F16 => Storage::F16(data.iter().map(|&x| half::f16::from_f64(x)).collect()),
+            Prec::Bf16 => Storage::Bf16(data.iter().map(|&x| half::bf16::from_f64(x)).collect()),
+            Prec::F32 => Storage::F32(data.iter().map(|&x| x as f32).collect()),
+            Prec::F64 => Storage::F64(data.to_vec()),
+        };
+        Ok(NdArray { dims: dims.to_vec(), storage })
+    }
+
+    /// An `f32` array.
+    pub fn from_f32(dims: &[usize], data: &[f32]) -> Result<NdArray, Error> {
+        let n: usize = dims.iter().product();
+        if n != data.len() {
+            return Err(Error::DataLength { dims: dims.to_vec(), expected: n, got: data.len() });
+        }
+        Ok(NdArray { dims: dims.to_vec(), storage: Storage::F32(data.to_vec()) })
+    }
+
+    /// The dims.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// The precision.
+    pub fn prec(&self) -> Prec {
+        match &self.storage {
+            Storage::F16(_) => Prec::F16,
+            Storage::Bf16(_) => Prec::Bf16,
+            Storage::F32(_) => Prec::F32,
+            Storage::F64(_) => Prec::F64,
+        }
+    }
+
+    /// The typed storage.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match &self.storage {
+            Storage::F16(v) => v.len(),
+            Storage::Bf16(v) => v.len(),
+            Storage::F32(v) => v.len(),
+            Storage::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values, converted exactly to `f64`.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.storage {
+            Storage::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Storage::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Storage::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Storage::F64(v) => v.clone(),
+        }
+    }
+
+    /// The same values in another precision.
+    pub fn convert(&self, prec: Prec) -> NdArray {
+        if prec == self.prec() {
+            return self.clone();
+        }
+        let data = self.to_f64_vec();
+        NdArray::from_f64(prec, &self.dims, &data).unwrap_or_else(|_| NdArray::zeros(prec, &[0]))
+    }
+
+    /// The raw little-endian bytes (the layout of a buffer of this precision).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match &self.storage {
+            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    /// An array from raw little-endian bytes of precision `prec`.
+    pub fn from_bytes(prec: Prec, dims: &[usize], bytes: &[u8]) -> Result<NdArray, Error> {
+        let n: usize = dims.iter().product();
+        let w = prec.size_in_bytes();
+        if bytes.len() != n * w {
+            let got = bytes.len() / w;
+            return Err(Error::DataLength { dims: dims.to_vec(), expected: n, got });
+        }
+        let storage = match prec {
+            Prec::F16 => Storage::F16(
+                bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]])).collect(),
+            ),
+            Prec::Bf16 => Storage::Bf16(
+                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect(),
+            ),
+            Prec::F32 => Storage::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            Prec::F64 => Storage::F64(
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| {
+                        let mut a = [0u8; 8];
+                        a.copy_from_slice(c);
+                        f64::from_le_bytes(a)
+                    })
+                    .collect(),
+            ),
+        };
+        Ok(NdArray { dims: dims.to_vec(), storage })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_in_every_precision() {
+        for prec in Prec::ALL {
+            let a = NdArray::from_f64(prec, &[3], &[0.5, -2.0, 1e3]).unwrap();
+            let b = NdArray::from_bytes(prec, &[3], &a.to_bytes()).unwrap();
+            assert_eq!(a, b);
+            assert_eq!(b.to_f64_vec(), vec![0.5, -2.0, 1e3]);
+        }
+    }
+
+    #[test]
+    fn convert_rounds() {
+        let a = NdArray::from_f64(Prec::F64, &[1], &[0.1]).unwrap();
+        assert_eq!(a.convert(Prec::F32).to_f64_vec(), vec![0.1f32 as f64]);
+    }
+}

@@ -1,0 +1,496 @@
+//! Precisions and the table of per-operation facts.
+//!
+//! Every backend needs the same handful of facts about an operation: its printed name, how to
+//! write it in C, what element is neutral when it is used to accumulate, and what it computes.
+//! Keeping them in one place (the `facts` methods below) means a new operation is added once
+//! and every backend, printer and optimization pass sees it. [`UnOp::apply`], [`BinOp::apply`]
+//! and [`TernOp::apply`] are the reference semantics (in `f64`) that the interpreter uses and
+//! the compiled backends are tested against.
+
+use std::fmt;
+
+/// A storage precision. `F16` and `Bf16` are storage-only: arithmetic is done in `f32` and the
+/// result is rounded when stored.
+///
+/// ```
+/// use rocannl_arrayjit::ops::Prec;
+/// assert_eq!(Prec::from_name("bf16"), Some(Prec::Bf16));
+/// assert_eq!(Prec::F64.size_in_bytes(), 8);
+/// assert_eq!(Prec::F16.name(), "f16");
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Prec {
+    /// IEEE 754 half precision (crate `half`).
+    F16,
+    /// bfloat16 (crate `half`).
+    Bf16,
+    /// IEEE 754 single precision.
+    F32,
+    /// IEEE 754 double precision.
+    F64,
+}
+
+impl Prec {
+    /// Every precision, narrowest first.
+    pub const ALL: [Prec; 4] = [Prec::F16, Prec::Bf16, Prec::F32, Prec::F64];
+
+    /// The short name: `f16`, `bf16`, `f32` or `f64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prec::F16 => "f16",
+            Prec::Bf16 => "bf16",
+            Prec::F32 => "f32",
+            Prec::F64 => "f64",
+        }
+    }
+
+    /// The inverse of [`Prec::name`].
+    pub fn from_name(name: &str) -> Option<Prec> {
+        Prec::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Bytes per element.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            Prec::F16 | Prec::Bf16 => 2,
+            Prec::F32 => 4,
+            Prec::F64 => 8,
+        }
+    }
+
+    /// The precision arithmetic on values of this precision is carried out in.
+    pub fn compute(self) -> Prec {
+        match self {
+            Prec::F64 => Prec::F64,
+            _ => Prec::F32,
+        }
+    }
+
+    /// Rounds an `f64` to this precision (round to nearest even) and back.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::Prec;
+    /// assert_eq!(Prec::F32.round(0.1), 0.1f32 as f64);
+    /// assert_eq!(Prec::Bf16.round(1.0 + 1.0 / 512.0), 1.0);
+    /// ```
+    pub fn round(self, x: f64) -> f64 {
+        match self {
+            Prec::F16 => half::f16::from_f64(x).to_f64(),
+            Prec::Bf16 => half::bf16::from_f64(x).to_f64(),
+            Prec::F32 => x as f32 as f64,
+            Prec::F64 => x,
+        }
+    }
+}
+
+impl fmt::Display for Prec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How an operation is written in C: a function-like call or an infix operator.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CSyntax {
+    /// `name(args)`; the `f32` variant of a libm function gets an `f` suffix.
+    Func(&'static str),
+    /// `(a op b)`.
+    Infix(&'static str),
+    /// A small expression written by the C renderer itself (e.g. comparisons giving 1.0/0.0).
+    Custom,
+}
+
+/// The facts about one operation.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct OpFacts {
+    /// The printed name used by every IR printer.
+    pub name: &'static str,
+    /// How the C renderer writes it.
+    pub c_syntax: CSyntax,
+    /// The element `e` with `e ⊕ x = x ⊕ e = x`, for operations usable as accumulations.
+    pub neutral: Option<f64>,
+    /// Rough cost in simple arithmetic operations, used to decide what is cheap to inline.
+    pub cost: u32,
+}
+
+/// Unary operations.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnOp {
+    /// `x`.
+    Identity,
+    /// `-x`.
+    Neg,
+    /// `max(0, x)` (NaN stays NaN).
+    Relu,
+    /// `x` clamped to `[0, 1]`.
+    Sat01,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// `2^x`.
+    Exp2,
+    /// Base-2 logarithm.
+    Log2,
+    /// Square root.
+    Sqrt,
+    /// `1 / x`.
+    Recip,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// Absolute value.
+    Abs,
+    /// `1` if `x == 0`, else `0`.
+    Not,
+}
+
+impl UnOp {
+    /// Every unary operation.
+    pub const ALL: [UnOp; 16] = [
+        UnOp::Identity,
+        UnOp::Neg,
+        UnOp::Relu,
+        UnOp::Sat01,
+        UnOp::Exp,
+        UnOp::Log,
+        UnOp::Exp2,
+        UnOp::Log2,
+        UnOp::Sqrt,
+        UnOp::Recip,
+        UnOp::Sin,
+        UnOp::Cos,
+        UnOp::Tanh,
+        UnOp::Sigmoid,
+        UnOp::Abs,
+        UnOp::Not,
+    ];
+
+    /// The table of facts.
+    pub fn facts(self) -> OpFacts {
+        use CSyntax::*;
+        let (name, c_syntax, cost) = match self {
+            UnOp::Identity => ("id", Custom, 0),
+            UnOp::Neg => ("neg", Custom, 1),
+            UnOp::Relu => ("relu", Custom, 1),
+            UnOp::Sat01 => ("sat01", Custom, 2),
+            UnOp::Exp => ("exp", Func("exp"), 10),
+            UnOp::Log => ("log", Func("log"), 10),
+            UnOp::Exp2 => ("exp2", Func("exp2"), 10),
+            UnOp::Log2 => ("log2", Func("log2"), 10),
+            UnOp::Sqrt => ("sqrt", Func("sqrt"), 4),
+            UnOp::Recip => ("recip", Custom, 4),
+            UnOp::Sin => ("sin", Func("sin"), 10),
+            UnOp::Cos => ("cos", Func("cos"), 10),
+            UnOp::Tanh => ("tanh", Func("tanh"), 12),
+            UnOp::Sigmoid => ("sigmoid", Custom, 12),
+            UnOp::Abs => ("abs", Func("fabs"), 1),
+            UnOp::Not => ("not", Custom, 1),
+        };
+        OpFacts { name, c_syntax, neutral: None, cost }
+    }
+
+    /// The printed name.
+    pub fn name(self) -> &'static str {
+        self.facts().name
+    }
+
+    /// The reference semantics.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::UnOp;
+    /// assert_eq!(UnOp::Relu.apply(-2.0), 0.0);
+    /// assert_eq!(UnOp::Sat01.apply(1.5), 1.0);
+    /// assert_eq!(UnOp::Not.apply(0.0), 1.0);
+    /// ```
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            UnOp::Identity => x,
+            UnOp::Neg => -x,
+            UnOp::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            UnOp::Sat01 => x.clamp(0.0, 1.0),
+            UnOp::Exp => x.exp(),
+            UnOp::Log => x.ln(),
+            UnOp::Exp2 => x.exp2(),
+            UnOp::Log2 => x.log2(),
+            UnOp::Sqrt => x.sqrt(),
+            UnOp::Recip => 1.0 / x,
+            UnOp::Sin => x.sin(),
+            UnOp::Cos => x.cos(),
+            UnOp::Tanh => x.tanh(),
+            UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnOp::Abs => x.abs(),
+            UnOp::Not => bool_to_f64(x == 0.0),
+        }
+    }
+}
+
+/// Binary operations; also the accumulation operators of assignments.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b` (IEEE: `1/0 = inf`, `0/0 = nan`).
+    Div,
+    /// `a^b`.
+    Pow,
+    /// Maximum, propagating NaN.
+    Max,
+    /// Minimum, propagating NaN.
+    Min,
+    /// `1` if `a < b` else `0`.
+    Lt,
+    /// `1` if `a <= b` else `0`.
+    Le,
+    /// `1` if `a > b` else `0`.
+    Gt,
+    /// `1` if `a == b` else `0`.
+    Eq,
+    /// `1` if `a != b` else `0`.
+    Ne,
+    /// Returns `b`: the accumulation of a plain assignment `=` when used as an operator.
+    Second,
+}
+
+impl BinOp {
+    /// Every binary operation.
+    pub const ALL: [BinOp; 13] = [
+        BinOp::Add,
+        BinOp::Sub,
+        BinOp::Mul,
+        BinOp::Div,
+        BinOp::Pow,
+        BinOp::Max,
+        BinOp::Min,
+        BinOp::Lt,
+        BinOp::Le,
+        BinOp::Gt,
+        BinOp::Eq,
+        BinOp::Ne,
+        BinOp::Second,
+    ];
+
+    /// The table of facts.
+    pub fn facts(self) -> OpFacts {
+        use CSyntax::*;
+        let (name, c_syntax, neutral, cost) = match self {
+            BinOp::Add => ("add", Infix("+"), Some(0.0), 1),
+            BinOp::Sub => ("sub", Infix("-"), None, 1),
+            BinOp::Mul => ("mul", Infix("*"), Some(1.0), 1),
+            BinOp::Div => ("div", Infix("/"), None, 4),
+            BinOp::Pow => ("pow", Func("pow"), None, 20),
+            BinOp::Max => ("max", Custom, Some(f64::NEG_INFINITY), 2),
+            BinOp::Min => ("min", Custom, Some(f64::INFINITY), 2),
+            BinOp::Lt => ("lt", Custom, None, 1),
+            BinOp::Le => ("le", Custom, None, 1),
+            BinOp::Gt => ("gt", Custom, None, 1),
+            BinOp::Eq => ("eq", Custom, None, 1),
+            BinOp::Ne => ("ne", Custom, None, 1),
+            BinOp::Second => ("second", Custom, None, 0),
+        };
+        OpFacts { name, c_syntax, neutral, cost }
+    }
+
+    /// The printed name.
+    pub fn name(self) -> &'static str {
+        self.facts().name
+    }
+
+    /// The neutral element, when this operation can start an accumulation from scratch.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::BinOp;
+    /// assert_eq!(BinOp::Add.neutral(), Some(0.0));
+    /// assert_eq!(BinOp::Max.neutral(), Some(f64::NEG_INFINITY));
+    /// assert_eq!(BinOp::Sub.neutral(), None);
+    /// ```
+    pub fn neutral(self) -> Option<f64> {
+        self.facts().neutral
+    }
+
+    /// Whether `(a ⊕ b) ⊕ c = a ⊕ (b ⊕ c)` and `a ⊕ b = b ⊕ a` (up to rounding), so that a
+    /// reduction with this operator may be reordered.
+    pub fn is_reorderable(self) -> bool {
+        matches!(self, BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min)
+    }
+
+    /// The reference semantics.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::BinOp;
+    /// assert_eq!(BinOp::Lt.apply(1.0, 2.0), 1.0);
+    /// assert!(BinOp::Max.apply(f64::NAN, 1.0).is_nan());
+    /// assert_eq!(BinOp::Div.apply(1.0, 0.0), f64::INFINITY);
+    /// ```
+    pub fn apply(self, a: f64, b: f64) -> f64 {
+        match self {
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+            BinOp::Pow => a.powf(b),
+            BinOp::Max => {
+                if a > b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinOp::Min => {
+                if a < b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinOp::Lt => bool_to_f64(a < b),
+            BinOp::Le => bool_to_f64(a <= b),
+            BinOp::Gt => bool_to_f64(a > b),
+            BinOp::Eq => bool_to_f64(a == b),
+            BinOp::Ne => bool_to_f64(a != b),
+            BinOp::Second => b,
+        }
+    }
+}
+
+/// Ternary operations.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TernOp {
+    /// `where(c, a, b) = c != 0 ? a : b`.
+    Where,
+    /// `fma(a, b, c) = a * b + c`, rounded once.
+    Fma,
+}
+
+impl TernOp {
+    /// Every ternary operation.
+    pub const ALL: [TernOp; 2] = [TernOp::Where, TernOp::Fma];
+
+    /// The table of facts.
+    pub fn facts(self) -> OpFacts {
+        match self {
+            TernOp::Where => {
+                OpFacts { name: "where", c_syntax: CSyntax::Custom, neutral: None, cost: 1 }
+            }
+            TernOp::Fma => {
+                OpFacts { name: "fma", c_syntax: CSyntax::Func("fma"), neutral: None, cost: 1 }
+            }
+        }
+    }
+
+    /// The printed name.
+    pub fn name(self) -> &'static str {
+        self.facts().name
+    }
+
+    /// The reference semantics.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::TernOp;
+    /// assert_eq!(TernOp::Where.apply(0.0, 1.0, 2.0), 2.0);
+    /// assert_eq!(TernOp::Fma.apply(2.0, 3.0, 1.0), 7.0);
+    /// ```
+    pub fn apply(self, a: f64, b: f64, c: f64) -> f64 {
+        match self {
+            TernOp::Where => {
+                if a != 0.0 {
+                    b
+                } else {
+                    c
+                }
+            }
+            TernOp::Fma => a.mul_add(b, c),
+        }
+    }
+}
+
+fn bool_to_f64(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+/// The counter-based generator behind `FetchOp::Uniform`: SplitMix64's finalizer applied to
+/// `seed + (offset + 1) · γ` (γ the golden-ratio constant), keeping the top 24 bits, so the
+/// value is a multiple of `2^-24` in `[0, 1)`, exact in `f32`, and depends only on the seed and
+/// the cell's offset. Every backend implements exactly this function.
+///
+/// ```
+/// use rocannl_arrayjit::ops::uniform;
+/// let x = uniform(42, 7);
+/// assert!((0.0..1.0).contains(&x));
+/// assert_eq!(x, uniform(42, 7));
+/// assert_ne!(x, uniform(43, 7));
+/// ```
+pub fn uniform(seed: u64, offset: u64) -> f64 {
+    let mut z = seed.wrapping_add(offset.wrapping_add(1).wrapping_mul(SPLITMIX_GAMMA));
+    z = (z ^ (z >> 30)).wrapping_mul(SPLITMIX_M1);
+    z = (z ^ (z >> 27)).wrapping_mul(SPLITMIX_M2);
+    z ^= z >> 31;
+    (z >> 40) as f64 * (1.0 / 16_777_216.0)
+}
+
+/// SplitMix64's increment, the golden-ratio constant.
+pub const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+/// SplitMix64's first finalizer multiplier.
+pub const SPLITMIX_M1: u64 = 0xBF58_476D_1CE4_E5B9;
+/// SplitMix64's second finalizer multiplier.
+pub const SPLITMIX_M2: u64 = 0x94D0_49BB_1331_11EB;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<&str> = UnOp::ALL.iter().map(|o| o.name()).collect();
+        names.extend(BinOp::ALL.iter().map(|o| o.name()));
+        names.extend(TernOp::ALL.iter().map(|o| o.name()));
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn neutral_elements_are_neutral() {
+        for op in BinOp::ALL {
+            if let Some(e) = op.neutral() {
+                for x in [-3.5, 0.0, 2.0, 1e10] {
+                    assert_eq!(op.apply(e, x), x, "{op:?}");
+                    assert_eq!(op.apply(x, e), x, "{op:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn min_max_propagate_nan() {
+        for op in [BinOp::Max, BinOp::Min] {
+            assert!(op.apply(f64::NAN, 1.0).is_nan());
+            assert!(op.apply(1.0, f64::NAN).is_nan());
+        }
+        assert!(UnOp::Relu.apply(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn uniform_is_spread_over_unit_interval() {
+        let xs: Vec<f64> = (0..1000).map(|i| uniform(1, i)).collect();
+        let mean = xs.iter().sum::<f64>() / 1000.0;
+        assert!((mean - 0.5).abs() < 0.05, "{mean}");
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+    }
+}

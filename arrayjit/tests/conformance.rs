@@ -1,0 +1,75 @@
+//! The backend conformance suite: every case on every backend, against an independent
+//! reference and against the interpreter (the oracle).
+
+mod common;
+
+use common::*;
+use rocannl_arrayjit::ops::Prec;
+use rocannl_arrayjit::{BackendKind, CompileOptions};
+
+fn conformance(kind: BackendKind, precs: &[Prec], opts: CompileOptions) {
+    for case in all_cases(precs) {
+        let tol = tolerance(case_prec(&case));
+        let got = run_case(kind, opts.clone(), &case);
+        if let Some(expected) = &case.expected {
+            for (k, (g, w)) in got.iter().zip(expected).enumerate() {
+                assert_close(&format!("{} output {k} vs reference", case.name), g, w, tol);
+            }
+        }
+        if kind != BackendKind::Interp {
+            let oracle = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            for (k, (g, w)) in got.iter().zip(&oracle).enumerate() {
+                assert_close(&format!("{} output {k} vs interp", case.name), g, w, tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn interp_all_precisions() {
+    conformance(BackendKind::Interp, &Prec::ALL, CompileOptions::default());
+}
+
+#[test]
+fn interp_without_virtualization() {
+    let opts = CompileOptions { virtualize: false, ..CompileOptions::default() };
+    conformance(BackendKind::Interp, &[Prec::F32, Prec::F64], opts);
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_all_precisions() {
+    conformance(BackendKind::Gccjit, &Prec::ALL, CompileOptions::default());
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_unoptimized_single_thread() {
+    let opts = CompileOptions { opt_level: 0, threads: Some(1), ..CompileOptions::default() };
+    conformance(BackendKind::Gccjit, &[Prec::F32, Prec::F64], opts);
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_bounds_checked_threads_always_split() {
+    let opts = CompileOptions {
+        bounds_check: true,
+        threads: Some(3),
+        min_parallel_work: 1,
+        ..CompileOptions::default()
+    };
+    conformance(BackendKind::Gccjit, &[Prec::F32], opts);
+}
+
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_large_matmuls_match_interp() {
+    for (m, k, n) in [(64, 64, 64), (33, 47, 65), (128, 96, 80), (5, 300, 17), (2, 3, 1024)] {
+        for prec in [Prec::F32, Prec::F64] {
+            let case = matmul_case(m, k, n, prec);
+            let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            assert_close(&case.name, &got[0], &want[0], 1e-4);
+        }
+    }
+}

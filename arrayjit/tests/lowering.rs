@@ -1,0 +1,290 @@
+//! Lowering and optimization: snapshots of the low-level IR, virtualization, errors.
+
+mod common;
+
+use common::*;
+use expect_test::expect;
+use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+use rocannl_arrayjit::indexing::{Projections, Symbol, SymbolGen};
+use rocannl_arrayjit::ops::{BinOp, Prec, UnOp};
+use rocannl_arrayjit::tnode::{MemoryMode, NodeTable};
+use rocannl_arrayjit::{BackendKind, CompileOptions, Context, Error, NdArray, compile_program};
+
+fn optimized(case: &Case) -> String {
+    compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn matmul_lowered_and_optimized() {
+    let case = matmul_case(4, 3, 5, Prec::F32);
+    expect![[r#"
+        n2[i0, i1] add= mul(n0[i0, i2], n1[i2, i1])  over [i0:4, i1:5, i2:3]  init
+    "#]]
+    .assert_eq(&case.asgn.to_string());
+    expect![[r#"
+        # c matmul
+        for v0 in 0..4 par {
+          for v1 in 0..5 par {
+            t0 := 0
+            for v2 in 0..3 {
+              t0 := fma(n0[v0, v2], n1[v2, v1], t0)
+            }
+            n2[v0, v1] := t0
+          }
+        }
+    "#]]
+    .assert_eq(&optimized(&case));
+}
+
+#[test]
+fn padded_convolution_is_guarded() {
+    let case = conv_case(Prec::F32, 2, 1);
+    expect![[r#"
+        # y conv
+        for v0 in 0..5 par {
+          t0 := 0
+          for v1 in 0..3 {
+            if 0 <= 2*v0 + v1 - 1 < 10 {
+              t0 := fma(n0[2*v0 + v1 - 1], n1[v1], t0)
+            }
+          }
+          n2[v0] := t0
+        }
+    "#]]
+    .assert_eq(&optimized(&case));
+}
+
+#[test]
+fn softmax_keeps_the_expensive_exponentials_read_twice() {
+    let case = softmax_case(Prec::F32, 2, 8);
+    expect![[r#"
+        # softmax
+        for v0 in 0..2 par {
+          t0 := -inf
+          for v1 in 0..8 {
+            t0 := max(t0, n0[v0, v1])
+          }
+          n1[v0, 0] := t0
+        }
+        for v2 in 0..2 par {
+          for v3 in 0..8 par {
+            n2[v2, v3] := exp(sub(n0[v2, v3], n1[v2, 0]))
+          }
+        }
+        for v4 in 0..2 par {
+          t1 := 0
+          for v5 in 0..8 {
+            t1 := add(t1, n2[v4, v5])
+          }
+          n3[v4, 0] := t1
+        }
+        for v6 in 0..2 par {
+          for v7 in 0..8 par {
+            n4[v6, v7] := div(n2[v6, v7], n3[v6, 0])
+          }
+        }
+    "#]]
+    .assert_eq(&optimized(&case));
+}
+
+/// A chain of pointwise operations: every intermediate is inlined into the last one.
+fn pointwise_chain(mode: MemoryMode) -> (NodeTable, Asgn, Vec<rocannl_arrayjit::NodeId>) {
+    let n = 16;
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], Prec::F64);
+    let a = nodes.add("a", &[n], Prec::F64, mode);
+    let b = nodes.add("b", &[n], Prec::F64, mode);
+    let c = nodes.add("c", &[n], Prec::F64, mode);
+    let y = host(&mut nodes, "y", &[n], Prec::F64);
+    let mut g = SymbolGen::default();
+    let mut p = || Projections::identity(&[n], 1, &mut g);
+    let asgn = Asgn::Seq(vec![
+        accum(a, None, vec![x], ScalarExpr::un(UnOp::Exp, ScalarExpr::Arg(0)), p(), false),
+        accum(
+            b,
+            None,
+            vec![a],
+            ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Const(3.0)),
+            p(),
+            false,
+        ),
+        accum(c, None, vec![b], ScalarExpr::un(UnOp::Tanh, ScalarExpr::Arg(0)), p(), false),
+        accum(
+            y,
+            None,
+            vec![c],
+            ScalarExpr::bin(BinOp::Add, ScalarExpr::Arg(0), ScalarExpr::Const(1.0)),
+            p(),
+            false,
+        ),
+    ]);
+    (nodes, asgn, vec![x, a, b, c, y])
+}
+
+#[test]
+fn virtualization_removes_intermediate_buffers_without_changing_results() {
+    let mut results = Vec::new();
+    for mode in [MemoryMode::Virtual, MemoryMode::OnDevice] {
+        let (nodes, asgn, ids) = pointwise_chain(mode);
+        let mut ctx = Context::new(BackendKind::Interp, CompileOptions::default()).unwrap();
+        let r = ctx.compile("chain", &asgn, &nodes).unwrap();
+        let xs = data(16, 3, -1.0, 1.0);
+        ctx.write(ids[0], &NdArray::from_f64(Prec::F64, &[16], &xs).unwrap()).unwrap();
+        ctx.run(&r, &[]).unwrap();
+        let virtual_count = r.virtual_nodes().len();
+        let buffered = ids.iter().filter(|id| ctx.has_buffer(**id)).count();
+        if mode == MemoryMode::Virtual {
+            assert_eq!(r.virtual_nodes(), &ids[1..4]);
+            assert_eq!(buffered, 2, "only x and y keep buffers");
+            assert!(matches!(ctx.read(ids[2]), Err(Error::NotMaterialized { .. })));
+            expect![[r#"
+                for v3 in 0..16 par {
+                  n4[v3] := add(tanh(mul(exp(n0[v3]), 3)), 1)
+                }
+            "#]]
+            .assert_eq(r.low_level_text());
+        } else {
+            assert_eq!(virtual_count, 0);
+            assert_eq!(buffered, 5);
+        }
+        let ys = ctx.read(ids[4]).unwrap().to_f64_vec();
+        let want: Vec<f64> = xs.iter().map(|x| (x.exp() * 3.0).tanh() + 1.0).collect();
+        assert_close("chain", &ys, &want, 1e-14);
+        results.push(ys);
+    }
+    assert_eq!(results[0], results[1]);
+}
+
+#[test]
+fn cse_shares_repeated_inlined_subexpressions() {
+    let n = 4;
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], Prec::F32);
+    let s = virt(&mut nodes, "s", &[n], Prec::F32);
+    let y = host(&mut nodes, "y", &[n], Prec::F32);
+    let mut g = SymbolGen::default();
+    let p1 = Projections::identity(&[n], 1, &mut g);
+    let p2 = Projections::identity(&[n], 2, &mut g);
+    let asgn = Asgn::Seq(vec![
+        accum(
+            s,
+            None,
+            vec![x],
+            ScalarExpr::bin(BinOp::Add, ScalarExpr::Arg(0), ScalarExpr::Const(1.0)),
+            p1,
+            false,
+        ),
+        accum(
+            y,
+            None,
+            vec![s, s],
+            ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1)),
+            p2,
+            false,
+        ),
+    ]);
+    let prog = compile_program("sq", &asgn, &nodes, &CompileOptions::default()).unwrap();
+    expect![[r#"
+        for v1 in 0..4 par {
+          t0 := add(n0[v1], 1)
+          n2[v1] := mul(t0, t0)
+        }
+    "#]]
+    .assert_eq(&prog.to_string());
+}
+
+#[test]
+fn dead_intermediates_are_removed() {
+    let n = 4;
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], Prec::F32);
+    let dead = nodes.add("unused", &[n], Prec::F32, MemoryMode::Local);
+    let p = Projections::identity(&[n], 1, &mut SymbolGen::default());
+    let asgn = accum(dead, None, vec![x], ScalarExpr::un(UnOp::Exp, ScalarExpr::Arg(0)), p, false);
+    let prog = compile_program("dead", &asgn, &nodes, &CompileOptions::default()).unwrap();
+    assert_eq!(prog.to_string(), "");
+    assert_eq!(prog.virtual_nodes, vec![dead]);
+}
+
+#[test]
+fn injective_initialized_accumulation_assigns() {
+    let n = 3;
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], Prec::F32);
+    let y = host(&mut nodes, "y", &[n], Prec::F32);
+    let p = Projections::identity(&[n], 1, &mut SymbolGen::default());
+    let asgn = accum(y, Some(BinOp::Add), vec![x], ScalarExpr::Arg(0), p.clone(), true);
+    let prog = compile_program("r", &asgn, &nodes, &CompileOptions::default()).unwrap();
+    expect![[r#"
+        for v0 in 0..3 par {
+          n1[v0] := n0[v0]
+        }
+    "#]]
+    .assert_eq(&prog.to_string());
+    let asgn = accum(y, Some(BinOp::Add), vec![x], ScalarExpr::Arg(0), p, false);
+    let prog = compile_program("r", &asgn, &nodes, &CompileOptions::default()).unwrap();
+    expect![[r#"
+        for v0 in 0..3 par {
+          n1[v0] := add(n1[v0], n0[v0])
+        }
+    "#]]
+    .assert_eq(&prog.to_string());
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let case = matmul_case(2, 3, 4, Prec::F32);
+    let mut ctx = Context::new(BackendKind::Interp, CompileOptions::default()).unwrap();
+    // Unknown node.
+    let mut nodes = case.nodes.clone();
+    let missing = rocannl_arrayjit::NodeId(99);
+    let p = Projections::identity(&[2], 1, &mut SymbolGen::default());
+    let asgn = accum(missing, None, vec![case.outputs[0]], ScalarExpr::Arg(0), p, false);
+    assert!(matches!(ctx.compile("bad", &asgn, &nodes), Err(Error::UnknownNode(99))));
+    // Wrong arity.
+    let y = host(&mut nodes, "y", &[2], Prec::F32);
+    let p = Projections::identity(&[2], 1, &mut SymbolGen::default());
+    let asgn = accum(y, None, vec![], ScalarExpr::Arg(0), p, false);
+    assert!(matches!(ctx.compile("bad", &asgn, &nodes), Err(Error::InvalidAssignment { .. })));
+    // Initialization with an operator that has no neutral element.
+    let p = Projections::identity(&[2], 1, &mut SymbolGen::default());
+    let asgn = accum(y, Some(BinOp::Sub), vec![y], ScalarExpr::Arg(0), p, true);
+    assert!(matches!(ctx.compile("bad", &asgn, &nodes), Err(Error::NoNeutral("sub"))));
+    // Data of the wrong shape.
+    let r = ctx.compile("mm", &case.asgn, &case.nodes).unwrap();
+    let wrong = NdArray::from_f64(Prec::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
+    assert!(matches!(ctx.write(case.inputs[0].0, &wrong), Err(Error::ShapeMismatch { .. })));
+    ctx.run(&r, &[]).unwrap();
+    // A routine of another context.
+    let mut other = Context::new(BackendKind::Interp, CompileOptions::default()).unwrap();
+    assert!(matches!(other.run(&r, &[]), Err(Error::ForeignRoutine(_))));
+    assert!(matches!(BackendKind::from_name("tpu"), Err(Error::UnknownBackend(_))));
+}
+
+#[test]
+fn runtime_symbols_are_bound_and_range_checked() {
+    let case = batch_slice_case(Prec::F32, 3);
+    let mut ctx = Context::new(BackendKind::Interp, CompileOptions::default()).unwrap();
+    let r = ctx.compile("slice", &case.asgn, &case.nodes).unwrap();
+    assert_eq!(r.runtime_symbols(), &[Symbol(50)]);
+    assert!(matches!(ctx.run(&r, &[]), Err(Error::MissingBinding(Symbol(50)))));
+    let err = ctx.run(&r, &[(Symbol(50), 4)]).unwrap_err();
+    assert!(matches!(err, Error::SymbolOutOfRange { value: 4, bound: 4, axis: 0, .. }), "{err}");
+    ctx.run(&r, &[(Symbol(50), 3)]).unwrap();
+}
+
+#[test]
+fn debug_dir_receives_ir_and_source() {
+    let dir = std::env::temp_dir().join(format!("rocannl-debug-{}", std::process::id()));
+    let opts = CompileOptions { debug_dir: Some(dir.clone()), ..CompileOptions::default() };
+    let case = matmul_case(2, 2, 2, Prec::F32);
+    let mut ctx = Context::new(BackendKind::Interp, opts).unwrap();
+    ctx.compile("mm", &case.asgn, &case.nodes).unwrap();
+    let ll = std::fs::read_to_string(dir.join("mm.ll.txt")).unwrap();
+    assert!(ll.contains("fma(n0[v0, v2], n1[v2, v1], t0)"));
+    assert!(std::fs::read_to_string(dir.join("mm.asgn.txt")).unwrap().contains("add="));
+    assert!(dir.join("mm.interp.txt").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
