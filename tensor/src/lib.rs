@@ -1,1 +1,26 @@
 //! `rocannl-tensor`: differentiable tensors built on inferred shapes and compiled assignments.
+//!
+//! The pipeline, top-down:
+//!
+//! 1. Build a [`Graph`]: leaves ([`Graph::data`], [`Graph::param`], numbers, ranges) and
+//!    operations on [`Tensor`] handles. Each operation ([`op::Op`]) adds its shape logic to
+//!    inference right away; shapes are inferred, never declared.
+//! 2. Create a [`Session`]: shape inference is finished (errors surface here), and the session
+//!    turns operations into compiler assignments — forward code, gradient code from
+//!    [`op::Op::backward`], and an optimizer's update ([`optim`]) — compiled into one routine
+//!    per task by `rocannl-arrayjit`.
+//! 3. Run routines, write inputs and read values; train with [`train`]; save and load
+//!    parameters with [`persist`].
+
+pub mod error;
+pub mod graph;
+pub mod init;
+pub mod op;
+pub mod ops;
+pub mod session;
+
+pub use error::{Error, Result};
+pub use graph::{Graph, ParamSpec, Tensor, TensorId};
+pub use init::Init;
+pub use rocannl_arrayjit::{BackendKind, Prec};
+pub use session::{Plan, Session, SessionOptions};

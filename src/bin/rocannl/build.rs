@@ -1,80 +1,86 @@
-//! Building a shape graph from a document: one shape per node, one step per operation.
+//! Building a tensor graph from a document: one tensor per expression node, params shared by
+//! name, named nodes reusable through `ref`.
 
 use rocannl::shape::ShapeError;
-use rocannl::shape::inference::{Inference, RowDecl, ShapeDecl};
-use rocannl::shape::logic::{Logic, SliceIndex, Terminal, TerminalData};
-use rocannl::shape::var::ShapeId;
+use rocannl::tensor::{Error, Graph, Init, ParamSpec, Tensor};
 
-use crate::doc::{CliError, Document, ErrorKind, Expr, Init, Leaf, Rows, input_err};
+use crate::doc::{CliError, Document, ErrorKind, Expr, Init as DocInit, Leaf, Rows, input_err};
 
 /// The graph of a document.
 pub struct Built {
-    pub inf: Inference,
-    pub root: ShapeId,
+    pub graph: Graph,
+    pub root: Tensor,
     /// Named nodes, in order of completion.
-    pub nodes: Vec<(String, ShapeId)>,
+    pub nodes: Vec<(String, Tensor)>,
     /// Params, in order of first occurrence.
-    pub params: Vec<(String, ShapeId)>,
+    pub params: Vec<(String, Tensor)>,
 }
 
-pub fn shape_error(e: ShapeError) -> CliError {
-    let kind = match e {
-        ShapeError::Spec(_) => ErrorKind::Spec,
-        ShapeError::Arity(_) => ErrorKind::Input,
-        _ => ErrorKind::Shape,
+/// Maps a tensor-layer error to the contract's error kinds.
+pub fn tensor_error(e: Error) -> CliError {
+    use rocannl::arrayjit::Error as J;
+    let kind = match &e {
+        Error::Shape(ShapeError::Spec(_)) => ErrorKind::Spec,
+        Error::Shape(ShapeError::Arity(_)) => ErrorKind::Input,
+        Error::Shape(_) => ErrorKind::Shape,
+        Error::Compile(
+            J::UnknownBackend(_)
+            | J::NotBuiltIn(_)
+            | J::NoDevice { .. }
+            | J::LibraryMissing { .. }
+            | J::Compile { .. }
+            | J::Cuda(_),
+        ) => ErrorKind::Backend,
+        Error::Compile(J::SymbolOutOfRange { .. } | J::OutOfBounds { .. }) => ErrorKind::Shape,
+        Error::Compile(_) | Error::Usage(_) | Error::Persist(_) | Error::Io { .. } => {
+            ErrorKind::Input
+        }
     };
     CliError { kind, message: e.to_string() }
 }
 
 struct Builder {
-    inf: Inference,
-    nodes: Vec<(String, ShapeId)>,
-    params: Vec<(String, ShapeId, Rows, Option<Init>)>,
+    graph: Graph,
+    nodes: Vec<(String, Tensor)>,
+    params: Vec<(String, Tensor, Rows, Option<DocInit>)>,
     /// Names of nodes being built (a ref to one of them is a ref to an incomplete node).
     open: Vec<String>,
 }
 
 pub fn build(doc: &Document, strict: bool) -> Result<Built, CliError> {
-    let mut b = Builder { inf: Inference::new(), nodes: vec![], params: vec![], open: vec![] };
-    b.inf.set_strict(strict);
-    if std::env::var_os("ROCANNL_TRACE").is_some() {
-        b.inf.enable_trace();
-    }
+    let graph = Graph::new();
+    graph.set_strict(strict);
+    let mut b = Builder { graph: graph.clone(), nodes: vec![], params: vec![], open: vec![] };
     let root = b.expr(&doc.expr)?;
     Ok(Built {
-        inf: b.inf,
+        graph,
         root,
         nodes: b.nodes,
-        params: b.params.into_iter().map(|(n, s, _, _)| (n, s)).collect(),
+        params: b.params.into_iter().map(|(n, t, _, _)| (n, t)).collect(),
     })
 }
 
-fn decl(rows: &Rows, param: bool) -> ShapeDecl {
-    let row = |r: &Option<Vec<usize>>, inferable: bool| match r {
-        Some(ds) => RowDecl::Given(ds.clone()),
-        None if inferable => RowDecl::Inferred,
-        None => RowDecl::Given(vec![]),
-    };
-    ShapeDecl {
-        batch: row(&rows.batch, false),
-        input: row(&rows.input, param),
-        output: row(&rows.output, param),
+fn init_of(init: &Option<DocInit>) -> Init {
+    match init {
+        None => Init::Constant(0.0),
+        Some(DocInit::Constant(c)) => Init::Constant(*c),
+        Some(DocInit::Values(vs)) => Init::Values(vs.clone()),
+        Some(DocInit::Uniform { lo, hi, seed }) => Init::Uniform { lo: *lo, hi: *hi }.seeded(*seed),
     }
 }
 
-impl Builder {
-    fn leaf(&mut self, name: &str, decl: ShapeDecl, param: bool) -> Result<ShapeId, CliError> {
-        let sh = self.inf.new_shape(name, &decl);
-        let t = Terminal { param, data: TerminalData::Rows, input_equals_output: false };
-        self.inf.add_step(sh, Logic::Terminal(t)).map_err(shape_error)?;
-        Ok(sh)
-    }
+fn rows(r: &Rows) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let f = |x: &Option<Vec<usize>>| x.clone().unwrap_or_default();
+    (f(&r.batch), f(&r.input), f(&r.output))
+}
 
-    fn expr(&mut self, e: &Expr) -> Result<ShapeId, CliError> {
+impl Builder {
+    fn expr(&mut self, e: &Expr) -> Result<Tensor, CliError> {
+        let g = self.graph.clone();
         match e {
             Expr::Ref(r) => {
-                if let Some((_, sh)) = self.nodes.iter().find(|(n, _)| n == r) {
-                    return Ok(*sh);
+                if let Some((_, t)) = self.nodes.iter().find(|(n, _)| n == r) {
+                    return Ok(t.clone());
                 }
                 if self.params.iter().any(|(n, ..)| n == r) {
                     return input_err(format!(
@@ -87,14 +93,13 @@ impl Builder {
                 input_err(format!("ref \"{r}\" names no earlier node"))
             }
             Expr::Leaf { leaf: Leaf::Param { name, rows, init }, .. } => {
-                if let Some((_, sh, rows0, init0)) = self.params.iter().find(|(n, ..)| n == name) {
-                    let rows_ok = [
+                if let Some((_, t, rows0, init0)) = self.params.iter().find(|(n, ..)| n == name) {
+                    let pairs = [
                         (&rows.batch, &rows0.batch),
                         (&rows.input, &rows0.input),
                         (&rows.output, &rows0.output),
-                    ]
-                    .iter()
-                    .all(|(r, r0)| r.is_none() || r == r0);
+                    ];
+                    let rows_ok = pairs.iter().all(|(r, r0)| r.is_none() || r == r0);
                     let init_ok = init.is_none() || init == init0;
                     if !rows_ok || !init_ok {
                         return input_err(format!(
@@ -102,59 +107,85 @@ impl Builder {
                             if rows_ok { "init" } else { "rows" }
                         ));
                     }
-                    return Ok(*sh);
+                    return Ok(t.clone());
                 }
                 if self.nodes.iter().any(|(n, _)| n == name) {
                     return input_err(format!("the name \"{name}\" is used by a node and a param"));
                 }
-                let sh = self.leaf(name, decl(rows, true), true)?;
-                self.params.push((name.clone(), sh, rows.clone(), init.clone()));
-                Ok(sh)
+                let spec = ParamSpec {
+                    batch: rows.batch.clone(),
+                    input: rows.input.clone(),
+                    output: rows.output.clone(),
+                    init: init_of(init),
+                };
+                let t = g.param_with(name, spec);
+                self.params.push((name.clone(), t.clone(), rows.clone(), init.clone()));
+                Ok(t)
             }
             Expr::Leaf { leaf, name } => {
-                let label = name.clone().unwrap_or_else(|| "leaf".to_string());
-                let d = match leaf {
-                    Leaf::Number(_) => ShapeDecl::given(&[], &[], &[]),
-                    Leaf::Range(n) => ShapeDecl::given(&[], &[], &[*n]),
-                    Leaf::RangeOfShape(rows) | Leaf::Ndarray { rows, .. } => decl(rows, false),
-                    Leaf::Param { .. } => unreachable!("handled above"),
-                };
                 self.check_new_name(name)?;
-                let sh = self.leaf(&label, d, false)?;
-                self.finish_node(name, sh);
-                Ok(sh)
+                let t = match leaf {
+                    Leaf::Number(x) => g.number(*x),
+                    Leaf::Range(n) => g.range(*n),
+                    Leaf::RangeOfShape(r) => {
+                        let (b, i, o) = rows(r);
+                        g.range_of_shape(&b, &i, &o)
+                    }
+                    Leaf::Ndarray { values, rows: r } => {
+                        let (b, i, o) = rows(r);
+                        g.ndarray(name.as_deref().unwrap_or("ndarray"), &b, &i, &o, values)
+                    }
+                    Leaf::Param { .. } => return input_err("a param leaf in an unexpected place"),
+                };
+                Ok(self.finish_node(name, t))
             }
             Expr::Op { op, args, spec, index, name } => {
                 self.check_new_name(name)?;
                 if let Some(n) = name {
                     self.open.push(n.clone());
                 }
-                let arg_shapes =
-                    args.iter().map(|a| self.expr(a)).collect::<Result<Vec<_>, _>>()?;
+                let a = args.iter().map(|x| self.expr(x)).collect::<Result<Vec<_>, _>>()?;
                 if name.is_some() {
                     self.open.pop();
                 }
-                let logic = match op.as_str() {
-                    "matmul" => Logic::Compose(arg_shapes[0], arg_shapes[1]),
-                    "fma" => Logic::ComposeAccumulate(arg_shapes[0], arg_shapes[1], arg_shapes[2]),
-                    "transpose" => Logic::Transpose(arg_shapes[0]),
-                    "batch_slice" => {
-                        Logic::BatchSlice(arg_shapes[0], SliceIndex::Fixed(index.unwrap_or(0)))
-                    }
-                    "einsum" | "einsum1" | "einmax1" | "tropical" | "concat" => {
-                        let spec = spec
-                            .clone()
-                            .ok_or(())
-                            .or_else(|_| input_err(format!("op \"{op}\" needs a spec")))?;
-                        Logic::Einsum(spec, arg_shapes.clone())
-                    }
-                    _ => Logic::Pointwise(arg_shapes.clone()),
+                let spec_text = spec.as_ref().map(|s| s.text.clone()).unwrap_or_default();
+                let rest: Vec<&Tensor> = a.iter().skip(1).collect();
+                let t = match op.as_str() {
+                    "add" => &a[0] + &a[1],
+                    "sub" => &a[0] - &a[1],
+                    "pointmul" => a[0].pointmul(&a[1]),
+                    "div" => &a[0] / &a[1],
+                    "pow" => a[0].pow(&a[1]),
+                    "max" => a[0].max(&a[1]),
+                    "min" => a[0].min(&a[1]),
+                    "lt" => a[0].lt(&a[1]),
+                    "eq" => a[0].eq(&a[1]),
+                    "ne" => a[0].ne(&a[1]),
+                    "neg" => -&a[0],
+                    "relu" => a[0].relu(),
+                    "exp" => a[0].exp(),
+                    "log" => a[0].log(),
+                    "sqrt" => a[0].sqrt(),
+                    "tanh" => a[0].tanh(),
+                    "sigmoid" => a[0].sigmoid(),
+                    "sin" => a[0].sin(),
+                    "cos" => a[0].cos(),
+                    "recip" => a[0].recip(),
+                    "abs" => a[0].abs(),
+                    "not" => a[0].not(),
+                    "where" => Tensor::where_(&a[0], &a[1], &a[2]),
+                    "fma" => a[0].fma(&a[1], &a[2]),
+                    "matmul" => a[0].matmul(&a[1]),
+                    "transpose" => a[0].transpose(),
+                    "einsum" => a[0].einsum(&spec_text, &a[1]),
+                    "einsum1" => a[0].einsum1(&spec_text),
+                    "einmax1" => a[0].einmax1(&spec_text),
+                    "tropical" => a[0].tropical(&spec_text, &a[1]),
+                    "concat" => a[0].concat(&spec_text, &rest),
+                    "batch_slice" => a[0].batch_slice(index.unwrap_or(0)),
+                    other => return input_err(format!("unknown op \"{other}\"")),
                 };
-                let label = name.clone().unwrap_or_else(|| op.clone());
-                let sh = self.inf.new_shape(&label, &ShapeDecl::inferred());
-                self.inf.add_step(sh, logic).map_err(shape_error)?;
-                self.finish_node(name, sh);
-                Ok(sh)
+                Ok(self.finish_node(name, t))
             }
         }
     }
@@ -171,9 +202,14 @@ impl Builder {
         Ok(())
     }
 
-    fn finish_node(&mut self, name: &Option<String>, sh: ShapeId) {
-        if let Some(n) = name {
-            self.nodes.push((n.clone(), sh));
+    fn finish_node(&mut self, name: &Option<String>, t: Tensor) -> Tensor {
+        match name {
+            Some(n) => {
+                let t = t.named(n);
+                self.nodes.push((n.clone(), t.clone()));
+                t
+            }
+            None => t,
         }
     }
 }

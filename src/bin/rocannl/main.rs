@@ -1,19 +1,29 @@
-//! The `rocannl` command: shape inference (and evaluation) of tensor expressions written as
-//! JSON documents, as specified by the tensor-expression JSON contract.
+//! The `rocannl` command: shape inference and evaluation of tensor expressions written as JSON
+//! documents (the tensor-expression JSON contract).
 //!
-//! Every answer is one JSON object on standard output; bad input is
+//! - `rocannl shapes FILE`: infer and close all shapes;
+//! - `rocannl eval FILE [--backend B] [--precision P]`: also compile and run once, printing
+//!   values (and gradients with `"grad": true`);
+//! - `rocannl explain FILE`: for people — each node's operation, inferred shape, warnings and
+//!   the loop nest of its projections.
+//!
+//! Every JSON answer is one object on standard output; bad input is
 //! `{"error": {"kind": .., "message": ..}}` with exit status 1. The command never panics: a
 //! defect that would panic is caught and reported as an error object instead.
 
 mod build;
 mod doc;
+mod explain;
 
 use std::io::Read;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use rocannl::arrayjit::{BackendKind, Prec};
+use rocannl::tensor::{Plan, Session, SessionOptions, Tensor};
 use serde_json::{Map, Value, json};
 
+use crate::build::{Built, tensor_error};
 use crate::doc::{CliError, ErrorKind};
 
 #[derive(Parser)]
@@ -31,10 +41,10 @@ struct Cli {
 struct Common {
     /// The document (`-` for standard input).
     file: String,
-    /// The backend to run on (interp, gccjit, cuda); ignored by `shapes`.
+    /// The backend: interp, gccjit or cuda (default: the fastest CPU backend built in).
     #[arg(long)]
     backend: Option<String>,
-    /// The precision (f32 or f64); ignored by `shapes`.
+    /// The precision: f32 (default) or f64.
     #[arg(long)]
     precision: Option<String>,
     /// Fail instead of warning when closing has to guess a param's size.
@@ -46,6 +56,10 @@ struct Common {
 enum Command {
     /// Infer and close all shapes; print them as JSON.
     Shapes(Common),
+    /// Infer shapes, compile and run once; print shapes and values as JSON.
+    Eval(Common),
+    /// Print each node's operation, shape and loop nest, for people.
+    Explain(Common),
 }
 
 fn read_input(file: &str) -> Result<String, CliError> {
@@ -62,41 +76,136 @@ fn read_input(file: &str) -> Result<String, CliError> {
     }
 }
 
-fn shape_json(inf: &rocannl::shape::Inference, id: rocannl::shape::var::ShapeId) -> Value {
-    let sh = inf.shape(id);
-    let row = |r: &rocannl::shape::row::Row| json!(r.sizes().unwrap_or_default());
-    json!({"batch": row(&sh.batch), "input": row(&sh.input), "output": row(&sh.output)})
+fn shape_json(t: &Tensor) -> Result<Value, CliError> {
+    let [b, i, o] = t.rows().map_err(tensor_error)?;
+    Ok(json!({"batch": b, "input": i, "output": o}))
+}
+
+/// Numbers as JSON, non-finite ones as the strings "inf", "-inf", "nan".
+fn values_json(vs: &[f64]) -> Value {
+    Value::Array(
+        vs.iter()
+            .map(|v| {
+                if v.is_nan() {
+                    json!("nan")
+                } else if v.is_infinite() {
+                    json!(if *v > 0.0 { "inf" } else { "-inf" })
+                } else {
+                    json!(v)
+                }
+            })
+            .collect(),
+    )
+}
+
+fn load(c: &Common) -> Result<(doc::Document, Built), CliError> {
+    let text = read_input(&c.file)?;
+    let document = doc::parse_document(&text)?;
+    let built = build::build(&document, c.strict)?;
+    if std::env::var_os("ROCANNL_TRACE").is_some() {
+        built.graph.enable_shape_trace();
+    }
+    let finished = built.graph.finish();
+    for line in built.graph.shape_trace() {
+        eprintln!("{line}");
+    }
+    finished.map_err(tensor_error)?;
+    Ok((document, built))
+}
+
+fn shapes_answer(built: &Built) -> Result<Map<String, Value>, CliError> {
+    let mut nodes = Map::new();
+    for (name, t) in &built.nodes {
+        nodes.insert(name.clone(), json!({"shape": shape_json(t)?}));
+    }
+    let mut params = Map::new();
+    for (name, t) in &built.params {
+        params.insert(name.clone(), json!({"shape": shape_json(t)?}));
+    }
+    let warnings: Vec<Value> = built.graph.warnings().into_iter().map(Value::String).collect();
+    let mut out = Map::new();
+    out.insert("shape".into(), shape_json(&built.root)?);
+    out.insert("nodes".into(), Value::Object(nodes));
+    out.insert("params".into(), Value::Object(params));
+    out.insert("warnings".into(), Value::Array(warnings));
+    Ok(out)
 }
 
 fn shapes(c: &Common) -> Result<Value, CliError> {
-    let text = read_input(&c.file)?;
-    let doc = doc::parse_document(&text)?;
-    let mut built = build::build(&doc, c.strict)?;
-    let finished = built.inf.finish();
-    for line in built.inf.trace() {
-        eprintln!("{line}");
-    }
-    finished.map_err(build::shape_error)?;
-    let mut nodes = Map::new();
-    for (name, sh) in &built.nodes {
-        nodes.insert(name.clone(), json!({"shape": shape_json(&built.inf, *sh)}));
-    }
-    let mut params = Map::new();
-    for (name, sh) in &built.params {
-        params.insert(name.clone(), json!({"shape": shape_json(&built.inf, *sh)}));
-    }
-    let warnings: Vec<Value> = built.inf.warnings().iter().map(|w| json!(w.message)).collect();
-    Ok(json!({
-        "shape": shape_json(&built.inf, built.root),
-        "nodes": nodes,
-        "params": params,
-        "warnings": warnings,
-    }))
+    let (_, built) = load(c)?;
+    Ok(Value::Object(shapes_answer(&built)?))
 }
 
-fn run(cli: &Cli) -> Result<Value, CliError> {
+fn options(c: &Common) -> Result<SessionOptions, CliError> {
+    let backend = match &c.backend {
+        None => BackendKind::default(),
+        Some(b) => BackendKind::from_name(b)
+            .map_err(|e| CliError { kind: ErrorKind::Backend, message: e.to_string() })?,
+    };
+    let prec = match c.precision.as_deref() {
+        None | Some("f32") => Prec::F32,
+        Some("f64") => Prec::F64,
+        Some(p) => {
+            return Err(CliError {
+                kind: ErrorKind::Input,
+                message: format!("unknown precision \"{p}\" (use f32 or f64)"),
+            });
+        }
+    };
+    Ok(SessionOptions { backend, prec, ..SessionOptions::default() })
+}
+
+fn eval(c: &Common) -> Result<Value, CliError> {
+    let opts = options(c)?;
+    let (document, built) = load(c)?;
+    let mut out = shapes_answer(&built)?;
+    let mut session = Session::with_options(&built.graph, opts).map_err(tensor_error)?;
+    let mut outputs = vec![built.root.clone()];
+    outputs.extend(built.nodes.iter().map(|(_, t)| t.clone()));
+    outputs.extend(built.params.iter().map(|(_, t)| t.clone()));
+    let plan = if document.grad {
+        Plan {
+            outputs,
+            backprop_from: Some(built.root.clone()),
+            grads: built.params.iter().map(|(_, t)| t.clone()).collect(),
+        }
+    } else {
+        Plan { outputs, ..Plan::default() }
+    };
+    let routine = session.compile("eval", &plan).map_err(tensor_error)?;
+    session.run(&routine).map_err(tensor_error)?;
+    let read = |t: &Tensor| session.read(t).map(|v| values_json(&v)).map_err(tensor_error);
+    out.insert("values".into(), read(&built.root)?);
+    if let Some(Value::Object(nodes)) = out.get_mut("nodes") {
+        for (name, t) in &built.nodes {
+            if let Some(Value::Object(entry)) = nodes.get_mut(name) {
+                entry.insert("values".into(), read(t)?);
+            }
+        }
+    }
+    if let Some(Value::Object(params)) = out.get_mut("params") {
+        for (name, t) in &built.params {
+            if let Some(Value::Object(entry)) = params.get_mut(name) {
+                entry.insert("values".into(), read(t)?);
+                if document.grad {
+                    let g = session.read_grad(t).map_err(tensor_error)?;
+                    entry.insert("grad".into(), values_json(&g));
+                }
+            }
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+fn run(cli: &Cli) -> Result<Option<Value>, CliError> {
     match &cli.command {
-        Command::Shapes(c) => shapes(c),
+        Command::Shapes(c) => shapes(c).map(Some),
+        Command::Eval(c) => eval(c).map(Some),
+        Command::Explain(c) => {
+            let (_, built) = load(c)?;
+            print!("{}", explain::explain(&built).map_err(tensor_error)?);
+            Ok(None)
+        }
     }
 }
 
@@ -112,10 +221,11 @@ fn main() -> ExitCode {
         Err(CliError { kind: ErrorKind::Input, message: format!("internal error: {what}") })
     });
     match result {
-        Ok(v) => {
+        Ok(Some(v)) => {
             println!("{v}");
             ExitCode::SUCCESS
         }
+        Ok(None) => ExitCode::SUCCESS,
         Err(e) => {
             println!("{}", json!({"error": {"kind": e.kind.name(), "message": e.message}}));
             ExitCode::from(1)

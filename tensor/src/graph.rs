@@ -1,0 +1,547 @@
+//! The graph: an explicit session of tensors, and cheap [`Tensor`] handles into it.
+//!
+//! There is no global state: every tensor belongs to one [`Graph`], which owns the shape
+//! inference problem, the operations and the leaves. A [`Tensor`] is a reference-counted handle
+//! (`Clone` is cheap) plus an index. Creating a tensor adds its operation to shape inference
+//! right away (stage 1); a shape error is recorded and surfaces, as one `Result`, when the graph
+//! is finalized — building expressions stays infallible and ergonomic.
+
+use std::cell::{Ref, RefCell, RefMut};
+use std::fmt;
+use std::rc::Rc;
+
+use rocannl_shape::inference::{Inference, RowDecl, ShapeDecl};
+use rocannl_shape::logic::{Logic, Terminal, TerminalData};
+use rocannl_shape::var::{ShapeId, StepId};
+
+use crate::error::{Error, Result};
+use crate::init::Init;
+use crate::op::Op;
+
+/// A tensor's index in its graph.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TensorId(pub u32);
+
+/// What a leaf holds.
+#[derive(Clone, Debug)]
+pub enum Leaf {
+    /// Written by the host (inputs, labels, datasets); optionally with initial values.
+    Data(Option<Vec<f64>>),
+    /// A learnable parameter.
+    Param(Init),
+    /// Every cell holds this number.
+    Constant(f64),
+    /// Every cell holds its row-major offset (`range`, `range_of_shape`).
+    Iota,
+}
+
+/// How a tensor is computed.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A leaf.
+    Leaf(Leaf),
+    /// An operation on other tensors.
+    Op {
+        /// The operation.
+        op: Rc<dyn Op>,
+        /// Its arguments.
+        args: Vec<TensorId>,
+    },
+}
+
+/// What the graph knows about one tensor.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// Its name (for messages, dumps and persistence).
+    pub label: String,
+    /// Its shape in the inference problem.
+    pub shape: ShapeId,
+    /// How it is computed.
+    pub source: Source,
+    /// Its update step in the inference problem.
+    pub step: Option<StepId>,
+    /// Whether gradients reach it (params, and ops on such tensors).
+    pub differentiable: bool,
+}
+
+pub(crate) struct GraphInner {
+    pub inf: Inference,
+    pub nodes: Vec<NodeInfo>,
+    pub error: Option<Error>,
+    pub seed: u64,
+}
+
+/// A graph of tensors: the unit of shape inference and compilation.
+///
+/// ```
+/// use rocannl_tensor::{Graph, ParamSpec};
+/// let g = Graph::new();
+/// let x = g.data("x", &[4], &[], &[3]); // batch 4, output 3
+/// let w = g.param("w"); // both rows inferred from use
+/// let b = g.param_with("b", ParamSpec::output(&[16]));
+/// let y = (w.matmul(&x) + &b).relu();
+/// g.finish().unwrap();
+/// assert_eq!(w.rows().unwrap(), [vec![], vec![3], vec![16]]); // no batch, 3 -> 16
+/// assert_eq!(y.dims().unwrap(), vec![4, 16]);
+/// ```
+#[derive(Clone)]
+pub struct Graph {
+    pub(crate) inner: Rc<RefCell<GraphInner>>,
+}
+
+/// A handle to a tensor of a [`Graph`].
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) graph: Graph,
+    pub(crate) id: TensorId,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({} #{})", self.label(), self.id.0)
+    }
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Graph({} tensors)", self.inner.borrow().nodes.len())
+    }
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Graph::new()
+    }
+}
+
+impl Graph {
+    /// An empty graph with seed 0.
+    pub fn new() -> Graph {
+        Graph::with_seed(0)
+    }
+
+    /// An empty graph whose random initializations derive from `seed`.
+    pub fn with_seed(seed: u64) -> Graph {
+        Graph {
+            inner: Rc::new(RefCell::new(GraphInner {
+                inf: Inference::new(),
+                nodes: Vec::new(),
+                error: None,
+                seed,
+            })),
+        }
+    }
+
+    pub(crate) fn borrow(&self) -> Ref<'_, GraphInner> {
+        self.inner.borrow()
+    }
+
+    pub(crate) fn borrow_mut(&self) -> RefMut<'_, GraphInner> {
+        self.inner.borrow_mut()
+    }
+
+    /// Whether two handles refer to the same graph.
+    pub fn same(&self, other: &Graph) -> bool {
+        Rc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The graph's seed.
+    pub fn seed(&self) -> u64 {
+        self.borrow().seed
+    }
+
+    /// In strict mode, finishing fails instead of warning when a parameter's size is guessed.
+    pub fn set_strict(&self, strict: bool) {
+        self.borrow_mut().inf.set_strict(strict);
+    }
+
+    /// The tensor with this id.
+    pub fn tensor(&self, id: TensorId) -> Tensor {
+        Tensor { graph: self.clone(), id }
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.borrow().nodes.len()
+    }
+
+    /// Whether the graph has no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn add_leaf(&self, label: &str, decl: ShapeDecl, leaf: Leaf, data: TerminalData) -> Tensor {
+        let param = matches!(leaf, Leaf::Param(_));
+        let mut g = self.borrow_mut();
+        let shape = g.inf.new_shape(label, &decl);
+        let terminal = Terminal { param, data, input_equals_output: false };
+        let step = match g.inf.add_step(shape, Logic::Terminal(terminal)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                g.error.get_or_insert(Error::Shape(e));
+                None
+            }
+        };
+        let id = TensorId(g.nodes.len() as u32);
+        g.nodes.push(NodeInfo {
+            label: label.to_string(),
+            shape,
+            source: Source::Leaf(leaf),
+            step,
+            differentiable: param,
+        });
+        drop(g);
+        self.tensor(id)
+    }
+
+    /// Host-written data of known shape: `batch|input->output` sizes.
+    pub fn data(&self, label: &str, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
+        self.add_leaf(
+            label,
+            ShapeDecl::given(batch, input, output),
+            Leaf::Data(None),
+            TerminalData::Rows,
+        )
+    }
+
+    /// Constant data with explicit values in memory order (batch, output, input).
+    pub fn ndarray(
+        &self,
+        label: &str,
+        batch: &[usize],
+        input: &[usize],
+        output: &[usize],
+        values: &[f64],
+    ) -> Tensor {
+        let n: usize = batch.iter().chain(input).chain(output).product();
+        let t = self.add_leaf(
+            label,
+            ShapeDecl::given(batch, input, output),
+            Leaf::Data(Some(values.to_vec())),
+            TerminalData::Rows,
+        );
+        if n != values.len() {
+            self.record(Error::usage(format!(
+                "ndarray '{label}' has {} values but its shape holds {n}",
+                values.len()
+            )));
+        }
+        t
+    }
+
+    /// A vector (one output axis) with these values.
+    pub fn vector(&self, label: &str, values: &[f64]) -> Tensor {
+        self.ndarray(label, &[], &[], &[values.len()], values)
+    }
+
+    /// A scalar constant: no axes, broadcasts anywhere.
+    pub fn number(&self, x: f64) -> Tensor {
+        self.add_leaf(
+            &fmt_num(x),
+            ShapeDecl::given(&[], &[], &[]),
+            Leaf::Constant(x),
+            TerminalData::Rows,
+        )
+    }
+
+    /// A constant fill of a given shape.
+    pub fn constant(&self, x: f64, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
+        self.add_leaf(
+            &fmt_num(x),
+            ShapeDecl::given(batch, input, output),
+            Leaf::Constant(x),
+            TerminalData::Rows,
+        )
+    }
+
+    /// `0, 1, …, n-1` along one output axis.
+    pub fn range(&self, n: usize) -> Tensor {
+        self.add_leaf(
+            &format!("range{n}"),
+            ShapeDecl::given(&[], &[], &[n]),
+            Leaf::Iota,
+            TerminalData::Rows,
+        )
+    }
+
+    /// Each cell holds its row-major offset.
+    pub fn range_of_shape(&self, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
+        self.add_leaf(
+            "range_of_shape",
+            ShapeDecl::given(batch, input, output),
+            Leaf::Iota,
+            TerminalData::Rows,
+        )
+    }
+
+    /// A learnable parameter whose input and output rows are inferred from use (and with no
+    /// batch axes), initialized by [`Init::default`] unless [`Graph::param_with`] is used.
+    pub fn param(&self, label: &str) -> Tensor {
+        self.param_with(label, ParamSpec::default())
+    }
+
+    /// A learnable parameter with some rows given and an initialization.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Init, ParamSpec};
+    /// let g = Graph::new();
+    /// let b = g.param_with("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
+    /// assert_eq!(b.label(), "b");
+    /// ```
+    pub fn param_with(&self, label: &str, spec: ParamSpec) -> Tensor {
+        let row = |r: &Option<Vec<usize>>| match r {
+            Some(d) => RowDecl::Given(d.clone()),
+            None => RowDecl::Inferred,
+        };
+        let decl = ShapeDecl {
+            batch: RowDecl::Given(spec.batch.clone().unwrap_or_default()),
+            input: row(&spec.input),
+            output: row(&spec.output),
+        };
+        self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows)
+    }
+
+    /// Adds an operation; a shape error is recorded for [`Graph::finish`].
+    pub(crate) fn add_op(&self, op: Rc<dyn Op>, args: &[&Tensor]) -> Tensor {
+        if let Some(other) = args.iter().find(|a| !a.graph.same(self)) {
+            self.record(Error::usage(format!(
+                "operation {} mixes tensors of different graphs ('{}')",
+                op.name(),
+                other.label()
+            )));
+        }
+        let label = op.name();
+        let mut g = self.borrow_mut();
+        let arg_ids: Vec<TensorId> = args.iter().map(|a| a.id).collect();
+        let arg_shapes: Vec<ShapeId> = arg_ids
+            .iter()
+            .map(|a| g.nodes.get(a.0 as usize).map_or(ShapeId(0), |n| n.shape))
+            .collect();
+        let shape = g.inf.new_shape(&label, &ShapeDecl::inferred());
+        let step = match g.inf.add_step(shape, op.logic(&arg_shapes)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                g.error.get_or_insert(Error::Shape(e));
+                None
+            }
+        };
+        let differentiable =
+            op.differentiable() && arg_ids.iter().any(|a| g.nodes[a.0 as usize].differentiable);
+        let id = TensorId(g.nodes.len() as u32);
+        g.nodes.push(NodeInfo {
+            label,
+            shape,
+            source: Source::Op { op, args: arg_ids },
+            step,
+            differentiable,
+        });
+        drop(g);
+        self.tensor(id)
+    }
+
+    pub(crate) fn record(&self, e: Error) {
+        self.borrow_mut().error.get_or_insert(e);
+    }
+
+    /// Finishes shape inference: every shape is closed. Returns the first error met while
+    /// building or closing. Safe to call again after adding more tensors.
+    pub fn finish(&self) -> Result<()> {
+        let mut g = self.borrow_mut();
+        if let Some(e) = g.error.take() {
+            let msg = e.to_string();
+            g.error = Some(Error::Usage(msg));
+            return Err(e);
+        }
+        g.inf.finish()?;
+        Ok(())
+    }
+
+    /// Records every constraint shape inference processes, for debugging ([`Graph::shape_trace`]).
+    pub fn enable_shape_trace(&self) {
+        self.borrow_mut().inf.enable_trace();
+    }
+
+    /// The constraints shape inference processed, one per line, when tracing is enabled.
+    pub fn shape_trace(&self) -> Vec<String> {
+        self.borrow().inf.trace().to_vec()
+    }
+
+    /// The guesses closing made about parameter shapes (after [`Graph::finish`]).
+    pub fn warnings(&self) -> Vec<String> {
+        self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect()
+    }
+
+    /// All parameters, in creation order.
+    pub fn params(&self) -> Vec<Tensor> {
+        let ids: Vec<TensorId> = self
+            .borrow()
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.source, Source::Leaf(Leaf::Param(_))))
+            .map(|(i, _)| TensorId(i as u32))
+            .collect();
+        ids.into_iter().map(|i| self.tensor(i)).collect()
+    }
+}
+
+/// Which rows of a parameter are given (the others are inferred) and how it is initialized.
+#[derive(Clone, Debug, Default)]
+pub struct ParamSpec {
+    /// Batch axes (default: none).
+    pub batch: Option<Vec<usize>>,
+    /// Input axes (default: inferred).
+    pub input: Option<Vec<usize>>,
+    /// Output axes (default: inferred).
+    pub output: Option<Vec<usize>>,
+    /// Initialization.
+    pub init: Init,
+}
+
+impl ParamSpec {
+    /// Only the output row given.
+    pub fn output(dims: &[usize]) -> ParamSpec {
+        ParamSpec { output: Some(dims.to_vec()), ..ParamSpec::default() }
+    }
+
+    /// Input and output rows given.
+    pub fn matrix(input: &[usize], output: &[usize]) -> ParamSpec {
+        ParamSpec {
+            input: Some(input.to_vec()),
+            output: Some(output.to_vec()),
+            ..ParamSpec::default()
+        }
+    }
+
+    /// Sets the input row.
+    pub fn with_input(mut self, dims: &[usize]) -> ParamSpec {
+        self.input = Some(dims.to_vec());
+        self
+    }
+
+    /// Sets the batch row.
+    pub fn with_batch(mut self, dims: &[usize]) -> ParamSpec {
+        self.batch = Some(dims.to_vec());
+        self
+    }
+
+    /// Sets the initialization.
+    pub fn init(mut self, init: Init) -> ParamSpec {
+        self.init = init;
+        self
+    }
+}
+
+fn fmt_num(x: f64) -> String {
+    rocannl_arrayjit::assignments::fmt_f64(x)
+}
+
+impl Tensor {
+    /// The graph this tensor belongs to.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The tensor's id in its graph.
+    pub fn id(&self) -> TensorId {
+        self.id
+    }
+
+    /// The tensor's label.
+    pub fn label(&self) -> String {
+        self.graph.borrow().nodes[self.id.0 as usize].label.clone()
+    }
+
+    /// Renames the tensor (for messages and persistence); returns it for chaining.
+    pub fn named(self, label: &str) -> Tensor {
+        self.graph.borrow_mut().nodes[self.id.0 as usize].label = label.to_string();
+        self
+    }
+
+    pub(crate) fn info(&self) -> NodeInfo {
+        self.graph.borrow().nodes[self.id.0 as usize].clone()
+    }
+
+    /// Whether this is a learnable parameter.
+    pub fn is_param(&self) -> bool {
+        matches!(self.info().source, Source::Leaf(Leaf::Param(_)))
+    }
+
+    /// The shape as `batch|input->output` (partially inferred before [`Graph::finish`]).
+    pub fn shape_string(&self) -> String {
+        let g = self.graph.borrow();
+        g.inf.shape(g.nodes[self.id.0 as usize].shape).to_string()
+    }
+
+    /// The closed shape as `[batch, input, output]` size lists (after [`Graph::finish`]).
+    pub fn rows(&self) -> Result<[Vec<usize>; 3]> {
+        let g = self.graph.borrow();
+        g.inf.shape(g.nodes[self.id.0 as usize].shape).rows_sizes().ok_or_else(|| {
+            Error::usage(format!(
+                "the shape of '{}' is not inferred yet: call finish first",
+                self.label()
+            ))
+        })
+    }
+
+    /// The closed dimensions in memory order (batch, output, input).
+    pub fn dims(&self) -> Result<Vec<usize>> {
+        let [b, i, o] = self.rows()?;
+        Ok([b, o, i].concat())
+    }
+
+    /// The number of cells (after [`Graph::finish`]).
+    pub fn num_elements(&self) -> Result<usize> {
+        Ok(self.dims()?.iter().product())
+    }
+
+    /// The operation computing this tensor (`None` for leaves).
+    pub fn op_name(&self) -> Option<String> {
+        match self.info().source {
+            Source::Op { op, .. } => Some(op.name()),
+            Source::Leaf(_) => None,
+        }
+    }
+
+    /// The arguments of this tensor's operation.
+    pub fn args(&self) -> Vec<Tensor> {
+        match self.info().source {
+            Source::Op { args, .. } => args.into_iter().map(|a| self.graph.tensor(a)).collect(),
+            Source::Leaf(_) => vec![],
+        }
+    }
+
+    /// The projections of this tensor's operation (after [`Graph::finish`]): the loop nest of
+    /// its assignment; one per argument for concatenations, none for leaves.
+    pub fn projections(&self) -> Result<Vec<rocannl_arrayjit::indexing::Projections>> {
+        let info = self.info();
+        let Source::Op { op, .. } = &info.source else { return Ok(vec![]) };
+        let step =
+            info.step.ok_or_else(|| Error::usage(format!("'{}' has no shape step", info.label)))?;
+        let g = self.graph.borrow();
+        let mut symbols = rocannl_arrayjit::indexing::SymbolGen::default();
+        Ok(if op.per_argument_projections() {
+            g.inf.derive_concat_projections(step, &mut symbols)?
+        } else {
+            vec![g.inf.derive_projections(step, &mut symbols)?]
+        })
+    }
+
+    /// The size an einsum label of this tensor's operation was solved to (a captured dimension),
+    /// after [`Graph::finish`].
+    ///
+    /// ```
+    /// use rocannl_tensor::Graph;
+    /// let g = Graph::new();
+    /// let x = g.data("x", &[], &[], &[7]);
+    /// let k = g.data("k", &[], &[], &[3]);
+    /// let y = x.einsum("o+k; k => o", &k);
+    /// g.finish().unwrap();
+    /// assert_eq!(y.captured("o"), Some(5));
+    /// ```
+    pub fn captured(&self, label: &str) -> Option<usize> {
+        let g = self.graph.borrow();
+        let step = g.nodes[self.id.0 as usize].step?;
+        g.inf.label_size(step, label)
+    }
+}

@@ -1,0 +1,222 @@
+//! Parameter initialization, generated as assignments so every backend computes the same values.
+//!
+//! Random initializations start from the counter-based generator of the compiler
+//! (`FetchOp::Uniform`, SplitMix64 of the seed and the cell's offset): the same seed gives the
+//! same numbers on the interpreter, native code and the GPU. Normal samples use the Box–Muller
+//! transform of two independent uniform fields. Kaiming and Xavier scale by the fan-in (the
+//! product of the parameter's input axes) and fan-out (its output axes), known once shapes are
+//! inferred. Seeds not given explicitly derive from the graph's seed and the parameter's id.
+
+use std::sync::Arc;
+
+use rocannl_arrayjit::assignments::{Asgn, FetchOp, ScalarExpr};
+use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+use rocannl_arrayjit::ops::{BinOp, UnOp};
+use rocannl_arrayjit::tnode::NodeId;
+
+/// How a parameter is initialized.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    /// Every cell holds this value.
+    Constant(f64),
+    /// Explicit values in memory order (batch, output, input).
+    Values(Vec<f64>),
+    /// Uniform on `[lo, hi)`.
+    Uniform {
+        /// Lower end.
+        lo: f64,
+        /// Upper end.
+        hi: f64,
+    },
+    /// Normal with this mean and standard deviation (Box–Muller).
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// Uniform on `±1/√fan_in` (PyTorch's default for linear layers).
+    FanInUniform,
+    /// Kaiming (He) uniform for ReLU networks: `±√(6/fan_in)`.
+    KaimingUniform,
+    /// Kaiming (He) normal: standard deviation `√(2/fan_in)`.
+    KaimingNormal,
+    /// Xavier (Glorot) uniform: `±√(6/(fan_in+fan_out))`.
+    XavierUniform,
+    /// Xavier (Glorot) normal: standard deviation `√(2/(fan_in+fan_out))`.
+    XavierNormal,
+    /// Another initialization with an explicit seed.
+    Seeded(Box<Init>, u64),
+}
+
+impl Default for Init {
+    fn default() -> Self {
+        Init::FanInUniform
+    }
+}
+
+impl Init {
+    /// The same initialization with an explicit seed.
+    pub fn seeded(self, seed: u64) -> Init {
+        Init::Seeded(Box::new(self), seed)
+    }
+
+    /// The distribution after resolving fan-based scales.
+    pub fn resolve(&self, fan_in: usize, fan_out: usize) -> Dist {
+        let (fi, fo) = (fan_in.max(1) as f64, fan_out.max(1) as f64);
+        match self {
+            Init::Constant(v) => Dist::Constant(*v),
+            Init::Values(vs) => Dist::Values(vs.clone()),
+            Init::Uniform { lo, hi } => Dist::Uniform { lo: *lo, hi: *hi },
+            Init::Normal { mean, std } => Dist::Normal { mean: *mean, std: *std },
+            Init::FanInUniform => Dist::Uniform { lo: -1.0 / fi.sqrt(), hi: 1.0 / fi.sqrt() },
+            Init::KaimingUniform => {
+                let b = (6.0 / fi).sqrt();
+                Dist::Uniform { lo: -b, hi: b }
+            }
+            Init::KaimingNormal => Dist::Normal { mean: 0.0, std: (2.0 / fi).sqrt() },
+            Init::XavierUniform => {
+                let b = (6.0 / (fi + fo)).sqrt();
+                Dist::Uniform { lo: -b, hi: b }
+            }
+            Init::XavierNormal => Dist::Normal { mean: 0.0, std: (2.0 / (fi + fo)).sqrt() },
+            Init::Seeded(inner, _) => inner.resolve(fan_in, fan_out),
+        }
+    }
+
+    /// The explicit seed, if any.
+    pub fn explicit_seed(&self) -> Option<u64> {
+        match self {
+            Init::Seeded(_, s) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+/// A resolved initialization.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dist {
+    /// Every cell holds this value.
+    Constant(f64),
+    /// Explicit values.
+    Values(Vec<f64>),
+    /// Uniform on `[lo, hi)`.
+    Uniform {
+        /// Lower end.
+        lo: f64,
+        /// Upper end.
+        hi: f64,
+    },
+    /// Normal.
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+}
+
+/// Derives a parameter's seed from the graph's seed and its id (SplitMix64 of both).
+pub fn derive_seed(graph_seed: u64, id: u32) -> u64 {
+    let mut z = graph_seed ^ (u64::from(id).wrapping_add(1)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What initializing one parameter takes: assignments and, for explicit values, host data.
+pub(crate) struct InitCode {
+    pub asgn: Asgn,
+    pub host_values: Option<Vec<f64>>,
+}
+
+/// The code initializing `node` (dims in memory order). `temps` allocates scratch nodes of the
+/// same dims (for the second uniform field of Box–Muller).
+pub(crate) fn init_code(
+    init: &Init,
+    node: NodeId,
+    dims: &[usize],
+    fan_in: usize,
+    fan_out: usize,
+    seed: u64,
+    temps: &mut dyn FnMut() -> NodeId,
+    symbols: &mut SymbolGen,
+) -> InitCode {
+    let seed = init.explicit_seed().unwrap_or(seed);
+    let pointwise = |rhs: Vec<NodeId>, expr: ScalarExpr, symbols: &mut SymbolGen| Asgn::Accum {
+        lhs: node,
+        accum: None,
+        rhs: rhs.clone(),
+        expr,
+        projections: Arc::new(Projections::identity(dims, rhs.len(), symbols)),
+        initialize_neutral: false,
+    };
+    let c = ScalarExpr::Const;
+    let (a0, a1) = (ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+    match init.resolve(fan_in, fan_out) {
+        Dist::Constant(v) => InitCode {
+            asgn: Asgn::Fetch { lhs: node, fetch: FetchOp::Constant(v) },
+            host_values: None,
+        },
+        Dist::Values(vs) => InitCode { asgn: Asgn::Noop, host_values: Some(vs) },
+        Dist::Uniform { lo, hi } => {
+            let scale =
+                ScalarExpr::bin(BinOp::Add, c(lo), ScalarExpr::bin(BinOp::Mul, c(hi - lo), a0));
+            InitCode {
+                asgn: Asgn::Seq(vec![
+                    Asgn::Fetch { lhs: node, fetch: FetchOp::Uniform { seed } },
+                    pointwise(vec![node], scale, symbols),
+                ]),
+                host_values: None,
+            }
+        }
+        Dist::Normal { mean, std } => {
+            // z = √(-2 ln(1 - u1)) · cos(2π u2), with u1, u2 independent uniforms on [0, 1).
+            let u2 = temps();
+            let radius = ScalarExpr::un(
+                UnOp::Sqrt,
+                ScalarExpr::bin(
+                    BinOp::Mul,
+                    c(-2.0),
+                    ScalarExpr::un(UnOp::Log, ScalarExpr::bin(BinOp::Sub, c(1.0), a0)),
+                ),
+            );
+            let angle = ScalarExpr::un(
+                UnOp::Cos,
+                ScalarExpr::bin(BinOp::Mul, c(std::f64::consts::TAU), a1),
+            );
+            let z = ScalarExpr::bin(BinOp::Mul, radius, angle);
+            let value =
+                ScalarExpr::bin(BinOp::Add, c(mean), ScalarExpr::bin(BinOp::Mul, c(std), z));
+            InitCode {
+                asgn: Asgn::Seq(vec![
+                    Asgn::Fetch { lhs: node, fetch: FetchOp::Uniform { seed } },
+                    Asgn::Fetch { lhs: u2, fetch: FetchOp::Uniform { seed: derive_seed(seed, 1) } },
+                    pointwise(vec![node, u2], value, symbols),
+                ]),
+                host_values: None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fan_based_scales() {
+        assert_eq!(Init::KaimingUniform.resolve(6, 1), Dist::Uniform { lo: -1.0, hi: 1.0 });
+        assert_eq!(Init::XavierUniform.resolve(2, 4), Dist::Uniform { lo: -1.0, hi: 1.0 });
+        assert_eq!(Init::FanInUniform.resolve(4, 3), Dist::Uniform { lo: -0.5, hi: 0.5 });
+        assert_eq!(Init::KaimingNormal.resolve(8, 1), Dist::Normal { mean: 0.0, std: 0.5 });
+        assert_eq!(Init::KaimingNormal.seeded(3).explicit_seed(), Some(3));
+    }
+
+    #[test]
+    fn derived_seeds_differ() {
+        assert_ne!(derive_seed(0, 1), derive_seed(0, 2));
+        assert_ne!(derive_seed(1, 1), derive_seed(0, 1));
+        assert_eq!(derive_seed(7, 3), derive_seed(7, 3));
+    }
+}

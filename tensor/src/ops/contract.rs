@@ -1,0 +1,250 @@
+//! Contractions: compose (`*`, matmul), fused multiply-add, and the einsum family.
+//!
+//! All of them accumulate over a product space that includes the contracted (reduced) axes,
+//! so their forward assignment starts from the accumulation's neutral element. Their gradients
+//! run over the same space: for a sum of products each factor's gradient is the result's
+//! gradient times the other factors; for a maximum (`einmax1`, `tropical`) the gradient flows
+//! to every argument position that attains the maximum.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rocannl_arrayjit::assignments::Asgn;
+use rocannl_arrayjit::ops::BinOp;
+use rocannl_shape::logic::Logic;
+use rocannl_shape::spec::EinsumSpec;
+use rocannl_shape::var::ShapeId;
+
+use crate::error::Error;
+use crate::graph::Tensor;
+use crate::op::{G, Op, OpCtx, Side, Y, bin, mul, x};
+
+/// `a * b`: the input axes of `a` contract with the output axes of `b` (OCANNL's `*`).
+#[derive(Debug)]
+pub struct Compose;
+
+impl Op for Compose {
+    fn name(&self) -> String {
+        "matmul".into()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Compose(args[0], args[1])
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(Some(BinOp::Add), &mul(x(0), x(1)), true)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        [cx.grad(0, &mul(G, x(1))), cx.grad(1, &mul(G, x(0)))].into_iter().flatten().collect()
+    }
+}
+
+/// `a * b + c` with compose semantics for `a * b`.
+#[derive(Debug)]
+pub struct Fma;
+
+impl Op for Fma {
+    fn name(&self) -> String {
+        "fma".into()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::ComposeAccumulate(args[0], args[1], args[2])
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        // c first (over its own axes only), then the contraction accumulates onto it.
+        Asgn::Seq(vec![
+            cx.assign(cx.out, Side::Out, None, &x(2), 0, false),
+            cx.out(Some(BinOp::Add), &mul(x(0), x(1)), false),
+        ])
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        [cx.grad(0, &mul(G, x(1))), cx.grad(1, &mul(G, x(0))), cx.grad(2, &G)]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+/// How an einsum combines its arguments and reduces.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// Multiply, then sum over the labels absent from the result (`einsum`, `einsum1`).
+    Sum,
+    /// Maximum over the labels absent from the result (`einmax1`).
+    Max,
+    /// Add, then take the maximum (`tropical`, the max-plus semiring).
+    Tropical,
+}
+
+/// An einsum over one to three arguments.
+#[derive(Debug)]
+pub struct Einsum {
+    /// The spec.
+    pub spec: Arc<EinsumSpec>,
+    /// The semiring.
+    pub reduce: Reduce,
+}
+
+impl Einsum {
+    fn combined(&self, n: usize) -> rocannl_arrayjit::ScalarExpr {
+        let op = match self.reduce {
+            Reduce::Sum | Reduce::Max => BinOp::Mul,
+            Reduce::Tropical => BinOp::Add,
+        };
+        (1..n).fold(x(0), |acc, i| bin(op, acc, x(i)))
+    }
+}
+
+impl Op for Einsum {
+    fn name(&self) -> String {
+        let kind = match self.reduce {
+            Reduce::Sum => "einsum",
+            Reduce::Max => "einmax",
+            Reduce::Tropical => "tropical",
+        };
+        format!("{kind} {}", self.spec.text)
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Einsum(self.spec.clone(), args.to_vec())
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        let acc = match self.reduce {
+            Reduce::Sum => BinOp::Add,
+            Reduce::Max | Reduce::Tropical => BinOp::Max,
+        };
+        cx.out(Some(acc), &self.combined(cx.args.len()), true)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        let n = cx.args.len();
+        (0..n)
+            .filter_map(|i| {
+                let expr = match self.reduce {
+                    Reduce::Sum => (0..n).filter(|j| *j != i).fold(G, |acc, j| mul(acc, x(j))),
+                    // The gradient reaches the positions that attain the maximum.
+                    Reduce::Max | Reduce::Tropical => mul(G, bin(BinOp::Eq, self.combined(n), Y)),
+                };
+                cx.grad(i, &expr)
+            })
+            .collect()
+    }
+}
+
+fn parse(t: &Tensor, spec: &str, n: usize) -> Option<Arc<EinsumSpec>> {
+    match EinsumSpec::parse(spec) {
+        Ok(s) if s.operands.len() == n => Some(Arc::new(s)),
+        Ok(s) => {
+            t.graph.record(Error::usage(format!(
+                "spec \"{spec}\" has {} operand(s) but is applied to {n} tensor(s)",
+                s.operands.len()
+            )));
+            None
+        }
+        Err(e) => {
+            t.graph.record(Error::Shape(e.into()));
+            None
+        }
+    }
+}
+
+impl Tensor {
+    fn einsum_n(&self, spec: &str, others: &[&Tensor], reduce: Reduce) -> Tensor {
+        let mut args = vec![self];
+        args.extend_from_slice(others);
+        let spec = parse(self, spec, args.len()).unwrap_or_else(|| {
+            // The error is recorded; keep building with a harmless spec of the right arity.
+            let text = vec!["..."; args.len()].join(";") + "=>...";
+            Arc::new(EinsumSpec::parse(&text).expect("a valid fallback spec"))
+        });
+        self.graph.add_op(Rc::new(Einsum { spec, reduce }), &args)
+    }
+
+    /// `a * b`: compose — the input axes of `self` contract with the output axes of `other`.
+    pub fn matmul(&self, other: &Tensor) -> Tensor {
+        self.graph.add_op(Rc::new(Compose), &[self, other])
+    }
+
+    /// `self * b + c` (compose, then add).
+    pub fn fma(&self, b: &Tensor, c: &Tensor) -> Tensor {
+        self.graph.add_op(Rc::new(Fma), &[self, b, c])
+    }
+
+    /// Binary einsum (OCANNL's `+*`): multiply, then sum over labels absent from the result.
+    ///
+    /// ```
+    /// use rocannl_tensor::Graph;
+    /// let g = Graph::new();
+    /// let a = g.data("a", &[], &[], &[2, 3]);
+    /// let b = g.data("b", &[], &[], &[3, 4]);
+    /// let c = a.einsum("ij; jk => ik", &b);
+    /// g.finish().unwrap();
+    /// assert_eq!(c.dims().unwrap(), vec![2, 4]);
+    /// ```
+    pub fn einsum(&self, spec: &str, other: &Tensor) -> Tensor {
+        self.einsum_n(spec, &[other], Reduce::Sum)
+    }
+
+    /// Ternary einsum.
+    pub fn einsum3(&self, spec: &str, b: &Tensor, c: &Tensor) -> Tensor {
+        self.einsum_n(spec, &[b, c], Reduce::Sum)
+    }
+
+    /// Unary einsum (OCANNL's `++`): permute, reduce by sum, take diagonals, select or place.
+    pub fn einsum1(&self, spec: &str) -> Tensor {
+        self.einsum_n(spec, &[], Reduce::Sum)
+    }
+
+    /// Unary einsum reducing by maximum (OCANNL's `@^^`).
+    pub fn einmax1(&self, spec: &str) -> Tensor {
+        self.einsum_n(spec, &[], Reduce::Max)
+    }
+
+    /// Max-plus einsum (OCANNL's `@^+`): add, then take the maximum.
+    pub fn tropical(&self, spec: &str, other: &Tensor) -> Tensor {
+        self.einsum_n(spec, &[other], Reduce::Tropical)
+    }
+
+    /// An einsum whose convolution axes are padded to preserve dimensions.
+    pub fn einsum_padded(&self, spec: &str, other: &Tensor) -> Tensor {
+        let spec = match EinsumSpec::parse_padded(spec) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                self.graph.record(Error::Shape(e.into()));
+                return self.einsum_n("...;...=>...", &[other], Reduce::Sum);
+            }
+        };
+        self.graph.add_op(Rc::new(Einsum { spec, reduce: Reduce::Sum }), &[self, other])
+    }
+
+    /// A max-plus einsum whose convolution axes are padded to preserve dimensions.
+    pub fn tropical_padded(&self, spec: &str, other: &Tensor) -> Tensor {
+        let spec = match EinsumSpec::parse_padded(spec) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                self.graph.record(Error::Shape(e.into()));
+                return self.einsum_n("...;...=>...", &[other], Reduce::Tropical);
+            }
+        };
+        self.graph.add_op(Rc::new(Einsum { spec, reduce: Reduce::Tropical }), &[self, other])
+    }
+}
+
+impl std::ops::Mul<&Tensor> for &Tensor {
+    type Output = Tensor;
+    /// Compose (matmul), as OCANNL's `*`.
+    fn mul(self, rhs: &Tensor) -> Tensor {
+        self.matmul(rhs)
+    }
+}
+
+impl std::ops::Mul<Tensor> for Tensor {
+    type Output = Tensor;
+    fn mul(self, rhs: Tensor) -> Tensor {
+        self.matmul(&rhs)
+    }
+}
+
+impl std::ops::Mul<&Tensor> for Tensor {
+    type Output = Tensor;
+    fn mul(self, rhs: &Tensor) -> Tensor {
+        self.matmul(rhs)
+    }
+}

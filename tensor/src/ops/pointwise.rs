@@ -1,0 +1,321 @@
+//! Pointwise operations: unary, binary and `where`, with NumPy-style broadcasting per row.
+//!
+//! Each operation's derivative sits next to its forward definition. Broadcasting needs no
+//! special care in the gradient: an argument read at index 0 along a broadcast axis gets the
+//! gradient of every position summed into that one cell, because the gradient assignment runs
+//! over the forward product space with the argument's index on the left.
+
+use std::rc::Rc;
+
+use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+use rocannl_arrayjit::ops::{BinOp, TernOp, UnOp};
+use rocannl_shape::logic::Logic;
+use rocannl_shape::var::ShapeId;
+
+use crate::graph::Tensor;
+use crate::op::{G, Op, OpCtx, Y, bin, c, mul, x};
+
+/// A unary pointwise operation.
+#[derive(Debug)]
+pub struct Unary(pub UnOp);
+
+fn un(op: UnOp, a: ScalarExpr) -> ScalarExpr {
+    ScalarExpr::un(op, a)
+}
+
+impl Unary {
+    /// `dy/dx` as an expression of `x` (argument 0) and `y` (the result).
+    fn derivative(&self) -> Option<ScalarExpr> {
+        let ln2 = std::f64::consts::LN_2;
+        Some(match self.0 {
+            UnOp::Identity => c(1.0),
+            UnOp::Neg => c(-1.0),
+            UnOp::Relu => bin(BinOp::Lt, c(0.0), x(0)),
+            UnOp::Sat01 => mul(bin(BinOp::Lt, c(0.0), x(0)), bin(BinOp::Lt, x(0), c(1.0))),
+            UnOp::Exp => Y,
+            UnOp::Log => un(UnOp::Recip, x(0)),
+            UnOp::Exp2 => mul(Y, c(ln2)),
+            UnOp::Log2 => un(UnOp::Recip, mul(x(0), c(ln2))),
+            UnOp::Sqrt => bin(BinOp::Div, c(0.5), Y),
+            UnOp::Recip => un(UnOp::Neg, mul(Y, Y)),
+            UnOp::Sin => un(UnOp::Cos, x(0)),
+            UnOp::Cos => un(UnOp::Neg, un(UnOp::Sin, x(0))),
+            UnOp::Tanh => bin(BinOp::Sub, c(1.0), mul(Y, Y)),
+            UnOp::Sigmoid => mul(Y, bin(BinOp::Sub, c(1.0), Y)),
+            UnOp::Abs => {
+                bin(BinOp::Sub, bin(BinOp::Lt, c(0.0), x(0)), bin(BinOp::Lt, x(0), c(0.0)))
+            }
+            UnOp::Not => return None,
+        })
+    }
+}
+
+impl Op for Unary {
+    fn name(&self) -> String {
+        self.0.name().to_string()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Pointwise(args.to_vec())
+    }
+    fn differentiable(&self) -> bool {
+        self.derivative().is_some()
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(None, &un(self.0, x(0)), false)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        let Some(d) = self.derivative() else { return vec![] };
+        let expr = match d {
+            ScalarExpr::Const(v) if v == 1.0 => G,
+            d => mul(G, d),
+        };
+        cx.grad(0, &expr).into_iter().collect()
+    }
+}
+
+/// A binary pointwise operation.
+#[derive(Debug)]
+pub struct Binary(pub BinOp);
+
+impl Binary {
+    /// `(d/da, d/db)` as expressions of `a`, `b` and the result.
+    fn derivatives(&self) -> Option<(ScalarExpr, ScalarExpr)> {
+        let (a, b) = (x(0), x(1));
+        let half_tie = || mul(c(0.5), bin(BinOp::Eq, x(0), x(1)));
+        Some(match self.0 {
+            BinOp::Add => (c(1.0), c(1.0)),
+            BinOp::Sub => (c(1.0), c(-1.0)),
+            BinOp::Mul => (b, a),
+            BinOp::Div => (un(UnOp::Recip, b.clone()), un(UnOp::Neg, bin(BinOp::Div, Y, b))),
+            BinOp::Pow => (
+                mul(b.clone(), bin(BinOp::Pow, a.clone(), bin(BinOp::Sub, b, c(1.0)))),
+                mul(Y, un(UnOp::Log, a)),
+            ),
+            // Ties split the gradient evenly between the arguments.
+            BinOp::Max => (
+                bin(BinOp::Add, bin(BinOp::Lt, x(1), x(0)), half_tie()),
+                bin(BinOp::Add, bin(BinOp::Lt, x(0), x(1)), half_tie()),
+            ),
+            BinOp::Min => (
+                bin(BinOp::Add, bin(BinOp::Lt, x(0), x(1)), half_tie()),
+                bin(BinOp::Add, bin(BinOp::Lt, x(1), x(0)), half_tie()),
+            ),
+            _ => return None,
+        })
+    }
+}
+
+impl Op for Binary {
+    fn name(&self) -> String {
+        self.0.name().to_string()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Pointwise(args.to_vec())
+    }
+    fn differentiable(&self) -> bool {
+        self.derivatives().is_some()
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(None, &bin(self.0, x(0), x(1)), false)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        let Some((da, db)) = self.derivatives() else { return vec![] };
+        let term = |d: ScalarExpr| match d {
+            ScalarExpr::Const(v) if v == 1.0 => G,
+            ScalarExpr::Const(v) if v == -1.0 => un(UnOp::Neg, G),
+            d => mul(G, d),
+        };
+        [cx.grad(0, &term(da)), cx.grad(1, &term(db))].into_iter().flatten().collect()
+    }
+}
+
+/// `where(cond, a, b)`: `a` where `cond != 0`, else `b`.
+#[derive(Debug)]
+pub struct Where;
+
+impl Op for Where {
+    fn name(&self) -> String {
+        "where".into()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Pointwise(args.to_vec())
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(None, &ScalarExpr::tern(TernOp::Where, x(0), x(1), x(2)), false)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        let when = |yes: ScalarExpr, no: ScalarExpr| ScalarExpr::tern(TernOp::Where, x(0), yes, no);
+        [cx.grad(1, &when(G, c(0.0))), cx.grad(2, &when(c(0.0), G))].into_iter().flatten().collect()
+    }
+}
+
+impl Tensor {
+    fn unary(&self, op: UnOp) -> Tensor {
+        self.graph.add_op(Rc::new(Unary(op)), &[self])
+    }
+
+    fn binary(&self, op: BinOp, other: &Tensor) -> Tensor {
+        self.graph.add_op(Rc::new(Binary(op)), &[self, other])
+    }
+
+    /// `max(0, x)`.
+    pub fn relu(&self) -> Tensor {
+        self.unary(UnOp::Relu)
+    }
+    /// `x` clamped to `[0, 1]`.
+    pub fn sat01(&self) -> Tensor {
+        self.unary(UnOp::Sat01)
+    }
+    /// `e^x`.
+    pub fn exp(&self) -> Tensor {
+        self.unary(UnOp::Exp)
+    }
+    /// Natural logarithm.
+    pub fn log(&self) -> Tensor {
+        self.unary(UnOp::Log)
+    }
+    /// `2^x`.
+    pub fn exp2(&self) -> Tensor {
+        self.unary(UnOp::Exp2)
+    }
+    /// Base-2 logarithm.
+    pub fn log2(&self) -> Tensor {
+        self.unary(UnOp::Log2)
+    }
+    /// Square root.
+    pub fn sqrt(&self) -> Tensor {
+        self.unary(UnOp::Sqrt)
+    }
+    /// `1/x`.
+    pub fn recip(&self) -> Tensor {
+        self.unary(UnOp::Recip)
+    }
+    /// Sine.
+    pub fn sin(&self) -> Tensor {
+        self.unary(UnOp::Sin)
+    }
+    /// Cosine.
+    pub fn cos(&self) -> Tensor {
+        self.unary(UnOp::Cos)
+    }
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Tensor {
+        self.unary(UnOp::Tanh)
+    }
+    /// `1/(1+e^-x)`.
+    pub fn sigmoid(&self) -> Tensor {
+        self.unary(UnOp::Sigmoid)
+    }
+    /// Absolute value.
+    pub fn abs(&self) -> Tensor {
+        self.unary(UnOp::Abs)
+    }
+    /// 1 where `x = 0`, else 0 (not differentiable).
+    pub fn not(&self) -> Tensor {
+        self.unary(UnOp::Not)
+    }
+    /// Pointwise product (OCANNL's `*.`); `*` is compose (matmul).
+    pub fn pointmul(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Mul, other)
+    }
+    /// `x^y`.
+    pub fn pow(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Pow, other)
+    }
+    /// `x^p` for a number `p`.
+    pub fn powf(&self, p: f64) -> Tensor {
+        let p = self.graph.number(p);
+        self.pow(&p)
+    }
+    /// Pointwise maximum (NaN-propagating).
+    pub fn max(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Max, other)
+    }
+    /// Pointwise minimum (NaN-propagating).
+    pub fn min(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Min, other)
+    }
+    /// 1 where `x < y`, else 0 (not differentiable).
+    pub fn lt(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Lt, other)
+    }
+    /// 1 where `x = y`, else 0 (not differentiable).
+    pub fn eq(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Eq, other)
+    }
+    /// 1 where `x ≠ y`, else 0 (not differentiable).
+    pub fn ne(&self, other: &Tensor) -> Tensor {
+        self.binary(BinOp::Ne, other)
+    }
+    /// `self` where `cond ≠ 0`, else `other`.
+    pub fn where_(cond: &Tensor, then: &Tensor, otherwise: &Tensor) -> Tensor {
+        cond.graph.add_op(Rc::new(Where), &[cond, then, otherwise])
+    }
+    /// `x * s` for a number `s` (pointwise).
+    pub fn scale(&self, s: f64) -> Tensor {
+        let s = self.graph.number(s);
+        self.pointmul(&s)
+    }
+}
+
+macro_rules! binop_impls {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl std::ops::$trait<&Tensor> for &Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                self.binary($op, rhs)
+            }
+        }
+        impl std::ops::$trait<Tensor> for Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: Tensor) -> Tensor {
+                self.binary($op, &rhs)
+            }
+        }
+        impl std::ops::$trait<&Tensor> for Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                self.binary($op, rhs)
+            }
+        }
+        impl std::ops::$trait<f64> for &Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: f64) -> Tensor {
+                let n = self.graph.number(rhs);
+                self.binary($op, &n)
+            }
+        }
+        impl std::ops::$trait<f64> for Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: f64) -> Tensor {
+                let n = self.graph.number(rhs);
+                self.binary($op, &n)
+            }
+        }
+        impl std::ops::$trait<&Tensor> for f64 {
+            type Output = Tensor;
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                let n = rhs.graph.number(self);
+                n.binary($op, rhs)
+            }
+        }
+    };
+}
+
+binop_impls!(Add, add, BinOp::Add);
+binop_impls!(Sub, sub, BinOp::Sub);
+binop_impls!(Div, div, BinOp::Div);
+
+impl std::ops::Neg for &Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        self.unary(UnOp::Neg)
+    }
+}
+
+impl std::ops::Neg for Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        self.unary(UnOp::Neg)
+    }
+}

@@ -1,0 +1,546 @@
+//! Sessions: from a finished graph to compiled routines and values.
+//!
+//! A [`Session`] pairs a [`Graph`] with a compiler context (one backend and its buffers). It
+//! gives every tensor a compiler node (and every differentiable tensor a gradient node), asks
+//! each operation for its code, and compiles whole sequences — a forward pass, forward plus
+//! backpropagation, or a complete training step with the optimizer's update — into one routine
+//! each. Buffers are shared between the routines of a session, so parameters written by the
+//! initialization routine are the ones a training step updates and an evaluation reads.
+//!
+//! Memory: parameters, data, requested outputs and optimizer state are host-visible; every
+//! other tensor is an intermediate the compiler may inline away.
+
+use std::sync::Arc;
+
+use rocannl_arrayjit::assignments::{Asgn, FetchOp};
+use rocannl_arrayjit::indexing::{Projections, Symbol, SymbolGen};
+use rocannl_arrayjit::ops::Prec;
+use rocannl_arrayjit::tnode::{MemoryMode, NodeId, NodeTable, TensorNode};
+use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray, Routine};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Leaf, Source, Tensor, TensorId};
+use crate::init::{derive_seed, init_code};
+use crate::op::OpCtx;
+
+/// How a session compiles.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// The backend.
+    pub backend: BackendKind,
+    /// The precision of every tensor.
+    pub prec: Prec,
+    /// Compiler settings.
+    pub compile: CompileOptions,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            backend: BackendKind::default(),
+            prec: Prec::F32,
+            compile: CompileOptions::default(),
+        }
+    }
+}
+
+/// A graph bound to a backend: compiled routines and the buffers they share.
+pub struct Session {
+    graph: Graph,
+    ctx: Context,
+    prec: Prec,
+    value: FxHashMap<TensorId, NodeId>,
+    grad: FxHashMap<TensorId, NodeId>,
+    /// Nodes that are not tensors of the graph (optimizer state, scratch, scalars).
+    extra: FxHashMap<NodeId, TensorNode>,
+    next_node: u32,
+    proj: FxHashMap<TensorId, Vec<Arc<Projections>>>,
+    /// Leaves whose host data or initialization has been written.
+    ready: FxHashSet<TensorId>,
+    /// Extra nodes that are host visible.
+    persistent: FxHashSet<NodeId>,
+    pub(crate) symbols: SymbolGen,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Session({:?}, {})", self.ctx.kind(), self.prec.name())
+    }
+}
+
+/// What a compiled routine needs to produce.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// Tensors whose values must be readable afterwards.
+    pub outputs: Vec<Tensor>,
+    /// Backpropagate from this tensor (its gradient seeded with ones).
+    pub backprop_from: Option<Tensor>,
+    /// Tensors whose gradients must be readable afterwards.
+    pub grads: Vec<Tensor>,
+}
+
+impl Session {
+    /// A session on the default backend in `f32`. Finishes shape inference first, so shape
+    /// errors of the graph surface here.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let x = g.vector("x", &[1.0, 2.0, 3.0]);
+    /// let y = (&x * 2.0).relu();
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// s.run(&r).unwrap();
+    /// assert_eq!(s.read(&y).unwrap(), vec![2.0, 4.0, 6.0]);
+    /// ```
+    pub fn new(graph: &Graph) -> Result<Session> {
+        Session::with_options(graph, SessionOptions::default())
+    }
+
+    /// A session with explicit options.
+    pub fn with_options(graph: &Graph, opts: SessionOptions) -> Result<Session> {
+        graph.finish()?;
+        let ctx = Context::new(opts.backend, opts.compile)?;
+        Ok(Session {
+            graph: graph.clone(),
+            ctx,
+            prec: opts.prec,
+            value: FxHashMap::default(),
+            grad: FxHashMap::default(),
+            extra: FxHashMap::default(),
+            next_node: 0,
+            proj: FxHashMap::default(),
+            ready: FxHashSet::default(),
+            persistent: FxHashSet::default(),
+            symbols: SymbolGen::starting_at(1 << 20),
+        })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> BackendKind {
+        self.ctx.kind()
+    }
+
+    /// The precision.
+    pub fn prec(&self) -> Prec {
+        self.prec
+    }
+
+    fn fresh_node(&mut self) -> NodeId {
+        self.next_node += 1;
+        NodeId(self.next_node - 1)
+    }
+
+    /// The compiler node holding a tensor's value.
+    pub fn node(&mut self, t: &Tensor) -> NodeId {
+        self.node_of(t.id)
+    }
+
+    fn node_of(&mut self, t: TensorId) -> NodeId {
+        if let Some(n) = self.value.get(&t) {
+            return *n;
+        }
+        let n = self.fresh_node();
+        self.value.insert(t, n);
+        n
+    }
+
+    fn grad_of(&mut self, t: TensorId) -> NodeId {
+        if let Some(n) = self.grad.get(&t) {
+            return *n;
+        }
+        let n = self.fresh_node();
+        self.grad.insert(t, n);
+        n
+    }
+
+    /// A node outside the graph with the given dims: optimizer state (`persistent`) or scratch.
+    pub(crate) fn extra_node(&mut self, label: &str, dims: &[usize], persistent: bool) -> NodeId {
+        let n = self.fresh_node();
+        let mode = if persistent { MemoryMode::HostVisible } else { MemoryMode::Virtual };
+        self.extra.insert(n, TensorNode::new(n, label, dims, self.prec, mode));
+        if persistent {
+            self.persistent.insert(n);
+        }
+        n
+    }
+
+    fn dims(&self, t: TensorId) -> Result<Vec<usize>> {
+        self.graph.tensor(t).dims()
+    }
+
+    /// The tensors `roots` depend on, each after its arguments.
+    fn topo(&self, roots: &[TensorId]) -> Vec<TensorId> {
+        let g = self.graph.borrow();
+        let mut order = Vec::new();
+        let mut done = FxHashSet::default();
+        let mut stack: Vec<(TensorId, bool)> = roots.iter().rev().map(|r| (*r, false)).collect();
+        while let Some((t, expanded)) = stack.pop() {
+            if done.contains(&t) {
+                continue;
+            }
+            if expanded {
+                done.insert(t);
+                order.push(t);
+                continue;
+            }
+            stack.push((t, true));
+            if let Source::Op { args, .. } = &g.nodes[t.0 as usize].source {
+                for a in args.iter().rev() {
+                    if !done.contains(a) {
+                        stack.push((*a, false));
+                    }
+                }
+            }
+        }
+        order
+    }
+
+    fn projections(&mut self, t: TensorId) -> Result<Vec<Arc<Projections>>> {
+        if let Some(p) = self.proj.get(&t) {
+            return Ok(p.clone());
+        }
+        let g = self.graph.borrow();
+        let info = &g.nodes[t.0 as usize];
+        let Source::Op { op, .. } = &info.source else {
+            return Ok(vec![]);
+        };
+        let step =
+            info.step.ok_or_else(|| Error::usage(format!("'{}' has no shape step", info.label)))?;
+        let ps: Vec<Projections> = if op.per_argument_projections() {
+            g.inf.derive_concat_projections(step, &mut self.symbols)?
+        } else {
+            vec![g.inf.derive_projections(step, &mut self.symbols)?]
+        };
+        drop(g);
+        let ps: Vec<Arc<Projections>> = ps.into_iter().map(Arc::new).collect();
+        self.proj.insert(t, ps.clone());
+        Ok(ps)
+    }
+
+    fn op_ctx(&mut self, t: TensorId, with_grads: bool) -> Result<OpCtx> {
+        let args = match &self.graph.borrow().nodes[t.0 as usize].source {
+            Source::Op { args, .. } => args.clone(),
+            Source::Leaf(_) => vec![],
+        };
+        let proj = self.projections(t)?;
+        let out = self.node_of(t);
+        let arg_nodes: Vec<NodeId> = args.iter().map(|a| self.node_of(*a)).collect();
+        let (out_grad, arg_grads) = if with_grads {
+            let diff: Vec<bool> = args
+                .iter()
+                .map(|a| self.graph.borrow().nodes[a.0 as usize].differentiable)
+                .collect();
+            let og = Some(self.grad_of(t));
+            let ag = args.iter().zip(diff).map(|(a, d)| d.then(|| self.grad_of(*a))).collect();
+            (og, ag)
+        } else {
+            (None, vec![])
+        };
+        Ok(OpCtx { out, args: arg_nodes, proj, out_grad, arg_grads })
+    }
+
+    /// The forward code of the tensors in `order`.
+    fn forward_code(&mut self, order: &[TensorId]) -> Result<Vec<Asgn>> {
+        let mut code = Vec::new();
+        for &t in order {
+            let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
+            match source {
+                Source::Leaf(Leaf::Constant(v)) => {
+                    let lhs = self.node_of(t);
+                    code.push(Asgn::Fetch { lhs, fetch: FetchOp::Constant(v) });
+                }
+                Source::Leaf(Leaf::Iota) => {
+                    let lhs = self.node_of(t);
+                    code.push(Asgn::Fetch { lhs, fetch: FetchOp::Iota });
+                }
+                Source::Leaf(_) => {
+                    self.node_of(t);
+                }
+                Source::Op { op, .. } => {
+                    let cx = self.op_ctx(t, false)?;
+                    code.push(Asgn::Comment(format!(
+                        "{} '{}'",
+                        op.name(),
+                        self.graph.tensor(t).label()
+                    )));
+                    code.push(op.forward(&cx));
+                }
+            }
+        }
+        Ok(code)
+    }
+
+    /// Backpropagation from `root` over `order` (the forward order): zero every gradient, seed
+    /// the root's with ones, then each operation's gradient code in reverse.
+    fn backward_code(&mut self, root: TensorId, order: &[TensorId]) -> Result<Vec<Asgn>> {
+        let diff: Vec<TensorId> = order
+            .iter()
+            .copied()
+            .filter(|t| self.graph.borrow().nodes[t.0 as usize].differentiable)
+            .collect();
+        let mut code = vec![Asgn::Comment("backprop".into())];
+        for &t in &diff {
+            let g = self.grad_of(t);
+            let v = if t == root { 1.0 } else { 0.0 };
+            code.push(Asgn::Fetch { lhs: g, fetch: FetchOp::Constant(v) });
+        }
+        if !diff.contains(&root) {
+            return Ok(code);
+        }
+        for &t in diff.iter().rev() {
+            let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
+            if let Source::Op { op, .. } = source {
+                let cx = self.op_ctx(t, true)?;
+                let grads = op.backward(&cx);
+                if !grads.is_empty() {
+                    code.push(Asgn::Comment(format!(
+                        "gradient of {} '{}'",
+                        op.name(),
+                        self.graph.tensor(t).label()
+                    )));
+                    code.extend(grads);
+                }
+            }
+        }
+        Ok(code)
+    }
+
+    /// The node table for compiling `asgn`, with memory modes.
+    fn node_table(&mut self, asgn: &Asgn, visible: &FxHashSet<NodeId>) -> Result<NodeTable> {
+        let by_node: FxHashMap<NodeId, (TensorId, bool)> = self
+            .value
+            .iter()
+            .map(|(t, n)| (*n, (*t, false)))
+            .chain(self.grad.iter().map(|(t, n)| (*n, (*t, true))))
+            .collect();
+        let mut table = NodeTable::default();
+        for n in asgn.nodes() {
+            if let Some(node) = self.extra.get(&n) {
+                table.insert(node.clone());
+                continue;
+            }
+            let Some((t, is_grad)) = by_node.get(&n).copied() else {
+                return Err(Error::usage(format!("node {n} belongs to no tensor")));
+            };
+            let tensor = self.graph.tensor(t);
+            let persistent = !is_grad
+                && matches!(tensor.info().source, Source::Leaf(Leaf::Param(_) | Leaf::Data(_)));
+            let mode = if persistent || visible.contains(&n) {
+                MemoryMode::HostVisible
+            } else {
+                MemoryMode::Virtual
+            };
+            let label = if is_grad { format!("grad_{}", tensor.label()) } else { tensor.label() };
+            table.insert(TensorNode::new(n, &label, &self.dims(t)?, self.prec, mode));
+        }
+        Ok(table)
+    }
+
+    /// Compiles a routine for a plan: the forward code of everything the outputs (and the
+    /// backprop root) need, then backpropagation if asked.
+    pub fn compile(&mut self, name: &str, plan: &Plan) -> Result<Routine> {
+        let code = self.plan_code(plan)?;
+        let visible = self.visible_nodes(plan);
+        self.compile_code(name, Asgn::Seq(code), &visible)
+    }
+
+    pub(crate) fn plan_code(&mut self, plan: &Plan) -> Result<Vec<Asgn>> {
+        self.graph.finish()?;
+        let mut roots: Vec<TensorId> = plan.outputs.iter().map(|t| t.id).collect();
+        roots.extend(plan.backprop_from.as_ref().map(|t| t.id));
+        roots.extend(plan.grads.iter().map(|t| t.id));
+        let order = self.topo(&roots);
+        let mut code = self.forward_code(&order)?;
+        if let Some(root) = &plan.backprop_from {
+            code.extend(self.backward_code(root.id, &order)?);
+        }
+        Ok(code)
+    }
+
+    pub(crate) fn visible_nodes(&mut self, plan: &Plan) -> FxHashSet<NodeId> {
+        let mut visible: FxHashSet<NodeId> =
+            plan.outputs.iter().map(|t| self.node_of(t.id)).collect();
+        for t in &plan.grads {
+            visible.insert(self.grad_of(t.id));
+        }
+        visible.extend(self.persistent.iter().copied());
+        visible
+    }
+
+    pub(crate) fn compile_code(
+        &mut self,
+        name: &str,
+        code: Asgn,
+        visible: &FxHashSet<NodeId>,
+    ) -> Result<Routine> {
+        let table = self.node_table(&code, visible)?;
+        self.prepare_leaves(&table)?;
+        Ok(self.ctx.compile(name, &code, &table)?)
+    }
+
+    /// Compiles the forward pass computing `outputs`.
+    pub fn forward(&mut self, outputs: &[&Tensor]) -> Result<Routine> {
+        let plan =
+            Plan { outputs: outputs.iter().map(|t| (*t).clone()).collect(), ..Plan::default() };
+        self.compile("forward", &plan)
+    }
+
+    /// Compiles forward and backpropagation from `root` (its gradient seeded with ones, i.e.
+    /// the gradient of the sum of its cells); the parameters' gradients are readable.
+    pub fn backprop(&mut self, root: &Tensor, outputs: &[&Tensor]) -> Result<Routine> {
+        let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
+        outs.push(root.clone());
+        let plan =
+            Plan { outputs: outs, backprop_from: Some(root.clone()), grads: self.graph.params() };
+        self.compile("backprop", &plan)
+    }
+
+    /// Initializes (once) every parameter and data leaf among the routine's nodes: parameters
+    /// by their initialization, data by its initial values.
+    fn prepare_leaves(&mut self, table: &NodeTable) -> Result<()> {
+        let leaves: Vec<(TensorId, Leaf)> = self
+            .value
+            .iter()
+            .filter(|(t, n)| !self.ready.contains(t) && table.get(**n).is_ok())
+            .filter_map(|(t, _)| match self.graph.tensor(*t).info().source {
+                Source::Leaf(l @ (Leaf::Param(_) | Leaf::Data(_))) => Some((*t, l)),
+                _ => None,
+            })
+            .collect();
+        let mut leaves = leaves;
+        leaves.sort_by_key(|(t, _)| *t);
+        let mut init = Vec::new();
+        let mut nodes = NodeTable::default();
+        for (t, leaf) in leaves {
+            let n = self.node_of(t);
+            let dims = self.dims(t)?;
+            let node = TensorNode::new(
+                n,
+                &self.graph.tensor(t).label(),
+                &dims,
+                self.prec,
+                MemoryMode::HostVisible,
+            );
+            self.ctx.ensure_buffer(&node)?;
+            self.ready.insert(t);
+            match leaf {
+                Leaf::Data(Some(values)) => self.write_node(n, &dims, &values)?,
+                Leaf::Data(None) => {}
+                Leaf::Param(init_spec) => {
+                    let [_, input, output] = self.graph.tensor(t).rows()?;
+                    let seed = derive_seed(self.graph.seed(), t.0);
+                    let mut scratch = Vec::new();
+                    let prec = self.prec;
+                    let next = &mut self.next_node;
+                    let mut temps = || {
+                        *next += 1;
+                        let id = NodeId(*next - 1);
+                        scratch.push(TensorNode::new(
+                            id,
+                            "init_scratch",
+                            &dims,
+                            prec,
+                            MemoryMode::Virtual,
+                        ));
+                        id
+                    };
+                    let code = init_code(
+                        &init_spec,
+                        n,
+                        &dims,
+                        input.iter().product(),
+                        output.iter().product(),
+                        seed,
+                        &mut temps,
+                        &mut self.symbols,
+                    );
+                    for s in scratch {
+                        nodes.insert(s);
+                    }
+                    if let Some(values) = code.host_values {
+                        self.write_node(n, &dims, &values)?;
+                    } else {
+                        nodes.insert(node);
+                        init.push(code.asgn);
+                    }
+                }
+                Leaf::Constant(_) | Leaf::Iota => {}
+            }
+        }
+        if !init.is_empty() {
+            let r = self.ctx.compile("init", &Asgn::Seq(init), &nodes)?;
+            self.ctx.run(&r, &[])?;
+        }
+        Ok(())
+    }
+
+    fn write_node(&mut self, n: NodeId, dims: &[usize], values: &[f64]) -> Result<()> {
+        let arr = NdArray::from_f64(self.prec, dims, values)?;
+        self.ctx.write(n, &arr)?;
+        Ok(())
+    }
+
+    /// Runs a routine.
+    pub fn run(&mut self, r: &Routine) -> Result<()> {
+        self.run_with(r, &[])
+    }
+
+    /// Runs a routine with runtime symbols bound (e.g. the batch of a batch slice).
+    pub fn run_with(&mut self, r: &Routine, bindings: &[(Symbol, i64)]) -> Result<()> {
+        self.ctx.run(r, bindings)?;
+        Ok(())
+    }
+
+    /// Writes host values (in memory order) into a data or parameter tensor.
+    pub fn write(&mut self, t: &Tensor, values: &[f64]) -> Result<()> {
+        let dims = t.dims()?;
+        let n = self.node_of(t.id);
+        let node = TensorNode::new(n, &t.label(), &dims, self.prec, MemoryMode::HostVisible);
+        self.ctx.ensure_buffer(&node)?;
+        self.ready.insert(t.id);
+        self.write_node(n, &dims, values)
+    }
+
+    /// Writes a host array into a tensor.
+    pub fn write_array(&mut self, t: &Tensor, arr: &NdArray) -> Result<()> {
+        self.write(t, &arr.to_f64_vec())
+    }
+
+    /// Reads a tensor's values in memory order (batch, output, input).
+    pub fn read(&self, t: &Tensor) -> Result<Vec<f64>> {
+        let n = self.value.get(&t.id).ok_or_else(|| {
+            Error::usage(format!("'{}' was not computed by this session", t.label()))
+        })?;
+        Ok(self.ctx.read(*n)?.to_f64_vec())
+    }
+
+    /// Reads a tensor's gradient (after a routine that backpropagates and keeps it).
+    pub fn read_grad(&self, t: &Tensor) -> Result<Vec<f64>> {
+        let n = self.grad.get(&t.id).ok_or_else(|| {
+            Error::usage(format!("'{}' has no gradient in this session", t.label()))
+        })?;
+        Ok(self.ctx.read(*n)?.to_f64_vec())
+    }
+
+    /// Reads a node outside the graph (optimizer state).
+    pub(crate) fn read_node(&self, n: NodeId) -> Result<Vec<f64>> {
+        Ok(self.ctx.read(n)?.to_f64_vec())
+    }
+
+    pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {
+        let node = self.extra.get(&n).cloned().ok_or_else(|| Error::usage("unknown extra node"))?;
+        self.ctx.ensure_buffer(&node)?;
+        self.write_node(n, &node.dims, values)
+    }
+
+    pub(crate) fn grad_node(&mut self, t: &Tensor) -> NodeId {
+        self.grad_of(t.id)
+    }
+}
