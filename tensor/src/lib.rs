@@ -17,10 +17,12 @@ pub mod graph;
 pub mod init;
 pub mod op;
 pub mod ops;
+pub mod optim;
 pub mod session;
 
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Tensor, TensorId};
 pub use init::Init;
+pub use optim::{Optimizer, TrainStep};
 pub use rocannl_arrayjit::{BackendKind, Prec};
 pub use session::{Plan, Session, SessionOptions};

@@ -249,8 +249,7 @@ mod tests {
             arg_grads: vec![Some(NodeId(4)), None],
         };
         let a = cx.grad(0, &mul(G, x(1))).unwrap();
-        assert_eq!(a.to_string().trim(), "n4[i0] += mul(n3[i0], n1[i0])  over [i0:4]");
+        assert_eq!(a.to_string().trim(), "n4[i0] add= mul(n3[i0], n1[i0])  over [i0:4]");
         assert!(cx.grad(1, &G).is_none());
-        let _ = i;
     }
 }

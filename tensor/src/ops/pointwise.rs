@@ -319,3 +319,25 @@ impl std::ops::Neg for Tensor {
         self.unary(UnOp::Neg)
     }
 }
+
+impl std::ops::Mul<f64> for &Tensor {
+    type Output = Tensor;
+    /// Scaling by a number (pointwise).
+    fn mul(self, rhs: f64) -> Tensor {
+        self.scale(rhs)
+    }
+}
+
+impl std::ops::Mul<f64> for Tensor {
+    type Output = Tensor;
+    fn mul(self, rhs: f64) -> Tensor {
+        self.scale(rhs)
+    }
+}
+
+impl std::ops::Mul<&Tensor> for f64 {
+    type Output = Tensor;
+    fn mul(self, rhs: &Tensor) -> Tensor {
+        rhs.scale(self)
+    }
+}
