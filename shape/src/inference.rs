@@ -28,6 +28,8 @@ pub enum RowDecl {
     Given(Vec<usize>),
     /// Exactly these axes, with labels.
     Labeled(Vec<(usize, Option<String>)>),
+    /// Exactly this many axes; `None` sizes are inferred (fresh dimension variables).
+    Partial(Vec<Option<usize>>),
     /// Inferred from use: a fresh row variable.
     Inferred,
 }
@@ -146,6 +148,15 @@ impl Inference {
                         .map(|(d, l)| match l {
                             Some(l) => Dim::labeled(*d, l),
                             None => Dim::of(*d),
+                        })
+                        .collect(),
+                    rid,
+                ),
+                RowDecl::Partial(ds) => Row::fixed(
+                    ds.iter()
+                        .map(|d| match d {
+                            Some(d) => Dim::of(*d),
+                            None => Dim::Var(self.solver.vars.dim()),
                         })
                         .collect(),
                     rid,
@@ -366,7 +377,7 @@ impl Inference {
             }
             for (n, kind) in Kind::ALL.into_iter().enumerate() {
                 let initial = &self.initial[st.shape.0 as usize][n];
-                if initial.var().is_none() {
+                if initial.var().is_none() && initial.sizes().is_some() {
                     continue;
                 }
                 let name = &self.shape(st.shape).debug_name;

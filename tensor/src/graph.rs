@@ -254,6 +254,12 @@ impl Graph {
         )
     }
 
+    /// A constant fill whose shape is inferred from use (like a leaf that broadcasts to its
+    /// least upper bound), e.g. the ones counting the cells of a reduction.
+    pub fn fill(&self, x: f64) -> Tensor {
+        self.add_leaf(&fmt_num(x), ShapeDecl::inferred(), Leaf::Constant(x), TerminalData::Rows)
+    }
+
     /// `0, 1, …, n-1` along one output axis.
     pub fn range(&self, n: usize) -> Tensor {
         self.add_leaf(
@@ -289,15 +295,7 @@ impl Graph {
     /// assert_eq!(b.label(), "b");
     /// ```
     pub fn param_with(&self, label: &str, spec: ParamSpec) -> Tensor {
-        let row = |r: &Option<Vec<usize>>| match r {
-            Some(d) => RowDecl::Given(d.clone()),
-            None => RowDecl::Inferred,
-        };
-        let decl = ShapeDecl {
-            batch: RowDecl::Given(spec.batch.clone().unwrap_or_default()),
-            input: row(&spec.input),
-            output: row(&spec.output),
-        };
+        let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
         self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows)
     }
 
@@ -386,42 +384,59 @@ impl Graph {
 }
 
 /// Which rows of a parameter are given (the others are inferred) and how it is initialized.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ParamSpec {
     /// Batch axes (default: none).
-    pub batch: Option<Vec<usize>>,
+    pub batch: RowDecl,
     /// Input axes (default: inferred).
-    pub input: Option<Vec<usize>>,
+    pub input: RowDecl,
     /// Output axes (default: inferred).
-    pub output: Option<Vec<usize>>,
+    pub output: RowDecl,
     /// Initialization.
     pub init: Init,
+}
+
+impl Default for ParamSpec {
+    fn default() -> Self {
+        ParamSpec {
+            batch: RowDecl::Given(vec![]),
+            input: RowDecl::Inferred,
+            output: RowDecl::Inferred,
+            init: Init::default(),
+        }
+    }
 }
 
 impl ParamSpec {
     /// Only the output row given.
     pub fn output(dims: &[usize]) -> ParamSpec {
-        ParamSpec { output: Some(dims.to_vec()), ..ParamSpec::default() }
+        ParamSpec { output: RowDecl::Given(dims.to_vec()), ..ParamSpec::default() }
     }
 
     /// Input and output rows given.
     pub fn matrix(input: &[usize], output: &[usize]) -> ParamSpec {
         ParamSpec {
-            input: Some(input.to_vec()),
-            output: Some(output.to_vec()),
+            input: RowDecl::Given(input.to_vec()),
+            output: RowDecl::Given(output.to_vec()),
             ..ParamSpec::default()
         }
     }
 
     /// Sets the input row.
     pub fn with_input(mut self, dims: &[usize]) -> ParamSpec {
-        self.input = Some(dims.to_vec());
+        self.input = RowDecl::Given(dims.to_vec());
+        self
+    }
+
+    /// Sets the input row's number of axes, with some sizes inferred (`None`).
+    pub fn with_input_partial(mut self, dims: &[Option<usize>]) -> ParamSpec {
+        self.input = RowDecl::Partial(dims.to_vec());
         self
     }
 
     /// Sets the batch row.
     pub fn with_batch(mut self, dims: &[usize]) -> ParamSpec {
-        self.batch = Some(dims.to_vec());
+        self.batch = RowDecl::Given(dims.to_vec());
         self
     }
 

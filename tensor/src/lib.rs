@@ -15,6 +15,7 @@
 pub mod error;
 pub mod graph;
 pub mod init;
+pub mod nn;
 pub mod op;
 pub mod ops;
 pub mod optim;
@@ -25,4 +26,5 @@ pub use graph::{Graph, ParamSpec, Tensor, TensorId};
 pub use init::Init;
 pub use optim::{Optimizer, TrainStep};
 pub use rocannl_arrayjit::{BackendKind, Prec};
+pub use rocannl_shape::RowDecl;
 pub use session::{Plan, Session, SessionOptions};

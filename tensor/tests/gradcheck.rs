@@ -1,65 +1,10 @@
 //! Gradient checks: every differentiable operation's backprop against central finite
-//! differences, in f64 on the reference interpreter.
-//!
-//! Each case builds a small graph from parameters with fixed values chosen away from kinks
-//! (relu at 0, ties of max), reduces the result to `Σ sin(result)` so the incoming gradient is
-//! not uniform, and compares every parameter's gradient cell with
-//! `(f(p + h) - f(p - h)) / 2h`.
+//! differences, in f64 on the reference interpreter (see `common::check`).
 
-use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions, Tensor};
+mod common;
 
-fn opts() -> SessionOptions {
-    SessionOptions { backend: BackendKind::Interp, prec: Prec::F64, ..SessionOptions::default() }
-}
-
-/// A parameter with given rows and deterministic values in `[lo, hi]` avoiding 0.
-fn param(g: &Graph, name: &str, input: &[usize], output: &[usize], lo: f64, hi: f64) -> Tensor {
-    let n: usize = input.iter().chain(output).product();
-    let values: Vec<f64> = (0..n)
-        .map(|i| {
-            let t = ((i as f64 + 1.0) * 0.618_033_988_75).fract();
-            lo + (hi - lo) * (0.05 + 0.9 * t)
-        })
-        .collect();
-    g.param_with(name, ParamSpec::matrix(input, output).init(Init::Values(values)))
-}
-
-fn check(name: &str, build: impl Fn(&Graph) -> (Vec<Tensor>, Tensor)) {
-    let g = Graph::new();
-    let (params, out) = build(&g);
-    let root = out.sin();
-    let mut s = Session::with_options(&g, opts()).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let bp = s.backprop(&root, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
-    s.run(&bp).unwrap();
-    let fwd = s.forward(&[&root]).unwrap();
-    let total = |s: &mut Session| -> f64 {
-        s.run(&fwd).unwrap();
-        s.read(&root).unwrap().iter().sum()
-    };
-    for p in &params {
-        let analytic = s.read_grad(p).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let base = s.read(p).unwrap();
-        for i in 0..base.len() {
-            let h = 1e-6 * base[i].abs().max(1.0);
-            let mut v = base.clone();
-            v[i] = base[i] + h;
-            s.write(p, &v).unwrap();
-            let up = total(&mut s);
-            v[i] = base[i] - h;
-            s.write(p, &v).unwrap();
-            let down = total(&mut s);
-            s.write(p, &base).unwrap();
-            let numeric = (up - down) / (2.0 * h);
-            let err = (numeric - analytic[i]).abs();
-            assert!(
-                err <= 1e-5 + 1e-4 * numeric.abs(),
-                "{name}: d/d{}[{i}] analytic {} vs numeric {numeric}",
-                p.label(),
-                analytic[i]
-            );
-        }
-    }
-}
+use common::{check, param};
+use rocannl_tensor::{Init, ParamSpec, Tensor};
 
 #[test]
 fn unary_ops() {

@@ -1,7 +1,7 @@
 //! Building a tensor graph from a document: one tensor per expression node, params shared by
 //! name, named nodes reusable through `ref`.
 
-use rocannl::shape::ShapeError;
+use rocannl::shape::{RowDecl, ShapeError};
 use rocannl::tensor::{Error, Graph, Init, ParamSpec, Tensor};
 
 use crate::doc::{CliError, Document, ErrorKind, Expr, Init as DocInit, Leaf, Rows, input_err};
@@ -112,10 +112,14 @@ impl Builder {
                 if self.nodes.iter().any(|(n, _)| n == name) {
                     return input_err(format!("the name \"{name}\" is used by a node and a param"));
                 }
+                let decl = |r: &Option<Vec<usize>>, inferred: RowDecl| match r {
+                    Some(d) => RowDecl::Given(d.clone()),
+                    None => inferred,
+                };
                 let spec = ParamSpec {
-                    batch: rows.batch.clone(),
-                    input: rows.input.clone(),
-                    output: rows.output.clone(),
+                    batch: decl(&rows.batch, RowDecl::Given(vec![])),
+                    input: decl(&rows.input, RowDecl::Inferred),
+                    output: decl(&rows.output, RowDecl::Inferred),
                     init: init_of(init),
                 };
                 let t = g.param_with(name, spec);

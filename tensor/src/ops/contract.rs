@@ -17,7 +17,7 @@ use rocannl_shape::var::ShapeId;
 
 use crate::error::Error;
 use crate::graph::Tensor;
-use crate::op::{G, Op, OpCtx, Side, Y, bin, mul, x};
+use crate::op::{G, Op, OpCtx, Side, Y, bin, c, mul, x};
 
 /// `a * b`: the input axes of `a` contract with the output axes of `b` (OCANNL's `*`).
 #[derive(Debug)]
@@ -69,6 +69,9 @@ impl Op for Fma {
 pub enum Reduce {
     /// Multiply, then sum over the labels absent from the result (`einsum`, `einsum1`).
     Sum,
+    /// Multiply, then average over the labels absent from the result (the count comes from
+    /// the projection's product space, so it is exact whatever the inferred sizes).
+    Mean,
     /// Maximum over the labels absent from the result (`einmax1`).
     Max,
     /// Add, then take the maximum (`tropical`, the max-plus semiring).
@@ -87,7 +90,7 @@ pub struct Einsum {
 impl Einsum {
     fn combined(&self, n: usize) -> rocannl_arrayjit::ScalarExpr {
         let op = match self.reduce {
-            Reduce::Sum | Reduce::Max => BinOp::Mul,
+            Reduce::Sum | Reduce::Mean | Reduce::Max => BinOp::Mul,
             Reduce::Tropical => BinOp::Add,
         };
         (1..n).fold(x(0), |acc, i| bin(op, acc, x(i)))
@@ -98,6 +101,7 @@ impl Op for Einsum {
     fn name(&self) -> String {
         let kind = match self.reduce {
             Reduce::Sum => "einsum",
+            Reduce::Mean => "mean",
             Reduce::Max => "einmax",
             Reduce::Tropical => "tropical",
         };
@@ -108,10 +112,14 @@ impl Op for Einsum {
     }
     fn forward(&self, cx: &OpCtx) -> Asgn {
         let acc = match self.reduce {
-            Reduce::Sum => BinOp::Add,
+            Reduce::Sum | Reduce::Mean => BinOp::Add,
             Reduce::Max | Reduce::Tropical => BinOp::Max,
         };
-        cx.out(Some(acc), &self.combined(cx.args.len()), true)
+        let mut expr = self.combined(cx.args.len());
+        if self.reduce == Reduce::Mean {
+            expr = mul(expr, c(1.0 / reduced_count(cx) as f64));
+        }
+        cx.out(Some(acc), &expr, true)
     }
     fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
         let n = cx.args.len();
@@ -119,6 +127,9 @@ impl Op for Einsum {
             .filter_map(|i| {
                 let expr = match self.reduce {
                     Reduce::Sum => (0..n).filter(|j| *j != i).fold(G, |acc, j| mul(acc, x(j))),
+                    Reduce::Mean => (0..n)
+                        .filter(|j| *j != i)
+                        .fold(mul(G, c(1.0 / reduced_count(cx) as f64)), |acc, j| mul(acc, x(j))),
                     // The gradient reaches the positions that attain the maximum.
                     Reduce::Max | Reduce::Tropical => mul(G, bin(BinOp::Eq, self.combined(n), Y)),
                 };
@@ -126,6 +137,20 @@ impl Op for Einsum {
             })
             .collect()
     }
+}
+
+/// How many product-space points map to each result cell: the product of the sizes of the
+/// iterators the result's index does not use.
+fn reduced_count(cx: &OpCtx) -> usize {
+    let p = &cx.proj[0];
+    let used: Vec<_> = p.project_lhs.iter().flat_map(|i| i.symbols()).collect();
+    p.product_iterators
+        .iter()
+        .zip(&p.product_space)
+        .filter(|(s, _)| !used.contains(s))
+        .map(|(_, d)| *d)
+        .product::<usize>()
+        .max(1)
 }
 
 fn parse(t: &Tensor, spec: &str, n: usize) -> Option<Arc<EinsumSpec>> {
@@ -190,6 +215,22 @@ impl Tensor {
     /// Unary einsum (OCANNL's `++`): permute, reduce by sum, take diagonals, select or place.
     pub fn einsum1(&self, spec: &str) -> Tensor {
         self.einsum_n(spec, &[], Reduce::Sum)
+    }
+
+    /// Unary einsum averaging over the labels absent from the result.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let x = g.ndarray("x", &[2], &[], &[2], &[1.0, 3.0, 2.0, 6.0]);
+    /// let m = x.mean1("b|i => b|0");
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&m]).unwrap();
+    /// s.run(&r).unwrap();
+    /// assert_eq!(s.read(&m).unwrap(), vec![2.0, 4.0]);
+    /// ```
+    pub fn mean1(&self, spec: &str) -> Tensor {
+        self.einsum_n(spec, &[], Reduce::Mean)
     }
 
     /// Unary einsum reducing by maximum (OCANNL's `@^^`).

@@ -129,6 +129,28 @@ impl Op for Binary {
     }
 }
 
+/// The identity that stops gradients (the result is treated as a constant).
+#[derive(Debug)]
+pub struct Detach;
+
+impl Op for Detach {
+    fn name(&self) -> String {
+        "detach".into()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Pointwise(args.to_vec())
+    }
+    fn differentiable(&self) -> bool {
+        false
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(None, &x(0), false)
+    }
+    fn backward(&self, _cx: &OpCtx) -> Vec<Asgn> {
+        vec![]
+    }
+}
+
 /// `where(cond, a, b)`: `a` where `cond != 0`, else `b`.
 #[derive(Debug)]
 pub struct Where;
@@ -156,6 +178,11 @@ impl Tensor {
 
     fn binary(&self, op: BinOp, other: &Tensor) -> Tensor {
         self.graph.add_op(Rc::new(Binary(op)), &[self, other])
+    }
+
+    /// The same values, through which no gradient flows.
+    pub fn detach(&self) -> Tensor {
+        self.graph.add_op(Rc::new(Detach), &[self])
     }
 
     /// `max(0, x)`.

@@ -1,0 +1,83 @@
+//! Convolutions and pooling with the einsum notation's convolution axes.
+//!
+//! Images are `... | h, w, c` (channels last, in the output row). A 2-D convolution is the
+//! einsum `... | s*h+i, s*w+j, c; i, j, c -> d => ... | h, w, d`: the kernel's input row holds the
+//! window and the input channels (inferred), its output row the output channels. Valid
+//! convolutions shrink the image; padded ones preserve it (stride 1). Max pooling is the
+//! max-plus (tropical) einsum against a zero window; average pooling an einsum against a
+//! constant window.
+
+use crate::graph::{Graph, ParamSpec, Tensor};
+use crate::init::Init;
+
+/// How a convolution treats borders.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Padding {
+    /// No padding: the output has `stride*(out-1) + kernel = in`.
+    Valid,
+    /// Dimension-preserving padding (out = in / stride).
+    Same,
+}
+
+fn window_spec(stride: usize) -> String {
+    if stride == 1 {
+        "... | h+i, w+j, c; i, j, c -> d => ... | h, w, d".to_string()
+    } else {
+        format!("... | {stride}*h+i, {stride}*w+j, c; i, j, c -> d => ... | h, w, d")
+    }
+}
+
+/// A 2-D convolution with `out_channels` filters of `kh × kw` and a bias.
+///
+/// ```
+/// use rocannl_tensor::{Graph, nn::conv::{self, Padding}};
+/// let g = Graph::new();
+/// let x = g.data("x", &[4], &[], &[8, 8, 3]);
+/// let y = conv::conv2d(&g, "c1", &x, (3, 3), 6, 1, Padding::Valid);
+/// let z = conv::conv2d(&g, "c2", &x, (3, 3), 6, 1, Padding::Same);
+/// g.finish().unwrap();
+/// assert_eq!(y.dims().unwrap(), vec![4, 6, 6, 6]);
+/// assert_eq!(z.dims().unwrap(), vec![4, 8, 8, 6]);
+/// ```
+pub fn conv2d(
+    g: &Graph,
+    name: &str,
+    x: &Tensor,
+    kernel: (usize, usize),
+    out_channels: usize,
+    stride: usize,
+    padding: Padding,
+) -> Tensor {
+    let k = g.param_with(
+        &format!("{name}.kernel"),
+        ParamSpec::output(&[out_channels])
+            .with_input_partial(&[Some(kernel.0), Some(kernel.1), None])
+            .init(Init::KaimingUniform),
+    );
+    let b = g.param_with(
+        &format!("{name}.b"),
+        ParamSpec::output(&[out_channels]).init(Init::Constant(0.0)),
+    );
+    let spec = window_spec(stride);
+    let y = match padding {
+        Padding::Valid => x.einsum(&spec, &k),
+        Padding::Same => x.einsum_padded(&spec, &k),
+    };
+    &y + &b
+}
+
+fn pool_spec(stride: usize) -> String {
+    format!("... | {stride}*oh+wh, {stride}*ow+ww, ..c..; wh, ww => ... | oh, ow, ..c..")
+}
+
+/// Max pooling over `k × k` windows moving by `stride` (valid).
+pub fn max_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
+    let window = g.constant(0.0, &[], &[], &[k, k]);
+    x.tropical(&pool_spec(stride), &window)
+}
+
+/// Average pooling over `k × k` windows moving by `stride` (valid).
+pub fn avg_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
+    let window = g.constant(1.0 / (k * k) as f64, &[], &[], &[k, k]);
+    x.einsum(&pool_spec(stride), &window)
+}

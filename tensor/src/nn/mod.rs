@@ -1,0 +1,105 @@
+//! Neural-network building blocks, written with the tensor operations and the einsum notation.
+//!
+//! Blocks take a [`Graph`](crate::Graph) (for their parameters), a name prefix and inputs, and
+//! return tensors; parameter shapes are inferred from use wherever the block does not need a
+//! size to be meaningful (hidden widths and output channels are given, input widths inferred).
+//! Every block has a finite-difference gradient check (`tests/gradcheck_nn.rs`).
+
+pub mod attention;
+pub mod conv;
+pub mod embed;
+pub mod loss;
+pub mod norm;
+
+use crate::graph::{Graph, ParamSpec, Tensor};
+use crate::init::Init;
+
+/// The reduction of every output axis into one position (keeping batch and input axes): the
+/// spec of softmax over classes, of layer norm over features.
+pub const OUTPUT_AXES: &str = "..b..|..i..->..o.. => ..b..|..i..->0";
+
+/// Every axis into a scalar.
+pub const ALL_AXES: &str = "..b..|..i..->..o.. => ";
+
+/// An activation function.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `max(0, x)`.
+    Relu,
+    /// `tanh(x)`.
+    Tanh,
+    /// `1/(1+e^-x)`.
+    Sigmoid,
+    /// No activation.
+    Identity,
+}
+
+impl Activation {
+    /// Applies the activation.
+    pub fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+            Activation::Identity => x.clone(),
+        }
+    }
+}
+
+/// A dense (affine) layer `w * x + b` with `out` output features; `w`'s input axes are inferred
+/// from `x` (all of `x`'s output axes contract).
+///
+/// ```
+/// use rocannl_tensor::{Graph, nn};
+/// let g = Graph::new();
+/// let x = g.data("x", &[8], &[], &[5]);
+/// let y = nn::dense(&g, "fc", &x, 3);
+/// g.finish().unwrap();
+/// assert_eq!(y.dims().unwrap(), vec![8, 3]);
+/// ```
+pub fn dense(g: &Graph, name: &str, x: &Tensor, out: usize) -> Tensor {
+    let w = g.param_with(&format!("{name}.w"), ParamSpec::output(&[out]).init(Init::FanInUniform));
+    let b = g.param_with(&format!("{name}.b"), ParamSpec::output(&[out]).init(Init::Constant(0.0)));
+    &w.matmul(x) + &b
+}
+
+/// A dense layer whose output width is inferred from use (e.g. by a residual connection).
+pub fn dense_inferred(g: &Graph, name: &str, x: &Tensor) -> Tensor {
+    let w = g.param_with(&format!("{name}.w"), ParamSpec::default().init(Init::FanInUniform));
+    let b = g.param_with(&format!("{name}.b"), ParamSpec::default().init(Init::Constant(0.0)));
+    &w.matmul(x) + &b
+}
+
+/// A multi-layer perceptron: dense layers of the given widths with `act` between them (none
+/// after the last).
+///
+/// ```
+/// use rocannl_tensor::{Graph, nn};
+/// let g = Graph::new();
+/// let x = g.data("x", &[32], &[], &[2]);
+/// let y = nn::mlp(&g, "mlp", &x, &[16, 16, 1], nn::Activation::Relu);
+/// g.finish().unwrap();
+/// assert_eq!(y.dims().unwrap(), vec![32, 1]);
+/// ```
+pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation) -> Tensor {
+    let mut h = x.clone();
+    for (i, w) in widths.iter().enumerate() {
+        h = dense(g, &format!("{name}.{i}"), &h, *w);
+        if i + 1 < widths.len() {
+            h = act.apply(&h);
+        }
+    }
+    h
+}
+
+impl Tensor {
+    /// The sum of all cells (a scalar).
+    pub fn sum_all(&self) -> Tensor {
+        self.einsum1(ALL_AXES)
+    }
+
+    /// The mean of all cells (a scalar).
+    pub fn mean_all(&self) -> Tensor {
+        self.mean1(ALL_AXES)
+    }
+}

@@ -1,0 +1,107 @@
+//! Gradient checks of the nn blocks against central finite differences (f64, interpreter).
+
+mod common;
+
+use common::{check, param, spread};
+use rocannl_tensor::nn::{self, Activation, attention, conv, embed, loss, norm};
+use rocannl_tensor::{Init, ParamSpec};
+
+#[test]
+fn dense_and_mlp() {
+    check("mlp", |g| {
+        let x = g.ndarray("x", &[3], &[], &[2], &spread(6, -1.0, 1.0));
+        let y = nn::mlp(g, "mlp", &x, &[4, 2], Activation::Tanh);
+        (g.params(), y)
+    });
+}
+
+#[test]
+fn softmax_and_losses() {
+    check("softmax", |g| {
+        let x = param(g, "x", &[], &[4], -1.0, 1.0);
+        (vec![x.clone()], x.softmax_classes())
+    });
+    check("cross_entropy", |g| {
+        let logits = g.param_with(
+            "logits",
+            ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
+        );
+        let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
+        (vec![logits.clone()], loss::cross_entropy(&logits, &targets))
+    });
+    check("mse", |g| {
+        let p = param(g, "p", &[], &[4], -1.0, 1.0);
+        let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);
+        (vec![p.clone()], loss::mse(&p, &t))
+    });
+    check("hinge", |g| {
+        let p = param(g, "p", &[], &[4], -0.8, 0.8);
+        let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
+        (vec![p.clone()], loss::hinge(&p, &y))
+    });
+}
+
+#[test]
+fn layer_norm_and_embedding() {
+    check("layer_norm", |g| {
+        let x = g.param_with(
+            "x",
+            ParamSpec::output(&[4]).with_batch(&[2]).init(Init::Values(spread(8, -1.0, 1.0))),
+        );
+        let y = norm::layer_norm(g, "ln", &x, 1e-5);
+        (g.params(), y)
+    });
+    check("embedding", |g| {
+        let ids = g.ndarray("ids", &[3], &[], &[], &[0.0, 2.0, 0.0]);
+        let e = embed::embedding(g, "emb", &ids, 3, 2);
+        (g.params(), e)
+    });
+}
+
+#[test]
+fn attention_and_transformer() {
+    let cfg = attention::AttentionConfig { heads: 2, head_dim: 2 };
+    check("self_attention", |g| {
+        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let y = &x + &attention::self_attention(g, "att", &x, cfg);
+        (g.params(), y)
+    });
+    check("transformer_block", |g| {
+        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        (g.params(), attention::transformer_block(g, "blk", &x, cfg, 6))
+    });
+}
+
+#[test]
+fn convolution_and_pooling() {
+    check("conv2d_valid", |g| {
+        let x = g.ndarray("x", &[1], &[], &[4, 4, 2], &spread(32, -1.0, 1.0));
+        (g.params(), conv::conv2d(g, "c", &x, (3, 3), 2, 1, conv::Padding::Valid))
+    });
+    check("conv2d_same", |g| {
+        let x = g.ndarray("x", &[1], &[], &[4, 4, 1], &spread(16, -1.0, 1.0));
+        (g.params(), conv::conv2d(g, "c", &x, (3, 3), 2, 1, conv::Padding::Same))
+    });
+    check("conv2d_strided", |g| {
+        let x = g.ndarray("x", &[1], &[], &[5, 5, 1], &spread(25, -1.0, 1.0));
+        (g.params(), conv::conv2d(g, "c", &x, (3, 3), 1, 2, conv::Padding::Valid))
+    });
+    check("max_pool", |g| {
+        let x = g.param_with(
+            "x",
+            ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))),
+        );
+        (vec![x.clone()], conv::max_pool2d(g, &x, 2, 2))
+    });
+    check("avg_pool", |g| {
+        let x = g.param_with(
+            "x",
+            ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))),
+        );
+        (vec![x.clone()], conv::avg_pool2d(g, &x, 2, 2))
+    });
+    check("mean", |g| {
+        let x = param(g, "x", &[], &[2, 3], -1.0, 1.0);
+        (vec![x.clone()], x.mean1("ij => i"))
+    });
+}
