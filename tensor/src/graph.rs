@@ -10,6 +10,7 @@ use std::cell::{Ref, RefCell, RefMut};
 use std::fmt;
 use std::rc::Rc;
 
+use rocannl_arrayjit::indexing::{Symbol, SymbolGen};
 use rocannl_shape::inference::{Inference, RowDecl, ShapeDecl};
 use rocannl_shape::logic::{Logic, Terminal, TerminalData};
 use rocannl_shape::var::{ShapeId, StepId};
@@ -69,6 +70,7 @@ pub(crate) struct GraphInner {
     pub nodes: Vec<NodeInfo>,
     pub error: Option<Error>,
     pub seed: u64,
+    pub symbols: SymbolGen,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -128,6 +130,7 @@ impl Graph {
                 nodes: Vec::new(),
                 error: None,
                 seed,
+                symbols: SymbolGen::default(),
             })),
         }
     }
@@ -143,6 +146,12 @@ impl Graph {
     /// Whether two handles refer to the same graph.
     pub fn same(&self, other: &Graph) -> bool {
         Rc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A fresh runtime symbol: bound to a value each time a routine runs (e.g. the batch
+    /// number of [`Tensor::batch_slice_at`]).
+    pub fn runtime_symbol(&self) -> Symbol {
+        self.borrow_mut().symbols.fresh()
     }
 
     /// The graph's seed.

@@ -19,7 +19,9 @@ pub mod nn;
 pub mod op;
 pub mod ops;
 pub mod optim;
+pub mod persist;
 pub mod session;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Tensor, TensorId};

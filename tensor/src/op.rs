@@ -238,7 +238,6 @@ mod tests {
 
     #[test]
     fn gradient_expressions_read_only_what_they_use() {
-        let (i, _) = (Symbol(0), Symbol(1));
         let p =
             Projections::identity(&[4], 2, &mut rocannl_arrayjit::indexing::SymbolGen::default());
         let cx = OpCtx {

@@ -529,11 +529,6 @@ impl Session {
         Ok(self.ctx.read(*n)?.to_f64_vec())
     }
 
-    /// Reads a node outside the graph (optimizer state).
-    pub(crate) fn read_node(&self, n: NodeId) -> Result<Vec<f64>> {
-        Ok(self.ctx.read(n)?.to_f64_vec())
-    }
-
     pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {
         let node = self.extra.get(&n).cloned().ok_or_else(|| Error::usage("unknown extra node"))?;
         self.ctx.ensure_buffer(&node)?;

@@ -27,7 +27,55 @@ fn window_spec(stride: usize) -> String {
     }
 }
 
-/// A 2-D convolution with `out_channels` filters of `kh × kw` and a bias.
+/// A 2-D convolution layer with `out_channels` filters of `kh × kw` and a bias; the input
+/// channels are inferred from the first input.
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    /// `input: kh, kw, channels -> output: out_channels`.
+    pub kernel: Tensor,
+    /// One bias per output channel.
+    pub bias: Tensor,
+    /// The stride.
+    pub stride: usize,
+    /// The border handling.
+    pub padding: Padding,
+}
+
+impl Conv2d {
+    /// A convolution layer.
+    pub fn new(
+        g: &Graph,
+        name: &str,
+        kernel: (usize, usize),
+        out_channels: usize,
+        stride: usize,
+        padding: Padding,
+    ) -> Conv2d {
+        let k = g.param_with(
+            &format!("{name}.kernel"),
+            ParamSpec::output(&[out_channels])
+                .with_input_partial(&[Some(kernel.0), Some(kernel.1), None])
+                .init(Init::KaimingUniform),
+        );
+        let b = g.param_with(
+            &format!("{name}.b"),
+            ParamSpec::output(&[out_channels]).init(Init::Constant(0.0)),
+        );
+        Conv2d { kernel: k, bias: b, stride, padding }
+    }
+
+    /// The convolution of `x` (`... | h, w, c`).
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let spec = window_spec(self.stride);
+        let y = match self.padding {
+            Padding::Valid => x.einsum(&spec, &self.kernel),
+            Padding::Same => x.einsum_padded(&spec, &self.kernel),
+        };
+        &y + &self.bias
+    }
+}
+
+/// A 2-D convolution applied once.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, nn::conv::{self, Padding}};
@@ -48,22 +96,7 @@ pub fn conv2d(
     stride: usize,
     padding: Padding,
 ) -> Tensor {
-    let k = g.param_with(
-        &format!("{name}.kernel"),
-        ParamSpec::output(&[out_channels])
-            .with_input_partial(&[Some(kernel.0), Some(kernel.1), None])
-            .init(Init::KaimingUniform),
-    );
-    let b = g.param_with(
-        &format!("{name}.b"),
-        ParamSpec::output(&[out_channels]).init(Init::Constant(0.0)),
-    );
-    let spec = window_spec(stride);
-    let y = match padding {
-        Padding::Valid => x.einsum(&spec, &k),
-        Padding::Same => x.einsum_padded(&spec, &k),
-    };
-    &y + &b
+    Conv2d::new(g, name, kernel, out_channels, stride, padding).apply(x)
 }
 
 fn pool_spec(stride: usize) -> String {

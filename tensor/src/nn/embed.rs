@@ -4,8 +4,34 @@
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
-/// Looks up rows of a `vocab × dim` table for integer ids (a tensor without output axes, ids as
-/// values): `table * onehot(ids)`.
+/// A `vocab × dim` table looked up by integer ids.
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    /// `input: vocab -> output: dim`.
+    pub table: Tensor,
+    /// The number of ids.
+    pub vocab: usize,
+}
+
+impl Embedding {
+    /// A table with normal(0, 1) entries.
+    pub fn new(g: &Graph, name: &str, vocab: usize, dim: usize) -> Embedding {
+        let table = g.param_with(
+            &format!("{name}.table"),
+            ParamSpec::matrix(&[vocab], &[dim]).init(Init::Normal { mean: 0.0, std: 1.0 }),
+        );
+        Embedding { table, vocab }
+    }
+
+    /// The rows for `ids` (a tensor without output axes holding ids as values):
+    /// `table * onehot(ids)`.
+    pub fn apply(&self, ids: &Tensor) -> Tensor {
+        let onehot = ids.eq(&ids.graph().range(self.vocab));
+        self.table.matmul(&onehot)
+    }
+}
+
+/// An embedding applied once.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, nn};
@@ -16,10 +42,5 @@ use crate::init::Init;
 /// assert_eq!(e.dims().unwrap(), vec![3, 4]);
 /// ```
 pub fn embedding(g: &Graph, name: &str, ids: &Tensor, vocab: usize, dim: usize) -> Tensor {
-    let onehot = ids.eq(&g.range(vocab));
-    let table = g.param_with(
-        &format!("{name}.table"),
-        ParamSpec::matrix(&[vocab], &[dim]).init(Init::Normal { mean: 0.0, std: 1.0 }),
-    );
-    table.matmul(&onehot)
+    Embedding::new(g, name, vocab, dim).apply(ids)
 }

@@ -46,8 +46,47 @@ impl Activation {
     }
 }
 
-/// A dense (affine) layer `w * x + b` with `out` output features; `w`'s input axes are inferred
-/// from `x` (all of `x`'s output axes contract).
+/// A dense (affine) layer `w * x + b`; `w`'s input axes are inferred from the first input it is
+/// applied to (all of the input's output axes contract). Applying it again reuses the same
+/// parameters.
+#[derive(Clone, Debug)]
+pub struct Dense {
+    /// The weights.
+    pub w: Tensor,
+    /// The bias.
+    pub b: Tensor,
+}
+
+impl Dense {
+    /// A layer with `out` output features.
+    pub fn new(g: &Graph, name: &str, out: usize) -> Dense {
+        Dense {
+            w: g.param_with(
+                &format!("{name}.w"),
+                ParamSpec::output(&[out]).init(Init::FanInUniform),
+            ),
+            b: g.param_with(
+                &format!("{name}.b"),
+                ParamSpec::output(&[out]).init(Init::Constant(0.0)),
+            ),
+        }
+    }
+
+    /// A layer whose output width is inferred from use (e.g. by a residual connection).
+    pub fn inferred(g: &Graph, name: &str) -> Dense {
+        Dense {
+            w: g.param_with(&format!("{name}.w"), ParamSpec::default().init(Init::FanInUniform)),
+            b: g.param_with(&format!("{name}.b"), ParamSpec::default().init(Init::Constant(0.0))),
+        }
+    }
+
+    /// `w * x + b`.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        &self.w.matmul(x) + &self.b
+    }
+}
+
+/// A dense layer applied once: `w * x + b` with `out` output features.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, nn};
@@ -58,20 +97,49 @@ impl Activation {
 /// assert_eq!(y.dims().unwrap(), vec![8, 3]);
 /// ```
 pub fn dense(g: &Graph, name: &str, x: &Tensor, out: usize) -> Tensor {
-    let w = g.param_with(&format!("{name}.w"), ParamSpec::output(&[out]).init(Init::FanInUniform));
-    let b = g.param_with(&format!("{name}.b"), ParamSpec::output(&[out]).init(Init::Constant(0.0)));
-    &w.matmul(x) + &b
+    Dense::new(g, name, out).apply(x)
 }
 
-/// A dense layer whose output width is inferred from use (e.g. by a residual connection).
+/// A dense layer with an inferred output width, applied once.
 pub fn dense_inferred(g: &Graph, name: &str, x: &Tensor) -> Tensor {
-    let w = g.param_with(&format!("{name}.w"), ParamSpec::default().init(Init::FanInUniform));
-    let b = g.param_with(&format!("{name}.b"), ParamSpec::default().init(Init::Constant(0.0)));
-    &w.matmul(x) + &b
+    Dense::inferred(g, name).apply(x)
 }
 
-/// A multi-layer perceptron: dense layers of the given widths with `act` between them (none
-/// after the last).
+/// A multi-layer perceptron: dense layers of the given widths with an activation between them
+/// (none after the last).
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    /// The layers.
+    pub layers: Vec<Dense>,
+    /// The activation between layers.
+    pub act: Activation,
+}
+
+impl Mlp {
+    /// Layers `name.0`, `name.1`, … of the given widths.
+    pub fn new(g: &Graph, name: &str, widths: &[usize], act: Activation) -> Mlp {
+        let layers = widths
+            .iter()
+            .enumerate()
+            .map(|(i, w)| Dense::new(g, &format!("{name}.{i}"), *w))
+            .collect();
+        Mlp { layers, act }
+    }
+
+    /// The network applied to `x`.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let mut h = x.clone();
+        for (i, l) in self.layers.iter().enumerate() {
+            h = l.apply(&h);
+            if i + 1 < self.layers.len() {
+                h = self.act.apply(&h);
+            }
+        }
+        h
+    }
+}
+
+/// A multi-layer perceptron applied once.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, nn};
@@ -82,14 +150,7 @@ pub fn dense_inferred(g: &Graph, name: &str, x: &Tensor) -> Tensor {
 /// assert_eq!(y.dims().unwrap(), vec![32, 1]);
 /// ```
 pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation) -> Tensor {
-    let mut h = x.clone();
-    for (i, w) in widths.iter().enumerate() {
-        h = dense(g, &format!("{name}.{i}"), &h, *w);
-        if i + 1 < widths.len() {
-            h = act.apply(&h);
-        }
-    }
-    h
+    Mlp::new(g, name, widths, act).apply(x)
 }
 
 impl Tensor {

@@ -1,0 +1,125 @@
+//! Saving and loading parameters as safetensors.
+//!
+//! Each parameter is stored under its label with its dimensions in memory order (batch, output,
+//! input) and the session's precision, as raw little-endian bytes, so a round trip is
+//! bit-exact. Loading checks every name, shape and precision first and writes nothing unless all
+//! match, so a file that does not fit leaves the session unchanged.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rocannl_arrayjit::NdArray;
+use rocannl_arrayjit::ops::Prec;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::session::Session;
+
+fn dtype(p: Prec) -> Dtype {
+    match p {
+        Prec::F16 => Dtype::F16,
+        Prec::Bf16 => Dtype::BF16,
+        Prec::F32 => Dtype::F32,
+        Prec::F64 => Dtype::F64,
+    }
+}
+
+fn persist(msg: impl Into<String>) -> Error {
+    Error::Persist(msg.into())
+}
+
+impl Session {
+    fn named_params(&self) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        for p in self.graph().params() {
+            if out.insert(p.label(), p.clone()).is_some() {
+                return Err(persist(format!("two parameters are named '{}'", p.label())));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Saves every parameter to a safetensors file.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
+    /// let g = Graph::new();
+    /// let w = g.param_with("w", ParamSpec::matrix(&[2], &[3]).init(Init::Uniform { lo: -1.0, hi: 1.0 }));
+    /// let y = w.matmul(&g.vector("x", &[1.0, 2.0]));
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// s.run(&r).unwrap();
+    /// let path = std::env::temp_dir().join("rocannl_doc_params.safetensors");
+    /// s.save_params(&path).unwrap();
+    /// let before = s.read(&w).unwrap();
+    /// s.write(&w, &[0.0; 6]).unwrap();
+    /// s.load_params(&path).unwrap();
+    /// assert_eq!(s.read(&w).unwrap(), before);
+    /// ```
+    pub fn save_params(&self, path: &Path) -> Result<()> {
+        let params = self.named_params()?;
+        let mut bytes = Vec::new();
+        for (name, p) in &params {
+            let values = self.read(p).map_err(|_| {
+                persist(format!("parameter '{name}' has no value yet: run a routine first"))
+            })?;
+            let arr = NdArray::from_f64(self.prec(), &p.dims()?, &values)?;
+            bytes.push((name.clone(), p.dims()?, arr.to_bytes()));
+        }
+        let views = bytes
+            .iter()
+            .map(|(n, dims, b)| {
+                TensorView::new(dtype(self.prec()), dims.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| persist(format!("parameter '{n}': {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        safetensors::tensor::serialize_to_file(views, None, path)
+            .map_err(|e| persist(format!("{}: {e}", path.display())))
+    }
+
+    /// Loads every parameter from a safetensors file written by [`Session::save_params`]. All
+    /// names, shapes and precisions are checked before anything is written.
+    pub fn load_params(&mut self, path: &Path) -> Result<()> {
+        let data = std::fs::read(path)
+            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        let st = SafeTensors::deserialize(&data)
+            .map_err(|e| persist(format!("{}: {e}", path.display())))?;
+        let params = self.named_params()?;
+        let mut staged = Vec::new();
+        for (name, p) in &params {
+            let view = st
+                .tensor(name)
+                .map_err(|_| persist(format!("{} has no parameter '{name}'", path.display())))?;
+            let dims = p.dims()?;
+            if view.shape() != dims.as_slice() {
+                return Err(persist(format!(
+                    "parameter '{name}' has dims {dims:?} but {} stores {:?}",
+                    path.display(),
+                    view.shape()
+                )));
+            }
+            if view.dtype() != dtype(self.prec()) {
+                return Err(persist(format!(
+                    "parameter '{name}' is {} but {} stores {:?}",
+                    self.prec().name(),
+                    path.display(),
+                    view.dtype()
+                )));
+            }
+            let arr = NdArray::from_bytes(self.prec(), &dims, view.data())?;
+            staged.push((p.clone(), arr));
+        }
+        if let Some(extra) = st.names().into_iter().find(|n| !params.contains_key(*n)) {
+            return Err(persist(format!(
+                "{} has a parameter '{extra}' this graph lacks",
+                path.display()
+            )));
+        }
+        for (p, arr) in staged {
+            self.write_array(&p, &arr)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,340 @@
+//! Training: batching a dataset with the batch slice, the training loop, and its record.
+//!
+//! A [`Loader`] lays a dataset out as data tensors with two batch axes,
+//! `[batches, batch_size | features]`, and selects the current batch with a batch slice at a
+//! runtime symbol — so the compiled training step reads batch `i` when run with the symbol bound
+//! to `i`, and one routine serves every batch. Each epoch can reshuffle the examples on the host
+//! and rewrite the dataset tensors.
+//!
+//! [`train`] runs epochs of steps with a learning-rate schedule, shows a progress bar (loss,
+//! accuracy, steps per second) and returns a [`History`] whose loss curve can be written as SVG.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rocannl_arrayjit::indexing::Symbol;
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Tensor};
+use crate::optim::TrainStep;
+use crate::session::Session;
+
+/// One column of a dataset: `n` examples of `example_dims` (memory order) each.
+#[derive(Clone, Debug)]
+pub struct Column {
+    /// The name of the data tensor.
+    pub name: String,
+    /// The dims of one example (output axes).
+    pub example_dims: Vec<usize>,
+    /// All examples, one after the other.
+    pub values: Vec<f64>,
+}
+
+impl Column {
+    /// A column of examples of the given dims.
+    pub fn new(name: &str, example_dims: &[usize], values: Vec<f64>) -> Column {
+        Column { name: name.to_string(), example_dims: example_dims.to_vec(), values }
+    }
+
+    /// The number of values per example.
+    pub fn example_len(&self) -> usize {
+        self.example_dims.iter().product()
+    }
+
+    /// The number of examples.
+    pub fn len(&self) -> usize {
+        self.values.len() / self.example_len().max(1)
+    }
+
+    /// Whether the column has no examples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The examples at `indices`, concatenated.
+    pub fn gather(&self, indices: &[usize]) -> Vec<f64> {
+        let l = self.example_len();
+        indices.iter().flat_map(|&i| self.values[i * l..(i + 1) * l].iter().copied()).collect()
+    }
+}
+
+/// Batches of a dataset as batch slices of data tensors.
+#[derive(Debug)]
+pub struct Loader {
+    symbol: Symbol,
+    batch_size: usize,
+    batches: usize,
+    full: Vec<Tensor>,
+    current: Vec<Tensor>,
+}
+
+impl Loader {
+    /// Data tensors for `columns` (all with the same number of examples), in batches of
+    /// `batch_size`; a last partial batch is dropped.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, train::{Column, Loader}};
+    /// let g = Graph::new();
+    /// let x = Column::new("x", &[2], (0..20).map(f64::from).collect());
+    /// let loader = Loader::new(&g, &[x], 4).unwrap();
+    /// assert_eq!(loader.batches(), 2);
+    /// g.finish().unwrap();
+    /// assert_eq!(loader.batch(0).dims().unwrap(), vec![4, 2]);
+    /// ```
+    pub fn new(g: &Graph, columns: &[Column], batch_size: usize) -> Result<Loader> {
+        let n = columns.first().map_or(0, Column::len);
+        if columns.iter().any(|c| c.len() != n || c.values.len() % c.example_len().max(1) != 0) {
+            return Err(Error::usage("every column must hold the same number of whole examples"));
+        }
+        if batch_size == 0 || n < batch_size {
+            return Err(Error::usage(format!(
+                "{n} examples do not fill one batch of {batch_size}"
+            )));
+        }
+        let batches = n / batch_size;
+        let symbol = g.runtime_symbol();
+        let mut full = Vec::new();
+        let mut current = Vec::new();
+        for c in columns {
+            let t = g.data(&c.name, &[batches, batch_size], &[], &c.example_dims);
+            current.push(t.batch_slice_at(symbol).named(&format!("{}_batch", c.name)));
+            full.push(t);
+        }
+        Ok(Loader { symbol, batch_size, batches, full, current })
+    }
+
+    /// The current batch of column `i` (`batch_size | example dims`).
+    pub fn batch(&self, i: usize) -> &Tensor {
+        &self.current[i]
+    }
+
+    /// The number of batches per epoch.
+    pub fn batches(&self) -> usize {
+        self.batches
+    }
+
+    /// The batch size.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The binding selecting batch `b`.
+    pub fn binding(&self, b: usize) -> (Symbol, i64) {
+        (self.symbol, b as i64)
+    }
+
+    /// Writes the dataset in the order `order` (a permutation of example indices).
+    pub fn load(&self, s: &mut Session, columns: &[Column], order: &[usize]) -> Result<()> {
+        let used = &order[..self.batches * self.batch_size];
+        for (t, c) in self.full.iter().zip(columns) {
+            s.write(t, &c.gather(used))?;
+        }
+        Ok(())
+    }
+}
+
+/// A permutation of `0..n` from a seed (Fisher–Yates with SplitMix64).
+pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let r = rocannl_arrayjit::ops::uniform(seed, i as u64);
+        let j = ((r * (i + 1) as f64) as usize).min(i);
+        order.swap(i, j);
+    }
+    order
+}
+
+/// A learning-rate schedule over the steps of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LrSchedule {
+    /// The same rate throughout.
+    Constant(f64),
+    /// Linear from `start` to `end`.
+    Linear {
+        /// At the first step.
+        start: f64,
+        /// At the last step.
+        end: f64,
+    },
+    /// Cosine decay from `max` to `min`.
+    Cosine {
+        /// At the first step.
+        max: f64,
+        /// At the last step.
+        min: f64,
+    },
+}
+
+impl LrSchedule {
+    /// The rate at `step` of `total` (0-based).
+    pub fn at(&self, step: usize, total: usize) -> f64 {
+        let t = if total <= 1 { 0.0 } else { step as f64 / (total - 1) as f64 };
+        match *self {
+            LrSchedule::Constant(lr) => lr,
+            LrSchedule::Linear { start, end } => start + (end - start) * t,
+            LrSchedule::Cosine { max, min } => {
+                min + 0.5 * (max - min) * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+        }
+    }
+}
+
+/// How to train.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Passes over the dataset.
+    pub epochs: usize,
+    /// The learning rate per step.
+    pub lr: LrSchedule,
+    /// Reshuffle the examples every epoch with this seed (none: keep the order).
+    pub shuffle_seed: Option<u64>,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// What a run recorded.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// The loss after every step.
+    pub losses: Vec<f64>,
+    /// The mean loss of every epoch.
+    pub epoch_losses: Vec<f64>,
+    /// The metric `evaluate` returned after every epoch (e.g. test accuracy).
+    pub metrics: Vec<f64>,
+    /// Steps per second over the whole run.
+    pub steps_per_second: f64,
+}
+
+/// Trains for `cfg.epochs` epochs: every epoch loads the (reshuffled) dataset, runs the
+/// training step once per batch, then calls `evaluate` (whose result is recorded and shown).
+pub fn train(
+    s: &mut Session,
+    step: &mut TrainStep,
+    loader: &Loader,
+    columns: &[Column],
+    cfg: &TrainConfig,
+    mut evaluate: impl FnMut(&mut Session) -> Result<f64>,
+) -> Result<History> {
+    let total = cfg.epochs * loader.batches();
+    let bar = if cfg.progress { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .map_err(|e| Error::usage(e.to_string()))?,
+    );
+    let mut h = History::default();
+    let n = columns.first().map_or(0, Column::len);
+    let started = Instant::now();
+    let mut k = 0;
+    for epoch in 0..cfg.epochs {
+        let order = match cfg.shuffle_seed {
+            Some(seed) => shuffled(n, seed.wrapping_add(epoch as u64)),
+            None => (0..n).collect(),
+        };
+        loader.load(s, columns, &order)?;
+        let mut sum = 0.0;
+        for b in 0..loader.batches() {
+            s.step(step, cfg.lr.at(k, total), &[loader.binding(b)])?;
+            let loss = s.loss(step)?;
+            h.losses.push(loss);
+            sum += loss;
+            k += 1;
+            bar.inc(1);
+        }
+        let epoch_loss = sum / loader.batches() as f64;
+        h.epoch_losses.push(epoch_loss);
+        let metric = evaluate(s)?;
+        h.metrics.push(metric);
+        let rate = k as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!(
+            "epoch {} loss {epoch_loss:.4} metric {metric:.4} {rate:.0} steps/s",
+            epoch + 1
+        ));
+    }
+    h.steps_per_second = k as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    bar.finish();
+    Ok(h)
+}
+
+impl History {
+    /// The loss curve as an SVG document (loss per step, with the epoch means).
+    pub fn loss_svg(&self) -> String {
+        let (w, hgt, pad) = (640.0, 360.0, 40.0);
+        let max = self
+            .losses
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(f64::MIN, f64::max)
+            .max(1e-12);
+        let min =
+            self.losses.iter().copied().filter(|x| x.is_finite()).fold(f64::MAX, f64::min).min(max);
+        let n = self.losses.len().max(2) as f64;
+        let x = |i: f64| pad + (w - 2.0 * pad) * i / (n - 1.0);
+        let y = |v: f64| hgt - pad - (hgt - 2.0 * pad) * (v - min) / (max - min).max(1e-12);
+        let mut points = String::new();
+        for (i, v) in self.losses.iter().enumerate() {
+            if v.is_finite() {
+                let _ = write!(points, "{:.1},{:.1} ", x(i as f64), y(*v));
+            }
+        }
+        format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{hgt}\">\n\
+             <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+             <line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+             <line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{b}\" stroke=\"black\"/>\n\
+             <text x=\"{pad}\" y=\"{t}\" font-size=\"12\">loss {max:.4}</text>\n\
+             <text x=\"{pad}\" y=\"{bt}\" font-size=\"12\">loss {min:.4} (step {n})</text>\n\
+             <polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"1.5\" points=\"{points}\"/>\n</svg>\n",
+            b = hgt - pad,
+            r = w - pad,
+            t = pad - 8.0,
+            bt = hgt - 12.0,
+            n = self.losses.len(),
+        )
+    }
+
+    /// Writes [`History::loss_svg`] to a file.
+    pub fn write_loss_svg(&self, path: &std::path::Path) -> Result<()> {
+        std::fs::write(path, self.loss_svg())
+            .map_err(|source| Error::Io { path: path.display().to_string(), source })
+    }
+}
+
+/// The fraction of examples whose predicted class (argmax over `classes` scores per example)
+/// equals the label (the class index).
+pub fn accuracy(scores: &[f64], labels: &[f64], classes: usize) -> f64 {
+    let n = labels.len().min(scores.len() / classes.max(1));
+    if n == 0 {
+        return 0.0;
+    }
+    let correct = (0..n)
+        .filter(|&i| {
+            let row = &scores[i * classes..(i + 1) * classes];
+            let best = row
+                .iter()
+                .enumerate()
+                .fold((0, f64::MIN), |acc, (j, &v)| if v > acc.1 { (j, v) } else { acc })
+                .0;
+            best as f64 == labels[i]
+        })
+        .count();
+    correct as f64 / n as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_and_shuffles() {
+        assert_eq!(LrSchedule::Linear { start: 1.0, end: 0.0 }.at(5, 11), 0.5);
+        assert!((LrSchedule::Cosine { max: 1.0, min: 0.0 }.at(10, 11)).abs() < 1e-12);
+        let o = shuffled(10, 3);
+        let mut sorted = o.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        assert_ne!(o, (0..10).collect::<Vec<_>>());
+        assert_eq!(accuracy(&[0.1, 0.9, 0.8, 0.2], &[1.0, 1.0], 2), 0.5);
+    }
+}
