@@ -187,14 +187,6 @@ impl Solver {
         }
         let ineq =
             |c: &Dim, s: &Dim| Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin);
-        if self.stage >= Stage::RowsToNoMoreAxes {
-            // Close the remaining row variables (the result side first), then compare again.
-            if let Some(v) = cur.var().or(subr.var()) {
-                let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
-                out.push(Constraint::RowIneq { cur, subr }.at(origin));
-                return Ok(out);
-            }
-        }
         let (cb, cd) = (cur.beg_dims().to_vec(), cur.dims.clone());
         let (sb, sd) = (subr.beg_dims().to_vec(), subr.dims.clone());
         if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
@@ -267,7 +259,7 @@ impl Solver {
                     // unless cur's own leftover axes could (then wait).
                     if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
                     {
-                        self.defer(Constraint::RowIneq { cur, subr }.at(origin));
+                        out.extend(self.wait_or_close(cur, subr, origin)?);
                         return Ok(out);
                     }
                     out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
@@ -288,6 +280,22 @@ impl Solver {
                 Ok(out)
             }
         }
+    }
+
+    /// An inequality that cannot make progress yet: before stage 6 it waits; from stage 6 on,
+    /// a row variable closes to no further axes — the sub-tensor's first, since shrinking
+    /// `subr` keeps `cur ≥ subr` satisfiable while shrinking `cur` may not — and it is retried.
+    fn wait_or_close(&mut self, cur: Row, subr: Row, origin: &Origin) -> Derived {
+        if self.stage < Stage::RowsToNoMoreAxes {
+            self.defer(Constraint::RowIneq { cur, subr }.at(origin));
+            return Ok(vec![]);
+        }
+        let Some(v) = subr.var().or(cur.var()) else {
+            return Ok(vec![Constraint::RowIneq { cur, subr }.at(origin)]);
+        };
+        let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+        out.push(Constraint::RowIneq { cur, subr }.at(origin));
+        Ok(out)
     }
 
     /// `c ≥ s` between two row variables.
@@ -333,10 +341,8 @@ impl Solver {
                 match self.meet_rows(&old, &bound, origin, &mut out) {
                     Some(m) => m,
                     None => {
-                        self.defer(
-                            Constraint::RowIneq { cur: bound, subr: Row::of_var(s, old.id) }
-                                .at(origin),
-                        );
+                        let subr = Row::of_var(s, old.id);
+                        out.extend(self.wait_or_close(bound, subr, origin)?);
                         return Ok(out);
                     }
                 }

@@ -48,6 +48,10 @@ impl Solver {
     }
 
     /// Simplifies `constraints` at `stage`, returning those that remain unsolved.
+    ///
+    /// Closing constraints (leaf rows and dimensions, shape rows) act only when nothing else
+    /// can progress: each closing is followed by full propagation before the next, so closing
+    /// one variable never pre-empts information another constraint was about to provide.
     pub fn solve(
         &mut self,
         stage: Stage,
@@ -58,10 +62,13 @@ impl Solver {
         let mut fuel = FUEL;
         loop {
             let version = self.env.version;
-            let mut queue: VecDeque<Constr> = work.into();
+            let (closers, regular): (Vec<Constr>, Vec<Constr>) =
+                work.into_iter().partition(is_closer);
+            let mut queue: VecDeque<Constr> = regular.into();
+            let mut closers: VecDeque<Constr> = closers.into();
             // When each derived constraint was last queued (environment version).
             let mut queued_at: FxHashMap<Constr, u64> = FxHashMap::default();
-            while let Some(c) = queue.pop_front() {
+            while let Some(c) = queue.pop_front().or_else(|| closers.pop_front()) {
                 fuel = fuel.checked_sub(1).ok_or_else(|| {
                     conflict(
                         "shape inference did not converge (the constraints keep growing)",
@@ -80,7 +87,11 @@ impl Solver {
                         continue;
                     }
                     queued_at.insert(d.clone(), now);
-                    queue.push_back(d);
+                    if is_closer(&d) {
+                        closers.push_back(d);
+                    } else {
+                        queue.push_back(d);
+                    }
                 }
             }
             let pending = dedup(std::mem::take(&mut self.deferred));
@@ -108,6 +119,11 @@ impl Solver {
             Constraint::ShapeRow(r) => self.close_shape_row(r, &origin),
         }
     }
+}
+
+/// Whether a constraint closes variables (rather than propagating information).
+fn is_closer(c: &Constr) -> bool {
+    matches!(c.c, Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow(_))
 }
 
 /// Removes repeated constraints, keeping the first occurrence of each.

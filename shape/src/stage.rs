@@ -6,9 +6,9 @@
 //! | stage | closes |
 //! |---|---|
 //! | 1 `Online` | nothing: unification and propagation only |
-//! | 2 `TerminalDimsToOne` | dimension variables of leaf (terminal) shapes with no upper bound and no other constraint, to 1 |
+//! | 2 `TerminalDimsToOne` | dimension variables of leaf (terminal) shapes with no upper bound and no other constraint (not related to any other variable either), to 1 |
 //! | 3 `TerminalsToLub` | dimension and row variables of leaf shapes to their least upper bounds (rows only without a `TotalElems 1` constraint); a leaf row without an upper bound whose constraint needs one axis gets it |
-//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
+//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound (and not related to other row variables) to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
 //! | 5 `RowConstraints` | `TotalElems` and `Exact` constraints with unknown row variables: one row variable gets the remaining axes (one axis, or none when one element is left); with several, the output row's variable does |
 //! | 6 `RowsToNoMoreAxes` | every remaining row variable to no further axes |
 //! | 7 `DimsToLowerBound` | every remaining dimension variable to its lower bound, or 1 |
@@ -83,16 +83,26 @@ impl Solver {
         };
         let b = self.env.dim_bounds(v);
         let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
+        // A variable related to other variables (bounded above or below by them) waits for
+        // them: closing it early would decide their sizes before their own constraints are
+        // known. It closes at the latest with every other dimension in stage 7.
+        let unrelated = b.subr.is_empty() && b.cur.is_empty();
         match (&b.lub, lower) {
-            (None, None) if self.stage >= Stage::TerminalDimsToOne => {
+            (None, None) if self.stage >= Stage::TerminalDimsToOne && unrelated => {
                 self.guessed_dims.insert(v);
                 Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin)])
             }
             (Some((lub, o)), _) if self.stage >= Stage::TerminalsToLub => {
                 Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))])
             }
-            (None, Some(n)) if self.stage >= Stage::DimsToLowerBound => {
-                Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(n) }.at(origin)])
+            (None, lower) if self.stage >= Stage::DimsToLowerBound => {
+                if lower.is_none() {
+                    self.guessed_dims.insert(v);
+                }
+                Ok(vec![
+                    Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
+                        .at(origin),
+                ])
             }
             _ => {
                 self.defer(Constraint::TerminalDim(d).at(origin));
@@ -131,11 +141,18 @@ impl Solver {
                 let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
                 out.extend(self.bind_row(v, Row::fixed(value, r.id), origin)?);
             }
-            (None, None) if self.stage >= Stage::TerminalRowsClosed => {
+            (None, None)
+                if self.stage >= Stage::TerminalRowsClosed
+                    && b.subr.is_empty()
+                    && b.cur.is_empty() =>
+            {
                 self.guessed_rows.insert(v);
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
-            _ if self.stage >= Stage::RowsToNoMoreAxes => {
+            (lub, _) if self.stage >= Stage::RowsToNoMoreAxes => {
+                if lub.is_none() {
+                    self.guessed_rows.insert(v);
+                }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
             _ => self.defer(Constraint::TerminalRow(var_row).at(origin)),
@@ -175,6 +192,9 @@ impl Solver {
         }
         if let Some(v) = r.var() {
             if self.stage >= Stage::RowsToNoMoreAxes {
+                if self.env.row_bounds(v).lub.is_none() {
+                    self.guessed_rows.insert(v);
+                }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
                 out.push(Constraint::ShapeRow(r.clone()).at(origin));
             } else {
