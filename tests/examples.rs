@@ -1,0 +1,77 @@
+//! Each example's training, shortened (`--quick`), with its fixed seeds: the loss goes down and
+//! the accuracy passes a threshold. `cargo test` builds the examples; this runs the binaries and
+//! reads the `metrics` lines they print.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    dir.join("examples").join(name)
+}
+
+/// Runs an example with `--quick` and returns each `metrics ...: {json}` line by its label.
+fn run(name: &str, args: &[&str]) -> Vec<(String, Value)> {
+    let out = Command::new(example(name))
+        .arg("--quick")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run example {name} ({e}): `cargo test` builds the examples, `cargo test --test examples` alone does not"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("metrics"))
+        .map(|l| {
+            let (label, json) = l.split_once(':').expect("metrics line");
+            (label.trim().to_string(), serde_json::from_str(json.trim()).expect("metrics json"))
+        })
+        .collect()
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("no number {key} in {v}"))
+}
+
+#[test]
+fn moons_learns_to_separate() {
+    let m = run("moons", &[]);
+    let v = &m[0].1;
+    assert!(num(v, "last_loss") < 0.5 * num(v, "first_loss"), "{v}");
+    assert!(num(v, "test_accuracy") >= 0.95, "{v}");
+}
+
+#[test]
+fn digits_mlp_and_cnn_learn() {
+    for (label, v) in run("digits", &[]) {
+        assert!(num(&v, "last_loss") < 0.5 * num(&v, "first_loss"), "{label}: {v}");
+        assert!(num(&v, "test_accuracy") >= 0.85, "{label}: {v}");
+    }
+}
+
+#[test]
+fn names_models_learn() {
+    let m = run("names", &[]);
+    assert_eq!(m.len(), 2);
+    for (label, v) in m {
+        // Uniform guessing over 27 characters has loss ln 27 ≈ 3.30.
+        assert!(num(&v, "last_loss") < 2.6, "{label}: {v}");
+        assert!(num(&v, "last_loss") < num(&v, "first_loss"), "{label}: {v}");
+    }
+}
+
+#[test]
+fn einsum_tour_runs() {
+    let out = Command::new(example("einsum_tour")).output().expect("run einsum_tour");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("rest was inferred as |->3"), "{stdout}");
+    assert!(stdout.contains("values [1, 2, 3, 4]"), "{stdout}");
+}
