@@ -55,6 +55,8 @@ pub struct ShapeMismatch {
     pub message: String,
     /// The operations involved, most specific first.
     pub ops: Vec<OpContext>,
+    /// The steps of those operations (to name them again after they were renamed).
+    pub steps: Vec<crate::var::StepId>,
 }
 
 impl fmt::Display for ShapeMismatch {

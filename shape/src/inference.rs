@@ -287,6 +287,7 @@ impl Inference {
             return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
                 message: msg,
                 ops: vec![],
+                steps: vec![],
             })));
         }
         self.finished = true;
@@ -299,10 +300,17 @@ impl Inference {
         Ok(())
     }
 
-    /// `ShapeRow` constraints for every row of every step's shapes.
+    /// `ShapeRow` constraints for every row of every non-leaf shape (leaf shapes close through
+    /// their `TerminalRow` and `TerminalDim` constraints, after the non-leaf rows they are
+    /// bounded by).
     fn shape_rows(&self) -> Vec<Constr> {
         let mut out = Vec::new();
-        let mut seen = FxHashSet::default();
+        let mut seen: FxHashSet<ShapeId> = self
+            .steps
+            .iter()
+            .filter(|st| matches!(st.logic, Logic::Terminal(_)))
+            .map(|st| st.shape)
+            .collect();
         for (i, st) in self.steps.iter().enumerate() {
             let origin = Origin::step(StepId(i as u32));
             for sh in std::iter::once(st.shape).chain(st.logic.args()) {
@@ -352,8 +360,14 @@ impl Inference {
 
     /// Turns a solver conflict into an error naming the operations involved.
     pub(crate) fn report(&self, c: Conflict) -> ShapeError {
+        let steps: Vec<StepId> = c.origin.0.iter().rev().copied().collect();
+        let ops = self.op_contexts(&steps);
+        ShapeError::Mismatch(Box::new(ShapeMismatch { message: c.message, ops, steps }))
+    }
+
+    fn op_contexts(&self, steps: &[StepId]) -> Vec<OpContext> {
         let mut ops = Vec::new();
-        for s in c.origin.0.iter().rev() {
+        for s in steps {
             let Some(st) = self.steps.get(s.0 as usize) else { continue };
             let show = |id: ShapeId| self.solver.env.subst_shape(self.shape(id)).to_string();
             let mut shapes = vec![show(st.shape)];
@@ -364,7 +378,27 @@ impl Inference {
                 shapes,
             });
         }
-        ShapeError::Mismatch(Box::new(ShapeMismatch { message: c.message, ops }))
+        ops
+    }
+
+    /// Renames a shape (its tensor was given a name after it was created).
+    pub fn set_debug_name(&mut self, id: ShapeId, name: &str) {
+        if let Some(sh) = self.shapes.get_mut(id.0 as usize) {
+            sh.debug_name = name.to_string();
+        }
+    }
+
+    /// The same error with its operations named by their current names.
+    pub fn refresh_error(&self, e: ShapeError) -> ShapeError {
+        match e {
+            ShapeError::Mismatch(mut m) => {
+                if !m.steps.is_empty() {
+                    m.ops = self.op_contexts(&m.steps);
+                }
+                ShapeError::Mismatch(m)
+            }
+            other => other,
+        }
     }
 
     fn compute_warnings(&self) -> Vec<Warning> {

@@ -66,9 +66,24 @@ impl Solver {
                 work.into_iter().partition(is_closer);
             let mut queue: VecDeque<Constr> = regular.into();
             let mut closers: VecDeque<Constr> = closers.into();
+            // From stage 6 on, leaf rows and dimensions close before the rows of composite
+            // shapes, which are then forced from below by their components (the seed's reason
+            // for closing leaves to their bounds and everything else to the smallest value).
+            let late = stage >= Stage::RowsToNoMoreAxes;
+            let mut shape_closers: VecDeque<Constr> = VecDeque::new();
+            if late {
+                let (shape_rows, rest): (Vec<Constr>, Vec<Constr>) =
+                    closers.into_iter().partition(|c| matches!(c.c, Constraint::ShapeRow(_)));
+                shape_closers = shape_rows.into();
+                closers = rest.into();
+            }
             // When each derived constraint was last queued (environment version).
             let mut queued_at: FxHashMap<Constr, u64> = FxHashMap::default();
-            while let Some(c) = queue.pop_front().or_else(|| closers.pop_front()) {
+            while let Some(c) = queue
+                .pop_front()
+                .or_else(|| closers.pop_front())
+                .or_else(|| shape_closers.pop_front())
+            {
                 fuel = fuel.checked_sub(1).ok_or_else(|| {
                     conflict(
                         "shape inference did not converge (the constraints keep growing)",
@@ -87,7 +102,9 @@ impl Solver {
                         continue;
                     }
                     queued_at.insert(d.clone(), now);
-                    if is_closer(&d) {
+                    if late && matches!(d.c, Constraint::ShapeRow(_)) {
+                        shape_closers.push_back(d);
+                    } else if is_closer(&d) {
                         closers.push_back(d);
                     } else {
                         queue.push_back(d);

@@ -355,8 +355,11 @@ impl Graph {
     pub fn finish(&self) -> Result<()> {
         let mut g = self.borrow_mut();
         if let Some(e) = g.error.take() {
-            let msg = e.to_string();
-            g.error = Some(Error::Usage(msg));
+            let e = match e {
+                Error::Shape(se) => Error::Shape(g.inf.refresh_error(se)),
+                other => other,
+            };
+            g.error = Some(Error::Usage(e.to_string()));
             return Err(e);
         }
         g.inf.finish()?;
@@ -478,7 +481,11 @@ impl Tensor {
 
     /// Renames the tensor (for messages and persistence); returns it for chaining.
     pub fn named(self, label: &str) -> Tensor {
-        self.graph.borrow_mut().nodes[self.id.0 as usize].label = label.to_string();
+        let mut g = self.graph.borrow_mut();
+        g.nodes[self.id.0 as usize].label = label.to_string();
+        let shape = g.nodes[self.id.0 as usize].shape;
+        g.inf.set_debug_name(shape, label);
+        drop(g);
         self
     }
 

@@ -15,7 +15,7 @@ use rocannl_arrayjit::ops::{BinOp, UnOp};
 use rocannl_arrayjit::tnode::NodeId;
 
 /// How a parameter is initialized.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub enum Init {
     /// Every cell holds this value.
     Constant(f64),
@@ -36,6 +36,7 @@ pub enum Init {
         std: f64,
     },
     /// Uniform on `±1/√fan_in` (PyTorch's default for linear layers).
+    #[default]
     FanInUniform,
     /// Kaiming (He) uniform for ReLU networks: `±√(6/fan_in)`.
     KaimingUniform,
@@ -47,12 +48,6 @@ pub enum Init {
     XavierNormal,
     /// Another initialization with an explicit seed.
     Seeded(Box<Init>, u64),
-}
-
-impl Default for Init {
-    fn default() -> Self {
-        Init::FanInUniform
-    }
 }
 
 impl Init {
@@ -130,18 +125,30 @@ pub(crate) struct InitCode {
     pub host_values: Option<Vec<f64>>,
 }
 
-/// The code initializing `node` (dims in memory order). `temps` allocates scratch nodes of the
-/// same dims (for the second uniform field of Box–Muller).
+/// The parameter an initialization is generated for.
+pub(crate) struct InitTarget<'a> {
+    /// Its node.
+    pub node: NodeId,
+    /// Its dims in memory order.
+    pub dims: &'a [usize],
+    /// The product of its input axes.
+    pub fan_in: usize,
+    /// The product of its output axes.
+    pub fan_out: usize,
+    /// The seed to use unless the initialization names one.
+    pub seed: u64,
+}
+
+/// The code initializing a parameter. `temps` allocates scratch nodes of the same dims (for the
+/// second uniform field of Box–Muller).
 pub(crate) fn init_code(
     init: &Init,
-    node: NodeId,
-    dims: &[usize],
-    fan_in: usize,
-    fan_out: usize,
-    seed: u64,
+    target: &InitTarget,
     temps: &mut dyn FnMut() -> NodeId,
     symbols: &mut SymbolGen,
 ) -> InitCode {
+    let (node, dims, fan_in, fan_out) = (target.node, target.dims, target.fan_in, target.fan_out);
+    let seed = target.seed;
     let seed = init.explicit_seed().unwrap_or(seed);
     let pointwise = |rhs: Vec<NodeId>, expr: ScalarExpr, symbols: &mut SymbolGen| Asgn::Accum {
         lhs: node,

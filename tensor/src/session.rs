@@ -21,7 +21,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, Source, Tensor, TensorId};
-use crate::init::{derive_seed, init_code};
+use crate::init::{InitTarget, derive_seed, init_code};
 use crate::op::OpCtx;
 
 /// How a session compiles.
@@ -451,16 +451,14 @@ impl Session {
                         ));
                         id
                     };
-                    let code = init_code(
-                        &init_spec,
-                        n,
-                        &dims,
-                        input.iter().product(),
-                        output.iter().product(),
+                    let target = InitTarget {
+                        node: n,
+                        dims: &dims,
+                        fan_in: input.iter().product(),
+                        fan_out: output.iter().product(),
                         seed,
-                        &mut temps,
-                        &mut self.symbols,
-                    );
+                    };
+                    let code = init_code(&init_spec, &target, &mut temps, &mut self.symbols);
                     for s in scratch {
                         nodes.insert(s);
                     }

@@ -66,7 +66,7 @@ impl Op for Unary {
     fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
         let Some(d) = self.derivative() else { return vec![] };
         let expr = match d {
-            ScalarExpr::Const(v) if v == 1.0 => G,
+            ScalarExpr::Const(1.0) => G,
             d => mul(G, d),
         };
         cx.grad(0, &expr).into_iter().collect()
@@ -121,8 +121,8 @@ impl Op for Binary {
     fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
         let Some((da, db)) = self.derivatives() else { return vec![] };
         let term = |d: ScalarExpr| match d {
-            ScalarExpr::Const(v) if v == 1.0 => G,
-            ScalarExpr::Const(v) if v == -1.0 => un(UnOp::Neg, G),
+            ScalarExpr::Const(1.0) => G,
+            ScalarExpr::Const(-1.0) => un(UnOp::Neg, G),
             d => mul(G, d),
         };
         [cx.grad(0, &term(da)), cx.grad(1, &term(db))].into_iter().flatten().collect()

@@ -1,0 +1,189 @@
+//! The `rocannl` command against its JSON contract: answers, error kinds, strict mode, and a
+//! sweep of mutated documents that must always get one JSON object and never a panic.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+fn rocannl(args: &[&str], doc: &str) -> (i32, Value, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocannl"))
+        .args(args)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rocannl");
+    child.stdin.take().expect("stdin").write_all(doc.as_bytes()).expect("write the document");
+    let out = child.wait_with_output().expect("rocannl finishes");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+fn kind(v: &Value) -> &str {
+    v["error"]["kind"].as_str().unwrap_or("")
+}
+
+#[test]
+fn shapes_and_values() {
+    let doc = json!({"expr": {"op": "add", "args": [
+        {"op": "matmul", "args": [{"leaf": "param", "name": "w", "init": {"constant": 1}},
+                                   {"leaf": "ndarray", "values": [1, 2, 3], "output": [3]}]},
+        {"leaf": "param", "name": "b", "output": [2], "init": {"values": [10, 20]}}]}, "grad": true});
+    let (rc, v, _) = rocannl(&["shapes"], &doc.to_string());
+    assert_eq!(rc, 0, "{v}");
+    assert_eq!(v["shape"], json!({"batch": [], "input": [], "output": [2]}));
+    assert_eq!(v["params"]["w"]["shape"], json!({"batch": [], "input": [3], "output": [2]}));
+    // b's input row was omitted and nothing bounds it: closing guessed "no axes".
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(1), "{v}");
+    assert!(v["warnings"][0].as_str().is_some_and(|w| w.contains("param b")), "{v}");
+    let (rc, v, _) =
+        rocannl(&["eval", "--backend", "interp", "--precision", "f64"], &doc.to_string());
+    assert_eq!(rc, 0, "{v}");
+    assert_eq!(v["values"], json!([16.0, 26.0]));
+    assert_eq!(v["params"]["w"]["grad"], json!([1.0, 2.0, 3.0, 1.0, 2.0, 3.0]));
+    assert_eq!(v["params"]["b"]["grad"], json!([1.0, 1.0]));
+}
+
+#[test]
+fn non_finite_values_are_strings() {
+    let doc = json!({"expr": {"op": "div", "args": [
+        {"leaf": "ndarray", "values": [1, -1, 0], "output": [3]},
+        {"leaf": "number", "value": 0}]}});
+    let (rc, v, _) = rocannl(&["eval"], &doc.to_string());
+    assert_eq!(rc, 0);
+    assert_eq!(v["values"], json!(["inf", "-inf", "nan"]));
+}
+
+#[test]
+fn every_error_kind() {
+    let cases = [
+        ("json", "{\"expr\": "),
+        ("input", r#"{"expr": {"op": "frobnicate", "args": []}}"#),
+        (
+            "input",
+            r#"{"expr": {"op": "relu", "args": [{"leaf": "range", "n": 2}, {"leaf": "range", "n": 2}]}}"#,
+        ),
+        ("input", r#"{"grad": false}"#),
+        ("input", r#"{"expr": {"leaf": "ndarray", "values": [1, 2], "output": [3]}}"#),
+        ("input", r#"{"expr": {"ref": "nowhere"}}"#),
+        (
+            "input",
+            r#"{"expr": {"op": "einsum", "spec": "i => i", "args": [{"leaf": "range", "n": 2}, {"leaf": "range", "n": 2}]}}"#,
+        ),
+        (
+            "spec",
+            r#"{"expr": {"op": "einsum1", "spec": "ij", "args": [{"leaf": "range", "n": 2}]}}"#,
+        ),
+        (
+            "shape",
+            r#"{"expr": {"op": "add", "args": [{"leaf": "range", "n": 2}, {"leaf": "range", "n": 3}]}}"#,
+        ),
+        (
+            "shape",
+            r#"{"expr": {"op": "batch_slice", "index": 0, "args": [{"leaf": "range", "n": 2}]}}"#,
+        ),
+    ];
+    for (want, doc) in cases {
+        let (rc, v, stderr) = rocannl(&["eval"], doc);
+        assert_eq!(kind(&v), want, "{doc} -> {v}");
+        assert_eq!(rc, 1, "{doc}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{doc}");
+        assert!(!stderr.contains("panicked"), "{doc}: {stderr}");
+    }
+    let (rc, v, _) =
+        rocannl(&["eval", "--backend", "tpu"], r#"{"expr": {"leaf": "range", "n": 2}}"#);
+    assert_eq!((rc, kind(&v)), (1, "backend"));
+}
+
+#[test]
+fn shape_errors_name_the_operation() {
+    let doc = r#"{"expr": {"op": "matmul", "name": "prod", "args": [
+        {"leaf": "range_of_shape", "input": [4], "output": [3]},
+        {"leaf": "range_of_shape", "input": [7], "output": [5]}]}}"#;
+    let (_, v, _) = rocannl(&["shapes"], doc);
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("prod") && msg.contains("compose"), "{msg}");
+    assert!(msg.contains('4') && msg.contains('5'), "{msg}");
+}
+
+#[test]
+fn strict_mode_rejects_guesses() {
+    let doc = r#"{"expr": {"op": "relu", "args": [{"leaf": "param", "name": "p"}]}}"#;
+    let (rc, v, _) = rocannl(&["shapes"], doc);
+    assert_eq!(rc, 0);
+    assert!(v["warnings"][0].as_str().is_some_and(|w| w.contains("param p")), "{v}");
+    let (rc, v, _) = rocannl(&["shapes", "--strict"], doc);
+    assert_eq!((rc, kind(&v)), (1, "shape"));
+}
+
+#[test]
+fn explain_shows_loop_nests() {
+    let doc = r#"{"expr": {"op": "einsum", "spec": "ij; jk => ik", "args": [
+        {"leaf": "range_of_shape", "output": [2, 3]}, {"leaf": "range_of_shape", "output": [3, 4]}]}}"#;
+    let out = Command::new(env!("CARGO_BIN_EXE_rocannl"))
+        .args(["explain", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().expect("stdin").write_all(doc.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("run explain");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("shape |->2,4"), "{text}");
+    assert!(text.contains("for i2 in 0..3:"), "{text}");
+    assert!(text.contains("+="), "{text}");
+}
+
+/// Mutates valid documents byte by byte (deterministically) and checks every answer is one JSON
+/// object with exit status 0 or 1 — never a crash, a panic or a hang.
+#[test]
+fn mutated_documents_never_panic() {
+    let seeds = [
+        r#"{"expr": {"op": "einsum", "spec": "...|i->h; ...|h->o => ...|i->o", "args": [{"leaf": "range_of_shape", "batch": [2], "input": [3], "output": [4]}, {"leaf": "param", "name": "w"}]}, "grad": true}"#,
+        r#"{"expr": {"op": "concat", "spec": "a, j; b, j => a^b, j", "args": [{"leaf": "param", "name": "x"}, {"leaf": "range_of_shape", "output": [6, 4]}]}}"#,
+        r#"{"expr": {"op": "tropical", "spec": "... | 2*oh+wh, ..c..; wh => ... | oh, ..c..", "args": [{"leaf": "range_of_shape", "output": [6, 2]}, {"leaf": "ndarray", "values": [0, 0], "output": [2]}]}}"#,
+    ];
+    let alphabet = b"{}[]:,\"0123456789.-+*^|>=;ahijkostvwxn ";
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for seed in seeds {
+        for _ in 0..25 {
+            let mut bytes = seed.as_bytes().to_vec();
+            for _ in 0..(1 + next() % 3) {
+                let pos = (next() as usize) % bytes.len();
+                match next() % 3 {
+                    0 => bytes[pos] = alphabet[(next() as usize) % alphabet.len()],
+                    1 => {
+                        bytes.remove(pos);
+                    }
+                    _ => bytes.insert(pos, alphabet[(next() as usize) % alphabet.len()]),
+                }
+            }
+            let doc = String::from_utf8_lossy(&bytes).to_string();
+            for cmd in ["shapes", "eval"] {
+                let (rc, v, stderr) = rocannl(&[cmd, "--backend", "interp"], &doc);
+                assert!(rc == 0 || rc == 1, "{doc}: exit {rc}");
+                assert!(v.is_object(), "{doc}: not one JSON object");
+                assert!(
+                    !stderr.contains("panicked") && !stderr.contains("internal error"),
+                    "{doc}: {stderr}"
+                );
+                assert!(
+                    (rc == 0) == v.get("error").is_none(),
+                    "{doc}: exit status and error object disagree: {v}"
+                );
+            }
+        }
+    }
+}
