@@ -1,0 +1,227 @@
+//! The tensor API: misuse gives errors (never panics), persistence round-trips bit-exactly,
+//! optimizers follow their reference formulas, and backends agree.
+
+use rocannl_tensor::nn::{Activation, Mlp, loss};
+use rocannl_tensor::train::{Column, Loader};
+use rocannl_tensor::{
+    BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Prec, Session, SessionOptions, Tensor,
+};
+
+fn session(g: &Graph, backend: BackendKind, prec: Prec) -> Result<Session, Error> {
+    Session::with_options(g, SessionOptions { backend, prec, ..SessionOptions::default() })
+}
+
+#[test]
+fn shape_errors_surface_when_the_graph_is_finalized() {
+    let g = Graph::new();
+    let a = g.vector("a", &[1.0, 2.0, 3.0]);
+    let b = g.vector("b", &[1.0, 2.0]);
+    let c = (&a + &b).named("sum"); // building never fails
+    assert!(c.shape_string().contains("$"), "partially inferred: {}", c.shape_string());
+    let err = Session::new(&g).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Shape(_)), "{msg}");
+    assert!(msg.contains("'sum'") && msg.contains('3') && msg.contains('2'), "{msg}");
+}
+
+#[test]
+fn bad_specs_and_arity_are_errors() {
+    let g = Graph::new();
+    let _ = g.range(3).einsum1("i->j->k => i");
+    assert!(matches!(g.finish(), Err(Error::Shape(rocannl_shape::ShapeError::Spec(_)))));
+    let g = Graph::new();
+    let _ = g.range(3).einsum1("i; j => ij");
+    assert!(matches!(g.finish(), Err(Error::Usage(_))));
+}
+
+#[test]
+fn guessed_params_warn_and_strict_mode_refuses() {
+    let g = Graph::new();
+    let x = g.data("x", &[4], &[], &[3]);
+    let w = g.param("w");
+    let _y = w.matmul(&x).relu();
+    g.finish().unwrap();
+    assert!(g.warnings().iter().any(|w| w.contains("param w")), "{:?}", g.warnings());
+    let g = Graph::new();
+    g.set_strict(true);
+    let x = g.data("x", &[4], &[], &[3]);
+    let _y = g.param("w").matmul(&x);
+    assert!(matches!(g.finish(), Err(Error::Shape(_))));
+}
+
+#[test]
+fn mixing_graphs_and_reading_too_early_are_errors() {
+    let g1 = Graph::new();
+    let g2 = Graph::new();
+    let a = g1.range(2);
+    let b = g2.range(2);
+    let _ = &a + &b;
+    assert!(matches!(g1.finish(), Err(Error::Usage(_))));
+    let g = Graph::new();
+    let x = g.range(2);
+    let y = x.exp();
+    let s = Session::new(&g).unwrap();
+    assert!(s.read(&y).is_err(), "nothing computed y yet");
+    assert!(y.dims().is_ok());
+}
+
+fn model(g: &Graph) -> (Tensor, Tensor) {
+    let x = g.data("x", &[8], &[], &[3]);
+    let m = Mlp::new(g, "m", &[5, 2], Activation::Tanh);
+    let y = m.apply(&x);
+    (x, y)
+}
+
+#[test]
+fn safetensors_round_trip_is_bit_exact_and_mismatches_change_nothing() {
+    for prec in [Prec::F32, Prec::F64] {
+        let g = Graph::with_seed(9);
+        let (x, y) = model(&g);
+        let mut s = session(&g, BackendKind::Interp, prec).unwrap();
+        s.write(&x, &[0.5; 24]).unwrap();
+        let r = s.forward(&[&y]).unwrap();
+        s.run(&r).unwrap();
+        let path = std::env::temp_dir().join(format!("rocannl_api_{}.safetensors", prec.name()));
+        s.save_params(&path).unwrap();
+        let before: Vec<Vec<u64>> = g
+            .params()
+            .iter()
+            .map(|p| s.read(p).unwrap().iter().map(|v| v.to_bits()).collect())
+            .collect();
+        for p in g.params() {
+            let n = p.num_elements().unwrap();
+            s.write(&p, &vec![7.0; n]).unwrap();
+        }
+        s.load_params(&path).unwrap();
+        let after: Vec<Vec<u64>> = g
+            .params()
+            .iter()
+            .map(|p| s.read(p).unwrap().iter().map(|v| v.to_bits()).collect())
+            .collect();
+        assert_eq!(before, after, "{}", prec.name());
+
+        // A file for a wider model does not fit: error, and nothing changes.
+        let g2 = Graph::with_seed(1);
+        let x2 = g2.data("x", &[8], &[], &[3]);
+        let y2 = Mlp::new(&g2, "m", &[6, 2], Activation::Tanh).apply(&x2);
+        let mut s2 = session(&g2, BackendKind::Interp, prec).unwrap();
+        let r2 = s2.forward(&[&y2]).unwrap();
+        s2.write(&x2, &[0.5; 24]).unwrap();
+        s2.run(&r2).unwrap();
+        let keep: Vec<Vec<f64>> = g2.params().iter().map(|p| s2.read(p).unwrap()).collect();
+        let err = s2.load_params(&path).unwrap_err();
+        assert!(err.to_string().contains("m.0"), "{err}");
+        let now: Vec<Vec<f64>> = g2.params().iter().map(|p| s2.read(p).unwrap()).collect();
+        assert_eq!(keep, now);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// `loss = Σ (p - t)² / 2`, so the gradient is `p - t`; compares a few steps of each optimizer
+/// with the same formulas computed here (PyTorch's semantics).
+#[test]
+fn optimizers_follow_their_formulas() {
+    let t = [1.0, -2.0, 0.5];
+    let p0 = [0.3, 0.7, -1.1];
+    let cases = [
+        Optimizer::sgd(),
+        Optimizer::sgd_momentum(0.9),
+        Optimizer::sgd_momentum(0.9).nesterov().with_weight_decay(0.01),
+        Optimizer::adam(),
+        Optimizer::adam().with_weight_decay(0.05),
+        Optimizer::adamw(0.1),
+    ];
+    for opt in cases {
+        let g = Graph::new();
+        let p = g.param_with("p", ParamSpec::output(&[3]).init(Init::Values(p0.to_vec())));
+        let d = &p - &g.vector("t", &t);
+        let l = d.pointmul(&d).sum_all().scale(0.5);
+        let mut s = session(&g, BackendKind::Interp, Prec::F64).unwrap();
+        let mut step = s.train_step(&l, &opt, &[]).unwrap();
+        let lr = 0.1;
+        let (mut p_ref, mut v, mut m) = (p0.to_vec(), vec![0.0; 3], vec![0.0; 3]);
+        let mut v2 = vec![0.0; 3];
+        for k in 1..=4 {
+            s.step(&mut step, lr, &[]).unwrap();
+            for i in 0..3 {
+                let grad = p_ref[i] - t[i];
+                match opt {
+                    Optimizer::Sgd { momentum, nesterov, weight_decay } => {
+                        let g = grad + weight_decay * p_ref[i];
+                        if momentum == 0.0 {
+                            p_ref[i] -= lr * g;
+                        } else {
+                            v[i] = momentum * v[i] + g;
+                            p_ref[i] -= lr * if nesterov { g + momentum * v[i] } else { v[i] };
+                        }
+                    }
+                    Optimizer::Adam { beta1, beta2, eps, weight_decay }
+                    | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+                        let decoupled = matches!(opt, Optimizer::AdamW { .. });
+                        if decoupled {
+                            p_ref[i] *= 1.0 - lr * weight_decay;
+                        }
+                        let g = if decoupled { grad } else { grad + weight_decay * p_ref[i] };
+                        m[i] = beta1 * m[i] + (1.0 - beta1) * g;
+                        v2[i] = beta2 * v2[i] + (1.0 - beta2) * g * g;
+                        let mh = m[i] / (1.0 - beta1.powi(k));
+                        let vh = v2[i] / (1.0 - beta2.powi(k));
+                        p_ref[i] -= lr * mh / (vh.sqrt() + eps);
+                    }
+                }
+            }
+            let got = s.read(&p).unwrap();
+            for i in 0..3 {
+                assert!((got[i] - p_ref[i]).abs() < 1e-9, "{opt:?} step {k}: {got:?} vs {p_ref:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn backends_agree_on_a_training_run() {
+    let run = |backend| {
+        let g = Graph::with_seed(4);
+        let xs: Vec<f64> = (0..64).map(|i| ((i * 37) % 17) as f64 / 17.0 - 0.5).collect();
+        let ys: Vec<f64> = (0..32).map(|i| if i % 3 == 0 { 1.0 } else { -1.0 }).collect();
+        let cols = [Column::new("x", &[2], xs), Column::new("y", &[1], ys)];
+        let loader = Loader::new(&g, &cols, 8).unwrap();
+        let f = Mlp::new(&g, "f", &[6, 1], Activation::Relu).apply(loader.batch(0));
+        let l = loss::hinge(&f, loader.batch(1));
+        let mut s = session(&g, backend, Prec::F32).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        let order: Vec<usize> = (0..32).collect();
+        loader.load(&mut s, &cols, &order).unwrap();
+        let mut losses = Vec::new();
+        for k in 0..12 {
+            s.step(&mut step, 0.01, &[loader.binding(k % 4)]).unwrap();
+            losses.push(s.loss(&step).unwrap());
+        }
+        losses
+    };
+    let reference = run(BackendKind::Interp);
+    for backend in BackendKind::available() {
+        let got = run(backend);
+        for (a, b) in got.iter().zip(&reference) {
+            assert!(
+                (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                "{backend:?}: {got:?} vs {reference:?}"
+            );
+        }
+    }
+    assert!(reference.last() < reference.first(), "{reference:?}");
+}
+
+#[test]
+fn runtime_symbols_out_of_range_are_errors() {
+    let g = Graph::new();
+    let cols = [Column::new("x", &[1], (0..8).map(f64::from).collect())];
+    let loader = Loader::new(&g, &cols, 4).unwrap();
+    let y = loader.batch(0).exp();
+    let mut s = Session::new(&g).unwrap();
+    let r = s.forward(&[&y]).unwrap();
+    loader.load(&mut s, &cols, &(0..8).collect::<Vec<_>>()).unwrap();
+    assert!(s.run_with(&r, &[loader.binding(1)]).is_ok());
+    assert!(s.run_with(&r, &[loader.binding(2)]).is_err());
+    assert!(s.run(&r).is_err(), "a missing binding");
+}
