@@ -126,19 +126,30 @@ impl Dim {
     /// Replaces every variable by `f(var)` (if it returns `Some`) and simplifies arithmetic
     /// dimensions whose parts became known.
     pub fn map_vars(&self, f: &mut impl FnMut(DimVar) -> Option<Dim>) -> Dim {
+        self.map_vars_with(f, true)
+    }
+
+    /// [`Dim::map_vars`], keeping padded stride-1 convolutions as such when `collapse_padded`
+    /// is false (projection inference needs their structure).
+    pub fn map_vars_with(
+        &self,
+        f: &mut impl FnMut(DimVar) -> Option<Dim>,
+        collapse_padded: bool,
+    ) -> Dim {
         match self {
             Dim::Var(v) => f(*v).unwrap_or(Dim::Var(*v)),
             Dim::Solved(_) => self.clone(),
             Dim::Conv(c) => Dim::Conv(Box::new(ConvDim {
                 stride: c.stride,
-                output: c.output.map_vars(f),
+                output: c.output.map_vars_with(f, collapse_padded),
                 dilation: c.dilation,
-                kernel: c.kernel.map_vars(f),
+                kernel: c.kernel.map_vars_with(f, collapse_padded),
                 padded: c.padded,
             }))
-            .normalized(),
+            .normalized_with(collapse_padded),
             Dim::Concat(parts) => {
-                Dim::Concat(parts.iter().map(|p| p.map_vars(f)).collect()).normalized()
+                Dim::Concat(parts.iter().map(|p| p.map_vars_with(f, collapse_padded)).collect())
+                    .normalized_with(collapse_padded)
             }
         }
     }
@@ -154,7 +165,17 @@ impl Dim {
     /// assert_eq!(Dim::Concat(vec![Dim::of(2), Dim::of(5)]).normalized(), Dim::of(7));
     /// ```
     pub fn normalized(self) -> Dim {
+        self.normalized_with(true)
+    }
+
+    /// [`Dim::normalized`]; with `collapse_padded` false a padded stride-1 convolution keeps its
+    /// structure until its size is known.
+    pub fn normalized_with(self, collapse_padded: bool) -> Dim {
         match self {
+            // A padded convolution with stride 1 preserves the dimension: for shape inference it
+            // is its output (the kernel only matters for padding, which projection inference
+            // derives from the spec's template).
+            Dim::Conv(c) if collapse_padded && c.padded && c.stride == 1 => c.output.normalized(),
             Dim::Conv(ref c) => match c.input_size() {
                 Some(d) => Dim::of(d),
                 None => self,
@@ -334,5 +355,14 @@ mod tests {
         assert_eq!(ConvDim::left_padding(1, 3), 1);
         assert_eq!(ConvDim::left_padding(1, 2), 0);
         assert_eq!(ConvDim::left_padding(2, 3), 2);
+    }
+
+    #[test]
+    fn padded_stride_one_is_its_output() {
+        let v = Dim::Var(DimVar(0));
+        let c = Dim::Conv(Box::new(conv(1, v.clone(), 1, Dim::Var(DimVar(1)), true)));
+        assert_eq!(c.normalized(), v);
+        let strided = Dim::Conv(Box::new(conv(2, Dim::of(3), 1, Dim::Var(DimVar(1)), true)));
+        assert_eq!(strided.normalized(), Dim::of(6));
     }
 }

@@ -70,6 +70,9 @@ pub struct Environment {
     rows: Vec<Option<RowEntry>>,
     /// Incremented on every change; the solver uses it to detect progress.
     pub version: u64,
+    /// Keep padded stride-1 convolutions as convolutions when substituting (projection
+    /// inference, where they must not be identified with their output's index).
+    pub keep_padded_conv: bool,
 }
 
 impl Environment {
@@ -164,10 +167,13 @@ impl Environment {
 
     /// The dimension with every solved variable substituted.
     pub fn subst_dim(&self, d: &Dim) -> Dim {
-        d.map_vars(&mut |v| match self.dim_entry(v) {
-            Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
-            _ => None,
-        })
+        d.map_vars_with(
+            &mut |v| match self.dim_entry(v) {
+                Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
+                _ => None,
+            },
+            !self.keep_padded_conv,
+        )
     }
 
     /// The row with every solved variable (dimension and row) substituted.

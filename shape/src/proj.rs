@@ -333,6 +333,7 @@ impl Inference {
         let logic = self.step_logic(step).clone();
         let cur_id = self.step_shape(step);
         let mut local = Solver::default();
+        local.env.keep_padded_conv = true;
         let fresh = |sh: &Shape, local: &mut Solver| {
             let mut f = |d: &Dim| match d {
                 Dim::Solved(s) => {

@@ -61,6 +61,18 @@ impl Solver {
 
     /// Records `v = value` and re-checks v's former bounds against the value.
     pub(crate) fn bind_dim(&mut self, v: DimVar, value: Dim, origin: &Origin) -> Derived {
+        if let Dim::Conv(c) = &value {
+            if c.stride == 1 && c.output.mentions(v) {
+                // v = v' + dilation·(k - 1) with v' containing v: only a kernel of 1 (or no
+                // kernel) keeps it finite, and then v equals the convolution's output.
+                let mut out =
+                    vec![Constraint::DimEq { d1: Dim::Var(v), d2: c.output.clone() }.at(origin)];
+                if c.kernel_counts() {
+                    out.push(Constraint::DimEq { d1: c.kernel.clone(), d2: Dim::of(1) }.at(origin));
+                }
+                return Ok(out);
+            }
+        }
         if value.mentions(v) {
             return Err(conflict(
                 format!("dimension {v} would have to equal {value}, which contains it"),

@@ -19,22 +19,43 @@ pub enum Padding {
     Same,
 }
 
-fn window_spec(stride: usize) -> String {
-    if stride == 1 {
-        "... | h+i, w+j, c; i, j, c -> d => ... | h, w, d".to_string()
-    } else {
-        format!("... | {stride}*h+i, {stride}*w+j, c; i, j, c -> d => ... | h, w, d")
+/// The spec of a convolution: per spatial axis `s*h+i` when the kernel spans it, or just `h`
+/// (`s*h` with a stride) when it is 1 wide — a size-1 kernel axis would broadcast and leave the
+/// window label undetermined. The kernel's input row holds the spanned axes and the channels.
+fn window_spec(kernel: (usize, usize), stride: usize) -> String {
+    let axis = |out: &str, k: usize, win: &str| match (stride, k) {
+        (1, 1) => out.to_string(),
+        (s, 1) => format!("{s}*{out}"),
+        (1, _) => format!("{out}+{win}"),
+        (s, _) => format!("{s}*{out}+{win}"),
+    };
+    let mut kernel_axes: Vec<&str> = Vec::new();
+    if kernel.0 > 1 {
+        kernel_axes.push("i");
     }
+    if kernel.1 > 1 {
+        kernel_axes.push("j");
+    }
+    kernel_axes.push("c");
+    format!(
+        "... | {}, {}, c; {} -> d => ... | h, w, d",
+        axis("h", kernel.0, "i"),
+        axis("w", kernel.1, "j"),
+        kernel_axes.join(", ")
+    )
 }
 
 /// A 2-D convolution layer with `out_channels` filters of `kh × kw` and a bias; the input
-/// channels are inferred from the first input.
+/// channels are inferred from the first input. The kernel's input row is `kh, kw, channels`
+/// (a 1-wide window axis is left out).
 #[derive(Clone, Debug)]
 pub struct Conv2d {
     /// `input: kh, kw, channels -> output: out_channels`.
     pub kernel: Tensor,
     /// One bias per output channel.
     pub bias: Tensor,
+    /// The window (`kh`, `kw`).
+    pub window: (usize, usize),
     /// The stride.
     pub stride: usize,
     /// The border handling.
@@ -51,22 +72,25 @@ impl Conv2d {
         stride: usize,
         padding: Padding,
     ) -> Conv2d {
+        let mut window: Vec<Option<usize>> =
+            [kernel.0, kernel.1].into_iter().filter(|k| *k > 1).map(Some).collect();
+        window.push(None);
         let k = g.param_with(
             &format!("{name}.kernel"),
             ParamSpec::output(&[out_channels])
-                .with_input_partial(&[Some(kernel.0), Some(kernel.1), None])
+                .with_input_partial(&window)
                 .init(Init::KaimingUniform),
         );
         let b = g.param_with(
             &format!("{name}.b"),
             ParamSpec::output(&[out_channels]).init(Init::Constant(0.0)),
         );
-        Conv2d { kernel: k, bias: b, stride, padding }
+        Conv2d { kernel: k, bias: b, window: kernel, stride, padding }
     }
 
     /// The convolution of `x` (`... | h, w, c`).
     pub fn apply(&self, x: &Tensor) -> Tensor {
-        let spec = window_spec(self.stride);
+        let spec = window_spec(self.window, self.stride);
         let y = match self.padding {
             Padding::Valid => x.einsum(&spec, &self.kernel),
             Padding::Same => x.einsum_padded(&spec, &self.kernel),
@@ -113,4 +137,17 @@ pub fn max_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
 pub fn avg_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
     let window = g.constant(1.0 / (k * k) as f64, &[], &[], &[k, k]);
     x.einsum(&pool_spec(stride), &window)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_leave_out_one_wide_windows() {
+        assert_eq!(window_spec((3, 3), 1), "... | h+i, w+j, c; i, j, c -> d => ... | h, w, d");
+        assert_eq!(window_spec((1, 1), 1), "... | h, w, c; c -> d => ... | h, w, d");
+        assert_eq!(window_spec((1, 1), 2), "... | 2*h, 2*w, c; c -> d => ... | h, w, d");
+        assert_eq!(window_spec((1, 5), 2), "... | 2*h, 2*w+j, c; j, c -> d => ... | h, w, d");
+    }
 }

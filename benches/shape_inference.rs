@@ -1,0 +1,90 @@
+//! Shape inference at model scale: building a graph, finishing inference and deriving every
+//! projection, for a ResNet-50-sized convolutional network (convolutions as einsums with
+//! convolution axes, pointwise ops, a dense head) and a 12-layer transformer.
+//!
+//! `cargo bench --bench shape_inference`; the per-operation figure is the total divided by the
+//! number of tensors in the graph.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use rocannl_tensor::nn::attention::{AttentionConfig, transformer_block};
+use rocannl_tensor::nn::conv::{Conv2d, Padding, max_pool2d};
+use rocannl_tensor::nn::{Dense, OUTPUT_AXES};
+use rocannl_tensor::{Graph, Tensor, TensorId};
+
+/// A convolution (einsum with convolution axes) + bias, then relu.
+fn conv(g: &Graph, name: &str, x: &Tensor, k: usize, out: usize, stride: usize) -> Tensor {
+    let padding = if k == 1 && stride == 1 { Padding::Valid } else { Padding::Same };
+    Conv2d::new(g, name, (k, k), out, stride, padding).apply(x).relu()
+}
+
+/// ResNet-50: a 7×7/2 stem, max pooling, 16 bottleneck blocks (1×1, 3×3, 1×1 convolutions with
+/// a residual, projected where the shape changes), average pooling and a dense classifier.
+pub fn resnet50(g: &Graph) -> Tensor {
+    let x = g.data("images", &[8], &[], &[224, 224, 3]);
+    let mut h = conv(g, "stem", &x, 7, 64, 2);
+    h = max_pool2d(g, &h, 2, 2);
+    let stages = [(3, 64, 256, 1), (4, 128, 512, 2), (6, 256, 1024, 2), (3, 512, 2048, 2)];
+    for (si, (blocks, mid, out, stride)) in stages.into_iter().enumerate() {
+        for b in 0..blocks {
+            let s = if b == 0 { stride } else { 1 };
+            let name = format!("s{si}b{b}");
+            let a = conv(g, &format!("{name}.c1"), &h, 1, mid, 1);
+            let a = conv(g, &format!("{name}.c2"), &a, 3, mid, s);
+            let a = Conv2d::new(g, &format!("{name}.c3"), (1, 1), out, 1, Padding::Valid).apply(&a);
+            let shortcut = if b == 0 {
+                Conv2d::new(g, &format!("{name}.proj"), (1, 1), out, s, Padding::Same).apply(&h)
+            } else {
+                h.clone()
+            };
+            h = (&a + &shortcut).relu();
+        }
+    }
+    let pooled = h.mean1("... | h, w, c => ... | c");
+    Dense::new(g, "fc", 1000).apply(&pooled).softmax(OUTPUT_AXES)
+}
+
+/// A 12-layer pre-norm transformer over sequences of 32 positions of width 64.
+pub fn transformer(g: &Graph) -> Tensor {
+    let mut x = g.data("tokens", &[4, 32], &[], &[64]);
+    for l in 0..12 {
+        x = transformer_block(
+            g,
+            &format!("layer{l}"),
+            &x,
+            AttentionConfig { heads: 4, head_dim: 16 },
+            256,
+        );
+    }
+    x
+}
+
+/// Builds the graph, finishes inference and derives the projections of every operation.
+fn infer(build: fn(&Graph) -> Tensor) -> usize {
+    let g = Graph::new();
+    let _out = build(&g);
+    g.finish().expect("the model's shapes are consistent");
+    let mut n = 0;
+    for i in 0..g.len() {
+        let t = g.tensor(TensorId(i as u32));
+        n += t.projections().expect("projections").len();
+    }
+    n
+}
+
+fn bench(c: &mut Criterion) {
+    for (name, build) in
+        [("resnet50", resnet50 as fn(&Graph) -> Tensor), ("transformer12", transformer)]
+    {
+        let g = Graph::new();
+        let _ = build(&g);
+        println!("{name}: {} tensors", g.len());
+        c.bench_function(&format!("shape_inference/{name}"), |b| b.iter(|| infer(build)));
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(10);
+    targets = bench
+}
+criterion_main!(benches);
