@@ -102,6 +102,35 @@ impl Environment {
         }
     }
 
+    /// The bounds of an unsolved dimension variable, for updating in place (created empty if
+    /// nothing was known; `None` if the variable is solved).
+    pub fn dim_bounds_mut(&mut self, v: DimVar) -> Option<&mut DimBounds> {
+        let i = v.0 as usize;
+        if self.dims.len() <= i {
+            self.dims.resize(i + 1, None);
+        }
+        self.version += 1;
+        let e = self.dims[i].get_or_insert_with(|| DimEntry::Bounds(DimBounds::default()));
+        match e {
+            DimEntry::Bounds(b) => Some(b),
+            DimEntry::Solved(..) => None,
+        }
+    }
+
+    /// The bounds of an unsolved row variable, for updating in place.
+    pub fn row_bounds_mut(&mut self, v: RowVar) -> Option<&mut RowBounds> {
+        let i = v.0 as usize;
+        if self.rows.len() <= i {
+            self.rows.resize(i + 1, None);
+        }
+        self.version += 1;
+        let e = self.rows[i].get_or_insert_with(|| RowEntry::Bounds(RowBounds::default()));
+        match e {
+            RowEntry::Bounds(b) => Some(b),
+            RowEntry::Solved(..) => None,
+        }
+    }
+
     /// Replaces the bounds of an unsolved dimension variable.
     pub fn set_dim_bounds(&mut self, v: DimVar, b: DimBounds) {
         self.set_dim(v, DimEntry::Bounds(b));
@@ -135,14 +164,14 @@ impl Environment {
     pub fn solve_dim(&mut self, v: DimVar, value: Dim, origin: Origin) -> DimBounds {
         let old = self.dim_bounds(v);
         for c in &old.cur {
-            let mut b = self.dim_bounds(*c);
-            b.subr.retain(|x| x != &v);
-            self.set_dim_bounds(*c, b);
+            if let Some(b) = self.dim_bounds_mut(*c) {
+                b.subr.retain(|x| x != &v);
+            }
         }
         for s in &old.subr {
-            let mut b = self.dim_bounds(*s);
-            b.cur.retain(|x| x != &v);
-            self.set_dim_bounds(*s, b);
+            if let Some(b) = self.dim_bounds_mut(*s) {
+                b.cur.retain(|x| x != &v);
+            }
         }
         self.set_dim(v, DimEntry::Solved(value, origin));
         old
@@ -152,14 +181,14 @@ impl Environment {
     pub fn solve_row(&mut self, v: RowVar, value: Row, origin: Origin) -> RowBounds {
         let old = self.row_bounds(v);
         for c in &old.cur {
-            let mut b = self.row_bounds(*c);
-            b.subr.retain(|x| x != &v);
-            self.set_row_bounds(*c, b);
+            if let Some(b) = self.row_bounds_mut(*c) {
+                b.subr.retain(|x| x != &v);
+            }
         }
         for s in &old.subr {
-            let mut b = self.row_bounds(*s);
-            b.cur.retain(|x| x != &v);
-            self.set_row_bounds(*s, b);
+            if let Some(b) = self.row_bounds_mut(*s) {
+                b.cur.retain(|x| x != &v);
+            }
         }
         self.set_row(v, RowEntry::Solved(value, origin));
         old
@@ -200,38 +229,32 @@ impl Environment {
         }
     }
 
-    /// Whether `to` is reachable from `from` by following `subr` edges (i.e. `from ≥ … ≥ to`).
-    pub fn dim_below(&self, from: DimVar, to: DimVar) -> bool {
-        let mut seen = FxHashSet::default();
-        let mut stack = vec![from];
-        while let Some(v) = stack.pop() {
-            if v == to {
-                return true;
-            }
-            if seen.insert(v) {
-                if let Some(DimEntry::Bounds(b)) = self.dim_entry(v) {
-                    stack.extend(b.subr.iter().copied());
-                }
-            }
-        }
-        false
+    /// Whether `lo` is reachable from `hi` by following `subr` edges (`hi ≥ … ≥ lo`).
+    pub fn dim_below(&self, hi: DimVar, lo: DimVar) -> bool {
+        let bounds = |v: DimVar| match self.dim_entry(v) {
+            Some(DimEntry::Bounds(b)) => Some(b),
+            _ => None,
+        };
+        reachable(
+            hi,
+            lo,
+            |v| bounds(v).map_or(&[][..], |b| &b.subr),
+            |v| bounds(v).map_or(&[][..], |b| &b.cur),
+        )
     }
 
-    /// Whether row variable `to` is reachable from `from` by following `subr` edges.
-    pub fn row_below(&self, from: RowVar, to: RowVar) -> bool {
-        let mut seen = FxHashSet::default();
-        let mut stack = vec![from];
-        while let Some(v) = stack.pop() {
-            if v == to {
-                return true;
-            }
-            if seen.insert(v) {
-                if let Some(RowEntry::Bounds(b)) = self.row_entry(v) {
-                    stack.extend(b.subr.iter().copied());
-                }
-            }
-        }
-        false
+    /// Whether row variable `lo` is reachable from `hi` by following `subr` edges.
+    pub fn row_below(&self, hi: RowVar, lo: RowVar) -> bool {
+        let bounds = |v: RowVar| match self.row_entry(v) {
+            Some(RowEntry::Bounds(b)) => Some(b),
+            _ => None,
+        };
+        reachable(
+            hi,
+            lo,
+            |v| bounds(v).map_or(&[][..], |b| &b.subr),
+            |v| bounds(v).map_or(&[][..], |b| &b.cur),
+        )
     }
 
     /// Whether row variable `v` occurs in `row` after substitution (an occurs check).
@@ -247,6 +270,40 @@ impl Environment {
             d.vars(&mut vs);
         }
         vs
+    }
+}
+
+/// Whether `lo` can be reached from `hi` through `down` edges (equivalently `hi` from `lo`
+/// through `up` edges). Both searches advance in turn and the first to finish decides, so the
+/// cost is about the smaller of the regions below `hi` and above `lo` — long chains of
+/// inequalities make one of them large.
+fn reachable<'a, V: Copy + Eq + std::hash::Hash + 'a>(
+    hi: V,
+    lo: V,
+    down: impl Fn(V) -> &'a [V],
+    up: impl Fn(V) -> &'a [V],
+) -> bool {
+    let (mut seen_down, mut stack_down) = (FxHashSet::default(), vec![hi]);
+    let (mut seen_up, mut stack_up) = (FxHashSet::default(), vec![lo]);
+    loop {
+        match stack_down.pop() {
+            None => return false,
+            Some(v) if v == lo => return true,
+            Some(v) => {
+                if seen_down.insert(v) {
+                    stack_down.extend_from_slice(down(v));
+                }
+            }
+        }
+        match stack_up.pop() {
+            None => return false,
+            Some(v) if v == hi => return true,
+            Some(v) => {
+                if seen_up.insert(v) {
+                    stack_up.extend_from_slice(up(v));
+                }
+            }
+        }
     }
 }
 

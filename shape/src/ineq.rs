@@ -147,12 +147,13 @@ impl Solver {
 
     /// `c ≥ s` between two dimension variables.
     fn add_dim_var_ineq(&mut self, c: DimVar, s: DimVar, origin: &Origin) -> Derived {
+        if self.env.dim_below(c, s) {
+            // Already known (re-derived constraints land here: check this first, it is quick).
+            return Ok(vec![]);
+        }
         if self.env.dim_below(s, c) {
             // s ≥ … ≥ c ≥ s: a cycle means equality.
             return Ok(vec![Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) }.at(origin)]);
-        }
-        if self.env.dim_below(c, s) {
-            return Ok(vec![]);
         }
         let mut bc = self.env.dim_bounds(c);
         let mut bs = self.env.dim_bounds(s);
@@ -300,14 +301,14 @@ impl Solver {
 
     /// `c ≥ s` between two row variables.
     fn add_row_var_ineq(&mut self, c: RowVar, s: RowVar, like: &Row, origin: &Origin) -> Derived {
+        if self.env.row_below(c, s) {
+            return Ok(vec![]);
+        }
         if self.env.row_below(s, c) {
             return Ok(vec![
                 Constraint::RowEq { r1: Row::of_var(c, like.id), r2: Row::of_var(s, like.id) }
                     .at(origin),
             ]);
-        }
-        if self.env.row_below(c, s) {
-            return Ok(vec![]);
         }
         let mut bc = self.env.row_bounds(c);
         let mut bs = self.env.row_bounds(s);

@@ -250,9 +250,18 @@ impl Inference {
             self.pending.extend(rest);
         }
         let mut pending = std::mem::take(&mut self.pending);
+        let mut rows = self.shape_rows();
         for stage in Stage::CLOSING {
             if stage == Stage::TerminalRowsClosed {
-                pending.extend(self.shape_rows());
+                // Stage 4 closes lower-bounded dimensions to their upper bounds; the other rows
+                // have nothing to close before stage 6.
+                let (now, later): (Vec<Constr>, Vec<Constr>) =
+                    rows.into_iter().partition(|c| self.has_lower_bounded_dim(&c.c));
+                pending.extend(now);
+                rows = later;
+            }
+            if stage == Stage::RowsToNoMoreAxes {
+                pending.extend(std::mem::take(&mut rows));
             }
             pending = self.solver.solve(stage, pending).map_err(|c| self.report(c))?;
         }
@@ -323,6 +332,14 @@ impl Inference {
             }
         }
         out
+    }
+
+    fn has_lower_bounded_dim(&self, c: &Constraint) -> bool {
+        let Constraint::ShapeRow(r) = c else { return false };
+        self.solver.env.row_dim_vars(r).into_iter().any(|v| {
+            let b = self.solver.env.dim_bounds(v);
+            b.constr.as_ref().is_some_and(|(c, _)| c.lower_bound().is_some())
+        })
     }
 
     fn refresh_step(&mut self, step: StepId) {

@@ -360,8 +360,12 @@ impl Inference {
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };
-        for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
-            pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
+        // Only template variables (einsum labels, row variables, slices) need solving: the
+        // other constraints already relate known rows.
+        if matches!(logic, Logic::Einsum(..) | Logic::BatchSlice(..)) {
+            for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
+                pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
+            }
         }
         let mut ps = ProjSolver {
             local: &local,

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint};
 use crate::env::Environment;
@@ -77,8 +77,6 @@ impl Solver {
                 shape_closers = shape_rows.into();
                 closers = rest.into();
             }
-            // When each derived constraint was last queued (environment version).
-            let mut queued_at: FxHashMap<Constr, u64> = FxHashMap::default();
             while let Some(c) = queue
                 .pop_front()
                 .or_else(|| closers.pop_front())
@@ -95,13 +93,6 @@ impl Solver {
                 }
                 let derived = self.solve_one(c)?;
                 for d in derived {
-                    // The same constraint derived again while the environment is unchanged
-                    // since it was queued carries no new information.
-                    let now = self.env.version;
-                    if queued_at.get(&d) == Some(&now) {
-                        continue;
-                    }
-                    queued_at.insert(d.clone(), now);
                     if late && matches!(d.c, Constraint::ShapeRow(_)) {
                         shape_closers.push_back(d);
                     } else if is_closer(&d) {
@@ -111,7 +102,7 @@ impl Solver {
                     }
                 }
             }
-            let pending = dedup(std::mem::take(&mut self.deferred));
+            let pending = std::mem::take(&mut self.deferred);
             if pending.is_empty() || self.env.version == version {
                 return Ok(pending);
             }
@@ -143,8 +134,12 @@ fn is_closer(c: &Constr) -> bool {
     matches!(c.c, Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow(_))
 }
 
-/// Removes repeated constraints, keeping the first occurrence of each.
+/// Removes repeated constraints, keeping the first occurrence of each (short lists, as in
+/// online solving, are left alone: hashing them costs more than an occasional repeat).
 fn dedup(cs: Vec<Constr>) -> Vec<Constr> {
+    if cs.len() < 32 {
+        return cs;
+    }
     let mut seen = FxHashSet::default();
     cs.into_iter().filter(|c| seen.insert(c.clone())).collect()
 }

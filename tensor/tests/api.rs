@@ -139,8 +139,8 @@ fn optimizers_follow_their_formulas() {
         let mut s = session(&g, BackendKind::Interp, Prec::F64).unwrap();
         let mut step = s.train_step(&l, &opt, &[]).unwrap();
         let lr = 0.1;
-        let (mut p_ref, mut v, mut m) = (p0.to_vec(), vec![0.0; 3], vec![0.0; 3]);
-        let mut v2 = vec![0.0; 3];
+        let (mut p_ref, mut v, mut m) = (p0.to_vec(), [0.0; 3], [0.0; 3]);
+        let mut v2 = [0.0; 3];
         for k in 1..=4 {
             s.step(&mut step, lr, &[]).unwrap();
             for i in 0..3 {
