@@ -127,8 +127,8 @@ pub struct HostBuffers {
 impl HostBuffers {
     /// Allocates a zeroed buffer unless the node has one.
     pub fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
-        if !self.map.contains_key(&node.id) {
-            self.map.insert(node.id, HostBuffer::new(node)?);
+        if let std::collections::hash_map::Entry::Vacant(e) = self.map.entry(node.id) {
+            e.insert(HostBuffer::new(node)?);
         }
         Ok(())
     }
