@@ -45,7 +45,12 @@ fn gccjit_all_precisions() {
 #[cfg(feature = "gccjit")]
 #[test]
 fn gccjit_unoptimized_single_thread() {
-    let opts = CompileOptions { opt_level: 0, threads: Some(1), ..CompileOptions::default() };
+    let opts = CompileOptions {
+        opt_level: 0,
+        threads: Some(1),
+        march_native: false,
+        ..CompileOptions::default()
+    };
     conformance(BackendKind::Gccjit, &[Prec::F32, Prec::F64], opts);
 }
 
