@@ -111,6 +111,9 @@ impl Context {
             BackendKind::Gccjit => Box::new(crate::backend::gccjit::Gccjit::new(&opts)),
             #[cfg(not(feature = "gccjit"))]
             BackendKind::Gccjit => return Err(Error::NotBuiltIn("gccjit")),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => Box::new(crate::backend::cuda::Cuda::new(&opts)?),
+            #[cfg(not(feature = "cuda"))]
             BackendKind::Cuda => return Err(Error::NotBuiltIn("cuda")),
         };
         Ok(Context {

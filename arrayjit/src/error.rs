@@ -120,6 +120,14 @@ pub enum Error {
         /// The axis' size.
         bound: usize,
     },
+    /// A buffer that cannot be allocated.
+    #[error("cannot allocate {bytes} bytes for tensor node n{id}")]
+    Alloc {
+        /// The node.
+        id: u32,
+        /// The requested size.
+        bytes: usize,
+    },
     /// A routine run on a context other than the one that compiled it.
     #[error("routine `{0}` was compiled by another context")]
     ForeignRoutine(String),

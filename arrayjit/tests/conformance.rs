@@ -45,7 +45,12 @@ fn gccjit_all_precisions() {
 #[cfg(feature = "gccjit")]
 #[test]
 fn gccjit_unoptimized_single_thread() {
-    let opts = CompileOptions { opt_level: 0, threads: Some(1), ..CompileOptions::default() };
+    let opts = CompileOptions {
+        opt_level: 0,
+        threads: Some(1),
+        march_native: false,
+        ..CompileOptions::default()
+    };
     conformance(BackendKind::Gccjit, &[Prec::F32, Prec::F64], opts);
 }
 
@@ -64,7 +69,9 @@ fn gccjit_bounds_checked_threads_always_split() {
 #[cfg(feature = "gccjit")]
 #[test]
 fn gccjit_large_matmuls_match_interp() {
-    for (m, k, n) in [(64, 64, 64), (33, 47, 65), (128, 96, 80), (5, 300, 17), (2, 3, 1024)] {
+    for (m, k, n) in
+        [(64, 64, 64), (33, 47, 65), (128, 96, 80), (5, 300, 17), (2, 3, 1024), (96, 520, 1040)]
+    {
         for prec in [Prec::F32, Prec::F64] {
             let case = matmul_case(m, k, n, prec);
             let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);

@@ -288,3 +288,64 @@ fn debug_dir_receives_ir_and_source() {
     assert!(dir.join("mm.interp.txt").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn matmul_cpu_schedule() {
+    let case = matmul_case(8, 8, 16, Prec::F32);
+    let mut prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    rocannl_arrayjit::low_level::schedule::schedule_cpu(&mut prog);
+    rocannl_arrayjit::low_level::verify::verify(&prog, "schedule").unwrap();
+    expect![[r#"
+        # c matmul
+        for v0 in 0..8 par {
+          for v1 in 0..16 par {
+            n2[v0, v1] := 0
+          }
+        }
+        for v3 in 0..1 par {
+          for v4 in 0..1 {
+            for v5 in 0..1 {
+              for v6 in 0..2 {
+                for v7 in 0..2 {
+                  t1 := n0[8*v3 + 4*v6, 8*v5 + 4*v7]
+                  t2 := n0[8*v3 + 4*v6, 8*v5 + 4*v7 + 1]
+                  t3 := n0[8*v3 + 4*v6, 8*v5 + 4*v7 + 2]
+                  t4 := n0[8*v3 + 4*v6, 8*v5 + 4*v7 + 3]
+                  t5 := n0[8*v3 + 4*v6 + 1, 8*v5 + 4*v7]
+                  t6 := n0[8*v3 + 4*v6 + 1, 8*v5 + 4*v7 + 1]
+                  t7 := n0[8*v3 + 4*v6 + 1, 8*v5 + 4*v7 + 2]
+                  t8 := n0[8*v3 + 4*v6 + 1, 8*v5 + 4*v7 + 3]
+                  t9 := n0[8*v3 + 4*v6 + 2, 8*v5 + 4*v7]
+                  t10 := n0[8*v3 + 4*v6 + 2, 8*v5 + 4*v7 + 1]
+                  t11 := n0[8*v3 + 4*v6 + 2, 8*v5 + 4*v7 + 2]
+                  t12 := n0[8*v3 + 4*v6 + 2, 8*v5 + 4*v7 + 3]
+                  t13 := n0[8*v3 + 4*v6 + 3, 8*v5 + 4*v7]
+                  t14 := n0[8*v3 + 4*v6 + 3, 8*v5 + 4*v7 + 1]
+                  t15 := n0[8*v3 + 4*v6 + 3, 8*v5 + 4*v7 + 2]
+                  t16 := n0[8*v3 + 4*v6 + 3, 8*v5 + 4*v7 + 3]
+                  for v8 in 0..16 par {
+                    n2[8*v3 + 4*v6, 16*v4 + v8] := fma(t4, n1[8*v5 + 4*v7 + 3, 16*v4 + v8], fma(t3, n1[8*v5 + 4*v7 + 2, 16*v4 + v8], fma(t2, n1[8*v5 + 4*v7 + 1, 16*v4 + v8], fma(t1, n1[8*v5 + 4*v7, 16*v4 + v8], n2[8*v3 + 4*v6, 16*v4 + v8]))))
+                    n2[8*v3 + 4*v6 + 1, 16*v4 + v8] := fma(t8, n1[8*v5 + 4*v7 + 3, 16*v4 + v8], fma(t7, n1[8*v5 + 4*v7 + 2, 16*v4 + v8], fma(t6, n1[8*v5 + 4*v7 + 1, 16*v4 + v8], fma(t5, n1[8*v5 + 4*v7, 16*v4 + v8], n2[8*v3 + 4*v6 + 1, 16*v4 + v8]))))
+                    n2[8*v3 + 4*v6 + 2, 16*v4 + v8] := fma(t12, n1[8*v5 + 4*v7 + 3, 16*v4 + v8], fma(t11, n1[8*v5 + 4*v7 + 2, 16*v4 + v8], fma(t10, n1[8*v5 + 4*v7 + 1, 16*v4 + v8], fma(t9, n1[8*v5 + 4*v7, 16*v4 + v8], n2[8*v3 + 4*v6 + 2, 16*v4 + v8]))))
+                    n2[8*v3 + 4*v6 + 3, 16*v4 + v8] := fma(t16, n1[8*v5 + 4*v7 + 3, 16*v4 + v8], fma(t15, n1[8*v5 + 4*v7 + 2, 16*v4 + v8], fma(t14, n1[8*v5 + 4*v7 + 1, 16*v4 + v8], fma(t13, n1[8*v5 + 4*v7, 16*v4 + v8], n2[8*v3 + 4*v6 + 3, 16*v4 + v8]))))
+                  }
+                }
+              }
+            }
+          }
+        }
+    "#]].assert_eq(&prog.to_string());
+}
+
+#[test]
+fn schedule_leaves_guarded_and_small_nests_alone() {
+    for case in [conv_case(Prec::F32, 1, 1), matmul_case(4, 3, 5, Prec::F32)] {
+        let mut prog =
+            compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+                .unwrap();
+        let before = prog.to_string();
+        rocannl_arrayjit::low_level::schedule::schedule_cpu(&mut prog);
+        assert_eq!(prog.to_string(), before);
+    }
+}

@@ -138,10 +138,16 @@ impl CRenderer<'_> {
             };
             parts.push(if c == 1 { v } else { format!("{c}LL * {v}") });
         }
-        if i.offset != 0 || parts.is_empty() {
-            parts.push(format!("{}LL", i.offset));
+        if parts.is_empty() {
+            return format!("{}LL", i.offset);
         }
-        parts.join(" + ")
+        let mut s = parts.join(" + ");
+        match i.offset {
+            0 => {}
+            o if o > 0 => s.push_str(&format!(" + {o}LL")),
+            o => s.push_str(&format!(" - {}LL", -o)),
+        }
+        s
     }
 
     /// Renders the flat offset of a cell.

@@ -30,21 +30,25 @@ pub struct HostBuffer {
 unsafe impl Send for HostBuffer {}
 
 impl HostBuffer {
-    /// A zeroed buffer for `node`.
-    pub fn new(node: &TensorNode) -> HostBuffer {
-        let bytes = node.num_elements() * node.prec.size_in_bytes();
+    /// A zeroed buffer for `node`, or [`Error::Alloc`] when it is too large.
+    pub fn new(node: &TensorNode) -> Result<HostBuffer, Error> {
+        let too_big = || Error::Alloc { id: node.id.0, bytes: usize::MAX };
+        let elems =
+            node.dims.iter().try_fold(1usize, |a, d| a.checked_mul(*d)).ok_or_else(too_big)?;
+        let bytes = elems.checked_mul(node.prec.size_in_bytes()).ok_or_else(too_big)?;
         let ptr = if bytes == 0 {
             std::ptr::null_mut()
         } else {
-            let layout = Layout::from_size_align(bytes, ALIGN).unwrap_or(Layout::new::<u8>());
+            let layout = Layout::from_size_align(bytes, ALIGN)
+                .map_err(|_| Error::Alloc { id: node.id.0, bytes })?;
             // SAFETY: the layout has a non-zero size.
             let p = unsafe { alloc_zeroed(layout) };
             if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
+                return Err(Error::Alloc { id: node.id.0, bytes });
             }
             p
         };
-        HostBuffer { node: node.clone(), ptr, bytes }
+        Ok(HostBuffer { node: node.clone(), ptr, bytes })
     }
 
     /// The start of the buffer (null when empty).
@@ -122,8 +126,11 @@ pub struct HostBuffers {
 
 impl HostBuffers {
     /// Allocates a zeroed buffer unless the node has one.
-    pub fn alloc(&mut self, node: &TensorNode) {
-        self.map.entry(node.id).or_insert_with(|| HostBuffer::new(node));
+    pub fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.map.entry(node.id) {
+            e.insert(HostBuffer::new(node)?);
+        }
+        Ok(())
     }
 
     /// The buffer of a node.

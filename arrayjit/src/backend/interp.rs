@@ -331,8 +331,7 @@ impl Backend for Interp {
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
-        self.buffers.alloc(node);
-        Ok(())
+        self.buffers.alloc(node)
     }
 
     fn has_buffer(&self, node: NodeId) -> bool {

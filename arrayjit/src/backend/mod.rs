@@ -11,6 +11,8 @@
 //! keyed by [`NodeId`], allocated zeroed once and shared by every routine of a context.
 
 pub mod c_syntax;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[cfg(feature = "gccjit")]
 pub mod gccjit;
 pub mod host;
@@ -68,6 +70,9 @@ impl BackendKind {
         let mut v = vec![BackendKind::Interp];
         if cfg!(feature = "gccjit") {
             v.push(BackendKind::Gccjit);
+        }
+        if cfg!(feature = "cuda") {
+            v.push(BackendKind::Cuda);
         }
         v
     }

@@ -1,0 +1,167 @@
+//! The CUDA backend: CUDA C rendered by the shared C-family renderer, compiled by NVRTC,
+//! loaded and launched through cudarc's driver API.
+//!
+//! Rendering ([`render::render`]) and compiling to PTX or SASS ([`nvrtc::Nvrtc::compile`])
+//! need no GPU and are tested everywhere NVRTC is installed. Creating the backend needs the
+//! driver library and a device: without them [`Cuda::new`] returns [`Error::NoDevice`] before
+//! any cudarc call that could panic.
+
+pub mod nvrtc;
+pub mod render;
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use rustc_hash::FxHashMap;
+
+use super::{Backend, BackendKind, CompileOptions};
+use crate::error::Error;
+use crate::low_level::Program;
+use crate::ndarray::NdArray;
+use crate::tnode::{NodeId, TensorNode};
+
+/// The PTX target: compute capability 9.0 (H100/H200), JIT-compiled by the driver for newer
+/// devices.
+pub const PTX_ARCH: &str = "compute_90";
+/// The SASS target checked in tests.
+pub const SASS_ARCH: &str = "sm_90";
+
+fn driver_err(e: cudarc::driver::DriverError) -> Error {
+    Error::Cuda(format!("{e:?}"))
+}
+
+/// Checks for the driver library and a device without letting cudarc panic.
+pub fn probe_device() -> Result<(), Error> {
+    // SAFETY: only probes whether the driver library can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::NoDevice {
+            reason: "the CUDA driver library (libcuda) is not installed".into(),
+        });
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err(Error::NoDevice { reason: "the CUDA driver reports no device".into() }),
+        Err(e) => Err(Error::NoDevice { reason: format!("the CUDA driver failed: {e:?}") }),
+    }
+}
+
+struct Compiled {
+    kernels: Vec<(CudaFunction, render::Kernel)>,
+}
+
+/// The CUDA backend (one device, one stream).
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    nvrtc: nvrtc::Nvrtc,
+    buffers: FxHashMap<NodeId, (TensorNode, CudaSlice<u8>)>,
+    routines: Vec<Compiled>,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cuda({} routines)", self.routines.len())
+    }
+}
+
+impl Cuda {
+    /// The backend on device 0; [`Error::NoDevice`] without a driver or device.
+    pub fn new(_opts: &CompileOptions) -> Result<Cuda, Error> {
+        probe_device()?;
+        let ctx = CudaContext::new(0).map_err(driver_err)?;
+        let stream = ctx.default_stream();
+        let nvrtc = nvrtc::Nvrtc::load()?;
+        Ok(Cuda { ctx, stream, nvrtc, buffers: FxHashMap::default(), routines: Vec::new() })
+    }
+}
+
+impl Backend for Cuda {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn render(&self, prog: &Program) -> Result<String, Error> {
+        Ok(render::render(prog).source)
+    }
+
+    fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+        let src = render::render(prog);
+        let ptx = self.nvrtc.compile(&prog.name, &src.source, PTX_ARCH, false)?;
+        let text = String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string();
+        let module =
+            self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text)).map_err(driver_err)?;
+        let mut kernels = Vec::new();
+        for k in src.kernels {
+            let f = module.load_function(&k.name).map_err(driver_err)?;
+            kernels.push((f, k));
+        }
+        self.routines.push(Compiled { kernels });
+        Ok(self.routines.len() - 1)
+    }
+
+    fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
+        if self.buffers.contains_key(&node.id) {
+            return Ok(());
+        }
+        let bytes = (node.num_elements() * node.prec.size_in_bytes()).max(1);
+        let buf = self.stream.alloc_zeros::<u8>(bytes).map_err(driver_err)?;
+        self.buffers.insert(node.id, (node.clone(), buf));
+        Ok(())
+    }
+
+    fn has_buffer(&self, node: NodeId) -> bool {
+        self.buffers.contains_key(&node)
+    }
+
+    fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
+        let r = self
+            .routines
+            .get(routine)
+            .ok_or_else(|| Error::ForeignRoutine(format!("#{routine}")))?;
+        for (f, k) in &r.kernels {
+            let mut args = self.stream.launch_builder(f);
+            for n in &k.buffers {
+                let (_, buf) = self.buffers.get(n).ok_or(Error::UnknownNode(n.0))?;
+                args.arg(buf);
+            }
+            for s in symbols {
+                args.arg(s);
+            }
+            let blocks = k.threads.div_ceil(render::BLOCK as u64).max(1);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: (render::BLOCK.min(k.threads.max(1) as u32), 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel's parameters are exactly the pushed buffers (device pointers)
+            // and the runtime symbols (`long long`), in that order.
+            unsafe { args.launch(cfg) }.map_err(driver_err)?;
+        }
+        self.stream.synchronize().map_err(driver_err)
+    }
+
+    fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
+        let (n, buf) = self.buffers.get_mut(&node).ok_or(Error::UnknownNode(node.0))?;
+        if data.dims() != n.dims.as_slice() {
+            return Err(Error::ShapeMismatch {
+                id: node.0,
+                expected: n.dims.clone(),
+                got: data.dims().to_vec(),
+            });
+        }
+        let bytes = data.convert(n.prec).to_bytes();
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.stream.memcpy_htod(&bytes, buf).map_err(driver_err)
+    }
+
+    fn read(&self, node: NodeId) -> Result<NdArray, Error> {
+        let (n, buf) = self.buffers.get(&node).ok_or(Error::UnknownNode(node.0))?;
+        let mut bytes = self.stream.clone_dtoh(buf).map_err(driver_err)?;
+        bytes.truncate(n.num_elements() * n.prec.size_in_bytes());
+        NdArray::from_bytes(n.prec, &n.dims, &bytes)
+    }
+}

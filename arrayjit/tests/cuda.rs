@@ -1,0 +1,163 @@
+//! The CUDA backend: generated CUDA C snapshots, NVRTC compilation to PTX and SASS for every
+//! conformance case (no GPU needed), and `NoDevice` — or the full conformance suite when a
+//! device is present.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::*;
+use expect_test::expect;
+use rocannl_arrayjit::backend::c_syntax::{Dialect, prelude};
+use rocannl_arrayjit::backend::cuda::nvrtc::Nvrtc;
+use rocannl_arrayjit::backend::cuda::{PTX_ARCH, SASS_ARCH, render};
+use rocannl_arrayjit::ops::Prec;
+use rocannl_arrayjit::{BackendKind, CompileOptions, Context, Error, compile_program};
+
+fn kernels_of(case: &Case) -> String {
+    let prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let src = render::render(&prog).source;
+    src[prelude(Dialect::Cuda).len()..].to_string()
+}
+
+fn nvrtc() -> Nvrtc {
+    Nvrtc::load().unwrap_or_else(|e| {
+        panic!("NVRTC is required for the CUDA compile tests (run scripts/setup.sh): {e}")
+    })
+}
+
+#[test]
+fn matmul_cuda_c() {
+    expect![[r#"
+
+        extern "C" __global__ void k0(float *__restrict__ p_n0, float *__restrict__ p_n1, float *__restrict__ p_n2) {
+          long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+          if (gid >= 20LL) return;
+          long long v0 = (gid / 5LL) % 4LL;
+          long long v1 = (gid / 1LL) % 5LL;
+          float t0;
+          t0 = (float)(0.0f);
+          for (long long v2 = 0; v2 < 3; ++v2) {
+            t0 = (float)(fmaf((float)p_n0[3LL * v0 + v2], (float)p_n1[5LL * v2 + v1], (float)t0));
+          }
+          p_n2[5LL * v0 + v1] = (float)((float)t0);
+        }
+    "#]]
+    .assert_eq(&kernels_of(&matmul_case(4, 3, 5, Prec::F32)));
+}
+
+#[test]
+fn convolution_cuda_c() {
+    expect![[r#"
+
+        extern "C" __global__ void k0(float *__restrict__ p_n0, float *__restrict__ p_n1, float *__restrict__ p_n2) {
+          long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+          if (gid >= 5LL) return;
+          long long v0 = (gid / 1LL) % 5LL;
+          float t0;
+          t0 = (float)(0.0f);
+          for (long long v1 = 0; v1 < 3; ++v1) {
+            if ((2LL * v0 + v1 - 1LL) >= 0 && (2LL * v0 + v1 - 1LL) < 10) {
+              t0 = (float)(fmaf((float)p_n0[2LL * v0 + v1 - 1LL], (float)p_n1[v1], (float)t0));
+            }
+          }
+          p_n2[v0] = (float)((float)t0);
+        }
+    "#]].assert_eq(&kernels_of(&conv_case(Prec::F32, 2, 1)));
+}
+
+#[test]
+fn softmax_cuda_c() {
+    expect![[r#"
+
+        extern "C" __global__ void k0(unsigned short *__restrict__ p_n0, unsigned short *__restrict__ p_n1) {
+          long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+          if (gid >= 2LL) return;
+          long long v0 = (gid / 1LL) % 2LL;
+          float t0;
+          t0 = (float)((-(float)(1.0 / 0.0)));
+          for (long long v1 = 0; v1 < 8; ++v1) {
+            t0 = (float)(rc_maxf((float)t0, (float)rc_f16_to_f32(p_n0[8LL * v0 + v1])));
+          }
+          p_n1[v0] = rc_f32_to_f16((float)((float)t0));
+        }
+
+        extern "C" __global__ void k1(unsigned short *__restrict__ p_n0, unsigned short *__restrict__ p_n1, unsigned short *__restrict__ p_n2) {
+          long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+          if (gid >= 16LL) return;
+          long long v2 = (gid / 8LL) % 2LL;
+          long long v3 = (gid / 1LL) % 8LL;
+          p_n2[8LL * v2 + v3] = rc_f32_to_f16((float)(expf(((float)rc_f16_to_f32(p_n0[8LL * v2 + v3]) - (float)rc_f16_to_f32(p_n1[v2])))));
+        }
+
+        extern "C" __global__ void k2(unsigned short *__restrict__ p_n2, unsigned short *__restrict__ p_n3) {
+          long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+          if (gid >= 2LL) return;
+          long long v4 = (gid / 1LL) % 2LL;
+          float t1;
+          t1 = (float)(0.0f);
+          for (long long v5 = 0; v5 < 8; ++v5) {
+            t1 = (float)(((float)t1 + (float)rc_f16_to_f32(p_n2[8LL * v4 + v5])));
+          }
+          p_n3[v4] = rc_f32_to_f16((float)((float)t1));
+        }
+
+        extern "C" __global__ void k3(unsigned short *__restrict__ p_n2, unsigned short *__restrict__ p_n3, unsigned short *__restrict__ p_n4) {
+          long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+          if (gid >= 16LL) return;
+          long long v6 = (gid / 8LL) % 2LL;
+          long long v7 = (gid / 1LL) % 8LL;
+          p_n4[8LL * v6 + v7] = rc_f32_to_f16((float)(((float)rc_f16_to_f32(p_n2[8LL * v6 + v7]) / (float)rc_f16_to_f32(p_n3[v6]))));
+        }
+    "#]].assert_eq(&kernels_of(&softmax_case(Prec::F16, 2, 8)));
+}
+
+#[test]
+fn every_case_compiles_to_ptx_and_sass() {
+    let nvrtc = nvrtc();
+    let mut cases = all_cases(&Prec::ALL);
+    cases.push(matmul_case(64, 64, 64, Prec::F32));
+    for case in cases {
+        let prog = compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+            .unwrap();
+        let src = render::render(&prog);
+        let ptx = nvrtc
+            .compile(&case.name, &src.source, PTX_ARCH, false)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", case.name, src.source));
+        let ptx = String::from_utf8_lossy(&ptx);
+        for k in &src.kernels {
+            assert!(
+                ptx.contains(&format!(".entry {}(", k.name)),
+                "{}: no kernel {}",
+                case.name,
+                k.name
+            );
+        }
+        let sass = nvrtc.compile(&case.name, &src.source, SASS_ARCH, true).unwrap();
+        assert_eq!(&sass[..4], b"\x7fELF", "{}: not a cubin", case.name);
+    }
+}
+
+#[test]
+fn compile_errors_are_typed() {
+    let err = nvrtc().compile("broken", "__global__ void k( {", PTX_ARCH, false).unwrap_err();
+    assert!(matches!(&err, Error::Compile { backend: "cuda", .. }), "{err}");
+}
+
+#[test]
+fn context_without_device_is_no_device_else_conformance() {
+    match Context::new(BackendKind::Cuda, CompileOptions::default()) {
+        Err(Error::NoDevice { reason }) => assert!(!reason.is_empty()),
+        Err(e) => panic!("expected NoDevice, got {e}"),
+        Ok(_) => {
+            for case in all_cases(&Prec::ALL) {
+                let tol = tolerance(case_prec(&case));
+                let got = run_case(BackendKind::Cuda, CompileOptions::default(), &case);
+                let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_close(&format!("{} output {k} vs interp", case.name), g, w, tol);
+                }
+            }
+        }
+    }
+}
