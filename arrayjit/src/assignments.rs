@@ -107,10 +107,14 @@ pub enum FetchOp {
     /// Every cell holds the runtime value of a symbol.
     EmbedSymbol(Symbol),
     /// Counter-based random numbers in `[0, 1)`: cell `o` holds
-    /// [`crate::ops::uniform`]`(seed, o)` (SplitMix64), identical on every backend.
+    /// [`crate::ops::uniform`]`(seed, o + n·salt)` (SplitMix64; `n` the node's number of cells,
+    /// `salt` the runtime value of the salt symbol or 0), identical on every backend. A salt such
+    /// as a step counter draws fresh numbers on every run (dropout masks).
     Uniform {
         /// The generator's seed.
         seed: u64,
+        /// A runtime symbol selecting a fresh block of the sequence.
+        salt: Option<Symbol>,
     },
 }
 
@@ -120,7 +124,8 @@ impl fmt::Display for FetchOp {
             FetchOp::Constant(c) => write!(f, "constant({})", fmt_f64(*c)),
             FetchOp::Iota => write!(f, "iota"),
             FetchOp::EmbedSymbol(s) => write!(f, "symbol({s})"),
-            FetchOp::Uniform { seed } => write!(f, "uniform(seed={seed})"),
+            FetchOp::Uniform { seed, salt: None } => write!(f, "uniform(seed={seed})"),
+            FetchOp::Uniform { seed, salt: Some(s) } => write!(f, "uniform(seed={seed}, salt={s})"),
         }
     }
 }

@@ -117,7 +117,7 @@ fn linear_offset(vars: &[Var], dims: &[usize]) -> Index {
 }
 
 fn lower_fetch(prog: &mut Program, node: &TensorNode, fetch: &FetchOp, out: &mut Vec<Stmt>) {
-    if let FetchOp::EmbedSymbol(s) = fetch {
+    if let FetchOp::EmbedSymbol(s) | FetchOp::Uniform { salt: Some(s), .. } = fetch {
         register_symbol(prog, *s);
     }
     let dims = node.dims.clone();
@@ -127,8 +127,21 @@ fn lower_fetch(prog: &mut Program, node: &TensorNode, fetch: &FetchOp, out: &mut
             FetchOp::Constant(c) => Expr::Const(*c),
             FetchOp::Iota => Expr::IndexValue(linear_offset(vars, &dims)),
             FetchOp::EmbedSymbol(s) => Expr::IndexValue(Index::new(vec![(1, IdxVar::Sym(*s))], 0)),
-            FetchOp::Uniform { seed } => {
-                Expr::Uniform { seed: *seed, offset: linear_offset(vars, &dims) }
+            FetchOp::Uniform { seed, salt } => {
+                let mut offset = linear_offset(vars, &dims);
+                if let Some(s) = salt {
+                    let cells: usize = dims.iter().product();
+                    offset = Index::new(
+                        offset
+                            .terms
+                            .iter()
+                            .copied()
+                            .chain([(cells as i64, IdxVar::Sym(*s))])
+                            .collect(),
+                        offset.offset,
+                    );
+                }
+                Expr::Uniform { seed: *seed, offset }
             }
         };
         Stmt::Set { node: id, idx: vars.iter().map(|v| Index::var(*v)).collect(), value }

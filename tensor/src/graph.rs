@@ -71,6 +71,7 @@ pub(crate) struct GraphInner {
     pub error: Option<Error>,
     pub seed: u64,
     pub symbols: SymbolGen,
+    pub step_symbol: Option<Symbol>,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -131,6 +132,7 @@ impl Graph {
                 error: None,
                 seed,
                 symbols: SymbolGen::default(),
+                step_symbol: None,
             })),
         }
     }
@@ -152,6 +154,23 @@ impl Graph {
     /// number of [`Tensor::batch_slice_at`]).
     pub fn runtime_symbol(&self) -> Symbol {
         self.borrow_mut().symbols.fresh()
+    }
+
+    /// The graph's step counter: a runtime symbol that [`crate::Session::step`] binds to the
+    /// number of the step being run (1, 2, …), for randomness that changes every step.
+    pub fn step_symbol(&self) -> Symbol {
+        let mut g = self.borrow_mut();
+        if let Some(s) = g.step_symbol {
+            return s;
+        }
+        let s = g.symbols.fresh();
+        g.step_symbol = Some(s);
+        s
+    }
+
+    /// The step counter, if anything uses it.
+    pub(crate) fn existing_step_symbol(&self) -> Option<Symbol> {
+        self.borrow().step_symbol
     }
 
     /// The graph's seed.

@@ -171,7 +171,7 @@ pub(crate) fn init_code(
                 ScalarExpr::bin(BinOp::Add, c(lo), ScalarExpr::bin(BinOp::Mul, c(hi - lo), a0));
             InitCode {
                 asgn: Asgn::Seq(vec![
-                    Asgn::Fetch { lhs: node, fetch: FetchOp::Uniform { seed } },
+                    Asgn::Fetch { lhs: node, fetch: FetchOp::Uniform { seed, salt: None } },
                     pointwise(vec![node], scale, symbols),
                 ]),
                 host_values: None,
@@ -197,8 +197,11 @@ pub(crate) fn init_code(
                 ScalarExpr::bin(BinOp::Add, c(mean), ScalarExpr::bin(BinOp::Mul, c(std), z));
             InitCode {
                 asgn: Asgn::Seq(vec![
-                    Asgn::Fetch { lhs: node, fetch: FetchOp::Uniform { seed } },
-                    Asgn::Fetch { lhs: u2, fetch: FetchOp::Uniform { seed: derive_seed(seed, 1) } },
+                    Asgn::Fetch { lhs: node, fetch: FetchOp::Uniform { seed, salt: None } },
+                    Asgn::Fetch {
+                        lhs: u2,
+                        fetch: FetchOp::Uniform { seed: derive_seed(seed, 1), salt: None },
+                    },
                     pointwise(vec![node, u2], value, symbols),
                 ]),
                 host_values: None,

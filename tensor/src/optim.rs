@@ -316,13 +316,26 @@ impl Session {
     }
 
     /// Runs one training step with learning rate `lr` and runtime symbols bound.
+    ///
+    /// The graph's step counter ([`crate::Graph::step_symbol`]), if the step uses it, is bound
+    /// to the step's number.
     pub fn step(&mut self, ts: &mut TrainStep, lr: f64, bindings: &[(Symbol, i64)]) -> Result<()> {
         ts.steps += 1;
         let values = ts.optimizer.scalars(ts.steps, lr);
         for (n, v) in ts.scalars.iter().zip(values) {
             self.write_extra(*n, &[v])?;
         }
-        self.run_with(&ts.routine, bindings)
+        match self.graph().existing_step_symbol() {
+            Some(sym)
+                if ts.routine.runtime_symbols().contains(&sym)
+                    && !bindings.iter().any(|(s, _)| *s == sym) =>
+            {
+                let mut all = bindings.to_vec();
+                all.push((sym, ts.steps as i64));
+                self.run_with(&ts.routine, &all)
+            }
+            _ => self.run_with(&ts.routine, bindings),
+        }
     }
 
     /// The loss after the last step (its cells summed).

@@ -105,3 +105,40 @@ fn convolution_and_pooling() {
         (vec![x.clone()], x.mean1("ij => i"))
     });
 }
+
+#[test]
+fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
+    use rocannl_tensor::{Graph, Optimizer, Session};
+    let g = Graph::with_seed(3);
+    let x = g.param_with("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
+    let y = nn::dropout(&g, &x, 0.25, true);
+    let loss = y.sum_all();
+    assert!(nn::dropout(&g, &x, 0.25, false).id() == x.id(), "eval mode is the identity");
+    let mut s = Session::with_options(&g, common::opts()).unwrap();
+    let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
+    let mut masks = Vec::new();
+    for _ in 0..2 {
+        s.step(&mut step, 0.0, &[]).unwrap(); // lr 0: x stays put
+        let (xv, yv) = (s.read(&x).unwrap(), s.read(&y).unwrap());
+        let mask: Vec<bool> = xv
+            .iter()
+            .zip(&yv)
+            .map(|(a, b)| {
+                assert!(*b == 0.0 || (b - a / 0.75).abs() < 1e-12, "{a} -> {b}");
+                *b != 0.0
+            })
+            .collect();
+        let dropped = mask.iter().filter(|m| !**m).count();
+        assert!((20..=80).contains(&dropped), "{dropped} of 200 dropped at p = 0.25");
+        masks.push(mask);
+    }
+    assert_ne!(masks[0], masks[1], "a fresh mask every step");
+    // The gradient of Σ dropout(x) is the mask scaled by 1/(1-p), for the step being run.
+    let bp = s.backprop(&loss, &[&y]).unwrap();
+    s.run_with(&bp, &[(g.step_symbol(), 9)]).unwrap();
+    let (yv, gv) = (s.read(&y).unwrap(), s.read_grad(&x).unwrap());
+    for (b, d) in yv.iter().zip(&gv) {
+        let want = if *b != 0.0 { 1.0 / 0.75 } else { 0.0 };
+        assert!((d - want).abs() < 1e-12, "grad {d}, want {want}");
+    }
+}

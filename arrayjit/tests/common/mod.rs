@@ -427,7 +427,7 @@ pub fn fetch_case(prec: Prec) -> Case {
             Asgn::Fetch { lhs: c, fetch: FetchOp::Constant(2.5) },
             Asgn::Fetch { lhs: io, fetch: FetchOp::Iota },
             Asgn::Fetch { lhs: sy, fetch: FetchOp::EmbedSymbol(s) },
-            Asgn::Fetch { lhs: u, fetch: FetchOp::Uniform { seed: 99 } },
+            Asgn::Fetch { lhs: u, fetch: FetchOp::Uniform { seed: 99, salt: None } },
         ]),
         nodes,
         inputs: vec![],

@@ -153,6 +153,26 @@ pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation)
     Mlp::new(g, name, widths, act).apply(x)
 }
 
+/// Dropout: in training, each cell is zeroed with probability `p` and the others are scaled by
+/// `1/(1-p)`, with a fresh mask every step (the mask's random numbers are salted with the graph's
+/// step counter); outside training, the identity.
+///
+/// ```
+/// use rocannl_tensor::{Graph, nn};
+/// let g = Graph::new();
+/// let x = g.data("x", &[4], &[], &[8]);
+/// let y = nn::dropout(&g, &x, 0.5, true);
+/// g.finish().unwrap();
+/// assert_eq!(y.dims().unwrap(), vec![4, 8]);
+/// ```
+pub fn dropout(g: &Graph, x: &Tensor, p: f64, training: bool) -> Tensor {
+    if !training || p <= 0.0 {
+        return x.clone();
+    }
+    let dropped = x.uniform_like(Some(g.step_symbol())).lt(&g.number(p));
+    Tensor::where_(&dropped, &g.number(0.0), &x.scale(1.0 / (1.0 - p)))
+}
+
 impl Tensor {
     /// The sum of all cells (a scalar).
     pub fn sum_all(&self) -> Tensor {

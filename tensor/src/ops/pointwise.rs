@@ -7,7 +7,8 @@
 
 use std::rc::Rc;
 
-use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+use rocannl_arrayjit::assignments::{Asgn, FetchOp, ScalarExpr};
+use rocannl_arrayjit::indexing::Symbol;
 use rocannl_arrayjit::ops::{BinOp, TernOp, UnOp};
 use rocannl_shape::logic::Logic;
 use rocannl_shape::var::ShapeId;
@@ -151,6 +152,34 @@ impl Op for Detach {
     }
 }
 
+/// Uniform random numbers in `[0, 1)` with the shape of the argument (whose values are not
+/// read): counter-based, salted by a runtime symbol when given.
+#[derive(Debug)]
+pub struct UniformLike {
+    /// The generator's seed.
+    pub seed: u64,
+    /// A runtime symbol drawing a fresh block of numbers per value (e.g. the step counter).
+    pub salt: Option<Symbol>,
+}
+
+impl Op for UniformLike {
+    fn name(&self) -> String {
+        "uniform".into()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Pointwise(args.to_vec())
+    }
+    fn differentiable(&self) -> bool {
+        false
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        Asgn::Fetch { lhs: cx.out, fetch: FetchOp::Uniform { seed: self.seed, salt: self.salt } }
+    }
+    fn backward(&self, _cx: &OpCtx) -> Vec<Asgn> {
+        vec![]
+    }
+}
+
 /// `where(cond, a, b)`: `a` where `cond != 0`, else `b`.
 #[derive(Debug)]
 pub struct Where;
@@ -178,6 +207,13 @@ impl Tensor {
 
     fn binary(&self, op: BinOp, other: &Tensor) -> Tensor {
         self.graph.add_op(Rc::new(Binary(op)), &[self, other])
+    }
+
+    /// Uniform random numbers in `[0, 1)` shaped like `self`, fresh on every run when `salt` is
+    /// given (e.g. [`crate::Graph::step_symbol`]). The seed derives from the graph's seed.
+    pub fn uniform_like(&self, salt: Option<Symbol>) -> Tensor {
+        let seed = crate::init::derive_seed(self.graph.seed() ^ 0xD0, self.graph.len() as u32);
+        self.graph.add_op(Rc::new(UniformLike { seed, salt }), &[self])
     }
 
     /// The same values, through which no gradient flows.
