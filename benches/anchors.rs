@@ -1,0 +1,88 @@
+//! The anchor workloads of `shared/anchors/perf` (numpy, JAX, torch and tinygrad measured on
+//! this machine), run by rocannl for a side-by-side comparison:
+//!
+//! - W2: a training step of an MLP 784→256→256→10 (ReLU), batch 128, MSE against one-hot
+//!   targets, SGD lr 0.01 — forward, backward and update in one compiled routine;
+//! - W3: the moons step, MLP 2→16→16→1, batch 32, hinge loss, SGD;
+//! - W4: the einsums `bhqd,bhkd->bhqk` (8,8,128,128,64) and `bij,bjk->bik` (64,128,128,128).
+//!
+//! `cargo bench --bench anchors`. Each iteration is one call of the compiled routine; the time to
+//! compile the first step is printed before the measurements.
+
+use std::time::Instant;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use rocannl_arrayjit::ops::uniform;
+use rocannl_tensor::nn::{Activation, Mlp, loss};
+use rocannl_tensor::{Graph, Optimizer, Session, SessionOptions};
+
+fn data(n: usize, seed: u64) -> Vec<f64> {
+    (0..n).map(|i| uniform(seed, i as u64) * 2.0 - 1.0).collect()
+}
+
+fn mlp_step(
+    c: &mut Criterion,
+    name: &str,
+    widths: &[usize],
+    input: usize,
+    batch: usize,
+    hinge: bool,
+) {
+    let g = Graph::with_seed(0);
+    let x = g.data("x", &[batch], &[], &[input]);
+    let classes = *widths.last().unwrap_or(&1);
+    let y = g.data("y", &[batch], &[], &[classes]);
+    let out = Mlp::new(&g, "mlp", widths, Activation::Relu).apply(&x);
+    let l = if hinge { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
+    let mut s = Session::with_options(&g, SessionOptions::default()).expect("session");
+    let t0 = Instant::now();
+    let mut step = s.train_step(&l, &Optimizer::sgd(), &[]).expect("train step");
+    s.write(&x, &data(batch * input, 1)).expect("x");
+    let targets: Vec<f64> = if hinge {
+        (0..batch).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect()
+    } else {
+        (0..batch * classes)
+            .map(|i| if i % classes == (i / classes) % classes { 1.0 } else { 0.0 })
+            .collect()
+    };
+    s.write(&y, &targets).expect("y");
+    s.step(&mut step, 0.01, &[]).expect("first step");
+    println!("{name}: first step (compile + run) {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    c.bench_function(name, |b| b.iter(|| s.step(&mut step, 0.01, &[]).expect("step")));
+}
+
+fn einsum(c: &mut Criterion, name: &str, spec: &str, a: &[usize], b: &[usize], flop: u64) {
+    let g = Graph::new();
+    let ta = g.data("a", &[], &[], a);
+    let tb = g.data("b", &[], &[], b);
+    let out = ta.einsum(spec, &tb);
+    let mut s = Session::new(&g).expect("session");
+    let r = s.forward(&[&out]).expect("compile");
+    s.write(&ta, &data(a.iter().product(), 2)).expect("a");
+    s.write(&tb, &data(b.iter().product(), 3)).expect("b");
+    let mut group = c.benchmark_group("w4_einsum");
+    group.throughput(Throughput::Elements(flop));
+    group.bench_function(name, |bch| bch.iter(|| s.run(&r).expect("run")));
+    group.finish();
+}
+
+fn bench(c: &mut Criterion) {
+    mlp_step(c, "w2_mlp_784_256_256_10_b128", &[256, 256, 10], 784, 128, false);
+    mlp_step(c, "w3_moons_2_16_16_1_b32", &[16, 16, 1], 2, 32, true);
+    einsum(
+        c,
+        "attention_scores",
+        "bhqd; bhkd => bhqk",
+        &[8, 8, 128, 64],
+        &[8, 8, 128, 64],
+        2 * 8 * 8 * 128 * 128 * 64,
+    );
+    einsum(c, "bmm", "bij; bjk => bik", &[64, 128, 128], &[64, 128, 128], 2 * 64 * 128 * 128 * 128);
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(10);
+    targets = bench
+}
+criterion_main!(benches);
