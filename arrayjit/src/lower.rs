@@ -67,6 +67,7 @@ pub fn lower(name: &str, asgn: &Asgn, nodes: &NodeTable) -> Result<Program, Erro
         virtual_nodes: Vec::new(),
         runtime_symbols: Vec::new(),
         runtime_checks: Vec::new(),
+        scratch: Vec::new(),
     };
     let mut body = Vec::new();
     lower_into(&mut prog, asgn, &mut body)?;

@@ -415,6 +415,20 @@ pub struct Program {
     pub runtime_symbols: Vec<Symbol>,
     /// Range checks for indices that depend on runtime symbols, checked when running.
     pub runtime_checks: Vec<RuntimeCheck>,
+    /// Buffers introduced by the CPU schedule ([`schedule`]): not tensors of the context, owned
+    /// by the compiled routine. Empty before scheduling.
+    pub scratch: Vec<Scratch>,
+}
+
+/// A buffer the CPU schedule introduced: a packed copy of an operand, or partial sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scratch {
+    /// The node (in [`Program::nodes`]).
+    pub node: NodeId,
+    /// Each thread needs its own copy, and its values do not outlive one call of the step that
+    /// uses it: a small array on the stack of the generated function. Otherwise one buffer of
+    /// the routine, shared by its steps and threads.
+    pub per_thread: bool,
 }
 
 /// A bounds condition that depends on runtime symbols: for every value of the loop
@@ -469,6 +483,16 @@ impl Program {
         out.sort();
         out.dedup();
         out
+    }
+
+    /// Whether `n` is a scratch buffer of the schedule, and which kind.
+    pub fn scratch_of(&self, n: NodeId) -> Option<Scratch> {
+        self.scratch.iter().find(|s| s.node == n).copied()
+    }
+
+    /// A fresh node id: one above every node the program knows.
+    pub fn fresh_node_id(&self) -> NodeId {
+        NodeId(self.nodes.keys().map(|n| n.0 + 1).max().unwrap_or(0))
     }
 
     /// The slot of a runtime symbol.

@@ -265,13 +265,25 @@ impl<'c> Gen<'c> {
     fn function(&mut self, body: &[Stmt], kind: &StepKind) {
         // Typed buffer pointers for every node the step touches.
         for n in nodes_of(body) {
-            let slot = self.slots.iter().position(|s| *s == n).unwrap_or(0);
-            let prec = self.prog.nodes[&n].prec;
-            let ty = self.storage_type(prec).make_pointer();
+            let node = &self.prog.nodes[&n];
+            let elem = self.storage_type(node.prec);
+            let ty = elem.make_pointer();
             let ptr = self.func.new_local(None, ty, format!("p_n{}", n.0));
-            let idx = self.ctx.new_rvalue_from_long(self.t.i64, slot as i64);
-            let raw = self.ctx.new_array_access(None, self.bufs, idx).to_rvalue();
-            self.block.add_assignment(None, ptr, self.ctx.new_cast(None, raw, ty));
+            if self.prog.scratch_of(n).is_some_and(|s| s.per_thread) {
+                // A small array on this function's stack: private to the calling thread, and
+                // known to GCC not to alias any buffer.
+                let len = node.num_elements().max(1) as u64;
+                let arr_ty = self.ctx.new_array_type(None, elem, len);
+                let arr = self.func.new_local(None, arr_ty, format!("a_n{}", n.0));
+                let zero = self.ctx.new_rvalue_zero(self.t.i64);
+                let first = self.ctx.new_array_access(None, arr.to_rvalue(), zero);
+                self.block.add_assignment(None, ptr, first.get_address(None));
+            } else {
+                let slot = self.slots.iter().position(|s| *s == n).unwrap_or(0);
+                let idx = self.ctx.new_rvalue_from_long(self.t.i64, slot as i64);
+                let raw = self.ctx.new_array_access(None, self.bufs, idx).to_rvalue();
+                self.block.add_assignment(None, ptr, self.ctx.new_cast(None, raw, ty));
+            }
             self.ptrs.insert(n, ptr);
         }
         match kind {

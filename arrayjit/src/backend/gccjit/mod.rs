@@ -18,7 +18,7 @@ use codegen::{BuildOptions, Helpers, StepKind};
 use pool::{Pool, StepFn};
 
 use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
-use super::host::HostBuffers;
+use super::host::{HostBuffer, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
 use crate::error::Error;
 use crate::low_level::{Expr, LocalId, Program, Stmt, schedule};
@@ -69,6 +69,8 @@ fn helpers() -> Helpers {
 struct Compiled {
     /// Keeps the machine code alive.
     _result: gccjit::CompileResult,
+    /// The routine's own buffers (packed operands of the CPU schedule), in `table`.
+    _scratch: Vec<HostBuffer>,
     steps: Vec<(StepFn, StepKind)>,
     table: Vec<*mut u8>,
     labels: Vec<(NodeId, String)>,
@@ -208,9 +210,16 @@ impl Backend for Gccjit {
                 }
             );
             for n in nodes_of(body) {
-                let slot = slots.iter().position(|s| *s == n).unwrap_or(0);
-                let ty = storage_ctype(prog.nodes[&n].prec);
-                let _ = writeln!(out, "  {ty} *{} = ({ty} *)bufs[{slot}];", CRenderer::ptr_name(n));
+                let node = &prog.nodes[&n];
+                let ty = storage_ctype(node.prec);
+                let p = CRenderer::ptr_name(n);
+                if prog.scratch_of(n).is_some_and(|s| s.per_thread) {
+                    let len = node.num_elements().max(1);
+                    let _ = writeln!(out, "  {ty} a_n{}[{len}];\n  {ty} *{p} = a_n{};", n.0, n.0);
+                } else {
+                    let slot = slots.iter().position(|s| *s == n).unwrap_or(0);
+                    let _ = writeln!(out, "  {ty} *{p} = ({ty} *)bufs[{slot}];");
+                }
             }
             r.declarations(&mut out, body, 1);
             match (kind, body.as_slice()) {
@@ -231,10 +240,21 @@ impl Backend for Gccjit {
         let slots: Vec<NodeId> = scheduled.materialized_nodes();
         let mut table = Vec::with_capacity(slots.len());
         let mut labels = Vec::with_capacity(slots.len());
+        let mut scratch = Vec::new();
         for n in &slots {
-            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
-            table.push(b.as_ptr());
-            labels.push((*n, b.node.label.clone()));
+            match scheduled.scratch_of(*n) {
+                Some(s) if s.per_thread => table.push(std::ptr::null_mut()),
+                Some(_) => {
+                    let b = HostBuffer::new(&scheduled.nodes[n])?;
+                    table.push(b.as_ptr());
+                    scratch.push(b);
+                }
+                None => {
+                    let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
+                    table.push(b.as_ptr());
+                    labels.push((*n, b.node.label.clone()));
+                }
+            }
         }
         let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
         if let Some(d) = &self.opts.debug_dir {
@@ -263,6 +283,7 @@ impl Backend for Gccjit {
         }
         self.routines.push(Compiled {
             _result: result,
+            _scratch: scratch,
             steps: fns,
             table,
             labels,

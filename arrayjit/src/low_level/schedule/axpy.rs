@@ -1,0 +1,272 @@
+//! The in-place kernel: `c` accumulates with a contiguous column loop innermost.
+//!
+//! For a [`Nest`] with a column variable `j` (an lhs loop of at least [`MIN_COLUMNS`] along
+//! which `c` is contiguous, in no guard), a row variable `i` (an lhs loop that alone indexes an
+//! axis of `c`, in no guard) and an unrolled reduction variable `k` (the innermost reduction
+//! loop in no guard) — `i` and `k` optional — the nest becomes:
+//!
+//! ```text
+//! c := neutral                                   (a separate nest, when cells start neutral)
+//! b.packed := ...                                (operands not contiguous along j: see pack)
+//! for <lhs loops but j, with i replaced by its chunks ic> {     the first one parallel
+//!   for j0 {                                     tiles of NC columns
+//!     for <reduction loops but k> { if <guards> {
+//!       for k0 {                                 tiles of KC reduction steps
+//!         for i0 { for k1 {                      MR rows × KU steps: i = MC*ic + MR*i0 + r,
+//!           t_rq := <parts of e not depending on j>                    k = KC*k0 + KU*k1 + q
+//!           for j1 { c[i_r, j] := c[i_r, j] ⊕ e_r0 ⊕ ... ⊕ e_r(KU-1)   for r < MR }
+//! }}}}}}}
+//! ```
+//!
+//! The column loop is contiguous in `c` and in every operand that depends on `j`, so GCC
+//! vectorizes it; MR rows × KU steps per iteration keep the FMA units busier than the
+//! load/store ports. Guards (padding of convolutions) depend on neither `i`, `j` nor `k`, so
+//! they are tested once per block of work instead of once per point. Each cell still receives
+//! its contributions in the original order of the reduction loops. Tile sizes divide the
+//! extents exactly (no remainder loops). When `i` is the outermost loop, its chunks are small
+//! enough that the pool gets at least four of them.
+
+use super::{
+    KC, KU, Loop, MC, MIN_COLUMNS, MR, NC, Nest, flat_stride, largest_divisor, lin, pack, uses_var,
+    wrap,
+};
+use crate::low_level::{Expr, Index, LocalId, Program, Stmt, Var};
+use crate::ops::Prec;
+
+/// The rewritten statements, or `None` when the nest has no suitable column loop or an operand
+/// cannot be packed.
+pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
+    let j = *nest.lhs.iter().rev().find(|l| {
+        l.extent >= MIN_COLUMNS
+            && !nest.guarded(l.var)
+            && flat_stride(prog, nest.node, &nest.idx, l.var) == 1
+    })?;
+    let mut update = nest.update.clone();
+    let packs = pack::pack_operands(prog, nest, j.var, &mut update)?;
+    let i = nest.lhs.iter().rev().copied().find(|l| {
+        l.var != j.var
+            && !nest.guarded(l.var)
+            && nest.idx.iter().filter(|x| x.uses(l.var)).count() == 1
+            && nest.idx.iter().any(|x| x.as_var() == Some(l.var))
+    });
+    let k = nest.red.iter().rev().copied().find(|l| !nest.guarded(l.var));
+
+    let (mx, kx, nx) = (i.map_or(1, |l| l.extent), k.map_or(1, |l| l.extent), j.extent);
+    let mr = [MR, 2, 1].into_iter().find(|m| mx % m == 0).unwrap_or(1);
+    let ku = [KU, 2, 1].into_iter().find(|u| kx % u == 0).unwrap_or(1);
+    let kc = if kx > KC { largest_divisor(kx, KC, ku) } else { kx };
+    let nc = if nx > NC { largest_divisor(nx, NC, MIN_COLUMNS) } else { nx };
+    let outer: Vec<Loop> = nest.lhs.iter().copied().filter(|l| l.var != j.var).collect();
+    let i_outermost = i.is_some_and(|i| outer.first().is_some_and(|o| o.var == i.var));
+    let mc_limit = if i_outermost && i.is_some_and(|l| l.parallel) { (mx / 4).max(mr) } else { MC };
+    let mc = largest_divisor(mx, MC.min(mc_limit).max(mr), mr);
+    let [ic, j0, k0, i0, k1, j1] = [(); 6].map(|_| prog.fresh_var());
+
+    let j_idx = lin(&[(nc, j0), (1, j1)], 0);
+    let k_at = |q: usize| lin(&[(kc, k0), (ku, k1)], q);
+    let i_at = |r: usize| lin(&[(mc, ic), (mr, i0)], r);
+    let mut hoisted: Vec<(Expr, LocalId)> = Vec::new();
+    let mut rows = Vec::new();
+    for r in 0..mr {
+        let sub_r = |v: Var| {
+            if v == j.var {
+                Some(j_idx.clone())
+            } else if i.is_some_and(|l| l.var == v) {
+                Some(i_at(r))
+            } else {
+                None
+            }
+        };
+        let cell: Vec<Index> = nest.idx.iter().map(|x| x.subst(&sub_r)).collect();
+        let mut acc = Expr::Get(nest.node, cell.clone());
+        for q in 0..ku {
+            let sub = |v: Var| {
+                if k.is_some_and(|l| l.var == v) { Some(k_at(q)) } else { sub_r(v) }
+            };
+            let step = update.subst(&sub);
+            acc = step.apply(acc, &|e| e.clone());
+            acc = hoist_in(prog, acc, j1, nest.prec, &mut hoisted);
+        }
+        rows.push(Stmt::Set { node: nest.node, idx: cell, value: acc });
+    }
+
+    let rows = share_across_rows(prog, rows, nest.node, j1, nest.prec);
+    let mut body: Vec<Stmt> =
+        hoisted.into_iter().map(|(e, l)| Stmt::SetLocal { local: l, value: e }).collect();
+    body.push(Stmt::For { var: j1, extent: nc, parallel: true, body: rows });
+    let mut inner = Vec::new();
+    if k.is_some() {
+        inner.push(Loop { var: k0, extent: kx / kc, parallel: false });
+    }
+    if i.is_some() {
+        inner.push(Loop { var: i0, extent: mc / mr, parallel: false });
+    }
+    if k.is_some() {
+        inner.push(Loop { var: k1, extent: kc / ku, parallel: false });
+    }
+    let mut nest_body = wrap(&inner, body);
+    let guards = nest.guards();
+    if !guards.is_empty() {
+        nest_body = vec![Stmt::If { guards, body: nest_body }];
+    }
+    let other_red: Vec<Loop> = nest
+        .red
+        .iter()
+        .filter(|l| k.is_none_or(|k| k.var != l.var))
+        .map(|l| Loop { parallel: false, ..*l })
+        .collect();
+    nest_body = wrap(&other_red, nest_body);
+    let mut loops: Vec<Loop> = outer
+        .iter()
+        .map(|l| match i {
+            Some(i) if i.var == l.var => Loop { var: ic, extent: mx / mc, parallel: l.parallel },
+            _ => *l,
+        })
+        .collect();
+    loops.push(Loop { var: j0, extent: nx / nc, parallel: j.parallel });
+    // Only the outermost loop is split across threads; the others run in order.
+    for l in loops.iter_mut().skip(1) {
+        l.parallel = false;
+    }
+    let mut out: Vec<Stmt> = nest.fill().into_iter().collect();
+    out.extend(packs);
+    out.extend(wrap(&loops, nest_body));
+    Some(out)
+}
+
+/// Replaces, in the contributions of a row's expression, the maximal subexpressions that do
+/// not depend on `j` by locals computed before the `j` loop (the row's own cell stays).
+fn hoist_in(
+    prog: &mut Program,
+    acc: Expr,
+    j: Var,
+    prec: Prec,
+    hoisted: &mut Vec<(Expr, LocalId)>,
+) -> Expr {
+    // The accumulator chain is `op(acc, e)` or `fma(x, y, acc)`; hoist inside `e` / `x`, `y`.
+    match acc {
+        Expr::Binop(op, a, e) => Expr::bin(op, *a, hoist(prog, *e, j, prec, hoisted)),
+        Expr::Ternop(op, x, y, a) => {
+            let x = hoist(prog, *x, j, prec, hoisted);
+            let y = hoist(prog, *y, j, prec, hoisted);
+            Expr::Ternop(op, Box::new(x), Box::new(y), a)
+        }
+        e => e,
+    }
+}
+
+/// Computes the values several rows of a column iteration read (a `b[k, j]` every row
+/// multiplies) once per iteration, into locals at the top of the column loop. Without this,
+/// GCC must assume each row's store to `c` may change `b` (the buffers come from a table, so
+/// nothing tells it they are distinct) and loads `b` again for every row: twice the loads, and
+/// a load-bound kernel.
+fn share_across_rows(
+    prog: &mut Program,
+    rows: Vec<Stmt>,
+    node: crate::tnode::NodeId,
+    j: Var,
+    prec: Prec,
+) -> Vec<Stmt> {
+    // Candidate subexpressions: depend on `j`, do not read `c`, occur in two rows or more.
+    let values: Vec<&Expr> = rows
+        .iter()
+        .filter_map(|s| match s {
+            Stmt::Set { value, .. } => Some(value),
+            _ => None,
+        })
+        .collect();
+    let mut shared: Vec<Expr> = Vec::new();
+    for (r, v) in values.iter().enumerate() {
+        v.visit(&mut |e| {
+            if matches!(e, Expr::Const(_) | Expr::Local(_))
+                || !uses_var(e, j)
+                || e.reads(node)
+                || shared.contains(e)
+                || shared.iter().any(|s| contains(s, e))
+            {
+                return;
+            }
+            if values.iter().skip(r + 1).any(|o| contains(o, e)) {
+                shared.retain(|s| !contains(e, s));
+                shared.push(e.clone());
+            }
+        });
+    }
+    if shared.is_empty() {
+        return rows;
+    }
+    let mut out = Vec::new();
+    let mut locals = Vec::new();
+    for e in &shared {
+        let l = prog.fresh_local(value_prec(prog, e, prec));
+        out.push(Stmt::SetLocal { local: l, value: e.clone() });
+        locals.push(l);
+    }
+    for s in rows {
+        out.push(match s {
+            Stmt::Set { node, idx, value } => {
+                let value = value.rewrite(&mut |x| match shared.iter().position(|s| *s == x) {
+                    Some(p) => Expr::Local(locals[p]),
+                    None => x,
+                });
+                Stmt::Set { node, idx, value }
+            }
+            s => s,
+        });
+    }
+    out
+}
+
+/// Whether `e` occurs in `whole`.
+fn contains(whole: &Expr, e: &Expr) -> bool {
+    let mut found = false;
+    whole.visit(&mut |x| found |= x == e);
+    found
+}
+
+/// The precision a hoisted value is kept in: f64 when it reads f64.
+fn value_prec(prog: &Program, e: &Expr, prec: Prec) -> Prec {
+    let mut p = prec;
+    e.visit(&mut |e| {
+        if let Expr::Get(n, _) = e
+            && prog.nodes.get(n).is_some_and(|n| n.prec == Prec::F64)
+        {
+            p = Prec::F64;
+        }
+    });
+    p
+}
+
+/// Replaces the maximal subexpressions of `e` that do not depend on `j` by locals.
+fn hoist(
+    prog: &mut Program,
+    e: Expr,
+    j: Var,
+    prec: Prec,
+    hoisted: &mut Vec<(Expr, LocalId)>,
+) -> Expr {
+    if !uses_var(&e, j) {
+        if matches!(e, Expr::Const(_)) {
+            return e;
+        }
+        if let Some((_, l)) = hoisted.iter().find(|(h, _)| *h == e) {
+            return Expr::Local(*l);
+        }
+        let l = prog.fresh_local(value_prec(prog, &e, prec));
+        hoisted.push((e, l));
+        return Expr::Local(l);
+    }
+    match e {
+        Expr::Unop(op, a) => Expr::Unop(op, Box::new(hoist(prog, *a, j, prec, hoisted))),
+        Expr::Binop(op, a, b) => {
+            let a = hoist(prog, *a, j, prec, hoisted);
+            Expr::bin(op, a, hoist(prog, *b, j, prec, hoisted))
+        }
+        Expr::Ternop(op, a, b, c) => {
+            let a = hoist(prog, *a, j, prec, hoisted);
+            let b = hoist(prog, *b, j, prec, hoisted);
+            Expr::Ternop(op, Box::new(a), Box::new(b), Box::new(hoist(prog, *c, j, prec, hoisted)))
+        }
+        e => e,
+    }
+}

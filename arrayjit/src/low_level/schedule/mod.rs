@@ -1,0 +1,324 @@
+//! The CPU schedule: loop order, packing, tiling and register blocking of contractions.
+//!
+//! Lowering puts reductions innermost with a scalar accumulator (`c[i,j] = Σ_k ...`), which is
+//! right for the interpreter and for GPUs (one thread per cell, no races) but leaves a CPU with a
+//! strided, unvectorizable inner loop. This pass (gccjit only) recognizes every nest of the form
+//!
+//! ```text
+//! for <lhs loops> { [if cell guards] {
+//!   t := init                                   (the reduction's neutral element, or c[idx])
+//!   for <reduction loops> { [if point guards] { t := t ⊕ e } }
+//!   c[idx] := t
+//! } }
+//! ```
+//!
+//! with a reorderable `⊕` (sum, product, max, min; `fma` counts as a sum) — matmuls in every
+//! operand layout, batched products, attention scores, padded and strided convolutions and their
+//! gradients, bias gradients, row reductions — and rewrites it into one of two kernels:
+//!
+//! - [`axpy`]: `c` accumulates in place with a column loop `j` innermost that is contiguous in
+//!   `c`; rows × reduction steps are register-blocked, guards are hoisted out of the column
+//!   loop, and operands that are not contiguous along `j` (the `B` of `A·Bᵀ`, a convolution's
+//!   kernel) are first copied into a packed buffer by [`pack`];
+//! - [`dot`]: when no column loop is wide enough (a 10-class output layer), the innermost
+//!   reduction loop, contiguous in its operands, is split into lanes of partial sums kept in a
+//!   small per-thread array, so it vectorizes without reassociating the compiler's floats.
+//!
+//! Nests neither kernel fits are left as lowered. [`Nest`] is the recognized form both kernels
+//! start from.
+
+mod axpy;
+mod dot;
+mod pack;
+
+use super::{Expr, Guard, Index, Program, Stmt, Var};
+use crate::ops::{BinOp, Prec, TernOp};
+use crate::tnode::{NodeId, row_major_strides};
+
+/// Rows per register block (at most).
+pub const MR: usize = 4;
+/// Reduction steps per register block (at most).
+pub const KU: usize = 4;
+/// Reduction tile (at most).
+pub const KC: usize = 256;
+/// Column tile (at most).
+pub const NC: usize = 512;
+/// Rows per parallel chunk (at most).
+pub const MC: usize = 64;
+/// The narrowest column loop [`axpy`] vectorizes (one AVX-512 vector of f32).
+pub const MIN_COLUMNS: usize = 16;
+/// Rows that must share a packed operand for the copy to pay off.
+pub const PACK_MIN_REUSE: usize = 8;
+
+/// Applies the schedule to every recognized top-level nest.
+pub fn schedule_cpu(prog: &mut Program) {
+    let body = std::mem::take(&mut prog.body);
+    let mut out = Vec::with_capacity(body.len());
+    for s in body {
+        let Some(nest) = Nest::recognize(prog, &s) else {
+            out.push(s);
+            continue;
+        };
+        match axpy::rewrite(prog, &nest).or_else(|| dot::rewrite(prog, &nest)) {
+            Some(stmts) => out.extend(stmts),
+            None => out.push(s),
+        }
+    }
+    prog.body = out;
+}
+
+/// How the accumulator is updated: `t := op(t, e)` or `t := fma(x, y, t)`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Update {
+    Op(BinOp, Expr),
+    Fma(Expr, Expr),
+}
+
+impl Update {
+    /// The expressions the update combines into the accumulator.
+    fn contributions(&self) -> Vec<&Expr> {
+        match self {
+            Update::Op(_, e) => vec![e],
+            Update::Fma(x, y) => vec![x, y],
+        }
+    }
+
+    fn contributions_mut(&mut self) -> Vec<&mut Expr> {
+        match self {
+            Update::Op(_, e) => vec![e],
+            Update::Fma(x, y) => vec![x, y],
+        }
+    }
+
+    /// The operator that combines partial results.
+    fn combine_op(&self) -> BinOp {
+        match self {
+            Update::Op(op, _) => *op,
+            Update::Fma(..) => BinOp::Add,
+        }
+    }
+
+    /// `acc ⊕ contribution`, with `subst` applied to the contribution.
+    fn apply(&self, acc: Expr, subst: &impl Fn(&Expr) -> Expr) -> Expr {
+        match self {
+            Update::Op(op, e) => Expr::bin(*op, acc, subst(e)),
+            Update::Fma(x, y) => {
+                Expr::Ternop(TernOp::Fma, Box::new(subst(x)), Box::new(subst(y)), Box::new(acc))
+            }
+        }
+    }
+
+    /// Replaces loop variables in the contributions.
+    fn subst(&self, f: &impl Fn(Var) -> Option<Index>) -> Update {
+        match self {
+            Update::Op(op, e) => Update::Op(*op, e.clone().subst(f)),
+            Update::Fma(x, y) => Update::Fma(x.clone().subst(f), y.clone().subst(f)),
+        }
+    }
+}
+
+/// One loop of a recognized nest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loop {
+    pub var: Var,
+    pub extent: usize,
+    pub parallel: bool,
+}
+
+/// A recognized reduction nest (see the module documentation).
+#[derive(Clone, Debug)]
+pub(crate) struct Nest {
+    /// Loops around the accumulator, outermost first.
+    pub lhs: Vec<Loop>,
+    /// Reduction loops, outermost first.
+    pub red: Vec<Loop>,
+    /// Guards on the cell (lhs variables only).
+    pub cell_guards: Vec<Guard>,
+    /// Guards on each point of the reduction.
+    pub point_guards: Vec<Guard>,
+    /// The accumulated tensor and its cell.
+    pub node: NodeId,
+    pub idx: Vec<Index>,
+    pub update: Update,
+    /// `Some(neutral)`: the cell starts from the neutral element (the lowering proved each cell
+    /// is reached once); `None`: the reduction accumulates onto the cell's value.
+    pub init: Option<f64>,
+    /// The precision of `c` and of the accumulator (f32 or f64).
+    pub prec: Prec,
+}
+
+fn uses_local(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |e| found |= matches!(e, Expr::Local(_)));
+    found
+}
+
+impl Nest {
+    /// Recognizes the nest form of the module documentation in one top-level statement.
+    pub(crate) fn recognize(prog: &Program, s: &Stmt) -> Option<Nest> {
+        let mut lhs = Vec::new();
+        let mut cell_guards = Vec::new();
+        let mut cur = std::slice::from_ref(s);
+        let block = loop {
+            match cur {
+                [Stmt::For { var, extent, parallel, body }] => {
+                    lhs.push(Loop { var: *var, extent: *extent, parallel: *parallel });
+                    cur = body;
+                }
+                [Stmt::If { guards, body }] if !lhs.is_empty() => {
+                    cell_guards.extend(guards.iter().cloned());
+                    cur = body;
+                }
+                [_, _, _] if !lhs.is_empty() => break cur,
+                _ => return None,
+            }
+        };
+        let [
+            Stmt::SetLocal { local: t, value: start },
+            red_stmt @ Stmt::For { .. },
+            Stmt::Set { node, idx, value: Expr::Local(t2) },
+        ] = block
+        else {
+            return None;
+        };
+        let mut red = Vec::new();
+        let mut point_guards = Vec::new();
+        let mut cur = std::slice::from_ref(red_stmt);
+        let upd = loop {
+            match cur {
+                [Stmt::For { var, extent, parallel: false, body }] => {
+                    red.push(Loop { var: *var, extent: *extent, parallel: false });
+                    cur = body;
+                }
+                [Stmt::If { guards, body }] => {
+                    point_guards.extend(guards.iter().cloned());
+                    cur = body;
+                }
+                [Stmt::SetLocal { local: t3, value }] if t3 == t => break value,
+                _ => return None,
+            }
+        };
+        if t != t2 {
+            return None;
+        }
+        let prec = prog.nodes.get(node)?.prec;
+        if !matches!(prec, Prec::F32 | Prec::F64) || prog.locals[t.0 as usize] != prec {
+            return None;
+        }
+        let is_t = |e: &Expr| matches!(e, Expr::Local(l) if l == t);
+        let update = match upd {
+            Expr::Binop(op, a, b) if op.is_reorderable() && is_t(a) => {
+                Update::Op(*op, (**b).clone())
+            }
+            Expr::Binop(op, a, b) if op.is_reorderable() && is_t(b) => {
+                Update::Op(*op, (**a).clone())
+            }
+            Expr::Ternop(TernOp::Fma, x, y, c) if is_t(c) => {
+                Update::Fma((**x).clone(), (**y).clone())
+            }
+            _ => return None,
+        };
+        if update.contributions().iter().any(|e| uses_local(e) || e.reads(*node)) {
+            return None;
+        }
+        let neutral = update.combine_op().neutral();
+        let init = match start {
+            Expr::Const(c) if Some(*c) == neutral => Some(*c),
+            Expr::Get(n, i) if n == node && i == idx => None,
+            _ => return None,
+        };
+        let lhs_vars: Vec<Var> = lhs.iter().map(|l| l.var).collect();
+        if cell_guards.iter().any(|g| g.index.terms.iter().any(|(_, x)| !is_lhs(x, &lhs_vars))) {
+            return None;
+        }
+        Some(Nest {
+            lhs,
+            red,
+            cell_guards,
+            point_guards,
+            node: *node,
+            idx: idx.clone(),
+            update,
+            init,
+            prec,
+        })
+    }
+
+    /// The extent of a loop variable of the nest.
+    pub(crate) fn extent(&self, v: Var) -> Option<usize> {
+        self.lhs.iter().chain(&self.red).find(|l| l.var == v).map(|l| l.extent)
+    }
+
+    /// Whether some guard mentions `v`.
+    pub(crate) fn guarded(&self, v: Var) -> bool {
+        self.cell_guards.iter().chain(&self.point_guards).any(|g| g.index.uses(v))
+    }
+
+    /// All guards, cell guards first.
+    pub(crate) fn guards(&self) -> Vec<Guard> {
+        self.cell_guards.iter().chain(&self.point_guards).cloned().collect()
+    }
+
+    /// The fill `c[idx] := neutral` over the lhs loops (under the cell guards), when the cells
+    /// start from the neutral element.
+    pub(crate) fn fill(&self) -> Option<Stmt> {
+        let c = self.init?;
+        let mut s = Stmt::Set { node: self.node, idx: self.idx.clone(), value: Expr::Const(c) };
+        if !self.cell_guards.is_empty() {
+            s = Stmt::If { guards: self.cell_guards.clone(), body: vec![s] };
+        }
+        for l in self.lhs.iter().rev() {
+            s = Stmt::For { var: l.var, extent: l.extent, parallel: l.parallel, body: vec![s] };
+        }
+        Some(s)
+    }
+}
+
+fn is_lhs(x: &super::IdxVar, lhs: &[Var]) -> bool {
+    match x {
+        super::IdxVar::Loop(v) => lhs.contains(v),
+        super::IdxVar::Sym(_) => true,
+    }
+}
+
+/// The step in the flat (row-major) offset of `node[idx]` when `v` grows by one.
+pub(crate) fn flat_stride(prog: &Program, node: NodeId, idx: &[Index], v: Var) -> i64 {
+    let strides = row_major_strides(&prog.nodes[&node].dims);
+    idx.iter().zip(strides).map(|(i, s)| i.coeff(v) * s as i64).sum()
+}
+
+/// Every tensor read in `e`.
+pub(crate) fn reads(e: &Expr) -> Vec<(NodeId, Vec<Index>)> {
+    let mut out = Vec::new();
+    e.visit(&mut |e| {
+        if let Expr::Get(n, idx) = e {
+            out.push((*n, idx.clone()));
+        }
+    });
+    out
+}
+
+/// Whether `e` depends on loop variable `v` (through any index).
+pub(crate) fn uses_var(e: &Expr, v: Var) -> bool {
+    e.indices().iter().any(|i| i.uses(v))
+}
+
+/// The largest divisor of `n` that is at most `at_most` and a multiple of `multiple_of`
+/// (`n` itself when there is none).
+pub(crate) fn largest_divisor(n: usize, at_most: usize, multiple_of: usize) -> usize {
+    (1..=at_most.min(n)).rev().find(|d| n % d == 0 && d % multiple_of == 0).unwrap_or(n)
+}
+
+/// `Σ coeff·var + offset` over loop variables.
+pub(crate) fn lin(terms: &[(usize, Var)], off: usize) -> Index {
+    Index::new(terms.iter().map(|&(c, v)| (c as i64, super::IdxVar::Loop(v))).collect(), off as i64)
+}
+
+/// Wraps `body` in loops, the first of `loops` outermost.
+pub(crate) fn wrap(loops: &[Loop], body: Vec<Stmt>) -> Vec<Stmt> {
+    let mut body = body;
+    for l in loops.iter().rev() {
+        body = vec![Stmt::For { var: l.var, extent: l.extent, parallel: l.parallel, body }];
+    }
+    body
+}

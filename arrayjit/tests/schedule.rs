@@ -1,0 +1,507 @@
+//! The CPU schedule against the interpreter: every kernel of `low_level::schedule` (in-place
+//! with packing, lanes) on the layouts training and attention produce — transposed operands,
+//! batched products, padded and strided convolutions and both of their gradients, row
+//! reductions — at edge sizes (1, primes, sizes no tile divides), in several precisions, with
+//! and without threads; plus snapshots of what each kernel looks like.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use expect_test::expect;
+use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
+use rocannl_arrayjit::low_level::schedule::schedule_cpu;
+use rocannl_arrayjit::low_level::verify::verify;
+use rocannl_arrayjit::ops::{BinOp, Prec};
+use rocannl_arrayjit::tnode::{NodeId, NodeTable};
+use rocannl_arrayjit::{BackendKind, CompileOptions, compile_program};
+
+/// An axis index written like `2*o + k - 1` over single-letter iterators.
+fn ax(s: &str, letters: &str) -> AxisIndex {
+    let mut terms = Vec::new();
+    let mut offset = 0;
+    let s = s.replace(' ', "").replace('-', "+-");
+    for part in s.split('+').filter(|p| !p.is_empty()) {
+        let (neg, p) = match part.strip_prefix('-') {
+            Some(p) => (-1, p),
+            None => (1, part),
+        };
+        let (c, name) = match p.split_once('*') {
+            Some((c, n)) => (c.parse::<i64>().unwrap(), n),
+            None => (1, p),
+        };
+        match name.parse::<i64>() {
+            Ok(n) => offset += neg * n,
+            Err(_) => {
+                let pos = letters.find(name).unwrap_or_else(|| panic!("unknown iterator {name}"));
+                terms.push((neg * c, Symbol(pos as u32)));
+            }
+        }
+    }
+    AxisIndex::affine(terms, offset)
+}
+
+/// One tensor of a contraction: dims, index per axis (comma-separated), precision.
+struct Arg<'a>(&'a [usize], &'a str, Prec);
+
+/// `out[..] op= Π args[..]` (product of the arguments, or the single argument) over the
+/// iterators `letters` with `extents`; `init` starts from the neutral element, otherwise the
+/// output's initial values are data too.
+fn contraction(
+    name: &str,
+    letters: &str,
+    extents: &[usize],
+    out: Arg<'_>,
+    args: &[Arg<'_>],
+    op: BinOp,
+    init: bool,
+) -> Case {
+    let mut nodes = NodeTable::default();
+    let idx = |s: &str| s.split(',').map(|a| ax(a, letters)).collect::<Vec<_>>();
+    let ids: Vec<NodeId> = args
+        .iter()
+        .enumerate()
+        .map(|(k, a)| host(&mut nodes, &format!("x{k}"), a.0, a.2))
+        .collect();
+    let y = host(&mut nodes, "y", out.0, out.2);
+    let space: Vec<(Symbol, usize)> =
+        extents.iter().enumerate().map(|(k, d)| (Symbol(k as u32), *d)).collect();
+    let p = Projections {
+        product_space: space.iter().map(|(_, d)| *d).collect(),
+        product_iterators: space.iter().map(|(s, _)| *s).collect(),
+        lhs_dims: out.0.to_vec(),
+        rhs_dims: args.iter().map(|a| a.0.to_vec()).collect(),
+        project_lhs: idx(out.1),
+        project_rhs: args.iter().map(|a| idx(a.1)).collect(),
+        debug_info: name.to_string(),
+    };
+    let expr = (1..args.len())
+        .fold(ScalarExpr::Arg(0), |e, k| ScalarExpr::bin(BinOp::Mul, e, ScalarExpr::Arg(k)));
+    let mut inputs: Vec<(NodeId, Vec<f64>)> = args
+        .iter()
+        .zip(&ids)
+        .enumerate()
+        .map(|(k, (a, id))| {
+            let n = a.0.iter().product();
+            (*id, data(n, 40 + k as u64, -1.0, 1.0).iter().map(|v| a.2.round(*v)).collect())
+        })
+        .collect();
+    if !init {
+        let n = out.0.iter().product();
+        inputs.push((y, data(n, 99, -1.0, 1.0).iter().map(|v| out.2.round(*v)).collect()));
+    }
+    Case {
+        name: name.to_string(),
+        asgn: Asgn::Accum {
+            lhs: y,
+            accum: Some(op),
+            rhs: ids,
+            expr,
+            projections: Arc::new(p),
+            initialize_neutral: init,
+        },
+        nodes,
+        inputs,
+        outputs: vec![y],
+        bindings: vec![],
+        expected: None,
+    }
+}
+
+/// The optimized program after the CPU schedule (verified).
+fn scheduled(case: &Case) -> String {
+    let mut prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    schedule_cpu(&mut prog);
+    verify(&prog, "schedule").unwrap();
+    prog.to_string()
+}
+
+/// Which kernel the schedule chose: "packed" (in place with a packed operand), "lanes",
+/// "in place" or "as lowered".
+fn kernel(case: &Case) -> &'static str {
+    let mut prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let before = prog.to_string();
+    schedule_cpu(&mut prog);
+    verify(&prog, "schedule").unwrap();
+    if prog.scratch.iter().any(|s| s.per_thread) {
+        "lanes"
+    } else if !prog.scratch.is_empty() {
+        "packed"
+    } else if prog.to_string() != before {
+        "in place"
+    } else {
+        "as lowered"
+    }
+}
+
+/// gccjit (default options, one thread, and every nest split across three threads) against
+/// the interpreter.
+fn check(case: &Case) {
+    let want = run_case(BackendKind::Interp, CompileOptions::default(), case);
+    let tol = tolerance(case_prec(case)).max(1e-4 * f64::from(case_prec(case) == Prec::F32));
+    for opts in [
+        CompileOptions::default(),
+        CompileOptions { threads: Some(1), ..CompileOptions::default() },
+        CompileOptions { threads: Some(3), min_parallel_work: 1, ..CompileOptions::default() },
+    ] {
+        let got = run_case(BackendKind::Gccjit, opts, case);
+        assert_close(&case.name, &got[0], &want[0], tol);
+    }
+}
+
+/// `c[i,j] = Σ_k a[i,k]·b[j,k]` (weights stored `[out, in]`, attention scores).
+fn abt(m: usize, k: usize, n: usize, prec: Prec, init: bool) -> Case {
+    contraction(
+        &format!("abt_{m}x{k}x{n}_{}_{init}", prec.name()),
+        "ijk",
+        &[m, n, k],
+        Arg(&[m, n], "i,j", prec),
+        &[Arg(&[m, k], "i,k", prec), Arg(&[n, k], "j,k", prec)],
+        BinOp::Add,
+        init,
+    )
+}
+
+/// `c[i,j] = Σ_k a[k,i]·b[k,j]` (weight gradients: the batch is the reduction).
+fn atb(m: usize, k: usize, n: usize, prec: Prec, init: bool) -> Case {
+    contraction(
+        &format!("atb_{m}x{k}x{n}_{}_{init}", prec.name()),
+        "ijk",
+        &[m, n, k],
+        Arg(&[m, n], "i,j", prec),
+        &[Arg(&[k, m], "k,i", prec), Arg(&[k, n], "k,j", prec)],
+        BinOp::Add,
+        init,
+    )
+}
+
+/// A padded (`pad`) or valid 2-d convolution with stride `s`, channels last, kernel
+/// `[d, kh, kw, c]`.
+fn conv2d(b: usize, hw: usize, c: usize, d: usize, s: usize, pad: usize, prec: Prec) -> Case {
+    let o = (hw + 2 * pad - 3) / s + 1;
+    let h = format!("{s}*h + i - {pad}");
+    let w = format!("{s}*w + j - {pad}");
+    contraction(
+        &format!("conv_b{b}_hw{hw}_c{c}_d{d}_s{s}_p{pad}_{}", prec.name()),
+        "nhwdijc",
+        &[b, o, o, d, 3, 3, c],
+        Arg(&[b, o, o, d], "n,h,w,d", prec),
+        &[Arg(&[b, hw, hw, c], &format!("n,{h},{w},c"), prec), Arg(&[d, 3, 3, c], "d,i,j,c", prec)],
+        BinOp::Add,
+        true,
+    )
+}
+
+#[test]
+fn transposed_operands_are_packed() {
+    for (m, k, n) in [(128, 784, 256), (17, 19, 31), (8, 16, 16), (64, 7, 33), (9, 64, 128)] {
+        let case = abt(m, k, n, Prec::F32, true);
+        assert_eq!(kernel(&case), "packed", "{}", case.name);
+        check(&case);
+    }
+    for prec in [Prec::F64, Prec::F16, Prec::Bf16] {
+        check(&abt(24, 40, 48, prec, true));
+    }
+    check(&abt(16, 33, 20, Prec::F32, false));
+}
+
+#[test]
+fn transposed_left_operands_accumulate_in_place() {
+    for (m, k, n) in [(256, 128, 784), (10, 128, 256), (13, 5, 17), (1, 64, 16), (256, 1, 16)] {
+        let case = atb(m, k, n, Prec::F32, false);
+        check(&case);
+    }
+    assert_eq!(kernel(&atb(16, 16, 16, Prec::F32, true)), "in place");
+    check(&atb(12, 31, 40, Prec::F64, true));
+}
+
+#[test]
+fn narrow_outputs_use_lanes() {
+    for (m, k, n) in [(128, 256, 10), (3, 16, 1), (5, 17, 3), (7, 100, 15), (2, 1000, 2)] {
+        let case = abt(m, k, n, Prec::F32, true);
+        assert_eq!(kernel(&case), "lanes", "{}", case.name);
+        check(&case);
+    }
+    check(&abt(4, 37, 3, Prec::F64, false));
+    check(&abt(4, 37, 3, Prec::F16, true));
+    // A matrix-vector product: too few rows to pack.
+    let mv = contraction(
+        "matvec",
+        "ik",
+        &[37, 100],
+        Arg(&[37], "i", Prec::F32),
+        &[Arg(&[37, 100], "i,k", Prec::F32), Arg(&[100], "k", Prec::F32)],
+        BinOp::Add,
+        true,
+    );
+    assert_eq!(kernel(&mv), "lanes");
+    check(&mv);
+}
+
+#[test]
+fn row_reductions_of_every_operator() {
+    for op in [BinOp::Add, BinOp::Mul, BinOp::Max, BinOp::Min] {
+        for init in [true, false] {
+            let rows = contraction(
+                &format!("rows_{}_{init}", op.name()),
+                "ik",
+                &[6, 45],
+                Arg(&[6], "i", Prec::F32),
+                &[Arg(&[6, 45], "i,k", Prec::F32)],
+                op,
+                init,
+            );
+            assert_eq!(kernel(&rows), "lanes");
+            check(&rows);
+            let cols = contraction(
+                &format!("cols_{}_{init}", op.name()),
+                "kj",
+                &[9, 40],
+                Arg(&[40], "j", Prec::F32),
+                &[Arg(&[9, 40], "k,j", Prec::F32)],
+                op,
+                init,
+            );
+            assert_eq!(kernel(&cols), "in place");
+            check(&cols);
+        }
+    }
+}
+
+#[test]
+fn attention_scores_and_batched_products() {
+    let scores = contraction(
+        "scores",
+        "bhqkd",
+        &[2, 3, 17, 33, 19],
+        Arg(&[2, 3, 17, 33], "b,h,q,k", Prec::F32),
+        &[Arg(&[2, 3, 17, 19], "b,h,q,d", Prec::F32), Arg(&[2, 3, 33, 19], "b,h,k,d", Prec::F32)],
+        BinOp::Add,
+        true,
+    );
+    assert_eq!(kernel(&scores), "packed");
+    check(&scores);
+    let bmm = contraction(
+        "bmm",
+        "bijk",
+        &[5, 12, 16, 7],
+        Arg(&[5, 12, 16], "b,i,j", Prec::F32),
+        &[Arg(&[5, 12, 7], "b,i,k", Prec::F32), Arg(&[5, 7, 16], "b,k,j", Prec::F32)],
+        BinOp::Add,
+        true,
+    );
+    assert_eq!(kernel(&bmm), "in place");
+    check(&bmm);
+}
+
+#[test]
+fn convolutions_forward() {
+    for (b, hw, c, d, s, pad) in
+        [(4, 8, 1, 16, 1, 1), (3, 4, 16, 32, 1, 1), (2, 7, 3, 17, 2, 1), (2, 9, 5, 16, 1, 0)]
+    {
+        let case = conv2d(b, hw, c, d, s, pad, Prec::F32);
+        assert_eq!(kernel(&case), "packed", "{}", case.name);
+        check(&case);
+    }
+    check(&conv2d(2, 5, 4, 16, 1, 1, Prec::F64));
+}
+
+#[test]
+fn convolution_gradients() {
+    // Input gradient: the output index is affine (a scatter), accumulated in place.
+    let dx = contraction(
+        "conv_dx",
+        "nhwijcd",
+        &[3, 4, 4, 3, 3, 16, 32],
+        Arg(&[3, 4, 4, 16], "n,h+i-1,w+j-1,c", Prec::F32),
+        &[Arg(&[3, 4, 4, 32], "n,h,w,d", Prec::F32), Arg(&[32, 3, 3, 16], "d,i,j,c", Prec::F32)],
+        BinOp::Add,
+        false,
+    );
+    assert_eq!(kernel(&dx), "in place");
+    check(&dx);
+    // Kernel gradient: reductions over the batch and the image, guarded.
+    let dk = contraction(
+        "conv_dk",
+        "dijcnhw",
+        &[32, 3, 3, 16, 5, 4, 4],
+        Arg(&[32, 3, 3, 16], "d,i,j,c", Prec::F32),
+        &[
+            Arg(&[5, 4, 4, 32], "n,h,w,d", Prec::F32),
+            Arg(&[5, 4, 4, 16], "n,h+i-1,w+j-1,c", Prec::F32),
+        ],
+        BinOp::Add,
+        false,
+    );
+    assert_eq!(kernel(&dk), "in place");
+    check(&dk);
+    // Bias gradient: three reduction loops.
+    let db = contraction(
+        "conv_db",
+        "cnhw",
+        &[32, 7, 4, 4],
+        Arg(&[32], "c", Prec::F32),
+        &[Arg(&[7, 4, 4, 32], "n,h,w,c", Prec::F32)],
+        BinOp::Add,
+        false,
+    );
+    assert_eq!(kernel(&db), "in place");
+    check(&db);
+}
+
+#[test]
+fn snapshot_packed_transpose() {
+    let case = abt(8, 4, 16, Prec::F32, true);
+    expect![[r#"
+        # y abt_8x4x16_f32_true
+        for v0 in 0..8 par {
+          for v1 in 0..16 par {
+            n2[v0, v1] := 0
+          }
+        }
+        for v3 in 0..1 par {
+          for v4 in 0..1 {
+            for v5 in 0..16 {
+              for v6 in 0..4 {
+                n3[4*v4 + v6, 16*v3 + v5] := n1[16*v3 + v5, 4*v4 + v6]
+              }
+            }
+          }
+        }
+        for v7 in 0..2 par {
+          for v8 in 0..1 {
+            for v9 in 0..1 {
+              for v10 in 0..1 {
+                for v11 in 0..1 {
+                  t1 := n0[4*v7 + 4*v10, 4*v9 + 4*v11]
+                  t2 := n0[4*v7 + 4*v10, 4*v9 + 4*v11 + 1]
+                  t3 := n0[4*v7 + 4*v10, 4*v9 + 4*v11 + 2]
+                  t4 := n0[4*v7 + 4*v10, 4*v9 + 4*v11 + 3]
+                  t5 := n0[4*v7 + 4*v10 + 1, 4*v9 + 4*v11]
+                  t6 := n0[4*v7 + 4*v10 + 1, 4*v9 + 4*v11 + 1]
+                  t7 := n0[4*v7 + 4*v10 + 1, 4*v9 + 4*v11 + 2]
+                  t8 := n0[4*v7 + 4*v10 + 1, 4*v9 + 4*v11 + 3]
+                  t9 := n0[4*v7 + 4*v10 + 2, 4*v9 + 4*v11]
+                  t10 := n0[4*v7 + 4*v10 + 2, 4*v9 + 4*v11 + 1]
+                  t11 := n0[4*v7 + 4*v10 + 2, 4*v9 + 4*v11 + 2]
+                  t12 := n0[4*v7 + 4*v10 + 2, 4*v9 + 4*v11 + 3]
+                  t13 := n0[4*v7 + 4*v10 + 3, 4*v9 + 4*v11]
+                  t14 := n0[4*v7 + 4*v10 + 3, 4*v9 + 4*v11 + 1]
+                  t15 := n0[4*v7 + 4*v10 + 3, 4*v9 + 4*v11 + 2]
+                  t16 := n0[4*v7 + 4*v10 + 3, 4*v9 + 4*v11 + 3]
+                  for v12 in 0..16 par {
+                    t17 := n3[4*v9 + 4*v11 + 3, 16*v8 + v12]
+                    t18 := n3[4*v9 + 4*v11 + 2, 16*v8 + v12]
+                    t19 := n3[4*v9 + 4*v11 + 1, 16*v8 + v12]
+                    t20 := n3[4*v9 + 4*v11, 16*v8 + v12]
+                    n2[4*v7 + 4*v10, 16*v8 + v12] := fma(t4, t17, fma(t3, t18, fma(t2, t19, fma(t1, t20, n2[4*v7 + 4*v10, 16*v8 + v12]))))
+                    n2[4*v7 + 4*v10 + 1, 16*v8 + v12] := fma(t8, t17, fma(t7, t18, fma(t6, t19, fma(t5, t20, n2[4*v7 + 4*v10 + 1, 16*v8 + v12]))))
+                    n2[4*v7 + 4*v10 + 2, 16*v8 + v12] := fma(t12, t17, fma(t11, t18, fma(t10, t19, fma(t9, t20, n2[4*v7 + 4*v10 + 2, 16*v8 + v12]))))
+                    n2[4*v7 + 4*v10 + 3, 16*v8 + v12] := fma(t16, t17, fma(t15, t18, fma(t14, t19, fma(t13, t20, n2[4*v7 + 4*v10 + 3, 16*v8 + v12]))))
+                  }
+                }
+              }
+            }
+          }
+        }
+    "#]].assert_eq(&scheduled(&case));
+}
+
+#[test]
+fn snapshot_lanes() {
+    let case = abt(2, 20, 3, Prec::F32, true);
+    expect![[r#"
+        # y abt_2x20x3_f32_true
+        for v0 in 0..2 par {
+          for v1 in 0..3 par {
+            for v3 in 0..16 par {
+              n3[v3] := 0
+            }
+            for v4 in 0..1 {
+              for v5 in 0..16 par {
+                n3[v5] := fma(n0[v0, 16*v4 + v5], n1[v1, 16*v4 + v5], n3[v5])
+              }
+            }
+            for v6 in 0..4 par {
+              n3[v6] := fma(n0[v0, v6 + 16], n1[v1, v6 + 16], n3[v6])
+            }
+            t1 := 0
+            for v7 in 0..16 {
+              t1 := add(t1, n3[v7])
+            }
+            n2[v0, v1] := t1
+          }
+        }
+    "#]]
+    .assert_eq(&scheduled(&case));
+}
+
+#[test]
+fn snapshot_guarded_convolution() {
+    let case = conv2d(4, 4, 2, 16, 1, 1, Prec::F32);
+    expect![[r#"
+        # y conv_b4_hw4_c2_d16_s1_p1_f32
+        for v0 in 0..4 par {
+          for v1 in 0..4 par {
+            for v2 in 0..4 par {
+              for v3 in 0..16 par {
+                n2[v0, v1, v2, v3] := 0
+              }
+            }
+          }
+        }
+        for v4 in 0..3 par {
+          for v5 in 0..3 {
+            for v7 in 0..1 {
+              for v8 in 0..1 {
+                for v9 in 0..16 {
+                  for v10 in 0..2 {
+                    n3[v4, v5, 2*v8 + v10, 16*v7 + v9] := n1[16*v7 + v9, v4, v5, 2*v8 + v10]
+                  }
+                }
+              }
+            }
+          }
+        }
+        for v11 in 0..1 par {
+          for v1 in 0..4 {
+            for v2 in 0..4 {
+              for v12 in 0..1 {
+                for v4 in 0..3 {
+                  for v5 in 0..3 {
+                    if 0 <= v1 + v4 - 1 < 4 && 0 <= v2 + v5 - 1 < 4 {
+                      for v13 in 0..1 {
+                        for v14 in 0..1 {
+                          for v15 in 0..1 {
+                            t1 := n0[4*v11 + 4*v14, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15]
+                            t2 := n0[4*v11 + 4*v14, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15 + 1]
+                            t3 := n0[4*v11 + 4*v14 + 1, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15]
+                            t4 := n0[4*v11 + 4*v14 + 1, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15 + 1]
+                            t5 := n0[4*v11 + 4*v14 + 2, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15]
+                            t6 := n0[4*v11 + 4*v14 + 2, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15 + 1]
+                            t7 := n0[4*v11 + 4*v14 + 3, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15]
+                            t8 := n0[4*v11 + 4*v14 + 3, v1 + v4 - 1, v2 + v5 - 1, 2*v13 + 2*v15 + 1]
+                            for v16 in 0..16 par {
+                              t9 := n3[v4, v5, 2*v13 + 2*v15 + 1, 16*v12 + v16]
+                              t10 := n3[v4, v5, 2*v13 + 2*v15, 16*v12 + v16]
+                              n2[4*v11 + 4*v14, v1, v2, 16*v12 + v16] := fma(t2, t9, fma(t1, t10, n2[4*v11 + 4*v14, v1, v2, 16*v12 + v16]))
+                              n2[4*v11 + 4*v14 + 1, v1, v2, 16*v12 + v16] := fma(t4, t9, fma(t3, t10, n2[4*v11 + 4*v14 + 1, v1, v2, 16*v12 + v16]))
+                              n2[4*v11 + 4*v14 + 2, v1, v2, 16*v12 + v16] := fma(t6, t9, fma(t5, t10, n2[4*v11 + 4*v14 + 2, v1, v2, 16*v12 + v16]))
+                              n2[4*v11 + 4*v14 + 3, v1, v2, 16*v12 + v16] := fma(t8, t9, fma(t7, t10, n2[4*v11 + 4*v14 + 3, v1, v2, 16*v12 + v16]))
+                            }
+                          }
+                        }
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+    "#]].assert_eq(&scheduled(&case));
+}
