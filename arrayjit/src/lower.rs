@@ -408,9 +408,12 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         b.push(Stmt::Set { node: id, idx: lhs_idx.clone(), value: Expr::Local(t) });
         b
     };
+    // Reading the lhs only at the cell being written (an optimizer's `w := w - lr·g`) keeps
+    // iterations independent; reading other cells of it does not.
+    let reads_other_cells = a.rhs.iter().zip(&rhs_idx).any(|(n, idx)| *n == id && *idx != lhs_idx);
     let mut nest = guarded(lhs_guards, point_body);
     for v in lhs_vars.iter().rev() {
-        let parallel = !self_reading && sole(*v);
+        let parallel = !reads_other_cells && sole(*v);
         nest = vec![Stmt::For { var: *v, extent: extents[v], parallel, body: nest }];
     }
     if !p.debug_info.is_empty() && p.debug_info != "identity" {

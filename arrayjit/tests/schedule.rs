@@ -339,6 +339,24 @@ fn convolution_gradients() {
     );
     assert_eq!(kernel(&dk), "in place");
     check(&dk);
+    // Kernel gradient with one input channel: `dk` is contiguous along no loop, so it
+    // accumulates in a packed copy.
+    for init in [false, true] {
+        let dk1 = contraction(
+            &format!("conv_dk1_{init}"),
+            "dijnhw",
+            &[16, 3, 3, 6, 8, 8],
+            Arg(&[16, 3, 3, 1], "d,i,j,0", Prec::F32),
+            &[
+                Arg(&[6, 8, 8, 16], "n,h,w,d", Prec::F32),
+                Arg(&[6, 8, 8, 1], "n,h+i-1,w+j-1,0", Prec::F32),
+            ],
+            BinOp::Add,
+            init,
+        );
+        assert_eq!(kernel(&dk1), "packed");
+        check(&dk1);
+    }
     // Bias gradient: three reduction loops.
     let db = contraction(
         "conv_db",
@@ -504,4 +522,29 @@ fn snapshot_guarded_convolution() {
           }
         }
     "#]].assert_eq(&scheduled(&case));
+}
+
+#[test]
+fn maxima_propagate_nan() {
+    for op in [BinOp::Max, BinOp::Min] {
+        for (letters, out, arg, rows) in [("ik", "i", "i,k", true), ("kj", "j", "k,j", false)] {
+            let mut case = contraction(
+                &format!("nan_{}_{letters}", op.name()),
+                letters,
+                &[5, 40],
+                Arg(if rows { &[5] } else { &[40] }, out, Prec::F32),
+                &[Arg(&[5, 40], arg, Prec::F32)],
+                op,
+                true,
+            );
+            // NaN first, last and in the middle of some reductions; infinities elsewhere.
+            let x = &mut case.inputs[0].1;
+            x[0] = f64::NAN;
+            x[39] = f64::NAN;
+            x[77] = f64::NAN;
+            x[100] = f64::INFINITY;
+            x[150] = f64::NEG_INFINITY;
+            check(&case);
+        }
+    }
 }

@@ -664,11 +664,13 @@ impl<'c> Gen<'c> {
                 } else {
                     ComparisonOp::LessThan
                 };
+                // `(a ⊳ b || a != a) ? a : b` as two selections with one comparison each:
+                // simple diamonds GCC if-converts, so loops of maxima (pooling, row maxima)
+                // vectorize.
                 let better = self.cmp(dir, a, b);
+                let r = self.select(better, a, b, ty);
                 let nan = self.cmp(ComparisonOp::NotEquals, a, a);
-                let pick_a =
-                    self.ctx.new_binary_op(None, BinaryOp::LogicalOr, self.t.boolean, better, nan);
-                self.select(pick_a, a, b, ty)
+                self.select(nan, a, r, ty)
             }
             BinOp::Lt => self.bool_to_float(self.cmp(ComparisonOp::LessThan, a, b), ty),
             BinOp::Le => self.bool_to_float(self.cmp(ComparisonOp::LessThanEquals, a, b), ty),

@@ -2,15 +2,28 @@
 //!
 //! A training step runs thousands of times, so threads are spawned once per context and reused:
 //! a job is published by bumping an epoch counter; workers spin briefly on it (a step's nests
-//! follow each other closely) and then sleep on a condition variable. The calling thread takes
-//! the first chunk itself and waits for the others, so a job on `n` threads has `n - 1` workers.
+//! follow each other closely) and then sleep on a condition variable.
+//!
+//! A job's range is cut into [`CHUNKS_PER_THREAD`] chunks per thread. Each thread — the
+//! calling one is thread 0 — first runs its own chunks, the same part of the range in every
+//! job, so consecutive nests over the same rows find their data in the same core's cache. Then
+//! it takes any chunk nobody has claimed yet. On a quiet machine every thread ends with its own
+//! share; on a busy one (the machine is shared, and a worker may not get a core for
+//! milliseconds) the calling thread runs the chunks of a late worker instead of waiting for it.
+//!
+//! A chunk is claimed by raising its slot to the job's epoch (`fetch_max`): only one thread
+//! sees a lower value, and a worker that wakes up late with an older job cannot claim anything,
+//! since every chunk of that job was claimed before it completed.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// The signature of a compiled step: `(buffers, symbols, lo, hi, error slot)`.
 pub type StepFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64, *mut u8);
+
+/// Chunks per thread a job is cut into (fewer when the range is shorter).
+pub const CHUNKS_PER_THREAD: usize = 4;
 
 /// One parallel job: run `f` over `0..extent` split into `parts` contiguous chunks.
 #[derive(Clone, Copy)]
@@ -40,11 +53,30 @@ impl Job {
 }
 
 struct Shared {
+    threads: usize,
     epoch: AtomicU64,
-    pending: AtomicUsize,
-    job: Mutex<Option<Job>>,
+    /// Per chunk, the epoch of the last job that claimed it.
+    claimed: Vec<AtomicU64>,
+    /// Chunks of the current job finished.
+    done: AtomicUsize,
+    job: Mutex<Option<(u64, Job)>>,
     wake: Condvar,
-    shutdown: std::sync::atomic::AtomicBool,
+    shutdown: AtomicBool,
+}
+
+impl Shared {
+    /// Runs the chunks of `job` (published at `epoch`) that thread `id` claims: its own first,
+    /// then any left.
+    fn work(&self, id: usize, epoch: u64, job: &Job) {
+        let own = job.parts * id / self.threads..job.parts * (id + 1) / self.threads;
+        let others = (own.end..job.parts).chain(0..own.start);
+        for part in own.clone().chain(others) {
+            if self.claimed[part].fetch_max(epoch, Ordering::AcqRel) < epoch {
+                job.run_chunk(part);
+                self.done.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 /// The worker threads of one context.
@@ -64,14 +96,17 @@ const SPINS: u32 = 20_000;
 impl Pool {
     /// A pool using `threads` threads in all (the caller counts as one).
     pub fn new(threads: usize) -> Pool {
+        let threads = threads.max(1);
         let shared = Arc::new(Shared {
+            threads,
             epoch: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
+            claimed: (0..threads * CHUNKS_PER_THREAD).map(|_| AtomicU64::new(0)).collect(),
+            done: AtomicUsize::new(0),
             job: Mutex::new(None),
             wake: Condvar::new(),
-            shutdown: std::sync::atomic::AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
         });
-        let workers = (1..threads.max(1))
+        let workers = (1..threads)
             .map(|id| {
                 let shared = shared.clone();
                 std::thread::spawn(move || worker(&shared, id))
@@ -82,7 +117,7 @@ impl Pool {
 
     /// The number of threads a job is split across.
     pub fn threads(&self) -> usize {
-        self.workers.len() + 1
+        self.shared.threads
     }
 
     /// Runs `f` over `0..extent`, split across all threads; returns when every chunk is done.
@@ -98,22 +133,24 @@ impl Pool {
         err: *mut u8,
         extent: i64,
     ) {
-        let parts = self.threads().min(extent.max(1) as usize);
+        let parts = self.shared.claimed.len().min(extent.max(1) as usize);
         let job = Job { f, bufs, syms, err, extent, parts };
-        if parts <= 1 {
-            job.run_chunk(0);
+        if self.workers.is_empty() || parts <= 1 {
+            (0..parts).for_each(|p| job.run_chunk(p));
             return;
         }
-        {
+        let epoch = {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
-            *slot = Some(job);
-            self.shared.pending.store(self.workers.len(), Ordering::SeqCst);
-            self.shared.epoch.fetch_add(1, Ordering::SeqCst);
-        }
+            let epoch = self.shared.epoch.load(Ordering::Relaxed) + 1;
+            self.shared.done.store(0, Ordering::Relaxed);
+            *slot = Some((epoch, job));
+            self.shared.epoch.store(epoch, Ordering::Release);
+            epoch
+        };
         self.shared.wake.notify_all();
-        job.run_chunk(0);
+        self.shared.work(0, epoch, &job);
         let mut spins = 0u32;
-        while self.shared.pending.load(Ordering::Acquire) > 0 {
+        while self.shared.done.load(Ordering::Acquire) < parts {
             spins += 1;
             if spins < SPINS {
                 std::hint::spin_loop();
@@ -146,13 +183,10 @@ fn worker(shared: &Shared, id: usize) {
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
-        seen = shared.epoch.load(Ordering::Acquire);
-        let job = *shared.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(job) = job {
-            if id < job.parts {
-                job.run_chunk(id);
-            }
-            shared.pending.fetch_sub(1, Ordering::AcqRel);
+        let current = *shared.job.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((epoch, job)) = current {
+            seen = epoch;
+            shared.work(id, epoch, &job);
         }
     }
 }
@@ -166,6 +200,52 @@ impl Drop for Pool {
         self.shared.wake.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Adds one to `counts[i]` for every `i` in `lo..hi` (`bufs[0]` points to the counters).
+    unsafe extern "C" fn bump(bufs: *const *mut u8, _: *const i64, lo: i64, hi: i64, _: *mut u8) {
+        // SAFETY: the test passes a table whose first entry points to enough `AtomicU64`s.
+        let counts = unsafe { *bufs } as *const AtomicU64;
+        for i in lo..hi {
+            // SAFETY: `i` is below the job's extent, the number of counters.
+            unsafe { &*counts.add(i as usize) }.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn every_index_runs_once_per_job() {
+        for threads in [1, 2, 3, 5] {
+            let pool = Pool::new(threads);
+            for extent in [1usize, 2, 3, 7, 8, 64, 1000] {
+                let counts: Vec<AtomicU64> = (0..extent).map(|_| AtomicU64::new(0)).collect();
+                let table = [counts.as_ptr() as *mut u8];
+                let jobs = 50;
+                for _ in 0..jobs {
+                    // SAFETY: `bump` only touches the counters, alive for the whole call.
+                    unsafe {
+                        pool.run(
+                            bump,
+                            table.as_ptr(),
+                            std::ptr::null(),
+                            std::ptr::null_mut(),
+                            extent as i64,
+                        )
+                    };
+                }
+                for c in &counts {
+                    assert_eq!(
+                        c.load(Ordering::Relaxed),
+                        jobs,
+                        "{threads} threads, extent {extent}"
+                    );
+                }
+            }
         }
     }
 }

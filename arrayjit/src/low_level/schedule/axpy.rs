@@ -30,25 +30,92 @@ use super::{
     KC, KU, Loop, MC, MIN_COLUMNS, MR, NC, Nest, flat_stride, largest_divisor, lin, pack, uses_var,
     wrap,
 };
-use crate::low_level::{Expr, Index, LocalId, Program, Stmt, Var};
+use crate::low_level::{Expr, Index, LocalId, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
+use crate::tnode::{MemoryMode, TensorNode};
 
 /// The rewritten statements, or `None` when the nest has no suitable column loop or an operand
 /// cannot be packed.
 pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
-    let j = *nest.lhs.iter().rev().find(|l| {
+    let j = nest.lhs.iter().rev().find(|l| {
         l.extent >= MIN_COLUMNS
             && !nest.guarded(l.var)
             && flat_stride(prog, nest.node, &nest.idx, l.var) == 1
-    })?;
+    });
+    match j {
+        Some(j) => in_place(prog, nest, *j),
+        None => packed_output(prog, nest),
+    }
+}
+
+/// Whether `v` alone indexes one axis of the cell and appears in no other.
+fn sole_axis(nest: &Nest, v: Var) -> bool {
+    nest.idx.iter().filter(|x| x.uses(v)).count() == 1
+        && nest.idx.iter().any(|x| x.as_var() == Some(v))
+}
+
+/// When `c` is contiguous along none of its loops but short ones (a convolution's kernel
+/// gradient with one input channel, `dk[d, kh, kw, 0]`; a contiguous loop of 8 to 15 goes to
+/// the lane kernel instead), the cells accumulate in a packed copy whose last axis is
+/// a wide lhs loop, copied in before and out after:
+///
+/// ```text
+/// c.packed[.., j] := c[idx]        (or the neutral element)
+/// <the in-place kernel on c.packed>
+/// c[idx] := c.packed[.., j]
+/// ```
+///
+/// Only for cells indexed one loop per axis (constants elsewhere), without cell guards, and
+/// enough reduction work per cell to pay for two copies.
+fn packed_output(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
+    let work: usize = nest.red.iter().map(|l| l.extent).product();
+    let contiguous = |l: &Loop| {
+        l.extent >= MIN_COLUMNS / 2 && flat_stride(prog, nest.node, &nest.idx, l.var) == 1
+    };
+    if nest.lhs.iter().any(contiguous)
+        || !nest.cell_guards.is_empty()
+        || work < MIN_COLUMNS
+        || !nest.lhs.iter().all(|l| sole_axis(nest, l.var))
+        || !nest.idx.iter().all(|x| x.terms.is_empty() || x.as_var().is_some())
+    {
+        return None;
+    }
+    let j = *nest.lhs.iter().rev().find(|l| l.extent >= MIN_COLUMNS && !nest.guarded(l.var))?;
+    let mut order: Vec<Loop> = nest.lhs.iter().copied().filter(|l| l.var != j.var).collect();
+    order.push(j);
+    let id = prog.fresh_node_id();
+    let dims: Vec<usize> = order.iter().map(|l| l.extent).collect();
+    let label = format!("{}.packed", prog.nodes[&nest.node].label);
+    prog.nodes.insert(id, TensorNode::new(id, &label, &dims, nest.prec, MemoryMode::Local));
+    prog.scratch.push(Scratch { node: id, per_thread: false });
+    let cidx: Vec<Index> = order.iter().map(|l| Index::var(l.var)).collect();
+    let start = match nest.init {
+        Some(c) => Expr::Const(c),
+        None => Expr::Get(nest.node, nest.idx.clone()),
+    };
+    let copy_in = wrap(&nest.lhs, vec![Stmt::Set { node: id, idx: cidx.clone(), value: start }]);
+    let inner = Nest { node: id, idx: cidx.clone(), init: None, ..nest.clone() };
+    let body = in_place(prog, &inner, j)?;
+    let copy_out = wrap(
+        &nest.lhs,
+        vec![Stmt::Set { node: nest.node, idx: nest.idx.clone(), value: Expr::Get(id, cidx) }],
+    );
+    Some(copy_in.into_iter().chain(body).chain(copy_out).collect())
+}
+
+/// The kernel of the module documentation, with column loop `j`.
+fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     let mut update = nest.update.clone();
     let packs = pack::pack_operands(prog, nest, j.var, &mut update)?;
-    let i = nest.lhs.iter().rev().copied().find(|l| {
-        l.var != j.var
-            && !nest.guarded(l.var)
-            && nest.idx.iter().filter(|x| x.uses(l.var)).count() == 1
-            && nest.idx.iter().any(|x| x.as_var() == Some(l.var))
-    });
+    // Rows: an unguarded loop alone indexing an axis; one whose extent MR divides first.
+    let rows: Vec<Loop> = nest
+        .lhs
+        .iter()
+        .rev()
+        .copied()
+        .filter(|l| l.var != j.var && !nest.guarded(l.var) && sole_axis(nest, l.var))
+        .collect();
+    let i = rows.iter().copied().find(|l| l.extent % MR == 0).or_else(|| rows.first().copied());
     let k = nest.red.iter().rev().copied().find(|l| !nest.guarded(l.var));
 
     let (mx, kx, nx) = (i.map_or(1, |l| l.extent), k.map_or(1, |l| l.extent), j.extent);
