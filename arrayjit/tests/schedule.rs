@@ -221,20 +221,22 @@ fn transposed_left_operands_accumulate_in_place() {
 
 #[test]
 fn narrow_outputs_use_lanes() {
-    for (m, k, n) in [(128, 256, 10), (3, 16, 1), (5, 17, 3), (7, 100, 15), (2, 1000, 2)] {
+    for (m, k, n) in [(128, 256, 10), (3, 1400, 1), (5, 301, 3), (7, 100, 15), (2, 1030, 2)] {
         let case = abt(m, k, n, Prec::F32, true);
         assert_eq!(kernel(&case), "lanes", "{}", case.name);
         check(&case);
     }
-    check(&abt(4, 37, 3, Prec::F64, false));
-    check(&abt(4, 37, 3, Prec::F16, true));
+    // Too little work to be worth the compile time.
+    assert_eq!(kernel(&abt(3, 16, 1, Prec::F32, true)), "as lowered");
+    check(&abt(4, 373, 3, Prec::F64, false));
+    check(&abt(4, 373, 3, Prec::F16, true));
     // A matrix-vector product: too few rows to pack.
     let mv = contraction(
         "matvec",
         "ik",
-        &[37, 100],
+        &[37, 120],
         Arg(&[37], "i", Prec::F32),
-        &[Arg(&[37, 100], "i,k", Prec::F32), Arg(&[100], "k", Prec::F32)],
+        &[Arg(&[37, 120], "i,k", Prec::F32), Arg(&[120], "k", Prec::F32)],
         BinOp::Add,
         true,
     );
@@ -249,9 +251,9 @@ fn row_reductions_of_every_operator() {
             let rows = contraction(
                 &format!("rows_{}_{init}", op.name()),
                 "ik",
-                &[6, 45],
+                &[6, 701],
                 Arg(&[6], "i", Prec::F32),
-                &[Arg(&[6, 45], "i,k", Prec::F32)],
+                &[Arg(&[6, 701], "i,k", Prec::F32)],
                 op,
                 init,
             );
@@ -260,9 +262,9 @@ fn row_reductions_of_every_operator() {
             let cols = contraction(
                 &format!("cols_{}_{init}", op.name()),
                 "kj",
-                &[9, 40],
-                Arg(&[40], "j", Prec::F32),
-                &[Arg(&[9, 40], "k,j", Prec::F32)],
+                &[9, 64],
+                Arg(&[64], "j", Prec::F32),
+                &[Arg(&[9, 64], "k,j", Prec::F32)],
                 op,
                 init,
             );
@@ -431,21 +433,21 @@ fn snapshot_packed_transpose() {
 
 #[test]
 fn snapshot_lanes() {
-    let case = abt(2, 20, 3, Prec::F32, true);
+    let case = abt(2, 1030, 2, Prec::F32, true);
     expect![[r#"
-        # y abt_2x20x3_f32_true
+        # y abt_2x1030x2_f32_true
         for v0 in 0..2 par {
-          for v1 in 0..3 par {
+          for v1 in 0..2 par {
             for v3 in 0..16 par {
               n3[v3] := 0
             }
-            for v4 in 0..1 {
+            for v4 in 0..64 {
               for v5 in 0..16 par {
                 n3[v5] := fma(n0[v0, 16*v4 + v5], n1[v1, 16*v4 + v5], n3[v5])
               }
             }
-            for v6 in 0..4 par {
-              n3[v6] := fma(n0[v0, v6 + 16], n1[v1, v6 + 16], n3[v6])
+            for v6 in 0..6 par {
+              n3[v6] := fma(n0[v0, v6 + 1024], n1[v1, v6 + 1024], n3[v6])
             }
             t1 := 0
             for v7 in 0..16 {
@@ -527,21 +529,26 @@ fn snapshot_guarded_convolution() {
 #[test]
 fn maxima_propagate_nan() {
     for op in [BinOp::Max, BinOp::Min] {
-        for (letters, out, arg, rows) in [("ik", "i", "i,k", true), ("kj", "j", "k,j", false)] {
+        // Rows of 1000 (lanes), and columns (in place).
+        for (letters, ext, out, arg, want) in [
+            ("ik", [5, 1000], Arg(&[5], "i", Prec::F32), "i,k", "lanes"),
+            ("kj", [16, 64], Arg(&[64], "j", Prec::F32), "k,j", "in place"),
+        ] {
             let mut case = contraction(
                 &format!("nan_{}_{letters}", op.name()),
                 letters,
-                &[5, 40],
-                Arg(if rows { &[5] } else { &[40] }, out, Prec::F32),
-                &[Arg(&[5, 40], arg, Prec::F32)],
+                &ext,
+                out,
+                &[Arg(&ext, arg, Prec::F32)],
                 op,
                 true,
             );
+            assert_eq!(kernel(&case), want);
             // NaN first, last and in the middle of some reductions; infinities elsewhere.
             let x = &mut case.inputs[0].1;
-            x[0] = f64::NAN;
-            x[39] = f64::NAN;
-            x[77] = f64::NAN;
+            for (i, v) in [(0, f64::NAN), (63, f64::NAN), (77, f64::NAN), (999, f64::NAN)] {
+                x[i] = v;
+            }
             x[100] = f64::INFINITY;
             x[150] = f64::NEG_INFINITY;
             check(&case);

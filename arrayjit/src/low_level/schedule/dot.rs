@@ -34,7 +34,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
     let lanes: usize = if nest.prec == Prec::F64 { 8 } else { 16 };
     let contribs = nest.update.contributions();
     let k = *nest.red.last()?;
-    if k.extent < lanes || nest.guarded(k.var) {
+    if k.extent < lanes || nest.guarded(k.var) || nest.work() < super::MIN_LANES_WORK {
         return None;
     }
     let mut any = false;

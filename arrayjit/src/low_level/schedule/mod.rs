@@ -49,13 +49,20 @@ pub const MC: usize = 64;
 pub const MIN_COLUMNS: usize = 16;
 /// Rows that must share a packed operand for the copy to pay off.
 pub const PACK_MIN_REUSE: usize = 8;
+/// Points (cells × reduction steps) below which a nest is left as lowered: it runs in a few
+/// microseconds either way, and the kernels' unrolled code costs GCC more time to compile than
+/// it saves.
+pub const MIN_WORK: usize = 512;
+/// Points below which the lane kernel is not used: its partial sums cost GCC's vectorizer much
+/// more compile time than an in-place kernel, for a gain only long reductions show.
+pub const MIN_LANES_WORK: usize = 4096;
 
 /// Applies the schedule to every recognized top-level nest.
 pub fn schedule_cpu(prog: &mut Program) {
     let body = std::mem::take(&mut prog.body);
     let mut out = Vec::with_capacity(body.len());
     for s in body {
-        let Some(nest) = Nest::recognize(prog, &s) else {
+        let Some(nest) = Nest::recognize(prog, &s).filter(|n| n.work() >= MIN_WORK) else {
             out.push(s);
             continue;
         };
@@ -242,6 +249,11 @@ impl Nest {
             init,
             prec,
         })
+    }
+
+    /// The number of points: cells × reduction steps.
+    pub(crate) fn work(&self) -> usize {
+        self.lhs.iter().chain(&self.red).map(|l| l.extent).product()
     }
 
     /// The extent of a loop variable of the nest.
