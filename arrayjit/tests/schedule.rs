@@ -198,7 +198,7 @@ fn conv2d(b: usize, hw: usize, c: usize, d: usize, s: usize, pad: usize, prec: P
 
 #[test]
 fn transposed_operands_are_packed() {
-    for (m, k, n) in [(128, 784, 256), (17, 19, 31), (8, 16, 16), (64, 7, 33), (9, 64, 128)] {
+    for (m, k, n) in [(128, 256, 256), (17, 19, 31), (8, 16, 16), (64, 7, 33), (9, 64, 128)] {
         let case = abt(m, k, n, Prec::F32, true);
         assert_eq!(kernel(&case), "packed", "{}", case.name);
         check(&case);
@@ -222,6 +222,12 @@ fn transposed_left_operands_accumulate_in_place() {
 #[test]
 fn narrow_outputs_use_lanes() {
     for (m, k, n) in [(128, 256, 10), (3, 1400, 1), (5, 301, 3), (7, 100, 15), (2, 1030, 2)] {
+        let case = abt(m, k, n, Prec::F32, true);
+        assert_eq!(kernel(&case), "lanes", "{}", case.name);
+        check(&case);
+    }
+    // Long reductions: partial sums instead of a packed copy, 4 × 4 cells at a time.
+    for (m, k, n) in [(128, 784, 256), (33, 600, 20), (6, 513, 17)] {
         let case = abt(m, k, n, Prec::F32, true);
         assert_eq!(kernel(&case), "lanes", "{}", case.name);
         check(&case);
@@ -436,24 +442,48 @@ fn snapshot_lanes() {
     let case = abt(2, 1030, 2, Prec::F32, true);
     expect![[r#"
         # y abt_2x1030x2_f32_true
-        for v0 in 0..2 par {
-          for v1 in 0..2 par {
-            for v3 in 0..16 par {
-              n3[v3] := 0
+        for v4 in 0..1 par {
+          for v3 in 0..1 par {
+            for v5 in 0..16 par {
+              n3[0, v5] := 0
+              n3[1, v5] := 0
+              n3[2, v5] := 0
+              n3[3, v5] := 0
             }
-            for v4 in 0..64 {
-              for v5 in 0..16 par {
-                n3[v5] := fma(n0[v0, 16*v4 + v5], n1[v1, 16*v4 + v5], n3[v5])
+            for v6 in 0..64 {
+              for v7 in 0..16 par {
+                n3[0, v7] := fma(n0[2*v4, 16*v6 + v7], n1[2*v3, 16*v6 + v7], n3[0, v7])
+                n3[1, v7] := fma(n0[2*v4 + 1, 16*v6 + v7], n1[2*v3, 16*v6 + v7], n3[1, v7])
+                n3[2, v7] := fma(n0[2*v4, 16*v6 + v7], n1[2*v3 + 1, 16*v6 + v7], n3[2, v7])
+                n3[3, v7] := fma(n0[2*v4 + 1, 16*v6 + v7], n1[2*v3 + 1, 16*v6 + v7], n3[3, v7])
               }
             }
-            for v6 in 0..6 par {
-              n3[v6] := fma(n0[v0, v6 + 1024], n1[v1, v6 + 1024], n3[v6])
+            for v8 in 0..6 par {
+              n3[0, v8] := fma(n0[2*v4, v8 + 1024], n1[2*v3, v8 + 1024], n3[0, v8])
+              n3[1, v8] := fma(n0[2*v4 + 1, v8 + 1024], n1[2*v3, v8 + 1024], n3[1, v8])
+              n3[2, v8] := fma(n0[2*v4, v8 + 1024], n1[2*v3 + 1, v8 + 1024], n3[2, v8])
+              n3[3, v8] := fma(n0[2*v4 + 1, v8 + 1024], n1[2*v3 + 1, v8 + 1024], n3[3, v8])
             }
             t1 := 0
-            for v7 in 0..16 {
-              t1 := add(t1, n3[v7])
+            for v9 in 0..16 {
+              t1 := add(t1, n3[0, v9])
             }
-            n2[v0, v1] := t1
+            n2[2*v4, 2*v3] := t1
+            t2 := 0
+            for v10 in 0..16 {
+              t2 := add(t2, n3[1, v10])
+            }
+            n2[2*v4 + 1, 2*v3] := t2
+            t3 := 0
+            for v11 in 0..16 {
+              t3 := add(t3, n3[2, v11])
+            }
+            n2[2*v4, 2*v3 + 1] := t3
+            t4 := 0
+            for v12 in 0..16 {
+              t4 := add(t4, n3[3, v12])
+            }
+            n2[2*v4 + 1, 2*v3 + 1] := t4
           }
         }
     "#]]

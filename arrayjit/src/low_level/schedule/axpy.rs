@@ -27,8 +27,8 @@
 //! enough that the pool gets at least four of them.
 
 use super::{
-    KC, KU, Loop, MC, MIN_COLUMNS, MR, NC, Nest, flat_stride, largest_divisor, lin, pack, uses_var,
-    wrap,
+    KC, KU, Loop, MC, MIN_COLUMNS, MR, NC, Nest, dot, flat_stride, largest_divisor, lin, pack,
+    sole_axis, uses_var, wrap,
 };
 use crate::low_level::{Expr, Index, LocalId, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
@@ -46,12 +46,6 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
         Some(j) => in_place(prog, nest, *j),
         None => packed_output(prog, nest),
     }
-}
-
-/// Whether `v` alone indexes one axis of the cell and appears in no other.
-fn sole_axis(nest: &Nest, v: Var) -> bool {
-    nest.idx.iter().filter(|x| x.uses(v)).count() == 1
-        && nest.idx.iter().any(|x| x.as_var() == Some(v))
 }
 
 /// When `c` is contiguous along none of its loops but short ones (a convolution's kernel
@@ -105,6 +99,9 @@ fn packed_output(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
 
 /// The kernel of the module documentation, with column loop `j`.
 fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
+    if pack::needed(prog, nest, j.var) && dot::use_for_transposed(prog, nest) {
+        return None;
+    }
     let mut update = nest.update.clone();
     let packs = pack::pack_operands(prog, nest, j.var, &mut update)?;
     // Rows: an unguarded loop alone indexing an axis; one whose extent MR divides first.

@@ -1,44 +1,58 @@
 //! The lane kernel: reductions vectorized along a contiguous reduction axis.
 //!
-//! When no column loop is wide enough for [`super::axpy`] — an output layer with 10 classes,
-//! a matrix-vector product, a row sum — but the innermost reduction loop `k` (in no guard, at
-//! least one vector long) is contiguous in every operand that depends on it, each cell's
-//! reduction is split into `L` lanes (16 for f32, 8 for f64) of partial results in a per-thread
-//! array `s`, combined at the end:
+//! When the innermost reduction loop `k` (in no guard, at least one vector long) is contiguous
+//! in every operand that depends on it — an output layer with 10 classes, a matrix-vector
+//! product, a row sum, and `A·Bᵀ` products whose reduction is long (see [`use_for_transposed`])
+//! — each cell's reduction is split into `L` lanes (16 for f32, 8 for f64) of partial results
+//! in a per-thread array `s`, combined at the end. Up to [`MR`] × [`NR`] cells (rows `i`,
+//! columns `j`: lhs loops that each alone index an axis of `c`, in no guard) are computed
+//! together, so an operand read for one row serves every column and vice versa:
 //!
 //! ```text
-//! for <lhs loops> { [if <cell guards>] {
-//!   for l in 0..L { s[l] := neutral }
+//! for <lhs loops, i and j by blocks> { [if <cell guards>] {
+//!   for l in 0..L { s[r, q, l] := neutral }                         for every r < MR, q < NR
 //!   for <reduction loops but k> { [if <point guards>] {
-//!     for k0 in 0..K/L { for l in 0..L { s[l] := s[l] ⊕ e(k = L*k0 + l) } }
-//!     for l in 0..K%L { s[l] := s[l] ⊕ e(k = L*(K/L) + l) }          (remainder)
+//!     for k0 in 0..K/L { for l in 0..L { s[r, q, l] := s[r, q, l] ⊕ e(i_r, j_q, k = L*k0 + l) } }
+//!     for l in 0..K%L { s[r, q, l] := s[r, q, l] ⊕ e(i_r, j_q, k = L*(K/L) + l) }   (remainder)
 //!   } }
-//!   t := init; for l in 0..L { t := t ⊕ s[l] }; c[idx] := t
+//!   t := init; for l in 0..L { t := t ⊕ s[r, q, l] }; c[i_r, j_q] := t
 //! } }
 //! ```
 //!
 //! The lane loop is contiguous in `s` and in the operands, so GCC vectorizes it into one
-//! vector operation per step without being allowed to reassociate floating-point arithmetic
-//! itself; `s` lives on the stack of the generated function, which GCC knows no operand aliases,
-//! so it stays in a register across the `k0` loop. The summation order differs from the
-//! sequential one (by lanes, like every vectorized BLAS), within the rounding the conformance
-//! suite allows.
+//! vector operation per cell and step without being allowed to reassociate floating-point
+//! arithmetic itself; `s` lives on the stack of the generated function, which GCC knows no
+//! operand aliases, so its MR × NR vectors stay in registers across the `k0` loop. The
+//! summation order differs from the sequential one (by lanes, like every vectorized BLAS),
+//! within the rounding the conformance suite allows.
 
-use super::{Loop, Nest, flat_stride, lin, reads, uses_var, wrap};
-use crate::low_level::{Expr, Index, Program, Scratch, Stmt};
+use super::{Loop, MIN_LANES_WORK, Nest, flat_stride, lin, reads, sole_axis, uses_var, wrap};
+use crate::low_level::{Expr, Index, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
 use crate::tnode::{MemoryMode, TensorNode};
 
-/// The rewritten statements, or `None` when no reduction loop qualifies.
-pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
-    let lanes: usize = if nest.prec == Prec::F64 { 8 } else { 16 };
-    let contribs = nest.update.contributions();
+/// Rows per block (at most).
+pub const MR: usize = 4;
+/// Columns per block (at most).
+pub const NR: usize = 4;
+/// The shortest reduction for which the lane kernel beats packing an operand of an `A·Bᵀ`
+/// product for the in-place kernel: combining the lanes costs about as much as 16 vector
+/// steps per cell, copying the operand about 1 cycle per element.
+pub const TRANSPOSED_MIN_K: usize = 512;
+
+fn lanes(prec: Prec) -> usize {
+    if prec == Prec::F64 { 8 } else { 16 }
+}
+
+/// The reduction loop the lanes run along, if the nest has one: the innermost reduction loop,
+/// in no guard, at least one vector long, contiguous in every read that depends on it.
+fn lane_loop(prog: &Program, nest: &Nest) -> Option<Loop> {
     let k = *nest.red.last()?;
-    if k.extent < lanes || nest.guarded(k.var) || nest.work() < super::MIN_LANES_WORK {
+    if k.extent < lanes(nest.prec) || nest.guarded(k.var) || nest.work() < MIN_LANES_WORK {
         return None;
     }
-    let mut any = false;
-    for e in &contribs {
+    let mut contiguous = false;
+    for e in nest.update.contributions() {
         if !uses_var(e, k.var) {
             continue;
         }
@@ -50,7 +64,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
         for (n, idx) in reads(e) {
             match flat_stride(prog, n, &idx, k.var) {
                 0 => {}
-                1 => any = true,
+                1 => contiguous = true,
                 _ => ok = false,
             }
         }
@@ -58,22 +72,81 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
             return None;
         }
     }
+    (contiguous && nest.update.combine_op().neutral().is_some()).then_some(k)
+}
+
+/// Whether an `A·Bᵀ`-like nest (whose in-place kernel needs a packed operand) should use the
+/// lane kernel instead: its reduction is long enough.
+pub(super) fn use_for_transposed(prog: &Program, nest: &Nest) -> bool {
+    lane_loop(prog, nest).is_some_and(|k| k.extent >= TRANSPOSED_MIN_K)
+}
+
+/// A blocking loop: an lhs loop alone indexing an axis of `c`, in no guard; its block size.
+fn blocked(nest: &Nest, l: &Loop, most: usize) -> Option<usize> {
+    if nest.guarded(l.var) || !sole_axis(nest, l.var) {
+        return None;
+    }
+    [most, 2].into_iter().find(|b| *b <= most && l.extent % b == 0)
+}
+
+/// The rewritten statements, or `None` when no reduction loop qualifies.
+pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
+    let k = lane_loop(prog, nest)?;
+    let lanes = lanes(nest.prec);
     let op = nest.update.combine_op();
     let neutral = op.neutral()?;
-    if !any {
-        return None;
+    // Columns: the innermost blockable lhs loop; rows: the next one out.
+    let mut blocks: Vec<(Loop, usize)> = Vec::new();
+    for l in nest.lhs.iter().rev() {
+        let most = if blocks.is_empty() { NR } else { MR };
+        if let Some(b) = blocked(nest, l, most) {
+            blocks.push((*l, b));
+            if blocks.len() == 2 {
+                break;
+            }
+        }
+    }
+    let cells: usize = blocks.iter().map(|(_, b)| b).product();
+    let block_vars: Vec<(Var, Var, usize)> =
+        blocks.iter().map(|(l, b)| (l.var, prog.fresh_var(), *b)).collect();
+    // Every cell of a block: (its position in `s`, the substitution of the blocked loops).
+    let mut positions: Vec<Vec<(Var, Index)>> = vec![Vec::new()];
+    for &(v, outer, b) in &block_vars {
+        positions = positions
+            .into_iter()
+            .flat_map(|p| {
+                (0..b).map(move |r| {
+                    let mut p = p.clone();
+                    p.push((v, lin(&[(b, outer)], r)));
+                    p
+                })
+            })
+            .collect();
     }
 
     let id = prog.fresh_node_id();
     let label = format!("{}.lanes", prog.nodes[&nest.node].label);
-    prog.nodes.insert(id, TensorNode::new(id, &label, &[lanes], nest.prec, MemoryMode::Local));
+    let dims = [cells, lanes];
+    prog.nodes.insert(id, TensorNode::new(id, &label, &dims, nest.prec, MemoryMode::Local));
     prog.scratch.push(Scratch { node: id, per_thread: true });
-    let [l0, k0, l1, l2, l3] = [(); 5].map(|_| prog.fresh_var());
-    let lane = |l| vec![Index::var(l)];
-    let step = |l, at: Index| {
-        let upd = nest.update.subst(&|v| (v == k.var).then(|| at.clone()));
-        let value = upd.apply(Expr::Get(id, lane(l)), &|e| e.clone());
-        Stmt::Set { node: id, idx: lane(l), value }
+    let [l0, k0, l1, l2] = [(); 4].map(|_| prog.fresh_var());
+    let slot = |c: usize, l: Var| vec![Index::fixed(c as i64), Index::var(l)];
+    let sub = |p: &[(Var, Index)], v: Var, at: &Index| {
+        if v == k.var {
+            return Some(at.clone());
+        }
+        p.iter().find(|(x, _)| *x == v).map(|(_, i)| i.clone())
+    };
+    let steps = |l: Var, at: Index| -> Vec<Stmt> {
+        positions
+            .iter()
+            .enumerate()
+            .map(|(c, p)| {
+                let upd = nest.update.subst(&|v| sub(p, v, &at));
+                let value = upd.apply(Expr::Get(id, slot(c, l)), &|e| e.clone());
+                Stmt::Set { node: id, idx: slot(c, l), value }
+            })
+            .collect()
     };
     let (full, rem) = (k.extent / lanes, k.extent % lanes);
     let mut red_body = vec![Stmt::For {
@@ -84,7 +157,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
             var: l1,
             extent: lanes,
             parallel: true,
-            body: vec![step(l1, lin(&[(lanes, k0), (1, l1)], 0))],
+            body: steps(l1, lin(&[(lanes, k0), (1, l1)], 0)),
         }],
     }];
     if rem > 0 {
@@ -92,38 +165,56 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
             var: l2,
             extent: rem,
             parallel: true,
-            body: vec![step(l2, lin(&[(1, l2)], lanes * full))],
+            body: steps(l2, lin(&[(1, l2)], lanes * full)),
         });
     }
     if !nest.point_guards.is_empty() {
         red_body = vec![Stmt::If { guards: nest.point_guards.clone(), body: red_body }];
     }
     let others: Vec<Loop> = nest.red[..nest.red.len() - 1].to_vec();
-    let t = prog.fresh_local(nest.prec);
-    let start = match nest.init {
-        Some(c) => Expr::Const(c),
-        None => Expr::Get(nest.node, nest.idx.clone()),
-    };
     let mut cell = vec![Stmt::For {
         var: l0,
         extent: lanes,
         parallel: true,
-        body: vec![Stmt::Set { node: id, idx: lane(l0), value: Expr::Const(neutral) }],
+        body: (0..cells)
+            .map(|c| Stmt::Set { node: id, idx: slot(c, l0), value: Expr::Const(neutral) })
+            .collect(),
     }];
     cell.extend(wrap(&others, red_body));
-    cell.push(Stmt::SetLocal { local: t, value: start });
-    cell.push(Stmt::For {
-        var: l3,
-        extent: lanes,
-        parallel: false,
-        body: vec![Stmt::SetLocal {
-            local: t,
-            value: Expr::bin(op, Expr::Local(t), Expr::Get(id, lane(l3))),
-        }],
-    });
-    cell.push(Stmt::Set { node: nest.node, idx: nest.idx.clone(), value: Expr::Local(t) });
+    for (c, p) in positions.iter().enumerate() {
+        let idx: Vec<Index> = nest
+            .idx
+            .iter()
+            .map(|x| x.subst(&|v| p.iter().find(|(y, _)| *y == v).map(|(_, i)| i.clone())))
+            .collect();
+        let t = prog.fresh_local(nest.prec);
+        let start = match nest.init {
+            Some(c) => Expr::Const(c),
+            None => Expr::Get(nest.node, idx.clone()),
+        };
+        let l3 = prog.fresh_var();
+        cell.push(Stmt::SetLocal { local: t, value: start });
+        cell.push(Stmt::For {
+            var: l3,
+            extent: lanes,
+            parallel: false,
+            body: vec![Stmt::SetLocal {
+                local: t,
+                value: Expr::bin(op, Expr::Local(t), Expr::Get(id, slot(c, l3))),
+            }],
+        });
+        cell.push(Stmt::Set { node: nest.node, idx, value: Expr::Local(t) });
+    }
     if !nest.cell_guards.is_empty() {
         cell = vec![Stmt::If { guards: nest.cell_guards.clone(), body: cell }];
     }
-    Some(wrap(&nest.lhs, cell))
+    let loops: Vec<Loop> = nest
+        .lhs
+        .iter()
+        .map(|l| match block_vars.iter().find(|(v, _, _)| *v == l.var) {
+            Some(&(_, outer, b)) => Loop { var: outer, extent: l.extent / b, ..*l },
+            None => *l,
+        })
+        .collect();
+    Some(wrap(&loops, cell))
 }

@@ -293,6 +293,12 @@ fn is_lhs(x: &super::IdxVar, lhs: &[Var]) -> bool {
     }
 }
 
+/// Whether `v` alone indexes one axis of the nest's cell and appears in no other.
+pub(crate) fn sole_axis(nest: &Nest, v: Var) -> bool {
+    nest.idx.iter().filter(|x| x.uses(v)).count() == 1
+        && nest.idx.iter().any(|x| x.as_var() == Some(v))
+}
+
 /// The step in the flat (row-major) offset of `node[idx]` when `v` grows by one.
 pub(crate) fn flat_stride(prog: &Program, node: NodeId, idx: &[Index], v: Var) -> i64 {
     let strides = row_major_strides(&prog.nodes[&node].dims);

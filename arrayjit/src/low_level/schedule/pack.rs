@@ -27,6 +27,14 @@ use crate::tnode::{MemoryMode, NodeId, TensorNode};
 /// Block edge of the transposing copy.
 const BLOCK: usize = 16;
 
+/// Whether some read of the nest's contributions is neither invariant nor contiguous along `j`.
+pub(super) fn needed(prog: &Program, nest: &Nest, j: Var) -> bool {
+    nest.update
+        .contributions()
+        .iter()
+        .any(|e| reads(e).iter().any(|(n, idx)| !matches!(flat_stride(prog, *n, idx, j), 0 | 1)))
+}
+
 /// Replaces, in `update`, every read whose stride along `j` is neither 0 (hoisted out of the
 /// column loop) nor 1 (contiguous) by a read of a packed copy; returns the nests that fill the
 /// copies (empty when nothing needs packing), or `None` when a read cannot be packed.
