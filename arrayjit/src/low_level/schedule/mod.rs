@@ -67,7 +67,7 @@ pub fn schedule_cpu(prog: &mut Program) {
             continue;
         };
         match axpy::rewrite(prog, &nest).or_else(|| dot::rewrite(prog, &nest)) {
-            Some(stmts) => out.extend(stmts),
+            Some(stmts) => out.extend(stmts.into_iter().map(drop_unit_loops)),
             None => out.push(s),
         }
     }
@@ -339,4 +339,61 @@ pub(crate) fn wrap(loops: &[Loop], body: Vec<Stmt>) -> Vec<Stmt> {
         body = vec![Stmt::For { var: l.var, extent: l.extent, parallel: l.parallel, body }];
     }
     body
+}
+
+/// Removes the loops of one iteration below the outermost one (tiles and blocks that cover a
+/// whole small extent), their variable replaced by 0: shorter code to read, and to compile.
+fn drop_unit_loops(s: Stmt) -> Stmt {
+    match s {
+        Stmt::For { var, extent, parallel, body } => {
+            Stmt::For { var, extent, parallel, body: body.into_iter().flat_map(inner).collect() }
+        }
+        s => s,
+    }
+}
+
+fn inner(s: Stmt) -> Vec<Stmt> {
+    match s {
+        Stmt::For { var, extent: 1, body, .. } => body
+            .into_iter()
+            .map(|b| subst_stmt(b, &|v| (v == var).then(|| Index::fixed(0))))
+            .flat_map(inner)
+            .collect(),
+        Stmt::For { var, extent, parallel, body } => {
+            vec![Stmt::For {
+                var,
+                extent,
+                parallel,
+                body: body.into_iter().flat_map(inner).collect(),
+            }]
+        }
+        Stmt::If { guards, body } => {
+            vec![Stmt::If { guards, body: body.into_iter().flat_map(inner).collect() }]
+        }
+        s => vec![s],
+    }
+}
+
+/// Replaces loop variables in every index of a statement.
+fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
+    match s {
+        Stmt::For { var, extent, parallel, body } => Stmt::For {
+            var,
+            extent,
+            parallel,
+            body: body.into_iter().map(|b| subst_stmt(b, f)).collect(),
+        },
+        Stmt::If { guards, body } => Stmt::If {
+            guards: guards
+                .into_iter()
+                .map(|g| Guard { index: g.index.subst(f), bound: g.bound })
+                .collect(),
+            body: body.into_iter().map(|b| subst_stmt(b, f)).collect(),
+        },
+        Stmt::Set { node, idx, value } => {
+            Stmt::Set { node, idx: idx.iter().map(|i| i.subst(f)).collect(), value: value.subst(f) }
+        }
+        Stmt::SetLocal { local, value } => Stmt::SetLocal { local, value: value.subst(f) },
+        s => s,
+    }
 }
