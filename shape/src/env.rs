@@ -11,6 +11,8 @@
 //! [`Environment::subst_row`] follow chains of solved variables, so solving a variable is
 //! cheap and never rewrites the whole environment.
 
+use std::borrow::Cow;
+
 use rustc_hash::FxHashSet;
 
 use crate::constraint::{DimConstraint, Origin, RowConstraint};
@@ -31,6 +33,10 @@ pub struct DimBounds {
     /// Other knowledge (a lower bound from fixed indexing).
     pub constr: Option<(DimConstraint, Origin)>,
 }
+
+/// The bounds of a variable nothing is known about.
+static NO_DIM_BOUNDS: DimBounds =
+    DimBounds { cur: Vec::new(), subr: Vec::new(), lub: None, constr: None };
 
 /// What is known about a dimension variable.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +59,10 @@ pub struct RowBounds {
     /// A constraint on the number of elements or the exact axes of the variable's axes.
     pub constr: Option<(RowConstraint, Origin)>,
 }
+
+/// The bounds of a row variable nothing is known about.
+static NO_ROW_BOUNDS: RowBounds =
+    RowBounds { cur: Vec::new(), subr: Vec::new(), lub: None, constr: None };
 
 /// What is known about a row variable.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,19 +96,19 @@ impl Environment {
         self.rows.get(v.0 as usize).and_then(Option::as_ref)
     }
 
-    /// The bounds of an unsolved dimension variable (default bounds if nothing is known).
-    pub fn dim_bounds(&self, v: DimVar) -> DimBounds {
+    /// The bounds of an unsolved dimension variable (empty bounds if nothing is known).
+    pub fn dim_bounds(&self, v: DimVar) -> &DimBounds {
         match self.dim_entry(v) {
-            Some(DimEntry::Bounds(b)) => b.clone(),
-            _ => DimBounds::default(),
+            Some(DimEntry::Bounds(b)) => b,
+            _ => &NO_DIM_BOUNDS,
         }
     }
 
-    /// The bounds of an unsolved row variable.
-    pub fn row_bounds(&self, v: RowVar) -> RowBounds {
+    /// The bounds of an unsolved row variable (empty bounds if nothing is known).
+    pub fn row_bounds(&self, v: RowVar) -> &RowBounds {
         match self.row_entry(v) {
-            Some(RowEntry::Bounds(b)) => b.clone(),
-            _ => RowBounds::default(),
+            Some(RowEntry::Bounds(b)) => b,
+            _ => &NO_ROW_BOUNDS,
         }
     }
 
@@ -162,7 +172,7 @@ impl Environment {
     /// Records `v = value`, returning the bounds it had (so the caller can re-check them against
     /// the value) after removing `v` from its neighbours' lists.
     pub fn solve_dim(&mut self, v: DimVar, value: Dim, origin: Origin) -> DimBounds {
-        let old = self.dim_bounds(v);
+        let old = self.dim_bounds_mut(v).map(std::mem::take).unwrap_or_default();
         for c in &old.cur {
             if let Some(b) = self.dim_bounds_mut(*c) {
                 b.subr.retain(|x| x != &v);
@@ -179,7 +189,7 @@ impl Environment {
 
     /// Records that row variable `v` stands for `value`, returning its former bounds.
     pub fn solve_row(&mut self, v: RowVar, value: Row, origin: Origin) -> RowBounds {
-        let old = self.row_bounds(v);
+        let old = self.row_bounds_mut(v).map(std::mem::take).unwrap_or_default();
         for c in &old.cur {
             if let Some(b) = self.row_bounds_mut(*c) {
                 b.subr.retain(|x| x != &v);
@@ -205,8 +215,34 @@ impl Environment {
         )
     }
 
+    /// The row with every solved variable (dimension and row) substituted, borrowed unchanged
+    /// when nothing in it is solved (the common case, which then costs no allocation).
+    pub fn subst_row_cow<'r>(&self, r: &'r Row) -> Cow<'r, Row> {
+        if self.row_is_normal(r) { Cow::Borrowed(r) } else { Cow::Owned(self.subst_row(r)) }
+    }
+
+    /// Whether substitution would leave the row as it is.
+    pub fn row_is_normal(&self, r: &Row) -> bool {
+        let dim_normal = |d: &Dim| match d {
+            Dim::Solved(_) => true,
+            Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
+            Dim::Conv(_) | Dim::Concat(_) => false,
+        };
+        r.dims.iter().all(dim_normal)
+            && match &r.bcast {
+                Bcast::Broadcastable => true,
+                Bcast::Var { v, beg_dims } => {
+                    !matches!(self.row_entry(*v), Some(RowEntry::Solved(..)))
+                        && beg_dims.iter().all(dim_normal)
+                }
+            }
+    }
+
     /// The row with every solved variable (dimension and row) substituted.
     pub fn subst_row(&self, r: &Row) -> Row {
+        if self.row_is_normal(r) {
+            return r.clone();
+        }
         let mut row = r.map_dims(&mut |d| self.subst_dim(d));
         while let Some(v) = row.var() {
             match self.row_entry(v) {
@@ -262,6 +298,38 @@ impl Environment {
         self.subst_row(row).var() == Some(v)
     }
 
+    /// Whether every axis of the row is known after substitution (no variable of any kind is
+    /// left), checked without building the substituted row.
+    pub fn row_is_known(&self, r: &Row) -> bool {
+        let dims_known = r.dims.iter().all(|d| self.dim_is_known(d));
+        dims_known
+            && match &r.bcast {
+                Bcast::Broadcastable => true,
+                Bcast::Var { v, beg_dims } => {
+                    beg_dims.iter().all(|d| self.dim_is_known(d))
+                        && match self.row_entry(*v) {
+                            Some(RowEntry::Solved(value, _)) => self.row_is_known(value),
+                            _ => false,
+                        }
+                }
+            }
+    }
+
+    /// Whether a dimension is known after substitution.
+    pub fn dim_is_known(&self, d: &Dim) -> bool {
+        match d {
+            Dim::Solved(_) => true,
+            Dim::Var(v) => match self.dim_entry(*v) {
+                Some(DimEntry::Solved(value, _)) => self.dim_is_known(value),
+                _ => false,
+            },
+            Dim::Conv(c) => {
+                self.dim_is_known(&c.output) && (c.dilation == 0 || self.dim_is_known(&c.kernel))
+            }
+            Dim::Concat(parts) => parts.iter().all(|p| self.dim_is_known(p)),
+        }
+    }
+
     /// Every unsolved dimension variable mentioned by a row, after substitution.
     pub fn row_dim_vars(&self, row: &Row) -> Vec<DimVar> {
         let row = self.subst_row(row);
@@ -283,8 +351,21 @@ fn reachable<'a, V: Copy + Eq + std::hash::Hash + 'a>(
     down: impl Fn(V) -> &'a [V],
     up: impl Fn(V) -> &'a [V],
 ) -> bool {
-    let (mut seen_down, mut stack_down) = (FxHashSet::default(), vec![hi]);
-    let (mut seen_up, mut stack_up) = (FxHashSet::default(), vec![lo]);
+    if hi == lo {
+        return true;
+    }
+    // Quick answers without allocating: most variables have few or no neighbours.
+    let (below_hi, above_lo) = (down(hi), up(lo));
+    if below_hi.is_empty() || above_lo.is_empty() {
+        return false;
+    }
+    if below_hi.contains(&lo) {
+        return true;
+    }
+    let (mut seen_down, mut stack_down) = (FxHashSet::default(), below_hi.to_vec());
+    let (mut seen_up, mut stack_up) = (FxHashSet::default(), above_lo.to_vec());
+    seen_down.insert(hi);
+    seen_up.insert(lo);
     loop {
         match stack_down.pop() {
             None => return false,

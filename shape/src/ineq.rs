@@ -104,7 +104,7 @@ impl Solver {
 
     /// `lub ≥ s` for a solved `lub > 1`.
     fn add_dim_lub(&mut self, s: DimVar, lub: Dim, origin: &Origin) -> Derived {
-        let mut b = self.env.dim_bounds(s);
+        let mut b = self.env.dim_bounds(s).clone();
         let mut out = Vec::new();
         match &b.lub {
             None => {
@@ -155,11 +155,14 @@ impl Solver {
             // s ≥ … ≥ c ≥ s: a cycle means equality.
             return Ok(vec![Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) }.at(origin)]);
         }
-        let mut bc = self.env.dim_bounds(c);
-        let mut bs = self.env.dim_bounds(s);
-        bc.subr.push(s);
-        bs.cur.push(c);
         let mut out = Vec::new();
+        if let Some(bc) = self.env.dim_bounds_mut(c) {
+            bc.subr.push(s);
+        }
+        if let Some(bs) = self.env.dim_bounds_mut(s) {
+            bs.cur.push(c);
+        }
+        let (bc, bs) = (self.env.dim_bounds(c), self.env.dim_bounds(s));
         if let Some((lub, o)) = &bc.lub {
             out.push(
                 Constraint::DimIneq { cur: lub.clone(), subr: Dim::Var(s) }.at(&o.join(origin)),
@@ -174,22 +177,20 @@ impl Solver {
                 );
             }
         }
-        self.env.set_dim_bounds(c, bc);
-        self.env.set_dim_bounds(s, bs);
         Ok(out)
     }
 
     /// Solves `cur ≥ subr` for rows.
     pub fn solve_row_ineq(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Derived {
-        let cur = self.env.subst_row(cur);
-        let subr = self.env.subst_row(subr);
+        let cur = self.env.subst_row_cow(cur);
+        let subr = self.env.subst_row_cow(subr);
         if same_row(&cur, &subr) {
             return Ok(vec![]);
         }
         let ineq =
             |c: &Dim, s: &Dim| Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin);
-        let (cb, cd) = (cur.beg_dims().to_vec(), cur.dims.clone());
-        let (sb, sd) = (subr.beg_dims().to_vec(), subr.dims.clone());
+        let (cb, cd) = (cur.beg_dims(), &cur.dims[..]);
+        let (sb, sd) = (subr.beg_dims(), &subr.dims[..]);
         if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
             if cv == sv {
                 // The same row variable on both sides: its axes line up only if the trailing
@@ -202,9 +203,9 @@ impl Solver {
                         origin,
                     ));
                 }
-                let mut out: Vec<Constr> = cd.iter().zip(&sd).map(|(c, s)| ineq(c, s)).collect();
+                let mut out: Vec<Constr> = cd.iter().zip(sd).map(|(c, s)| ineq(c, s)).collect();
                 let off = cb.len() - sb.len();
-                out.extend(cb[off..].iter().zip(&sb).map(|(c, s)| ineq(c, s)));
+                out.extend(cb[off..].iter().zip(sb).map(|(c, s)| ineq(c, s)));
                 return Ok(out);
             }
         }
@@ -222,7 +223,7 @@ impl Solver {
             if !rest.is_empty() {
                 let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
                 out.extend(expanded);
-                out.push(Constraint::RowIneq { cur, subr }.at(origin));
+                out.push(Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }.at(origin));
             }
             return Ok(out);
         }
@@ -260,11 +261,13 @@ impl Solver {
                     // unless cur's own leftover axes could (then wait).
                     if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
                     {
-                        out.extend(self.wait_or_close(cur, subr, origin)?);
+                        out.extend(self.wait_or_close(cur.as_ref().clone(), subr.as_ref().clone(), origin)?);
                         return Ok(out);
                     }
                     out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
-                    out.push(Constraint::RowIneq { cur, subr }.at(origin));
+                    out.push(
+                        Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }.at(origin),
+                    );
                     return Ok(out);
                 }
                 let Some(sv) = subr.var() else { return Ok(out) };
@@ -310,19 +313,19 @@ impl Solver {
                     .at(origin),
             ]);
         }
-        let mut bc = self.env.row_bounds(c);
-        let mut bs = self.env.row_bounds(s);
-        bc.subr.push(s);
-        bs.cur.push(c);
+        if let Some(bc) = self.env.row_bounds_mut(c) {
+            bc.subr.push(s);
+        }
+        if let Some(bs) = self.env.row_bounds_mut(s) {
+            bs.cur.push(c);
+        }
         let mut out = Vec::new();
-        if let Some((lub, o)) = &bc.lub {
+        if let Some((lub, o)) = &self.env.row_bounds(c).lub {
             out.push(
                 Constraint::RowIneq { cur: lub.clone(), subr: Row::of_var(s, like.id) }
                     .at(&o.join(origin)),
             );
         }
-        self.env.set_row_bounds(c, bc);
-        self.env.set_row_bounds(s, bs);
         Ok(out)
     }
 
@@ -333,34 +336,30 @@ impl Solver {
             // [..s.., more] >= s says nothing useful about s's size.
             return Ok(vec![]);
         }
-        let mut b = self.env.row_bounds(s);
+        let old_lub =
+            self.env.row_bounds(s).lub.as_ref().map(|(r, o)| (self.env.subst_row(r), o.clone()));
         let mut out = Vec::new();
-        let new_lub = match &b.lub {
+        let new_lub = match &old_lub {
             None => bound.clone(),
-            Some((old, _)) => {
-                let old = self.env.subst_row(old);
-                match self.meet_rows(&old, &bound, origin, &mut out) {
-                    Some(m) => m,
-                    None => {
-                        let subr = Row::of_var(s, old.id);
-                        out.extend(self.wait_or_close(bound, subr, origin)?);
-                        return Ok(out);
-                    }
+            Some((old, _)) => match self.meet_rows(old, &bound, origin, &mut out) {
+                Some(m) => m,
+                None => {
+                    let subr = Row::of_var(s, old.id);
+                    out.extend(self.wait_or_close(bound, subr, origin)?);
+                    return Ok(out);
                 }
-            }
+            },
         };
-        let changed =
-            b.lub.as_ref().is_none_or(|(old, _)| !same_row(&self.env.subst_row(old), &new_lub));
-        if !changed {
+        if old_lub.as_ref().is_some_and(|(old, _)| same_row(&self.env.subst_row(old), &new_lub)) {
             return Ok(out);
         }
-        for s2 in &b.subr {
+        for s2 in &self.env.row_bounds(s).subr {
             out.push(
                 Constraint::RowIneq { cur: bound.clone(), subr: Row::of_var(*s2, bound.id) }
                     .at(origin),
             );
         }
-        let lub_origin = match &b.lub {
+        let lub_origin = match &old_lub {
             Some((_, o)) => o.join(origin),
             None => origin.clone(),
         };
@@ -371,8 +370,9 @@ impl Solver {
                     .at(&lub_origin),
             );
         }
-        b.lub = Some((new_lub, lub_origin));
-        self.env.set_row_bounds(s, b);
+        if let Some(b) = self.env.row_bounds_mut(s) {
+            b.lub = Some((new_lub, lub_origin));
+        }
         Ok(out)
     }
 
@@ -436,7 +436,7 @@ impl Solver {
         match (x, y) {
             (_, _) if x.is_one() => true,
             (Dim::Var(a), Dim::Var(b)) => self.env.dim_below(*b, *a),
-            (Dim::Var(a), _) => match self.env.dim_bounds(*a).lub {
+            (Dim::Var(a), _) => match &self.env.dim_bounds(*a).lub {
                 Some((l, _)) => l.size().is_some() && l.size() == y.size(),
                 None => false,
             },

@@ -49,7 +49,7 @@ impl Solver {
             self.defer(Constraint::DimConstr { d, constr: constr.clone() }.at(origin));
             return Ok(vec![]);
         };
-        let mut b = self.env.dim_bounds(v);
+        let mut b = self.env.dim_bounds(v).clone();
         let old = b.constr.as_ref().map(|(c, _)| c.clone()).unwrap_or(DimConstraint::Unconstrained);
         let new = old.conjunction(constr);
         if new == old {
@@ -311,10 +311,10 @@ impl Solver {
                     numerator: TotalElems::NumElems(m),
                     divided_by: vec![],
                 };
-                let mut b = self.env.row_bounds(*v);
-                if b.constr.as_ref().map(|(c, _)| c) != Some(&reduced) {
-                    b.constr = Some((reduced, origin.clone()));
-                    self.env.set_row_bounds(*v, b);
+                if self.env.row_bounds(*v).constr.as_ref().map(|(c, _)| c) != Some(&reduced) {
+                    if let Some(b) = self.env.row_bounds_mut(*v) {
+                        b.constr = Some((reduced, origin.clone()));
+                    }
                 }
                 if self.stage >= Stage::RowConstraints {
                     let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };

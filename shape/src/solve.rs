@@ -62,26 +62,13 @@ impl Solver {
         let mut fuel = FUEL;
         loop {
             let version = self.env.version;
-            let (closers, regular): (Vec<Constr>, Vec<Constr>) =
-                work.into_iter().partition(is_closer);
-            let mut queue: VecDeque<Constr> = regular.into();
-            let mut closers: VecDeque<Constr> = closers.into();
             // From stage 6 on, leaf rows and dimensions close before the rows of composite
             // shapes, which are then forced from below by their components (the seed's reason
             // for closing leaves to their bounds and everything else to the smallest value).
             let late = stage >= Stage::RowsToNoMoreAxes;
-            let mut shape_closers: VecDeque<Constr> = VecDeque::new();
-            if late {
-                let (shape_rows, rest): (Vec<Constr>, Vec<Constr>) =
-                    closers.into_iter().partition(|c| matches!(c.c, Constraint::ShapeRow(_)));
-                shape_closers = shape_rows.into();
-                closers = rest.into();
-            }
-            while let Some(c) = queue
-                .pop_front()
-                .or_else(|| closers.pop_front())
-                .or_else(|| shape_closers.pop_front())
-            {
+            let mut queues = Queues { late, ..Queues::default() };
+            work.into_iter().for_each(|c| queues.route(c));
+            while let Some(c) = queues.pop() {
                 fuel = fuel.checked_sub(1).ok_or_else(|| {
                     conflict(
                         "shape inference did not converge (the constraints keep growing)",
@@ -92,15 +79,7 @@ impl Solver {
                     trace.push(format!("{:?}: {}", self.stage, c.c));
                 }
                 let derived = self.solve_one(c)?;
-                for d in derived {
-                    if late && matches!(d.c, Constraint::ShapeRow(_)) {
-                        shape_closers.push_back(d);
-                    } else if is_closer(&d) {
-                        closers.push_back(d);
-                    } else {
-                        queue.push_back(d);
-                    }
-                }
+                derived.into_iter().for_each(|d| queues.route(d));
             }
             let pending = std::mem::take(&mut self.deferred);
             if pending.is_empty() || self.env.version == version {
@@ -129,6 +108,35 @@ impl Solver {
     }
 }
 
+/// The constraints of one pass, in the order they are taken: propagation first, then closing
+/// of leaf rows and dimensions, then (from stage 6 on) closing of the rows of composite shapes.
+#[derive(Default)]
+struct Queues {
+    late: bool,
+    regular: VecDeque<Constr>,
+    closers: VecDeque<Constr>,
+    shape_closers: VecDeque<Constr>,
+}
+
+impl Queues {
+    fn route(&mut self, c: Constr) {
+        if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
+            self.shape_closers.push_back(c);
+        } else if is_closer(&c) {
+            self.closers.push_back(c);
+        } else {
+            self.regular.push_back(c);
+        }
+    }
+
+    fn pop(&mut self) -> Option<Constr> {
+        self.regular
+            .pop_front()
+            .or_else(|| self.closers.pop_front())
+            .or_else(|| self.shape_closers.pop_front())
+    }
+}
+
 /// Whether a constraint closes variables (rather than propagating information).
 fn is_closer(c: &Constr) -> bool {
     matches!(c.c, Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow(_))
@@ -140,6 +148,9 @@ fn dedup(cs: Vec<Constr>) -> Vec<Constr> {
     if cs.len() < 32 {
         return cs;
     }
-    let mut seen = FxHashSet::default();
-    cs.into_iter().filter(|c| seen.insert(c.clone())).collect()
+    let keep: Vec<bool> = {
+        let mut seen = FxHashSet::default();
+        cs.iter().map(|c| seen.insert(c)).collect()
+    };
+    cs.into_iter().zip(keep).filter_map(|(c, k)| k.then_some(c)).collect()
 }

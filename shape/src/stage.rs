@@ -162,7 +162,7 @@ impl Solver {
 
     /// Closes the variables of a row of some shape of the graph (from stage 4 on).
     pub fn close_shape_row(&mut self, r: &Row, origin: &Origin) -> Derived {
-        let r = self.env.subst_row(r);
+        let r = self.env.subst_row_cow(r);
         let mut out = Vec::new();
         let mut keep = false;
         for d in r.all_dims() {
@@ -196,13 +196,13 @@ impl Solver {
                     self.guessed_rows.insert(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-                out.push(Constraint::ShapeRow(r.clone()).at(origin));
+                out.push(Constraint::ShapeRow(r.as_ref().clone()).at(origin));
             } else {
                 keep = true;
             }
         }
         if keep {
-            self.defer(Constraint::ShapeRow(r).at(origin));
+            self.defer(Constraint::ShapeRow(r.into_owned()).at(origin));
         }
         Ok(out)
     }

@@ -182,8 +182,8 @@ impl Solver {
     /// Solves `r1 = r2`: pairs leading axes from the left and trailing axes from the right,
     /// and binds row variables to what is left over.
     pub fn unify_row(&mut self, r1: &Row, r2: &Row, origin: &Origin) -> Derived {
-        let a = self.env.subst_row(r1);
-        let b = self.env.subst_row(r2);
+        let a = self.env.subst_row_cow(r1);
+        let b = self.env.subst_row_cow(r2);
         if a.dims == b.dims && a.bcast == b.bcast {
             return Ok(vec![]);
         }
@@ -241,10 +241,10 @@ impl Solver {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
                     out.extend(self.bind_row(va, Row::empty(a.id), origin)?);
-                    out.push(Constraint::RowEq { r1: a.clone(), r2: b.clone() }.at(origin));
+                    out.push(Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }.at(origin));
                 } else {
                     // Wait until one of the variables is known.
-                    self.defer(Constraint::RowEq { r1: a.clone(), r2: b.clone() }.at(origin));
+                    self.defer(Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }.at(origin));
                 }
                 Ok(out)
             }
