@@ -12,6 +12,7 @@
 //! cheap and never rewrites the whole environment.
 
 use std::borrow::Cow;
+use std::fmt;
 
 use rustc_hash::FxHashSet;
 
@@ -338,6 +339,68 @@ impl Environment {
             d.vars(&mut vs);
         }
         vs
+    }
+}
+
+impl fmt::Display for Environment {
+    /// One line per variable that has an entry, dimension variables first, in variable order:
+    /// `$d3 = 4` for a solved variable, `$d5: cur [$d6] subr [] lub 8 constr >= 3 positions`
+    /// for bounds (empty parts left out). A stable rendering for debugging and snapshots.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn list<V: fmt::Display>(vs: &[V]) -> String {
+            let parts: Vec<String> = vs.iter().map(|v| v.to_string()).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        for (i, e) in self.dims.iter().enumerate() {
+            let v = DimVar(i as u32);
+            match e {
+                None => {}
+                Some(DimEntry::Solved(d, _)) => writeln!(f, "{v} = {d}")?,
+                Some(DimEntry::Bounds(b)) => {
+                    write!(f, "{v}:")?;
+                    if !b.cur.is_empty() {
+                        write!(f, " cur {}", list(&b.cur))?;
+                    }
+                    if !b.subr.is_empty() {
+                        write!(f, " subr {}", list(&b.subr))?;
+                    }
+                    if let Some((l, _)) = &b.lub {
+                        write!(f, " lub {l}")?;
+                    }
+                    match &b.constr {
+                        Some((DimConstraint::AtLeast(n), _)) => {
+                            write!(f, " constr >= {n} positions")?
+                        }
+                        Some((DimConstraint::Unconstrained, _)) | None => {}
+                    }
+                    writeln!(f)?;
+                }
+            }
+        }
+        for (i, e) in self.rows.iter().enumerate() {
+            let v = RowVar(i as u32);
+            match e {
+                None => {}
+                Some(RowEntry::Solved(r, _)) => writeln!(f, "{v} = [{r}]")?,
+                Some(RowEntry::Bounds(b)) => {
+                    write!(f, "{v}:")?;
+                    if !b.cur.is_empty() {
+                        write!(f, " cur {}", list(&b.cur))?;
+                    }
+                    if !b.subr.is_empty() {
+                        write!(f, " subr {}", list(&b.subr))?;
+                    }
+                    if let Some((l, _)) = &b.lub {
+                        write!(f, " lub [{l}]")?;
+                    }
+                    if let Some((c, _)) = &b.constr {
+                        write!(f, " constr {c}")?;
+                    }
+                    writeln!(f)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

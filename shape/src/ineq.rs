@@ -223,7 +223,10 @@ impl Solver {
             if !rest.is_empty() {
                 let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
                 out.extend(expanded);
-                out.push(Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }.at(origin));
+                out.push(
+                    Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }
+                        .at(origin),
+                );
             }
             return Ok(out);
         }
@@ -261,12 +264,20 @@ impl Solver {
                     // unless cur's own leftover axes could (then wait).
                     if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
                     {
-                        out.extend(self.wait_or_close(cur.as_ref().clone(), subr.as_ref().clone(), origin)?);
+                        out.extend(self.wait_or_close(
+                            cur.as_ref().clone(),
+                            subr.as_ref().clone(),
+                            origin,
+                        )?);
                         return Ok(out);
                     }
                     out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
                     out.push(
-                        Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }.at(origin),
+                        Constraint::RowIneq {
+                            cur: cur.as_ref().clone(),
+                            subr: subr.as_ref().clone(),
+                        }
+                        .at(origin),
                     );
                     return Ok(out);
                 }

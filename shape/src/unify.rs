@@ -241,10 +241,16 @@ impl Solver {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
                     out.extend(self.bind_row(va, Row::empty(a.id), origin)?);
-                    out.push(Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }.at(origin));
+                    out.push(
+                        Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
+                            .at(origin),
+                    );
                 } else {
                     // Wait until one of the variables is known.
-                    self.defer(Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }.at(origin));
+                    self.defer(
+                        Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
+                            .at(origin),
+                    );
                 }
                 Ok(out)
             }

@@ -468,6 +468,22 @@ impl ParamSpec {
         ParamSpec { output: RowDecl::Given(dims.to_vec()), ..ParamSpec::default() }
     }
 
+    /// A vector: no input axes, these output axes (biases, gains).
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, ParamSpec};
+    /// let g = Graph::new();
+    /// let x = g.data("x", &[4], &[], &[3]);
+    /// let b = g.param_with("b", ParamSpec::vector(&[3]));
+    /// let _y = &x + &b;
+    /// g.finish().unwrap();
+    /// assert_eq!(b.shape_string(), "|->3");
+    /// assert!(g.warnings().is_empty());
+    /// ```
+    pub fn vector(dims: &[usize]) -> ParamSpec {
+        ParamSpec::output(dims).with_input(&[])
+    }
+
     /// Input and output rows given.
     pub fn matrix(input: &[usize], output: &[usize]) -> ParamSpec {
         ParamSpec {

@@ -50,6 +50,25 @@ fn guessed_params_warn_and_strict_mode_refuses() {
 }
 
 #[test]
+fn the_nn_blocks_declare_what_they_mean_and_need_no_guesses() {
+    // Biases and gains state their empty input row, so a model built from the blocks closes
+    // without a single guess; a forgotten width elsewhere is still reported.
+    let g = Graph::new();
+    let x = g.data("x", &[8], &[], &[5]);
+    let h = Mlp::new(&g, "mlp", &[16, 4], Activation::Relu).apply(&x);
+    let h = rocannl_tensor::nn::norm::layer_norm(&g, "ln", &h, 1e-5);
+    let _ = rocannl_tensor::nn::dense(&g, "head", &h, 3);
+    g.finish().unwrap();
+    assert!(g.warnings().is_empty(), "{:?}", g.warnings());
+    let g = Graph::new();
+    let x = g.data("x", &[8], &[], &[5]);
+    let _ = g.param("w2").matmul(&g.param("w1").matmul(&x).relu());
+    g.finish().unwrap();
+    let w = g.warnings();
+    assert!(w.iter().any(|m| m.contains("w2") && m.contains("hidden dimension")), "{w:?}");
+}
+
+#[test]
 fn mixing_graphs_and_reading_too_early_are_errors() {
     let g1 = Graph::new();
     let g2 = Graph::new();
