@@ -167,6 +167,15 @@ impl Constraint {
     }
 }
 
+impl fmt::Display for DimConstraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DimConstraint::Unconstrained => write!(f, "unconstrained"),
+            DimConstraint::AtLeast(n) => write!(f, ">= {n} positions"),
+        }
+    }
+}
+
 impl fmt::Display for TotalElems {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -204,12 +213,7 @@ impl fmt::Display for Constraint {
             Constraint::RowEq { r1, r2 } => write!(f, "[{r1}] = [{r2}]"),
             Constraint::DimIneq { cur, subr } => write!(f, "{cur} >= {subr}"),
             Constraint::RowIneq { cur, subr } => write!(f, "[{cur}] >= [{subr}]"),
-            Constraint::DimConstr { d, constr: DimConstraint::AtLeast(n) } => {
-                write!(f, "{d} >= {n} positions")
-            }
-            Constraint::DimConstr { d, constr: DimConstraint::Unconstrained } => {
-                write!(f, "{d} unconstrained")
-            }
+            Constraint::DimConstr { d, constr } => write!(f, "{d} {constr}"),
             Constraint::RowsConstr { rows, constr } => {
                 let rs: Vec<String> = rows.iter().map(|r| format!("[{r}]")).collect();
                 write!(f, "{}: {constr}", rs.join(" "))

@@ -27,6 +27,11 @@ fn n(d: usize) -> Dim {
     Dim::of(d)
 }
 
+/// The unpadded convolution input axis `stride*output + dilation*kernel`.
+fn conv(stride: usize, output: Dim, dilation: usize, kernel: Dim) -> Dim {
+    Dim::Conv(Box::new(ConvDim { stride, output, dilation, kernel, padded: false }))
+}
+
 fn fixed(dims: Vec<Dim>) -> Row {
     Row::fixed(dims, id())
 }
@@ -139,14 +144,8 @@ fn unify_dim_infers_a_missing_label_and_rejects_different_ones() {
 fn unify_dim_solves_convolution_arithmetic() {
     // input = stride*(output-1) + dilation*(kernel-1) + 1: 2*(o-1) + (3-1) + 1 = 9 gives o = 4.
     let (mut s, d, _) = solver(1, 0);
-    let conv = Dim::Conv(Box::new(ConvDim {
-        stride: 2,
-        output: d[0].clone(),
-        dilation: 1,
-        kernel: n(3),
-        padded: false,
-    }));
-    let r = s.unify_dim(&conv, &n(9), &origin());
+    let window = conv(2, d[0].clone(), 1, n(3));
+    let r = s.unify_dim(&window, &n(9), &origin());
     check(
         show(&s, r),
         expect![[r#"
@@ -156,27 +155,13 @@ fn unify_dim_solves_convolution_arithmetic() {
     );
     // 10 has no whole-number solution for the same window.
     let (mut s, d, _) = solver(1, 0);
-    let conv = Dim::Conv(Box::new(ConvDim {
-        stride: 2,
-        output: d[0].clone(),
-        dilation: 1,
-        kernel: n(3),
-        padded: false,
-    }));
-    assert!(s.unify_dim(&conv, &n(10), &origin()).is_err());
+    assert!(s.unify_dim(&conv(2, d[0].clone(), 1, n(3)), &n(10), &origin()).is_err());
 }
 
 #[test]
 fn unify_dim_occurs_check() {
     let (mut s, d, _) = solver(1, 0);
-    let conv = Dim::Conv(Box::new(ConvDim {
-        stride: 2,
-        output: d[0].clone(),
-        dilation: 0,
-        kernel: n(1),
-        padded: false,
-    }));
-    let r = s.unify_dim(&d[0], &conv, &origin());
+    let r = s.unify_dim(&d[0], &conv(2, d[0].clone(), 0, n(1)), &origin());
     assert!(r.is_err(), "a dimension cannot be twice itself: {r:?}");
 }
 
