@@ -16,9 +16,9 @@ use rustc_hash::FxHashMap;
 
 use crate::constraint::{Constraint, DimConstraint, RowConstraint, TotalElems};
 use crate::dim::{ConvDim, Dim};
-use crate::error::ShapeError;
+use crate::error::{ShapeError, ShapeMismatch};
 use crate::row::{Bcast, Kind, Row, RowId};
-use crate::spec::{AxisSpec, EinsumSpec, RowSpec, RowVarSpec, ShapePattern};
+use crate::spec::{AxisSpec, EinsumSpec, MAX_INDEX, RowSpec, RowVarSpec, ShapePattern};
 use crate::var::{DimVar, RowVar, ShapeId, VarGen};
 
 /// A tensor shape: three rows, mutable so that partially inferred shapes can be observed.
@@ -243,6 +243,14 @@ pub fn get_inequalities(
                 }
             };
             match index {
+                SliceIndex::Fixed(i) if *i > MAX_INDEX => {
+                    // Positions are `i64` and `i + 1` must still be a size.
+                    return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+                        message: format!("batch slice index {i} is out of range for any axis"),
+                        ops: vec![],
+                        steps: vec![],
+                    })));
+                }
                 SliceIndex::Fixed(i) => {
                     cs.push(Constraint::DimConstr {
                         d: Dim::Var(s),

@@ -209,6 +209,24 @@ impl<'a> ProjSolver<'a> {
     }
 }
 
+fn too_large() -> String {
+    "an index is too large to represent".to_string()
+}
+
+/// `k * (offset + Σ terms)`, checking for overflow.
+fn scaled(
+    terms: Vec<(i64, Symbol)>,
+    offset: i64,
+    k: usize,
+) -> Result<(Vec<(i64, Symbol)>, i64), String> {
+    let k = i64::try_from(k).map_err(|_| too_large())?;
+    let terms = terms
+        .into_iter()
+        .map(|(c, s)| c.checked_mul(k).map(|c| (c, s)).ok_or_else(too_large))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((terms, offset.checked_mul(k).ok_or_else(too_large)?))
+}
+
 /// Resolves classes to indices, allocating iterators in order of first use.
 struct Resolver<'s, 'a> {
     ps: &'s mut ProjSolver<'a>,
@@ -235,17 +253,20 @@ impl Resolver<'_, '_> {
             match def {
                 Def::Conv { stride, output, dilation, kernel, padded } => {
                     let (ot, oo) = self.index_of(output, depth + 1)?.as_affine();
-                    let mut terms: Vec<(i64, Symbol)> =
-                        ot.into_iter().map(|(c, s)| (c * stride as i64, s)).collect();
-                    let mut offset = oo * stride as i64;
+                    let (mut terms, mut offset) = scaled(ot, oo, stride)?;
                     if dilation > 0 {
                         let (kt, ko) = self.index_of(kernel, depth + 1)?.as_affine();
-                        terms.extend(kt.into_iter().map(|(c, s)| (c * dilation as i64, s)));
-                        offset += ko * dilation as i64;
+                        let (kt, ko) = scaled(kt, ko, dilation)?;
+                        terms.extend(kt);
+                        offset = offset.checked_add(ko).ok_or_else(too_large)?;
                         if padded {
                             let kr = self.ps.find(kernel);
                             let k = self.ps.info[kr].size.unwrap_or(1);
-                            offset -= ConvDim::left_padding(dilation, k) as i64;
+                            let pad = ConvDim::left_padding(dilation, k);
+                            offset = i64::try_from(pad)
+                                .ok()
+                                .and_then(|p| offset.checked_sub(p))
+                                .ok_or_else(too_large)?;
                         }
                     }
                     AxisIndex::affine(terms, offset)
@@ -262,16 +283,22 @@ impl Resolver<'_, '_> {
                     };
                     let mut offset = 0i64;
                     for p in &roots[..pos] {
-                        offset +=
-                            self.ps.info[*p].size.ok_or("a concatenated part has no size")? as i64;
+                        let size =
+                            self.ps.info[*p].size.ok_or("a concatenated part has no size")?;
+                        offset = i64::try_from(size)
+                            .ok()
+                            .and_then(|s| offset.checked_add(s))
+                            .ok_or_else(too_large)?;
                     }
                     let (t, o) = self.index_of(parts[pos], depth + 1)?.as_affine();
-                    AxisIndex::affine(t, o + offset)
+                    AxisIndex::affine(t, o.checked_add(offset).ok_or_else(too_large)?)
                 }
             }
         } else {
             match class.size {
-                Some(0 | 1) => AxisIndex::Fixed(0),
+                // An axis of 0 positions is iterated too: its empty range empties the loop nest,
+                // where a fixed position 0 would be read or written once, out of bounds.
+                Some(1) => AxisIndex::Fixed(0),
                 Some(d) => {
                     let s = self.symbols.fresh();
                     self.product.push((s, d));

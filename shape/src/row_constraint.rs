@@ -36,7 +36,8 @@ impl Solver {
         let n = *n;
         let d = self.env.subst_dim(d);
         if let Some(size) = d.size() {
-            if size < n && n > 1 {
+            // Also for n = 1: position 0 does not exist in an axis of size 0.
+            if size < n {
                 return Err(conflict(
                     format!("fixed index {} is out of range for an axis of size {size}", n - 1),
                     origin,
@@ -190,13 +191,14 @@ impl Solver {
             TotalElems::StridedVar { coeff, var, denom } => {
                 match self.env.subst_dim(&Dim::Var(*var)).size() {
                     Some(x) => {
-                        if (coeff * x) % denom != 0 {
+                        let total = coeff.checked_mul(x).ok_or_else(|| too_many(origin))?;
+                        if total % denom != 0 {
                             return Err(conflict(
                                 format!("{coeff}*{x} elements cannot be divided by {denom}"),
                                 origin,
                             ));
                         }
-                        num = Some(coeff * x / denom);
+                        num = Some(total / denom);
                     }
                     None => strided = Some((*coeff, *var, *denom)),
                 }
@@ -238,7 +240,7 @@ impl Solver {
         for r in &rows {
             for d in r.all_dims() {
                 match d.size() {
-                    Some(s) => known *= s,
+                    Some(s) => known = known.checked_mul(s).ok_or_else(|| too_many(origin))?,
                     None => unknown.push(d),
                 }
             }
@@ -262,7 +264,8 @@ impl Solver {
             // coeff * var / denom = known (everything else known): solve for var.
             let (coeff, var, denom) = strided.expect("numerator is either known or strided");
             if vars.is_empty() && unknown.is_empty() {
-                if (known * denom) % coeff != 0 {
+                let scaled = known.checked_mul(denom).ok_or_else(|| too_many(origin))?;
+                if scaled % coeff != 0 {
                     return Err(conflict(
                         format!(
                             "{} holds {known} elements, not a multiple of {coeff}/{denom}",
@@ -272,13 +275,16 @@ impl Solver {
                     ));
                 }
                 return Ok(vec![
-                    Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(known * denom / coeff) }
-                        .at(origin),
+                    Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(scaled / coeff) }.at(origin),
                 ]);
             }
             self.defer(pending(None).at(origin));
             return Ok(vec![]);
         };
+        if known == 0 && n == 0 {
+            // No elements: an axis of 0 already accounts for them, whatever the other axes are.
+            return Ok(vec![]);
+        }
         if known == 0 || n % known != 0 {
             return Err(conflict(
                 format!(
@@ -311,9 +317,26 @@ impl Solver {
                     numerator: TotalElems::NumElems(m),
                     divided_by: vec![],
                 };
-                if self.env.row_bounds(*v).constr.as_ref().map(|(c, _)| c) != Some(&reduced) {
-                    if let Some(b) = self.env.row_bounds_mut(*v) {
-                        b.constr = Some((reduced, origin.clone()));
+                match &self.env.row_bounds(*v).constr {
+                    Some((c, _)) if *c == reduced => {}
+                    Some((
+                        RowConstraint::TotalElems { numerator: TotalElems::NumElems(m0), .. },
+                        o,
+                    )) => {
+                        // Two element counts for the same axes: they must agree (recording one
+                        // over the other would alternate forever).
+                        return Err(conflict(
+                            format!(
+                                "the axes of row variable {v} would have to hold both {m0} and \
+                                 {m} elements"
+                            ),
+                            &o.join(origin),
+                        ));
+                    }
+                    _ => {
+                        if let Some(b) = self.env.row_bounds_mut(*v) {
+                            b.constr = Some((reduced, origin.clone()));
+                        }
                     }
                 }
                 if self.stage >= Stage::RowConstraints {
@@ -327,4 +350,9 @@ impl Solver {
         self.defer(pending(Some(n)).at(origin));
         Ok(vec![])
     }
+}
+
+/// The conflict of an element count that does not fit in `usize`.
+fn too_many(origin: &Origin) -> Conflict {
+    conflict("the number of elements is too large to represent", origin)
 }

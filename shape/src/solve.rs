@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::constraint::{Constr, Constraint};
 use crate::env::Environment;
@@ -35,6 +35,9 @@ pub struct Solver {
     pub guessed_dims: FxHashSet<DimVar>,
     /// Row variables closed to no axes without any upper bound (a guess).
     pub guessed_rows: FxHashSet<RowVar>,
+    /// For row variables made by expanding another: how many expansions away from a declared
+    /// row they are (a lower bound on the axes of the rows they occur in).
+    pub(crate) row_depth: FxHashMap<RowVar, usize>,
     /// Constraints deferred during the current pass.
     pub(crate) deferred: Vec<Constr>,
     /// An optional trace of processed constraints, for debugging and snapshots.

@@ -10,7 +10,7 @@ use crate::constraint::{Constr, Constraint, Origin, RowConstraint};
 use crate::dim::{ConvDim, Dim};
 use crate::env::{fresh_dims, row_with_var};
 use crate::error::{Conflict, conflict};
-use crate::row::{Bcast, Row};
+use crate::row::{Bcast, MAX_ROW_AXES, Row};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::{DimVar, RowVar};
@@ -71,6 +71,35 @@ impl Solver {
                     out.push(Constraint::DimEq { d1: c.kernel.clone(), d2: Dim::of(1) }.at(origin));
                 }
                 return Ok(out);
+            }
+            if c.kernel_counts() && c.kernel == Dim::Var(v) && !c.output.mentions(v) {
+                // v = stride·(o - 1) + dilation·(v - 1) + 1, i.e.
+                // stride·(o - 1) + (dilation - 1)·(v - 1) = 0: the output is 1, and a dilated
+                // kernel is 1 too (an undilated one can be anything).
+                let mut out =
+                    vec![Constraint::DimEq { d1: c.output.clone(), d2: Dim::of(1) }.at(origin)];
+                if c.dilation > 1 {
+                    out.push(Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin));
+                }
+                return Ok(out);
+            }
+            if c.kernel_counts() && c.output == Dim::Var(v) && !c.kernel.mentions(v) {
+                // v = stride·(v - 1) + dilation·(k - 1) + 1 with stride > 1:
+                // (stride - 1)·(v - 1) + dilation·(k - 1) = 0, so both are 1.
+                return Ok(vec![
+                    Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin),
+                    Constraint::DimEq { d1: c.kernel.clone(), d2: Dim::of(1) }.at(origin),
+                ]);
+            }
+            if (c.kernel_counts() || !c.output.mentions(v)) && value.mentions(v) {
+                // Any other convolution mentioning v (in an output that is not just v, or in a
+                // kernel that does not count towards the size) constrains its other parts, or
+                // holds only for particular sizes: wait until the parts are known and it
+                // simplifies. (Binding v to a value that contains it would make substitution
+                // recurse forever.) A strided output of v without a kernel, `v = 2*v`, has no
+                // solution.
+                self.defer(Constraint::DimEq { d1: Dim::Var(v), d2: value.clone() }.at(origin));
+                return Ok(vec![]);
             }
         }
         if value.mentions(v) {
@@ -147,9 +176,11 @@ impl Solver {
             self.defer(Constraint::DimEq { d1: whole, d2: other.clone() }.at(origin));
             return Ok(vec![]);
         };
-        let known: usize = parts.iter().filter_map(Dim::size).sum();
+        let known = parts.iter().filter_map(Dim::size).try_fold(0usize, usize::checked_add);
         let unknown: Vec<&Dim> = parts.iter().filter(|p| p.size().is_none()).collect();
-        if n < known + unknown.len() {
+        let Some(known) = known.filter(|k| k.checked_add(unknown.len()).is_some_and(|m| m <= n))
+        else {
+            let known = parts.iter().filter_map(Dim::size).fold(0usize, usize::saturating_add);
             return Err(conflict(
                 format!(
                     "concatenated axis {whole} cannot have size {n}: its known parts already \
@@ -162,7 +193,7 @@ impl Solver {
                 ),
                 origin,
             ));
-        }
+        };
         match unknown.as_slice() {
             [] if known == n => Ok(vec![]),
             [] => Err(conflict(
@@ -304,10 +335,23 @@ impl Solver {
         like: &Row,
         origin: &Origin,
     ) -> Derived {
+        // Each expansion puts at least one more axis around the new variable, so a variable
+        // `depth` expansions away from a declared row sits in a row of at least `depth` axes.
+        let depth = self.row_depth.get(&v).copied().unwrap_or(0) + 1;
+        if depth > MAX_ROW_AXES {
+            return Err(conflict(
+                format!(
+                    "row variable {v} would need more than {MAX_ROW_AXES} axes: the constraints \
+                     make a row contain itself and more axes"
+                ),
+                origin,
+            ));
+        }
         let vars = &mut self.vars;
         let beg_dims = fresh_dims(beg, &mut || vars.dim());
         let end_dims = fresh_dims(end, &mut || vars.dim());
         let v2 = self.vars.row();
+        self.row_depth.insert(v2, depth);
         let template = Row { dims: end_dims, bcast: Bcast::Var { v: v2, beg_dims }, id: like.id };
         self.bind_row(v, template, origin)
     }
