@@ -5,12 +5,13 @@
 //! inequalities are turned into bounds and least upper bounds ([`crate::ineq`]), row
 //! constraints are propagated ([`crate::row_constraint`]) and, from stage 2 on, variables are
 //! closed ([`crate::stage`]). Solving a constraint can derive more constraints (breadth first);
-//! a constraint that cannot make progress yet is *deferred* and retried on the next pass, as
-//! long as the previous pass changed the environment.
+//! a constraint that cannot make progress yet is *deferred* and retried once the environment has
+//! changed: propagation constraints whenever the queue runs dry, closing constraints when no
+//! other closing constraint is left to act.
 
 use std::collections::VecDeque;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint};
 use crate::env::Environment;
@@ -35,9 +36,9 @@ pub struct Solver {
     pub guessed_dims: FxHashSet<DimVar>,
     /// Row variables closed to no axes without any upper bound (a guess).
     pub guessed_rows: FxHashSet<RowVar>,
-    /// For row variables made by expanding another: how many expansions away from a declared
-    /// row they are (a lower bound on the axes of the rows they occur in).
-    pub(crate) row_depth: FxHashMap<RowVar, usize>,
+    /// For row variables made by expanding another, indexed by variable: how many expansions
+    /// away from a declared row they are (a lower bound on the axes of the rows they occur in).
+    pub(crate) row_depth: Vec<u8>,
     /// Constraints deferred during the current pass.
     pub(crate) deferred: Vec<Constr>,
     /// An optional trace of processed constraints, for debugging and snapshots.
@@ -52,43 +53,69 @@ impl Solver {
 
     /// Simplifies `constraints` at `stage`, returning those that remain unsolved.
     ///
-    /// Closing constraints (leaf rows and dimensions, shape rows) act only when nothing else
-    /// can progress: each closing is followed by full propagation before the next, so closing
-    /// one variable never pre-empts information another constraint was about to provide.
+    /// Closing constraints (leaf rows and dimensions, shape rows) act only when propagation has
+    /// settled: no equation, inequality or row constraint is queued, and the deferred ones have
+    /// been retried since the environment last changed. They are taken one at a time, each
+    /// followed by full propagation, so closing one variable never pre-empts information
+    /// another constraint was about to provide (the closed shapes would then depend on the
+    /// order in which operations were added). A closing constraint that cannot act yet waits
+    /// until the other closing constraints have had their turn.
     pub fn solve(
         &mut self,
         stage: Stage,
         constraints: Vec<Constr>,
     ) -> Result<Vec<Constr>, Conflict> {
         self.stage = stage;
-        let mut work = dedup(constraints);
+        // From stage 6 on, leaf rows and dimensions close before the rows of composite shapes,
+        // which are then forced from below by their components (the seed's reason for closing
+        // leaves to their bounds and everything else to the smallest value).
+        let late = stage >= Stage::RowsToNoMoreAxes;
+        let mut queues = Queues { late, ..Queues::default() };
+        dedup(constraints).into_iter().for_each(|c| queues.route(c));
+        // The environment versions at which the deferred propagation constraints, resp. the
+        // deferred closing constraints, were last put back to work.
+        let (mut retried_at, mut reclosed_at) = (None, None);
         let mut fuel = FUEL;
         loop {
-            let version = self.env.version;
-            // From stage 6 on, leaf rows and dimensions close before the rows of composite
-            // shapes, which are then forced from below by their components (the seed's reason
-            // for closing leaves to their bounds and everything else to the smallest value).
-            let late = stage >= Stage::RowsToNoMoreAxes;
-            let mut queues = Queues { late, ..Queues::default() };
-            work.into_iter().for_each(|c| queues.route(c));
-            while let Some(c) = queues.pop() {
-                fuel = fuel.checked_sub(1).ok_or_else(|| {
-                    conflict(
-                        "shape inference did not converge (the constraints keep growing)",
-                        &c.origin,
-                    )
-                })?;
-                if let Some(trace) = &mut self.trace {
-                    trace.push(format!("{:?}: {}", self.stage, c.c));
+            let c = match queues.regular.pop_front() {
+                Some(c) => c,
+                None => {
+                    let version = Some(self.env.version);
+                    if retried_at != version && self.deferred.iter().any(|c| !is_closer(c)) {
+                        // Propagation reached a fixed point, but the environment changed since
+                        // these were deferred: they may progress now. Deferred closing
+                        // constraints stay deferred until the queued ones have had their turn.
+                        retried_at = version;
+                        let (closers, others): (Vec<Constr>, Vec<Constr>) =
+                            std::mem::take(&mut self.deferred).into_iter().partition(is_closer);
+                        self.deferred = closers;
+                        queues.regular.extend(others);
+                        continue;
+                    }
+                    match queues.pop_closer() {
+                        Some(c) => c,
+                        None if !self.deferred.is_empty() && reclosed_at != version => {
+                            reclosed_at = version;
+                            retried_at = version;
+                            let deferred = std::mem::take(&mut self.deferred);
+                            deferred.into_iter().for_each(|c| queues.route(c));
+                            continue;
+                        }
+                        None => return Ok(std::mem::take(&mut self.deferred)),
+                    }
                 }
-                let derived = self.solve_one(c)?;
-                derived.into_iter().for_each(|d| queues.route(d));
+            };
+            fuel = fuel.checked_sub(1).ok_or_else(|| {
+                conflict(
+                    "shape inference did not converge (the constraints keep growing)",
+                    &c.origin,
+                )
+            })?;
+            if let Some(trace) = &mut self.trace {
+                trace.push(format!("{:?}: {}", self.stage, c.c));
             }
-            let pending = std::mem::take(&mut self.deferred);
-            if pending.is_empty() || self.env.version == version {
-                return Ok(pending);
-            }
-            work = pending;
+            let derived = self.solve_one(c)?;
+            derived.into_iter().for_each(|d| queues.route(d));
         }
     }
 
@@ -111,7 +138,7 @@ impl Solver {
     }
 }
 
-/// The constraints of one pass, in the order they are taken: propagation first, then closing
+/// The constraints to process, in the order they are taken: propagation first, then closing
 /// of leaf rows and dimensions, then (from stage 6 on) closing of the rows of composite shapes.
 #[derive(Default)]
 struct Queues {
@@ -132,11 +159,8 @@ impl Queues {
         }
     }
 
-    fn pop(&mut self) -> Option<Constr> {
-        self.regular
-            .pop_front()
-            .or_else(|| self.closers.pop_front())
-            .or_else(|| self.shape_closers.pop_front())
+    fn pop_closer(&mut self) -> Option<Constr> {
+        self.closers.pop_front().or_else(|| self.shape_closers.pop_front())
     }
 }
 

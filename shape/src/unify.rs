@@ -25,11 +25,38 @@ pub(crate) fn labels_agree(a: &Dim, b: &Dim) -> bool {
     }
 }
 
+/// Two convolutions of the same stride (and dilation, where the kernel counts) are equal exactly
+/// when their outputs are, given equal kernels: the equations that say so, or `None` when the
+/// sizes depend on the parts in another way.
+fn same_conv_shape(a: &ConvDim, b: &ConvDim) -> Option<Vec<(Dim, Dim)>> {
+    if a.stride != b.stride || a.kernel_counts() != b.kernel_counts() {
+        return None;
+    }
+    if !a.kernel_counts() {
+        // stride·o1 = stride·o2.
+        return Some(vec![(a.output.clone(), b.output.clone())]);
+    }
+    if a.dilation != b.dilation {
+        return None;
+    }
+    if a.kernel == b.kernel {
+        Some(vec![(a.output.clone(), b.output.clone())])
+    } else if a.output == b.output {
+        Some(vec![(a.kernel.clone(), b.kernel.clone())])
+    } else {
+        None
+    }
+}
+
 impl Solver {
     /// Solves `d1 = d2`.
     pub fn unify_dim(&mut self, d1: &Dim, d2: &Dim, origin: &Origin) -> Derived {
         let d1 = self.env.subst_dim(d1);
         let d2 = self.env.subst_dim(d2);
+        if d1 == d2 {
+            // The same dimension (arithmetic ones included, whose parts need not be known).
+            return Ok(vec![]);
+        }
         match (&d1, &d2) {
             (Dim::Solved(a), Dim::Solved(b)) => {
                 if a.d != b.d {
@@ -127,6 +154,14 @@ impl Solver {
 
     /// `conv = other` where `other` is not a variable.
     fn unify_conv(&mut self, c: &ConvDim, other: &Dim, origin: &Origin) -> Derived {
+        if let Dim::Conv(o) = other {
+            if let Some(eqs) = same_conv_shape(c, o) {
+                return Ok(eqs
+                    .into_iter()
+                    .map(|(d1, d2)| Constraint::DimEq { d1, d2 }.at(origin))
+                    .collect());
+            }
+        }
         let Some(n) = other.size() else {
             // Two arithmetic dimensions with unknown parts: wait for more information.
             self.defer(
@@ -337,7 +372,7 @@ impl Solver {
     ) -> Derived {
         // Each expansion puts at least one more axis around the new variable, so a variable
         // `depth` expansions away from a declared row sits in a row of at least `depth` axes.
-        let depth = self.row_depth.get(&v).copied().unwrap_or(0) + 1;
+        let depth = self.row_depth.get(v.0 as usize).map_or(0, |d| usize::from(*d)) + 1;
         if depth > MAX_ROW_AXES {
             return Err(conflict(
                 format!(
@@ -351,7 +386,11 @@ impl Solver {
         let beg_dims = fresh_dims(beg, &mut || vars.dim());
         let end_dims = fresh_dims(end, &mut || vars.dim());
         let v2 = self.vars.row();
-        self.row_depth.insert(v2, depth);
+        let i = v2.0 as usize;
+        if self.row_depth.len() <= i {
+            self.row_depth.resize(i + 1, 0);
+        }
+        self.row_depth[i] = depth as u8;
         let template = Row { dims: end_dims, bcast: Bcast::Var { v: v2, beg_dims }, id: like.id };
         self.bind_row(v, template, origin)
     }
