@@ -21,13 +21,17 @@
 //!
 //! Closing a leaf's dimension to 1, or a leaf's row to no axes, without any upper bound is a
 //! *guess* (the classic forgotten hidden dimension); the guessed variables are recorded so the
-//! driver can warn, or fail in strict mode.
+//! driver can warn, or fail in strict mode. A guess also decides every variable known to be below
+//! the guessed one (their only upper bound was that variable), so those count as guessed too:
+//! otherwise whether a parameter is warned about would depend on which of two related leaves
+//! happened to be closed first.
 
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::Conflict;
 use crate::row::Row;
 use crate::solve::Solver;
+use crate::var::{DimVar, RowVar};
 
 type Derived = Result<Vec<Constr>, Conflict>;
 
@@ -89,7 +93,7 @@ impl Solver {
         let unrelated = b.subr.is_empty() && b.cur.is_empty();
         match (&b.lub, lower) {
             (None, None) if self.stage >= Stage::TerminalDimsToOne && unrelated => {
-                self.guessed_dims.insert(v);
+                self.mark_dim_guess(v);
                 Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin)])
             }
             (Some((lub, o)), _) if self.stage >= Stage::TerminalsToLub => {
@@ -97,7 +101,7 @@ impl Solver {
             }
             (None, lower) if self.stage >= Stage::DimsToLowerBound => {
                 if lower.is_none() {
-                    self.guessed_dims.insert(v);
+                    self.mark_dim_guess(v);
                 }
                 Ok(vec![
                     Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
@@ -146,12 +150,12 @@ impl Solver {
                     && b.subr.is_empty()
                     && b.cur.is_empty() =>
             {
-                self.guessed_rows.insert(v);
+                self.mark_row_guess(v);
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
             (lub, _) if self.stage >= Stage::RowsToNoMoreAxes => {
                 if lub.is_none() {
-                    self.guessed_rows.insert(v);
+                    self.mark_row_guess(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
@@ -179,7 +183,7 @@ impl Solver {
                         ),
                     (_, lower) if self.stage >= Stage::DimsToLowerBound => {
                         if b.lub.is_none() && lower.is_none() {
-                            self.guessed_dims.insert(v);
+                            self.mark_dim_guess(v);
                         }
                         out.push(
                             Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
@@ -193,7 +197,7 @@ impl Solver {
         if let Some(v) = r.var() {
             if self.stage >= Stage::RowsToNoMoreAxes {
                 if self.env.row_bounds(v).lub.is_none() {
-                    self.guessed_rows.insert(v);
+                    self.mark_row_guess(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
                 out.push(Constraint::ShapeRow(r.as_ref().clone()).at(origin));
@@ -205,5 +209,27 @@ impl Solver {
             self.defer(Constraint::ShapeRow(r.into_owned()).at(origin));
         }
         Ok(out)
+    }
+}
+
+impl Solver {
+    /// Records that `v` is closed by a guess, with every dimension variable known to be below it.
+    fn mark_dim_guess(&mut self, v: DimVar) {
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            if self.guessed_dims.insert(v) {
+                stack.extend_from_slice(&self.env.dim_bounds(v).subr);
+            }
+        }
+    }
+
+    /// Records that `v` is closed by a guess, with every row variable known to be below it.
+    fn mark_row_guess(&mut self, v: RowVar) {
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            if self.guessed_rows.insert(v) {
+                stack.extend_from_slice(&self.env.row_bounds(v).subr);
+            }
+        }
     }
 }
