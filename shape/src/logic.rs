@@ -4,7 +4,8 @@
 //! how it relates to its argument shapes. [`get_inequalities`] turns a step into constraints:
 //! pointwise, compose and einsum all generate inequalities `cur ≥ subr`, so arguments broadcast
 //! (einsum arguments included: `result ≥ lhs template` and `rhs template ≥ argument`); batch
-//! slicing generates equations; leaves generate terminal constraints. It also returns the
+//! slicing generates an equation that waits for the batch rows; leaves generate terminal
+//! constraints. It also returns the
 //! projection-relevant facts that substitution would lose: which dimension variables are fixed
 //! indices or runtime symbols, and the einsum labels.
 
@@ -226,22 +227,6 @@ pub fn get_inequalities(
         Logic::BatchSlice(_, index) => {
             let a = args[0];
             let s = vars.dim();
-            let expanded = match &cur.batch.bcast {
-                Bcast::Broadcastable => {
-                    let mut dims = vec![Dim::Var(s)];
-                    dims.extend(cur.batch.dims.iter().cloned());
-                    Row { dims, bcast: Bcast::Broadcastable, id: cur.batch.id }
-                }
-                Bcast::Var { v, beg_dims } => {
-                    let mut beg = vec![Dim::Var(s)];
-                    beg.extend(beg_dims.iter().cloned());
-                    Row {
-                        dims: cur.batch.dims.clone(),
-                        bcast: Bcast::Var { v: *v, beg_dims: beg },
-                        id: cur.batch.id,
-                    }
-                }
-            };
             match index {
                 SliceIndex::Fixed(i) if *i > MAX_INDEX => {
                     // Positions are `i64` and `i + 1` must still be a size.
@@ -262,7 +247,11 @@ pub fn get_inequalities(
                     d.proj_env.insert(s, AxisIndex::Iterator(*sym));
                 }
             }
-            cs.push(Constraint::RowEq { r1: expanded, r2: a.batch.clone() });
+            cs.push(Constraint::BatchSlice {
+                cur: cur.batch.clone(),
+                arg: a.batch.clone(),
+                slot: Dim::Var(s),
+            });
             cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });
             cs.push(Constraint::RowEq { r1: cur.output.clone(), r2: a.output.clone() });
         }

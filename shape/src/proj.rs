@@ -26,6 +26,7 @@ use crate::error::ShapeError;
 use crate::inference::Inference;
 use crate::logic::{Logic, Shape, get_inequalities};
 use crate::row::Row;
+use crate::row_constraint::slot_then;
 use crate::solve::Solver;
 use crate::spec::AxisSpec;
 use crate::stage::Stage;
@@ -408,6 +409,9 @@ impl Inference {
                 Constraint::DimIneq { cur, subr } => ps.link(cur, subr, true),
                 Constraint::RowEq { r1, r2 } => ps.link_rows(r1, r2, false),
                 Constraint::RowIneq { cur, subr } => ps.link_rows(cur, subr, true),
+                Constraint::BatchSlice { cur, arg, slot } => {
+                    ps.link_rows(&slot_then(slot, cur), arg, false)
+                }
                 _ => Ok(()),
             };
             r.map_err(&fail)?;

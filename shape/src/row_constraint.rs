@@ -17,7 +17,7 @@
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::{Conflict, conflict};
-use crate::row::{Kind, Row};
+use crate::row::{Bcast, Kind, Row};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::RowVar;
@@ -80,6 +80,49 @@ impl Solver {
         b.constr = Some((new, o));
         self.env.set_dim_bounds(v, b);
         Ok(out)
+    }
+
+    /// A batch slice: `arg = slot ++ cur`, once one of the two rows has a known number of axes.
+    /// Until then the argument gets one trailing axis (it has at least one, and a trailing axis
+    /// lines up like any other); from stage 6 on, when neither row is known yet, the result's
+    /// row closes to no further axes first (a result closes to the smallest shape).
+    pub fn solve_batch_slice(
+        &mut self,
+        cur: &Row,
+        arg: &Row,
+        slot: &Dim,
+        origin: &Origin,
+    ) -> Derived {
+        let cur = self.env.subst_row_cow(cur);
+        let arg = self.env.subst_row_cow(arg);
+        if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
+            if self.stage < Stage::RowsToNoMoreAxes {
+                let mut out = Vec::new();
+                if arg.num_fixed() == 0 {
+                    out = self.expand_row_var(w, 0, 1, &arg, origin)?;
+                }
+                self.defer(
+                    Constraint::BatchSlice {
+                        cur: cur.into_owned(),
+                        arg: arg.into_owned(),
+                        slot: slot.clone(),
+                    }
+                    .at(origin),
+                );
+                return Ok(out);
+            }
+            let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+            out.push(
+                Constraint::BatchSlice {
+                    cur: cur.into_owned(),
+                    arg: arg.into_owned(),
+                    slot: slot.clone(),
+                }
+                .at(origin),
+            );
+            return Ok(out);
+        }
+        Ok(vec![Constraint::RowEq { r1: slot_then(slot, &cur), r2: arg.into_owned() }.at(origin)])
     }
 
     /// Applies a constraint on rows concatenated in memory order.
@@ -349,6 +392,22 @@ impl Solver {
         }
         self.defer(pending(Some(n)).at(origin));
         Ok(vec![])
+    }
+}
+
+/// The row `slot ++ row`.
+pub(crate) fn slot_then(slot: &Dim, row: &Row) -> Row {
+    match &row.bcast {
+        Bcast::Broadcastable => {
+            let mut dims = vec![slot.clone()];
+            dims.extend(row.dims.iter().cloned());
+            Row { dims, bcast: Bcast::Broadcastable, id: row.id }
+        }
+        Bcast::Var { v, beg_dims } => {
+            let mut beg = vec![slot.clone()];
+            beg.extend(beg_dims.iter().cloned());
+            Row { dims: row.dims.clone(), bcast: Bcast::Var { v: *v, beg_dims: beg }, id: row.id }
+        }
     }
 }
 

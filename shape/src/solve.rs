@@ -131,6 +131,9 @@ impl Solver {
             Constraint::RowsConstr { rows, constr } => {
                 self.apply_rows_constraint(rows, constr, &origin)
             }
+            Constraint::BatchSlice { cur, arg, slot } => {
+                self.solve_batch_slice(cur, arg, slot, &origin)
+            }
             Constraint::TerminalDim(d) => self.close_dim_terminal(d, &origin),
             Constraint::TerminalRow(r) => self.close_row_terminal(r, &origin),
             Constraint::ShapeRow(r) => self.close_shape_row(r, &origin),
