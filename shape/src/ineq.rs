@@ -17,6 +17,7 @@
 
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
 use crate::dim::Dim;
+use crate::env::RowEntry;
 use crate::error::{Conflict, conflict};
 use crate::row::{Bcast, Row};
 use crate::solve::Solver;
@@ -182,6 +183,9 @@ impl Solver {
 
     /// Solves `cur ≥ subr` for rows.
     pub fn solve_row_ineq(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Derived {
+        if let Some(out) = self.solve_known_pattern(cur, subr, origin) {
+            return out;
+        }
         let cur = self.env.subst_row_cow(cur);
         let subr = self.env.subst_row_cow(subr);
         if same_row(&cur, &subr) {
@@ -300,17 +304,109 @@ impl Solver {
     /// An inequality that cannot make progress yet: before stage 6 it waits; from stage 6 on,
     /// a row variable closes to no further axes — the sub-tensor's first, since shrinking
     /// `subr` keeps `cur ≥ subr` satisfiable while shrinking `cur` may not — and it is retried.
+    /// A tensor's row variable closes before an einsum pattern's: closing the pattern's first
+    /// would make it an ordinary row and lose the anchoring of its leading axes.
     fn wait_or_close(&mut self, cur: Row, subr: Row, origin: &Origin) -> Derived {
         if self.stage < Stage::RowsToNoMoreAxes {
             self.defer(Constraint::RowIneq { cur, subr }.at(origin));
             return Ok(vec![]);
         }
-        let Some(v) = subr.var().or(cur.var()) else {
+        let tensor_var =
+            [subr.var(), cur.var()].into_iter().flatten().find(|v| !self.is_template_row(*v));
+        let Some(v) = tensor_var.or(subr.var()).or(cur.var()) else {
             return Ok(vec![Constraint::RowIneq { cur, subr }.at(origin)]);
         };
         let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
         out.push(Constraint::RowIneq { cur, subr }.at(origin));
         Ok(out)
+    }
+
+    /// `cur ≥ subr` where one side is an einsum pattern `beg ++ ..v.. ++ end` with leading axes
+    /// whose row variable `v` is already known. Substituting `v` would splice its axes between
+    /// `beg` and `end`, and the row would then line up with the other from the right, so `beg`
+    /// would lose its anchor. Instead, as the notation says, `end` pairs with the other row's
+    /// last axes, `beg` with its first axes, and `v` relates to what is left in the middle.
+    /// `None` when there is no such pattern, or when the ordinary rules line the rows up the
+    /// same way (the pattern is the result's template and the result does not show its axes
+    /// yet: expanding the result gives it the pattern's layout).
+    fn solve_known_pattern(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Option<Derived> {
+        let known_pattern = |r: &Row| {
+            r.var().is_some_and(|v| {
+                !r.beg_dims().is_empty()
+                    && self.is_template_row(v)
+                    && matches!(self.env.row_entry(v), Some(RowEntry::Solved(..)))
+            })
+        };
+        // `operand`: the pattern is an operand's template, above the argument's row.
+        let (pattern, other, operand) = if known_pattern(cur) {
+            (cur, subr, true)
+        } else if known_pattern(subr) {
+            (subr, cur, false)
+        } else {
+            return None;
+        };
+        let v = pattern.var()?;
+        let beg: Vec<Dim> = pattern.beg_dims().iter().map(|d| self.env.subst_dim(d)).collect();
+        let end: Vec<Dim> = pattern.dims.iter().map(|d| self.env.subst_dim(d)).collect();
+        let o = self.env.subst_row(other);
+        let (ob, od) = (o.beg_dims(), &o.dims);
+        let (pairs, rest): (Vec<(&Dim, &Dim)>, Row) = match o.var() {
+            None => {
+                let n = od.len();
+                let k = end.len().min(n);
+                let middle = &od[..n - k];
+                let j = beg.len().min(middle.len());
+                if !operand && (k < end.len() || j < beg.len()) {
+                    // The pattern has more axes than the result: the ordinary rules report it.
+                    return None;
+                }
+                let mut pairs: Vec<(&Dim, &Dim)> =
+                    end[end.len() - k..].iter().zip(&od[n - k..]).collect();
+                pairs.extend(beg[..j].iter().zip(&middle[..j]));
+                (pairs, Row::fixed(middle[j..].to_vec(), o.id))
+            }
+            Some(ov) => {
+                if end.len() > od.len() || beg.len() > ob.len() {
+                    if !operand {
+                        return None;
+                    }
+                    // The argument does not show its first or last axes yet: pairing waits.
+                    // A bare row variable still learns the pattern as its upper bound.
+                    let mut out = Vec::new();
+                    if o.num_fixed() == 0 {
+                        let spliced = self.env.subst_row(pattern);
+                        match self.add_row_lub(ov, spliced, origin) {
+                            Ok(derived) => out = derived,
+                            Err(e) => return Some(Err(e)),
+                        }
+                    }
+                    self.defer(
+                        Constraint::RowIneq { cur: cur.clone(), subr: subr.clone() }.at(origin),
+                    );
+                    return Some(Ok(out));
+                }
+                let mut pairs: Vec<(&Dim, &Dim)> =
+                    end.iter().zip(&od[od.len() - end.len()..]).collect();
+                pairs.extend(beg.iter().zip(ob));
+                let rest = Row {
+                    dims: od[..od.len() - end.len()].to_vec(),
+                    bcast: Bcast::Var { v: ov, beg_dims: ob[beg.len()..].to_vec() },
+                    id: o.id,
+                };
+                (pairs, rest)
+            }
+        };
+        let var_row = Row::of_var(v, pattern.id);
+        let mut out: Vec<Constr> = pairs
+            .into_iter()
+            .map(|(p, x)| {
+                let (c, s) = if operand { (p, x) } else { (x, p) };
+                Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin)
+            })
+            .collect();
+        let (c, s) = if operand { (var_row, rest) } else { (rest, var_row) };
+        out.push(Constraint::RowIneq { cur: c, subr: s }.at(origin));
+        Some(Ok(out))
     }
 
     /// `c ≥ s` between two row variables.

@@ -159,6 +159,9 @@ pub struct Derivation {
     pub proj_env: FxHashMap<DimVar, AxisIndex>,
     /// The einsum labels and their variables.
     pub labels: Vec<(String, DimVar)>,
+    /// The row variables of einsum patterns (their leading axes anchor at the start of the row
+    /// they are matched with; see [`crate::ineq`]).
+    pub template_rows: Vec<RowVar>,
 }
 
 fn ineq(cur: &Row, subr: &Row) -> Constraint {
@@ -298,6 +301,8 @@ pub fn get_inequalities(
             labels.sort();
             d.labels = labels;
             d.proj_env = t.proj_env;
+            d.template_rows = t.row_vars.into_values().collect();
+            d.template_rows.sort();
             cs.extend(t.extra);
         }
     }

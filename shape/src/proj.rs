@@ -186,22 +186,32 @@ impl<'a> ProjSolver<'a> {
         }
     }
 
-    /// Links two rows: leading axes from the left, trailing axes from the right, then the parts
-    /// the row variables stand for, from the right.
+    /// Links two rows the way the solver lines them up: trailing axes from the right; then the
+    /// leading axes of a row with a row variable (an einsum pattern's anchored axes) with the
+    /// first remaining axes of the other row; then the rest, including what the row variables
+    /// stand for, from the right.
     fn link_rows(&mut self, cur: &Row, subr: &Row, ineq: bool) -> Result<(), String> {
-        let (cb, cm, cd) = (cur.beg_dims().to_vec(), self.expand_var(cur.var()), cur.dims.clone());
-        let (sb, sm, sd) =
-            (subr.beg_dims().to_vec(), self.expand_var(subr.var()), subr.dims.clone());
-        let j = cb.len().min(sb.len());
-        for (c, s) in cb[..j].iter().zip(&sb[..j]) {
-            self.link(c, s, ineq)?;
-        }
+        let (cb, cm, cd) = (cur.beg_dims(), self.expand_var(cur.var()), &cur.dims);
+        let (sb, sm, sd) = (subr.beg_dims(), self.expand_var(subr.var()), &subr.dims);
         let k = cd.len().min(sd.len());
         for (c, s) in cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]) {
             self.link(c, s, ineq)?;
         }
-        let cmid: Vec<Dim> = [&cb[j..], &cm[..], &cd[..cd.len() - k]].concat();
-        let smid: Vec<Dim> = [&sb[j..], &sm[..], &sd[..sd.len() - k]].concat();
+        let mut cmid: Vec<Dim> = [cb, &cm[..], &cd[..cd.len() - k]].concat();
+        let mut smid: Vec<Dim> = [sb, &sm[..], &sd[..sd.len() - k]].concat();
+        // How many leading axes are anchored: those before a row variable, against the first
+        // axes of the other row.
+        let j = match (cur.var().is_some(), subr.var().is_some()) {
+            (true, true) => cb.len().min(sb.len()),
+            (true, false) => cb.len().min(smid.len()),
+            (false, true) => sb.len().min(cmid.len()),
+            (false, false) => 0,
+        };
+        for (c, s) in cmid[..j].iter().zip(&smid[..j]) {
+            self.link(c, s, ineq)?;
+        }
+        cmid.drain(..j);
+        smid.drain(..j);
         let m = cmid.len().min(smid.len());
         for (c, s) in cmid[cmid.len() - m..].iter().zip(&smid[smid.len() - m..]) {
             self.link(c, s, ineq)?;
@@ -382,9 +392,19 @@ impl Inference {
             logic.args().iter().map(|a| fresh(self.shape(*a), &mut local)).collect();
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
+        deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
         let origin = Origin::step(step);
         let mut pending: Vec<_> =
             deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
+        // The labels take the sizes the whole graph solved them to. The closed shapes alone do
+        // not always determine them (the parts of a concatenation that nothing else sizes were
+        // closed with the graph's other variables), and a size is not a projection: it links no
+        // axes, so it cannot contaminate this step's projections.
+        for (label, v) in &deriv.labels {
+            if let Some(size) = self.label_size(step, label) {
+                pending.push(Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) }.at(&origin));
+            }
+        }
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };

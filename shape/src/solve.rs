@@ -39,6 +39,10 @@ pub struct Solver {
     /// For row variables made by expanding another, indexed by variable: how many expansions
     /// away from a declared row they are (a lower bound on the axes of the rows they occur in).
     pub(crate) row_depth: Vec<u8>,
+    /// Indexed by row variable: whether it is an einsum pattern's row variable, or was made by
+    /// expanding one (a pattern's leading axes anchor at the start of the row it is matched
+    /// with; see [`crate::ineq`]).
+    pub(crate) template_rows: Vec<bool>,
     /// Constraints deferred during the current pass.
     pub(crate) deferred: Vec<Constr>,
     /// An optional trace of processed constraints, for debugging and snapshots.
@@ -46,6 +50,20 @@ pub struct Solver {
 }
 
 impl Solver {
+    /// Whether `v` is the row variable of an einsum pattern (or made by expanding one).
+    pub(crate) fn is_template_row(&self, v: RowVar) -> bool {
+        self.template_rows.get(v.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// Records that `v` is the row variable of an einsum pattern.
+    pub(crate) fn mark_template_row(&mut self, v: RowVar) {
+        let i = v.0 as usize;
+        if self.template_rows.len() <= i {
+            self.template_rows.resize(i + 1, false);
+        }
+        self.template_rows[i] = true;
+    }
+
     /// Keeps a constraint for a later pass (it cannot make progress now).
     pub(crate) fn defer(&mut self, c: Constr) {
         self.deferred.push(c);

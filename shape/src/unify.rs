@@ -391,6 +391,9 @@ impl Solver {
             self.row_depth.resize(i + 1, 0);
         }
         self.row_depth[i] = depth as u8;
+        if self.is_template_row(v) {
+            self.mark_template_row(v2);
+        }
         let template = Row { dims: end_dims, bcast: Bcast::Var { v: v2, beg_dims }, id: like.id };
         self.bind_row(v, template, origin)
     }
