@@ -90,6 +90,19 @@ impl Dim {
         }
     }
 
+    /// Whether the dimension may still turn out to be 1: a variable, a size 1, a convolution
+    /// whose parts may all be 1 (with stride 1 where the stride counts), but never a
+    /// concatenation of two or more parts (each has at least one position).
+    pub fn can_be_one(&self) -> bool {
+        match self {
+            Dim::Var(_) => true,
+            Dim::Solved(s) => s.d == 1,
+            Dim::Conv(c) if c.padded || c.dilation == 0 => c.stride == 1 && c.output.can_be_one(),
+            Dim::Conv(c) => c.output.can_be_one() && c.kernel.can_be_one(),
+            Dim::Concat(parts) => parts.len() < 2 && parts.iter().all(Dim::can_be_one),
+        }
+    }
+
     /// Whether this is a known dimension of size 1 (the bottom of the broadcasting order).
     pub fn is_one(&self) -> bool {
         matches!(self, Dim::Solved(SolvedDim { d: 1, .. }))

@@ -91,6 +91,14 @@ impl Solver {
         if cur.is_one() {
             return Ok(vec![eq(&subr, &cur)]);
         }
+        if cur.size().is_some() && arithmetic(&subr) && subr.can_be_one() {
+            // A known size above an arithmetic axis whose parts may still make it 1: once its
+            // parts are known it either equals cur or broadcasts as 1, and which one depends on
+            // them. Equating now would make the outcome depend on whether the parts were known
+            // first.
+            self.defer(Constraint::DimIneq { cur, subr }.at(origin));
+            return Ok(vec![]);
+        }
         if arithmetic(&cur) || arithmetic(&subr) {
             // Convolution and concatenation axes do not broadcast.
             return Ok(vec![eq(&cur, &subr)]);
@@ -531,6 +539,18 @@ impl Solver {
         if x.size().is_some() && y.size().is_some() {
             // Two different sizes > 1: only 1 is below both.
             return Dim::of(1);
+        }
+        // Below an arithmetic axis (which does not broadcast) is only the axis itself: the meet
+        // is that axis, below the other (so a parameter bounded by a convolution takes it as its
+        // least upper bound). A fresh variable here would be equated with the axis and, while
+        // two such axes cannot be compared yet, a new one would be made on every pass.
+        if arithmetic(&x) {
+            out.push(Constraint::DimIneq { cur: y, subr: x.clone() }.at(origin));
+            return x;
+        }
+        if arithmetic(&y) {
+            out.push(Constraint::DimIneq { cur: x, subr: y.clone() }.at(origin));
+            return y;
         }
         let l = self.vars.dim();
         out.push(Constraint::DimIneq { cur: x, subr: Dim::Var(l) }.at(origin));

@@ -167,33 +167,36 @@ impl Solver {
     /// Closes the variables of a row of some shape of the graph (from stage 4 on).
     pub fn close_shape_row(&mut self, r: &Row, origin: &Origin) -> Derived {
         let r = self.env.subst_row_cow(r);
-        let mut out = Vec::new();
         let mut keep = false;
+        // One variable at a time, the rest of the row after that closing has propagated: the
+        // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
+        // to 1 at once misses its one solution, b = 1 and d = 2).
         for d in r.all_dims() {
             let mut vs = Vec::new();
             d.vars(&mut vs);
             for v in vs {
                 let b = self.env.dim_bounds(v);
                 let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
-                match (&b.lub, lower) {
-                    (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => out
-                        .push(
-                            Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }
-                                .at(&o.join(origin)),
-                        ),
+                let close = match (&b.lub, lower) {
+                    (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => {
+                        Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))
+                    }
                     (_, lower) if self.stage >= Stage::DimsToLowerBound => {
                         if b.lub.is_none() && lower.is_none() {
                             self.mark_dim_guess(v);
                         }
-                        out.push(
-                            Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
-                                .at(origin),
-                        );
+                        Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
+                            .at(origin)
                     }
-                    _ => keep = true,
-                }
+                    _ => {
+                        keep = true;
+                        continue;
+                    }
+                };
+                return Ok(vec![close, Constraint::ShapeRow(r.into_owned()).at(origin)]);
             }
         }
+        let mut out = Vec::new();
         if let Some(v) = r.var() {
             if self.stage >= Stage::RowsToNoMoreAxes {
                 if self.env.row_bounds(v).lub.is_none() {
