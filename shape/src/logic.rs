@@ -302,7 +302,6 @@ pub fn get_inequalities(
             d.labels = labels;
             d.proj_env = t.proj_env;
             d.template_rows = t.row_vars.into_values().collect();
-            d.template_rows.sort();
             cs.extend(t.extra);
         }
     }

@@ -43,8 +43,10 @@ pub struct Solver {
     /// expanding one (a pattern's leading axes anchor at the start of the row it is matched
     /// with; see [`crate::ineq`]).
     pub(crate) template_rows: Vec<bool>,
-    /// Constraints deferred during the current pass.
+    /// Propagation constraints waiting for the environment to change.
     pub(crate) deferred: Vec<Constr>,
+    /// Closing constraints waiting for the environment to change.
+    pub(crate) deferred_closers: Vec<Constr>,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
 }
@@ -64,9 +66,9 @@ impl Solver {
         self.template_rows[i] = true;
     }
 
-    /// Keeps a constraint for a later pass (it cannot make progress now).
+    /// Keeps a constraint for later (it cannot make progress now).
     pub(crate) fn defer(&mut self, c: Constr) {
-        self.deferred.push(c);
+        if is_closer(&c) { self.deferred_closers.push(c) } else { self.deferred.push(c) }
     }
 
     /// Simplifies `constraints` at `stage`, returning those that remain unsolved.
@@ -99,27 +101,28 @@ impl Solver {
                 Some(c) => c,
                 None => {
                     let version = Some(self.env.version);
-                    if retried_at != version && self.deferred.iter().any(|c| !is_closer(c)) {
+                    if !self.deferred.is_empty() && retried_at != version {
                         // Propagation reached a fixed point, but the environment changed since
-                        // these were deferred: they may progress now. Deferred closing
-                        // constraints stay deferred until the queued ones have had their turn.
+                        // these were deferred: they may progress now.
                         retried_at = version;
-                        let (closers, others): (Vec<Constr>, Vec<Constr>) =
-                            std::mem::take(&mut self.deferred).into_iter().partition(is_closer);
-                        self.deferred = closers;
-                        queues.regular.extend(others);
+                        queues.regular.extend(std::mem::take(&mut self.deferred));
                         continue;
                     }
                     match queues.pop_closer() {
                         Some(c) => c,
-                        None if !self.deferred.is_empty() && reclosed_at != version => {
+                        None if !self.deferred_closers.is_empty() && reclosed_at != version => {
+                            // Every closing constraint had its turn; those that could not act
+                            // may now.
                             reclosed_at = version;
-                            retried_at = version;
-                            let deferred = std::mem::take(&mut self.deferred);
-                            deferred.into_iter().for_each(|c| queues.route(c));
+                            let closers = std::mem::take(&mut self.deferred_closers);
+                            closers.into_iter().for_each(|c| queues.route(c));
                             continue;
                         }
-                        None => return Ok(std::mem::take(&mut self.deferred)),
+                        None => {
+                            let mut rest = std::mem::take(&mut self.deferred);
+                            rest.append(&mut self.deferred_closers);
+                            return Ok(rest);
+                        }
                     }
                 }
             };
