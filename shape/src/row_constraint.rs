@@ -156,19 +156,40 @@ impl Solver {
         let eq =
             |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
         let mut out = Vec::new();
-        if vars.len() == 1 || fixed == dims.len() {
+        if single_var(&vars).is_some() || fixed == dims.len() {
+            // The row variable (which may occur in several rows) takes whatever the other axes
+            // leave, shared equally between its occurrences.
+            let free = dims.len() - fixed;
+            if !vars.is_empty() && free % vars.len() != 0 {
+                return Err(conflict(
+                    format!(
+                        "rows {} must have exactly {} axes: {free} axes cannot be shared by {} \
+                         occurrences of one row variable",
+                        shown(),
+                        dims.len(),
+                        vars.len()
+                    ),
+                    origin,
+                ));
+            }
+            let take = if vars.is_empty() { 0 } else { free / vars.len() };
             let mut pos = 0;
+            let mut bound: Vec<RowVar> = Vec::new();
             for r in &rows {
                 for d in r.beg_dims() {
                     out.push(eq(d, &dims[pos]));
                     pos += 1;
                 }
                 if let Some(v) = r.var() {
-                    // The row variable takes whatever the other rows leave.
-                    let rest: usize = fixed - pos;
-                    let take = dims.len() - pos - rest;
                     let value = Row::fixed(dims[pos..pos + take].to_vec(), r.id);
-                    out.extend(self.bind_row(v, value, origin)?);
+                    if bound.contains(&v) {
+                        out.push(
+                            Constraint::RowEq { r1: Row::of_var(v, r.id), r2: value }.at(origin),
+                        );
+                    } else {
+                        bound.push(v);
+                        out.extend(self.bind_row(v, value, origin)?);
+                    }
                     pos += take;
                 }
                 for d in &r.dims {
@@ -353,8 +374,22 @@ impl Solver {
                 }
             };
         }
-        if let [(i, v)] = vars.as_slice() {
+        if let Some(v) = single_var(&vars) {
             if unknown.is_empty() {
+                // The row variable's axes hold the rest of the elements; when it occurs in k
+                // rows (a square map's input and output), each occurrence holds the k-th root.
+                let Some(m) = exact_root(m, vars.len()) else {
+                    return Err(conflict(
+                        format!(
+                            "{} cannot hold {n} elements: its row variable occurs {} times, and \
+                             {m} is no such power of a whole number",
+                            shown(),
+                            vars.len()
+                        ),
+                        origin,
+                    ));
+                };
+                let (i, v) = (&vars[0].0, &v);
                 // Record the reduced constraint for closing, and close it from stage 5 on.
                 let reduced = RowConstraint::TotalElems {
                     numerator: TotalElems::NumElems(m),
@@ -393,6 +428,22 @@ impl Solver {
         self.defer(pending(Some(n)).at(origin));
         Ok(vec![])
     }
+}
+
+/// The row variable of `vars`, when they are all the same one (occurring once or more).
+fn single_var(vars: &[(usize, RowVar)]) -> Option<RowVar> {
+    let (_, v) = vars.first()?;
+    vars.iter().all(|(_, w)| w == v).then_some(*v)
+}
+
+/// The `k`-th root of `m`, when it is a whole number.
+fn exact_root(m: usize, k: usize) -> Option<usize> {
+    if k == 1 || m <= 1 {
+        return Some(m);
+    }
+    let k32 = u32::try_from(k).ok()?;
+    let guess = (m as f64).powf(1.0 / k as f64).round() as usize;
+    (guess.saturating_sub(1)..=guess.saturating_add(1)).find(|r| r.checked_pow(k32) == Some(m))
 }
 
 /// The row `slot ++ row`.

@@ -183,3 +183,67 @@ fn meets_of_concatenations_do_not_loop() {
     let _ = inf.finish();
     assert!(start.elapsed() < Duration::from_secs(2));
 }
+
+/// A leaf whose input row equals its output row, with a count of values: one row variable
+/// occurs in two rows of the count. At stage 5 the constraint kept that variable (the output
+/// row's) and closed "the others", of which there were none, then retried itself forever
+/// without changing anything, until the fuel ran out. Each occurrence now holds the square root
+/// of the count (or the count has none, an error).
+#[test]
+fn a_row_variable_occurring_twice_in_a_count() {
+    for (values, expected) in [(0, Some("|0->0")), (9, Some("|3->3")), (2, None)] {
+        let mut inf = Inference::new();
+        let decl = ShapeDecl {
+            batch: RowDecl::Given(vec![]),
+            input: RowDecl::Inferred,
+            output: RowDecl::Inferred,
+        };
+        let (p, q) = (inf.new_shape("p", &decl), inf.new_shape("q", &decl));
+        let square =
+            Terminal { param: true, data: TerminalData::Values(values), input_equals_output: true };
+        let start = Instant::now();
+        let r = inf
+            .add_step(p, Logic::Terminal(square))
+            .and_then(|_| inf.add_step(q, leaf(TerminalData::Rows, true)))
+            .and_then(|_| inf.add_step(q, Logic::Pointwise(vec![p])))
+            .and_then(|_| inf.finish());
+        assert!(start.elapsed() < Duration::from_secs(2));
+        match expected {
+            Some(shape) => {
+                assert!(r.is_ok(), "{values}: {r:?}");
+                assert_eq!(inf.shape(p).to_string(), shape);
+                assert_eq!(inf.shape(q).to_string(), shape);
+            }
+            None => assert!(r.unwrap_err().message().contains("no such power"), "{values}"),
+        }
+    }
+}
+
+/// The same with exact axes: the row variable's occurrences share the axes left by the others.
+#[test]
+fn a_row_variable_occurring_twice_in_exact_axes() {
+    for (axes, expected) in
+        [(vec![2, 3, 2, 3], Some("|2,3->2,3")), (vec![2, 3, 3, 2], None), (vec![2, 3, 4], None)]
+    {
+        let mut inf = Inference::new();
+        let decl = ShapeDecl {
+            batch: RowDecl::Given(vec![]),
+            input: RowDecl::Inferred,
+            output: RowDecl::Inferred,
+        };
+        let p = inf.new_shape("p", &decl);
+        let square = Terminal {
+            param: false,
+            data: TerminalData::Exact(axes.clone()),
+            input_equals_output: true,
+        };
+        let r = inf.add_step(p, Logic::Terminal(square)).and_then(|_| inf.finish());
+        match expected {
+            Some(shape) => {
+                assert!(r.is_ok(), "{axes:?}: {r:?}");
+                assert_eq!(inf.shape(p).to_string(), shape);
+            }
+            None => assert!(r.is_err(), "{axes:?}"),
+        }
+    }
+}
