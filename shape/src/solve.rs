@@ -21,7 +21,7 @@ use crate::var::{DimVar, RowVar, VarGen};
 
 /// How many constraints one call of [`Solver::solve`] may process before it gives up with an
 /// error instead of looping forever on a pathological input.
-const FUEL: u64 = 5_000_000;
+const FUEL: u64 = 1_000_000;
 
 /// The solver: environment, variable generator and closing bookkeeping.
 #[derive(Clone, Debug, Default)]
@@ -53,12 +53,12 @@ pub struct Solver {
 
 impl Solver {
     /// Whether `v` is the row variable of an einsum pattern (or made by expanding one).
-    pub(crate) fn is_template_row(&self, v: RowVar) -> bool {
+    pub fn is_template_row(&self, v: RowVar) -> bool {
         self.template_rows.get(v.0 as usize).copied().unwrap_or(false)
     }
 
     /// Records that `v` is the row variable of an einsum pattern.
-    pub(crate) fn mark_template_row(&mut self, v: RowVar) {
+    pub fn mark_template_row(&mut self, v: RowVar) {
         let i = v.0 as usize;
         if self.template_rows.len() <= i {
             self.template_rows.resize(i + 1, false);
