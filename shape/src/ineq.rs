@@ -14,6 +14,16 @@
 //! of `cur` left over becomes `subr`'s least upper bound. Row upper bounds meet dimension-wise;
 //! where a meet of two bounds cannot be written down yet (both end in unknown row variables),
 //! the second bound waits for a later pass.
+//!
+//! An einsum pattern's leading axes (before its row variable) anchor at the start of the row it
+//! is matched with, its trailing axes at the end, and the row variable takes the middle. That
+//! holds even when another operand has already fixed the row variable: such a pattern is not
+//! substituted into an ordinary row (`solve_known_pattern`). At stage 6 a tensor's row variable
+//! closes before a pattern's for the same reason.
+//!
+//! Convolution and concatenation axes do not broadcast: compared with an unknown axis they are
+//! equated. A known size above one whose parts may still make it 1 waits instead, since then
+//! either outcome is possible.
 
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
 use crate::dim::Dim;
