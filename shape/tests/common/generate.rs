@@ -90,8 +90,12 @@ fn axis(r: &mut Rng, labels: &mut Vec<String>) -> String {
 /// Axes before a row variable in an operand pattern (`1, ...`) are left out: a parameter whose
 /// row closes to such a pattern as its least upper bound shares the pattern's row variable, and
 /// its row is then lined up as a pattern (its first axis anchored at the start of the other
-/// row) instead of from the right; the closed shapes can break a later operation. That is a
-/// known limitation, not exercised here. The specific cases with leading axes that work are in
+/// row) instead of from the right; the closed shapes can break a later operation. More
+/// generally, a tensor's row that takes leading axes from a pattern (as its least upper bound,
+/// or when expanded to show the pattern's axes) keeps them anchored at its start, while its
+/// closed shape lines up with others from the right: an einsum `a, d, ... -> 2*c => ..., d ->`
+/// of `p * p` (for a parameter `p` with inferred rows) closes `p` to `|2,1->2`, which breaks the
+/// product. These are known limitations, not exercised here. The specific cases with leading axes that work are in
 /// `property_regressions.rs`.
 fn operand_row(r: &mut Rng, labels: &mut Vec<String>, vars: &mut Vec<&'static str>) -> String {
     let mut tokens: Vec<String> = (0..r.below(3)).map(|_| axis(r, labels)).collect();
