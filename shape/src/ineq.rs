@@ -101,7 +101,7 @@ impl Solver {
         if cur.is_one() {
             return Ok(vec![eq(&subr, &cur)]);
         }
-        if cur.size().is_some() && arithmetic(&subr) && subr.can_be_one() {
+        if arithmetic(&subr) && cur.size().is_some() && subr.can_be_one() {
             // A known size above an arithmetic axis whose parts may still make it 1: once its
             // parts are known it either equals cur or broadcasts as 1, and which one depends on
             // them. Equating now would make the outcome depend on whether the parts were known

@@ -47,6 +47,11 @@ pub struct Solver {
     pub(crate) deferred: Vec<Constr>,
     /// Closing constraints waiting for the environment to change.
     pub(crate) deferred_closers: Vec<Constr>,
+    /// The environment version when the first of `deferred` was deferred (none of them can
+    /// progress before the environment changes).
+    deferred_at: u64,
+    /// The same for `deferred_closers`.
+    closers_deferred_at: u64,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
 }
@@ -67,8 +72,17 @@ impl Solver {
     }
 
     /// Keeps a constraint for later (it cannot make progress now).
+    #[inline]
     pub(crate) fn defer(&mut self, c: Constr) {
-        if is_closer(&c) { self.deferred_closers.push(c) } else { self.deferred.push(c) }
+        let (list, since) = if is_closer(&c) {
+            (&mut self.deferred_closers, &mut self.closers_deferred_at)
+        } else {
+            (&mut self.deferred, &mut self.deferred_at)
+        };
+        if list.is_empty() {
+            *since = self.env.version;
+        }
+        list.push(c);
     }
 
     /// Simplifies `constraints` at `stage`, returning those that remain unsolved.
@@ -92,28 +106,25 @@ impl Solver {
         let late = stage >= Stage::RowsToNoMoreAxes;
         let mut queues = Queues { late, ..Queues::default() };
         dedup(constraints).into_iter().for_each(|c| queues.route(c));
-        // The environment versions at which the deferred propagation constraints, resp. the
-        // deferred closing constraints, were last put back to work.
-        let (mut retried_at, mut reclosed_at) = (None, None);
         let mut fuel = FUEL;
         loop {
             let c = match queues.regular.pop_front() {
                 Some(c) => c,
                 None => {
-                    let version = Some(self.env.version);
-                    if !self.deferred.is_empty() && retried_at != version {
+                    let version = self.env.version;
+                    if !self.deferred.is_empty() && self.deferred_at != version {
                         // Propagation reached a fixed point, but the environment changed since
                         // these were deferred: they may progress now.
-                        retried_at = version;
                         queues.regular.extend(std::mem::take(&mut self.deferred));
                         continue;
                     }
                     match queues.pop_closer() {
                         Some(c) => c,
-                        None if !self.deferred_closers.is_empty() && reclosed_at != version => {
+                        None if !self.deferred_closers.is_empty()
+                            && self.closers_deferred_at != version =>
+                        {
                             // Every closing constraint had its turn; those that could not act
                             // may now.
-                            reclosed_at = version;
                             let closers = std::mem::take(&mut self.deferred_closers);
                             closers.into_iter().for_each(|c| queues.route(c));
                             continue;
@@ -189,6 +200,7 @@ impl Queues {
 }
 
 /// Whether a constraint closes variables (rather than propagating information).
+#[inline]
 fn is_closer(c: &Constr) -> bool {
     matches!(c.c, Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow(_))
 }

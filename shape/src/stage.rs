@@ -218,6 +218,10 @@ impl Solver {
 impl Solver {
     /// Records that `v` is closed by a guess, with every dimension variable known to be below it.
     fn mark_dim_guess(&mut self, v: DimVar) {
+        if self.env.dim_bounds(v).subr.is_empty() {
+            self.guessed_dims.insert(v);
+            return;
+        }
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             if self.guessed_dims.insert(v) {
@@ -228,6 +232,10 @@ impl Solver {
 
     /// Records that `v` is closed by a guess, with every row variable known to be below it.
     fn mark_row_guess(&mut self, v: RowVar) {
+        if self.env.row_bounds(v).subr.is_empty() {
+            self.guessed_rows.insert(v);
+            return;
+        }
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             if self.guessed_rows.insert(v) {
