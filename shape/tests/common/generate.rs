@@ -95,8 +95,8 @@ fn axis(r: &mut Rng, labels: &mut Vec<String>) -> String {
 /// or when expanded to show the pattern's axes) keeps them anchored at its start, while its
 /// closed shape lines up with others from the right: an einsum `a, d, ... -> 2*c => ..., d ->`
 /// of `p * p` (for a parameter `p` with inferred rows) closes `p` to `|2,1->2`, which breaks the
-/// product. These are known limitations, not exercised here. The specific cases with leading axes that work are in
-/// `property_regressions.rs`.
+/// product. These are known limitations, not exercised here. The specific cases with leading
+/// axes that work are in `property_regressions.rs`.
 fn operand_row(r: &mut Rng, labels: &mut Vec<String>, vars: &mut Vec<&'static str>) -> String {
     let mut tokens: Vec<String> = (0..r.below(3)).map(|_| axis(r, labels)).collect();
     if r.percent(35) {
