@@ -165,6 +165,133 @@ fn unify_dim_occurs_check() {
     assert!(r.is_err(), "a dimension cannot be twice itself: {r:?}");
 }
 
+#[test]
+fn unify_dim_a_convolution_of_itself_solves_its_other_parts() {
+    // d0 = d1 + d0 (valid, stride 1): (d1 - 1) + (d0 - 1) + 1 = d0 holds only for d1 = 1.
+    let (mut s, d, _) = solver(2, 0);
+    let r = s.unify_dim(&d[0], &conv(1, d[1].clone(), 1, d[0].clone()), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d1 = 1
+            --
+        "#]],
+    );
+    // With a dilation of 2: (d1 - 1) + 2*(d0 - 1) + 1 = d0 holds only for d1 = d0 = 1.
+    let (mut s, d, _) = solver(2, 0);
+    let r = s.unify_dim(&d[0], &conv(1, d[1].clone(), 2, d[0].clone()), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d1 = 1
+            derived $d0 = 1
+            --
+        "#]],
+    );
+    // A padded strided convolution's kernel does not count towards its size, but the
+    // equation cannot bind d0 to a value containing it: it waits for the output.
+    let (mut s, d, _) = solver(2, 0);
+    let padded = Dim::Conv(Box::new(ConvDim {
+        stride: 2,
+        output: d[1].clone(),
+        dilation: 1,
+        kernel: d[0].clone(),
+        padded: true,
+    }));
+    let cs = vec![
+        Constraint::DimEq { d1: d[0].clone(), d2: padded },
+        Constraint::DimEq { d1: d[1].clone(), d2: n(3) },
+    ];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            solved
+            --
+            $d0 = 6
+            $d1 = 3
+        "#]],
+    );
+}
+
+#[test]
+fn unify_dim_equal_convolutions_unify_their_parts() {
+    // Two padded convolutions of stride 2: 2*d0 = 2*d1 whatever the kernels.
+    let (mut s, d, _) = solver(4, 0);
+    let padded = |o: &Dim, k: &Dim| {
+        Dim::Conv(Box::new(ConvDim {
+            stride: 2,
+            output: o.clone(),
+            dilation: 1,
+            kernel: k.clone(),
+            padded: true,
+        }))
+    };
+    let r = s.unify_dim(&padded(&d[0], &d[2]), &padded(&d[1], &d[3]), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d0 = $d1
+            --
+        "#]],
+    );
+    // Valid convolutions with the same kernel: the outputs are equal.
+    let r =
+        s.unify_dim(&conv(2, d[0].clone(), 1, n(3)), &conv(2, d[1].clone(), 1, n(3)), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d0 = $d1
+            --
+        "#]],
+    );
+    // The same dimension on both sides says nothing, even with unknown parts.
+    let r = s.unify_dim(
+        &conv(2, d[0].clone(), 1, d[2].clone()),
+        &conv(2, d[0].clone(), 1, d[2].clone()),
+        &origin(),
+    );
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived nothing
+            --
+        "#]],
+    );
+}
+
+#[test]
+fn unify_dim_solves_a_concatenated_part_by_subtraction() {
+    // 2^d0 = 5: d0 = 3; 2^d0^d1 = 5 waits for one more part; 4^3 = 5 is an error.
+    let (mut s, d, _) = solver(2, 0);
+    let r = s.unify_dim(&Dim::Concat(vec![n(2), d[0].clone()]), &n(5), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d0 = 3
+            --
+        "#]],
+    );
+    let r = s.unify_dim(&Dim::Concat(vec![n(2), d[0].clone(), d[1].clone()]), &n(5), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived nothing
+            --
+        "#]],
+    );
+    let r = s.unify_dim(&Dim::Concat(vec![n(4), n(3)]), &n(5), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            error: dimensions 7 and 5 must be equal
+            --
+        "#]],
+    );
+    // A sum that does not fit in usize is no size.
+    let huge = Dim::Concat(vec![n(usize::MAX), n(1)]);
+    assert_eq!(huge.size(), None);
+}
+
 // ---------------------------------------------------------------------------------------------
 // unify_row
 
@@ -412,6 +539,101 @@ fn row_ineq_with_leading_axes_broadcasts_in_the_middle() {
     );
 }
 
+#[test]
+fn dim_ineq_known_size_above_a_convolution_that_may_be_one_waits() {
+    // 5 >= d0+d1 (stride 1): once d0 and d1 are known it is either 5 or 1 (broadcast), so it
+    // waits; 5 >= 2^d0 cannot be 1 (two parts), so it is an equation.
+    let (mut s, d, _) = solver(2, 0);
+    let cs = vec![Constraint::DimIneq { cur: n(5), subr: conv(1, d[0].clone(), 1, d[1].clone()) }];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            remains 5 >= $d0+$d1
+            --
+        "#]],
+    );
+    let cs = vec![
+        Constraint::DimIneq { cur: n(5), subr: conv(1, d[0].clone(), 1, d[1].clone()) },
+        Constraint::DimEq { d1: d[0].clone(), d2: n(1) },
+        Constraint::DimEq { d1: d[1].clone(), d2: n(1) },
+    ];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            solved
+            --
+            $d0 = 1
+            $d1 = 1
+        "#]],
+    );
+    let (mut s, d, _) = solver(1, 0);
+    let r = s.solve_dim_ineq(&n(5), &Dim::Concat(vec![n(2), d[0].clone()]), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived 5 = 2^$d0
+            --
+        "#]],
+    );
+}
+
+#[test]
+fn row_lub_meet_with_an_arithmetic_axis_is_that_axis() {
+    // [d0^d1] >= r0 and [d2] >= r0: below a concatenation is only itself, so the meet is
+    // d0^d1, below d2.
+    let (mut s, d, r) = solver(3, 1);
+    let cat = Dim::Concat(vec![d[0].clone(), d[1].clone()]);
+    s.solve_row_ineq(&fixed(vec![cat]), &Row::of_var(r[0], id()), &origin()).unwrap();
+    let res = s.solve_row_ineq(&fixed(vec![d[2].clone()]), &Row::of_var(r[0], id()), &origin());
+    check(
+        show(&s, res),
+        expect![[r#"
+            derived $d2 >= $d0^$d1
+            --
+            $r0: lub [$d0^$d1]
+        "#]],
+    );
+}
+
+#[test]
+fn row_ineq_a_known_pattern_keeps_its_leading_axes_anchored() {
+    // The einsum pattern [d0, ..r0.., d1] with r0 = [3] (fixed by another operand) against the
+    // argument [4, 3, 2]: d0 pairs with the first axis and d1 with the last, r0 with the rest;
+    // substituted, the pattern would be the ordinary row [d0, 3, d1].
+    let (mut s, d, r) = solver(2, 1);
+    s.mark_template_row(r[0]);
+    s.unify_row(&Row::of_var(r[0], id()), &fixed(vec![n(3)]), &origin()).unwrap();
+    let pattern = open(vec![d[0].clone()], r[0], vec![d[1].clone()]);
+    let cs =
+        vec![Constraint::RowIneq { cur: pattern.clone(), subr: fixed(vec![n(4), n(3), n(2)]) }];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            solved
+            --
+            $d0 = 4
+            $d1 = 2
+            $r0 = [3]
+        "#]],
+    );
+    let (mut s, d, r) = solver(2, 2);
+    s.mark_template_row(r[0]);
+    s.unify_row(&Row::of_var(r[0], id()), &fixed(vec![n(3)]), &origin()).unwrap();
+    let pattern = open(vec![d[0].clone()], r[0], vec![d[1].clone()]);
+    // An argument whose row does not show its first axis yet: pairing waits, and a bare row
+    // variable learns the pattern as its upper bound.
+    let cs = vec![Constraint::RowIneq { cur: pattern, subr: Row::of_var(r[1], id()) }];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            remains [$d0,..$r0..,$d1] >= [..$r1..]
+            --
+            $r0 = [3]
+            $r1: lub [$d0,3,$d1]
+        "#]],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // apply_dim_constraint and apply_rows_constraint
 
@@ -478,6 +700,135 @@ fn exact_rows_constraint_fixes_the_axes() {
             --
             $d0 = 4
             $r0 = [2,3]
+        "#]],
+    );
+}
+
+#[test]
+fn dim_constraint_lower_bounds_propagate_upward_and_check_empty_axes() {
+    // d1 >= d0 and d0 is indexed at position 2: no broadcasting, so d1 has 3 positions too.
+    let (mut s, d, _) = solver(2, 0);
+    s.solve_dim_ineq(&d[1], &d[0], &origin()).unwrap();
+    let r = s.apply_dim_constraint(&d[0], &DimConstraint::AtLeast(3), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d1 >= 3 positions
+            --
+            $d0: cur [$d1] constr >= 3 positions
+            $d1: subr [$d0]
+        "#]],
+    );
+    // Position 0 does not exist in an axis of 0.
+    let r = s.apply_dim_constraint(&n(0), &DimConstraint::AtLeast(1), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            error: fixed index 0 is out of range for an axis of size 0
+            --
+            $d0: cur [$d1] constr >= 3 positions
+            $d1: subr [$d0]
+        "#]],
+    );
+}
+
+#[test]
+fn total_elems_checks_counts_without_overflow() {
+    let total =
+        |k| RowConstraint::TotalElems { numerator: TotalElems::NumElems(k), divided_by: vec![] };
+    // The product of the known axes does not fit in usize: an error, not a wrapped count.
+    let (mut s, _, _) = solver(0, 0);
+    let rows = vec![fixed(vec![n(usize::MAX / 2), n(4)])];
+    let r = s.apply_rows_constraint(&rows, &total(1), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            error: the number of elements is too large to represent
+            --
+        "#]],
+    );
+    // Zero elements: an axis of 0 accounts for them, whatever the other axes are.
+    let (mut s, d, _) = solver(1, 0);
+    let rows = vec![fixed(vec![n(0), d[0].clone()])];
+    let r = s.apply_rows_constraint(&rows, &total(0), &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived nothing
+            --
+        "#]],
+    );
+    // Two different counts for the axes of one row variable conflict at once.
+    let (mut s, _, r) = solver(0, 1);
+    let rows = vec![fixed(vec![n(2)]), Row::of_var(r[0], id())];
+    s.apply_rows_constraint(&rows, &total(6), &origin()).unwrap();
+    let res = s.apply_rows_constraint(&rows, &total(8), &origin());
+    check(
+        show(&s, res),
+        expect![[r#"
+            error: the axes of row variable $r0 would have to hold both 3 and 4 elements
+            --
+            $r0: constr elements = 3
+        "#]],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// solve_batch_slice
+
+#[test]
+fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
+    // [..r1..] = s, [..r0..]: both rows can grow; the argument has at least one axis.
+    let (mut s, d, r) = solver(1, 2);
+    let slice = Constraint::BatchSlice {
+        cur: Row::of_var(r[0], id()),
+        arg: Row::of_var(r[1], id()),
+        slot: d[0].clone(),
+    };
+    let rest = s.solve(Stage::Online, at(vec![slice.clone()])).unwrap();
+    check(
+        format!(
+            "{}\n--\n{}",
+            rest.iter().map(|c| c.c.to_string()).collect::<Vec<_>>().join("\n"),
+            s.env
+        ),
+        expect![[r#"
+            [..$r1..] = $d0, [..$r0..]
+            --
+            $r1 = [..$r2..,$d1]
+        "#]],
+    );
+    // Once the argument is known, the slice is an equation: the result gets the rest.
+    let cs = vec![
+        slice.clone(),
+        Constraint::RowEq { r1: Row::of_var(r[1], id()), r2: fixed(vec![n(4), n(2), n(3)]) },
+    ];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            solved
+            --
+            $d0 = 4
+            $d1 = 3
+            $r0 = [2,3]
+            $r1 = [..$r2..,$d1]
+            $r2 = [4,2]
+        "#]],
+    );
+    // With neither known, stage 6 closes the result's row first.
+    let (mut s, d, r) = solver(1, 2);
+    let slice = Constraint::BatchSlice {
+        cur: Row::of_var(r[0], id()),
+        arg: Row::of_var(r[1], id()),
+        slot: d[0].clone(),
+    };
+    check(
+        solve_at(&mut s, Stage::RowsToNoMoreAxes, vec![slice]),
+        expect![[r#"
+            solved
+            --
+            $r0 = []
+            $r1 = [$d0]
         "#]],
     );
 }
@@ -627,6 +978,120 @@ fn stage_7_closes_every_dim_to_its_lower_bound_or_one() {
             $d0 = 1
             $d1 = 4
         "#]],
+    );
+}
+
+#[test]
+fn stage_3_gives_a_leaf_row_without_bound_the_axis_its_values_need() {
+    // [3] [..r0..] hold 12 values and nothing bounds r0: at stage 3 it gets one axis of 4.
+    let (mut s, _, r) = solver(0, 1);
+    let total =
+        RowConstraint::TotalElems { numerator: TotalElems::NumElems(12), divided_by: vec![] };
+    let rows = vec![fixed(vec![n(3)]), Row::of_var(r[0], id())];
+    let cs = vec![
+        Constraint::RowsConstr { rows, constr: total },
+        Constraint::TerminalRow(Row::of_var(r[0], id())),
+    ];
+    let rest = s.solve(Stage::TerminalDimsToOne, at(cs)).unwrap();
+    check(
+        solve_at(&mut s, Stage::TerminalsToLub, rest.into_iter().map(|c| c.c).collect()),
+        expect![[r#"
+            solved
+            --
+            $r0 = [4]
+        "#]],
+    );
+}
+
+#[test]
+fn stage_5_with_several_row_variables_the_output_row_takes_the_elements() {
+    // A reshape's result rows share 6 elements; of its row variables the output row's takes
+    // them, the others get no axes.
+    let (mut s, _, r) = solver(0, 3);
+    let row = |v: RowVar, kind| Row::of_var(v, RowId { shape: ShapeId(0), kind });
+    let rows = vec![row(r[0], Kind::Batch), row(r[1], Kind::Output), row(r[2], Kind::Input)];
+    let total =
+        RowConstraint::TotalElems { numerator: TotalElems::NumElems(6), divided_by: vec![] };
+    let cs = vec![Constraint::RowsConstr { rows, constr: total }];
+    let rest = s.solve(Stage::TerminalRowsClosed, at(cs)).unwrap();
+    check(
+        solve_at(&mut s, Stage::RowConstraints, rest.into_iter().map(|c| c.c).collect()),
+        expect![[r#"
+            solved
+            --
+            $r0 = []
+            $r1 = [6]
+            $r2 = []
+        "#]],
+    );
+}
+
+#[test]
+fn stage_7_closes_the_parts_of_an_arithmetic_axis_one_at_a_time() {
+    // 2*d0+d1 = 2 (valid): closing both parts to 1 at once would give 1; one at a time, d0
+    // closes to 1 and then d1 = 2 follows.
+    let (mut s, d, _) = solver(2, 0);
+    let axis = conv(2, d[0].clone(), 1, d[1].clone());
+    let cs = vec![
+        Constraint::DimEq { d1: axis.clone(), d2: n(2) },
+        Constraint::ShapeRow(fixed(vec![axis])),
+    ];
+    let rest = s.solve(Stage::RowsToNoMoreAxes, at(cs)).unwrap();
+    check(
+        solve_at(&mut s, Stage::DimsToLowerBound, rest.into_iter().map(|c| c.c).collect()),
+        expect![[r#"
+            solved
+            --
+            $d0 = 1
+            $d1 = 2
+        "#]],
+    );
+}
+
+#[test]
+fn a_guess_covers_the_variables_below_it() {
+    // r0 >= r1, both leaf rows without any upper bound: closing r0 first (a guess) forces r1
+    // to no axes as well, and r1 counts as guessed too, whichever closes first.
+    let (mut s, _, r) = solver(0, 2);
+    s.solve_row_ineq(&Row::of_var(r[0], id()), &Row::of_var(r[1], id()), &origin()).unwrap();
+    let cs = vec![
+        Constraint::TerminalRow(Row::of_var(r[0], id())),
+        Constraint::TerminalRow(Row::of_var(r[1], id())),
+    ];
+    check(
+        solve_at(&mut s, Stage::RowsToNoMoreAxes, cs),
+        expect![[r#"
+            solved
+            --
+            $r0 = []
+            $r1 = []
+        "#]],
+    );
+    assert!(s.guessed_rows.contains(&r[0]) && s.guessed_rows.contains(&r[1]));
+}
+
+#[test]
+fn constraint_display_is_stable() {
+    let (_, d, r) = solver(1, 2);
+    let shown: Vec<String> = [
+        Constraint::RowIneq {
+            cur: open(vec![n(2)], r[0], vec![d[0].clone()]),
+            subr: fixed(vec![n(3)]),
+        },
+        Constraint::BatchSlice {
+            cur: Row::of_var(r[0], id()),
+            arg: open(vec![], r[1], vec![n(5)]),
+            slot: d[0].clone(),
+        },
+    ]
+    .iter()
+    .map(|c| c.to_string())
+    .collect();
+    check(
+        shown.join("\n"),
+        expect![[r#"
+            [2,..$r0..,$d0] >= [3]
+            [..$r1..,5] = $d0, [..$r0..]"#]],
     );
 }
 
