@@ -69,6 +69,39 @@ fn the_nn_blocks_declare_what_they_mean_and_need_no_guesses() {
 }
 
 #[test]
+fn tensors_with_no_elements_compute_like_any_other() {
+    // Size-0 axes as in NumPy: pointwise results are empty, a sum over an empty axis is 0, and
+    // gradients of empty parameters are empty.
+    for backend in [BackendKind::Interp, BackendKind::Gccjit] {
+        let g = Graph::new();
+        let x = g.data("x", &[0], &[], &[3]);
+        let p = g.param_with("p", ParamSpec::vector(&[3]).init(Init::Constant(2.0)));
+        let y = (&x + &p).relu();
+        let total = y.einsum1("b|->i => |->i"); // sums the empty batch axis
+        let a = g.data("a", &[], &[], &[2, 0]);
+        let b = g.data("b", &[], &[], &[0, 4]);
+        let prod = a.einsum("ij;jk=>ik", &b); // an empty contraction: zeros
+        let mut s = match session(&g, backend, Prec::F64) {
+            Ok(s) => s,
+            Err(e) if backend == BackendKind::Gccjit => {
+                eprintln!("gccjit unavailable: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        s.write(&x, &[]).unwrap();
+        let r = s.forward(&[&y, &total, &prod]).unwrap();
+        s.run(&r).unwrap();
+        assert_eq!(s.read(&y).unwrap(), Vec::<f64>::new());
+        assert_eq!(s.read(&total).unwrap(), vec![0.0; 3]);
+        assert_eq!(s.read(&prod).unwrap(), vec![0.0; 8]);
+        let r = s.backprop(&total, &[]).unwrap();
+        s.run(&r).unwrap();
+        assert_eq!(s.read_grad(&p).unwrap(), vec![0.0; 3], "no example contributes");
+    }
+}
+
+#[test]
 fn mixing_graphs_and_reading_too_early_are_errors() {
     let g1 = Graph::new();
     let g2 = Graph::new();
