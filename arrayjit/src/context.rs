@@ -149,6 +149,15 @@ impl Context {
             self.backend.alloc(node)?;
             self.nodes.insert(id, node.clone());
         }
+        // A node with no elements has no code touching it; it still gets its (empty) buffer so
+        // that it can be read and written like any other.
+        for id in asgn.nodes() {
+            let node = nodes.get(id)?;
+            if node.num_elements() == 0 && !self.backend.has_buffer(id) {
+                self.backend.alloc(node)?;
+                self.nodes.insert(id, node.clone());
+            }
+        }
         let low_level = prog.to_string();
         let source = self.backend.render(&prog)?;
         if let Some(dir) = &self.opts.debug_dir {

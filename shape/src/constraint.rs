@@ -142,6 +142,20 @@ pub enum Constraint {
         /// What is known about them.
         constr: RowConstraint,
     },
+    /// A batch slice: the argument's batch row is `slot` followed by the result's batch row.
+    /// It waits while both rows can still grow (as the seed says, until the batch row
+    /// variables are solved): written as an equation right away, the argument's row would get
+    /// `slot` as a known first axis in front of a row variable, and rows with known first axes
+    /// line up with others from the left, which disagrees with broadcasting once the variable
+    /// turns out shorter.
+    BatchSlice {
+        /// The result's batch row.
+        cur: Row,
+        /// The argument's batch row.
+        arg: Row,
+        /// The removed axis (indexed at the slice position).
+        slot: Dim,
+    },
     /// A dimension of a leaf tensor: closed to its least upper bound.
     TerminalDim(Dim),
     /// A row of a leaf tensor: closed to its least upper bound.
@@ -164,6 +178,15 @@ impl Constraint {
     /// Attaches an origin.
     pub fn at(self, origin: &Origin) -> Constr {
         Constr { c: self, origin: origin.clone() }
+    }
+}
+
+impl fmt::Display for DimConstraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DimConstraint::Unconstrained => write!(f, "unconstrained"),
+            DimConstraint::AtLeast(n) => write!(f, ">= {n} positions"),
+        }
     }
 }
 
@@ -204,16 +227,12 @@ impl fmt::Display for Constraint {
             Constraint::RowEq { r1, r2 } => write!(f, "[{r1}] = [{r2}]"),
             Constraint::DimIneq { cur, subr } => write!(f, "{cur} >= {subr}"),
             Constraint::RowIneq { cur, subr } => write!(f, "[{cur}] >= [{subr}]"),
-            Constraint::DimConstr { d, constr: DimConstraint::AtLeast(n) } => {
-                write!(f, "{d} >= {n} positions")
-            }
-            Constraint::DimConstr { d, constr: DimConstraint::Unconstrained } => {
-                write!(f, "{d} unconstrained")
-            }
+            Constraint::DimConstr { d, constr } => write!(f, "{d} {constr}"),
             Constraint::RowsConstr { rows, constr } => {
                 let rs: Vec<String> = rows.iter().map(|r| format!("[{r}]")).collect();
                 write!(f, "{}: {constr}", rs.join(" "))
             }
+            Constraint::BatchSlice { cur, arg, slot } => write!(f, "[{arg}] = {slot}, [{cur}]"),
             Constraint::TerminalDim(d) => write!(f, "terminal {d}"),
             Constraint::TerminalRow(r) => write!(f, "terminal [{r}]"),
             Constraint::ShapeRow(r) => write!(f, "shape row [{r}]"),

@@ -78,13 +78,28 @@ impl Dim {
         Dim::Solved(SolvedDim { d, label: Some(Arc::from(label)), proj_id: None })
     }
 
-    /// The size, if known (arithmetic dimensions are known when all their parts are).
+    /// The size, if known (arithmetic dimensions are known when all their parts are, and their
+    /// size is representable: an arithmetic size that would overflow `usize` stays unknown, and
+    /// closing reports the shape as not inferred instead of wrapping around).
     pub fn size(&self) -> Option<usize> {
         match self {
             Dim::Var(_) => None,
             Dim::Solved(s) => Some(s.d),
             Dim::Conv(c) => c.input_size(),
-            Dim::Concat(parts) => parts.iter().map(Dim::size).sum(),
+            Dim::Concat(parts) => sum_sizes(parts),
+        }
+    }
+
+    /// Whether the dimension may still turn out to be 1: a variable, a size 1, a convolution
+    /// whose parts may all be 1 (with stride 1 where the stride counts), but never a
+    /// concatenation of two or more parts (each has at least one position).
+    pub fn can_be_one(&self) -> bool {
+        match self {
+            Dim::Var(_) => true,
+            Dim::Solved(s) => s.d == 1,
+            Dim::Conv(c) if c.padded || c.dilation == 0 => c.stride == 1 && c.output.can_be_one(),
+            Dim::Conv(c) => c.output.can_be_one() && c.kernel.can_be_one(),
+            Dim::Concat(parts) => parts.len() < 2 && parts.iter().all(Dim::can_be_one),
         }
     }
 
@@ -116,11 +131,16 @@ impl Dim {
         }
     }
 
-    /// Whether variable `v` occurs in this dimension.
+    /// Whether variable `v` occurs anywhere in this dimension, including the parts that do not
+    /// count towards its size (the kernel of a padded or pure-stride convolution): the occurs
+    /// check must see every variable substitution would follow.
     pub fn mentions(&self, v: DimVar) -> bool {
-        let mut vs = Vec::new();
-        self.vars(&mut vs);
-        vs.contains(&v)
+        match self {
+            Dim::Var(w) => *w == v,
+            Dim::Solved(_) => false,
+            Dim::Conv(c) => c.output.mentions(v) || c.kernel.mentions(v),
+            Dim::Concat(parts) => parts.iter().any(|p| p.mentions(v)),
+        }
     }
 
     /// Replaces every variable by `f(var)` (if it returns `Some`) and simplifies arithmetic
@@ -184,7 +204,7 @@ impl Dim {
                 if parts.len() == 1 {
                     return parts.pop().expect("one part");
                 }
-                match parts.iter().map(Dim::size).sum::<Option<usize>>() {
+                match sum_sizes(&parts) {
                     Some(d) => Dim::of(d),
                     None => Dim::Concat(parts),
                 }
@@ -194,18 +214,26 @@ impl Dim {
     }
 }
 
+/// The total size of concatenated parts, when all are known and the sum is representable.
+fn sum_sizes(parts: &[Dim]) -> Option<usize> {
+    parts.iter().try_fold(0usize, |acc, p| acc.checked_add(p.size()?))
+}
+
 impl ConvDim {
-    /// The input size when the parts it depends on are known.
+    /// The input size when the parts it depends on are known (and it does not overflow).
     pub fn input_size(&self) -> Option<usize> {
         let out = self.output.size()?;
         if self.padded || self.dilation == 0 {
-            return Some(self.stride * out);
+            return self.stride.checked_mul(out);
         }
         let k = self.kernel.size()?;
         if out == 0 || k == 0 {
             return None;
         }
-        Some(self.stride * (out - 1) + self.dilation * (k - 1) + 1)
+        self.stride
+            .checked_mul(out - 1)?
+            .checked_add(self.dilation.checked_mul(k - 1)?)?
+            .checked_add(1)
     }
 
     /// Whether the kernel contributes to the input size.
@@ -233,12 +261,13 @@ impl ConvDim {
             }
             return Ok(input / self.stride);
         }
-        let span = self.dilation * (kernel.max(1) - 1) + 1;
-        if input < span {
+        let span = self.dilation.checked_mul(kernel.max(1) - 1).and_then(|x| x.checked_add(1));
+        let Some(span) = span.filter(|s| *s <= input) else {
             return fail(format!(
-                "a kernel spanning {span} positions does not fit in an axis of {input}"
+                "a kernel of {kernel} with dilation {} does not fit in an axis of {input}",
+                self.dilation
             ));
-        }
+        };
         let rest = input - span;
         if rest % self.stride != 0 {
             return fail(format!(
@@ -251,20 +280,21 @@ impl ConvDim {
 
     /// Solves the kernel size from the input and output sizes (unpadded, dilated convolutions).
     pub fn solve_kernel(&self, input: usize, output: usize) -> Result<usize, NoSolution> {
-        let covered = self.stride * (output.max(1) - 1) + 1;
-        if input < covered || (input - covered) % self.dilation != 0 {
+        let covered = self.stride.checked_mul(output.max(1) - 1).and_then(|x| x.checked_add(1));
+        let fits = covered.filter(|c| *c <= input && (input - c) % self.dilation == 0);
+        let Some(covered) = fits else {
             return Err(NoSolution(format!(
                 "{input} = {}*({output}-1) + {}*(kernel-1) + 1 has no whole-number solution",
                 self.stride, self.dilation
             )));
-        }
+        };
         Ok((input - covered) / self.dilation + 1)
     }
 
     /// The left padding of a padded convolution: half of the dilated kernel's extent beyond one
     /// position, rounded down (the extra position of an even kernel goes to the right).
     pub fn left_padding(dilation: usize, kernel: usize) -> usize {
-        dilation * kernel.saturating_sub(1) / 2
+        dilation.saturating_mul(kernel.saturating_sub(1)) / 2
     }
 }
 

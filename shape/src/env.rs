@@ -11,6 +11,9 @@
 //! [`Environment::subst_row`] follow chains of solved variables, so solving a variable is
 //! cheap and never rewrites the whole environment.
 
+use std::borrow::Cow;
+use std::fmt;
+
 use rustc_hash::FxHashSet;
 
 use crate::constraint::{DimConstraint, Origin, RowConstraint};
@@ -18,56 +21,118 @@ use crate::dim::Dim;
 use crate::row::{Bcast, Row};
 use crate::var::{DimVar, RowVar};
 
-/// The bounds of an unsolved dimension variable.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DimBounds {
+/// The bounds of an unsolved variable of kind `V` (dimension or row variable) whose values
+/// are `T` (dimensions or rows) and whose extra constraint is `C`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bounds<V, T, C> {
     /// Variables known to be `≥` this one.
-    pub cur: Vec<DimVar>,
+    pub cur: Vec<V>,
     /// Variables known to be `≤` this one.
-    pub subr: Vec<DimVar>,
-    /// The least upper bound: a solved dimension `> 1` every value must broadcast to, with the
-    /// operations it came from.
-    pub lub: Option<(Dim, Origin)>,
-    /// Other knowledge (a lower bound from fixed indexing).
-    pub constr: Option<(DimConstraint, Origin)>,
+    pub subr: Vec<V>,
+    /// The least upper bound, with the operations it came from: for a dimension a solved size
+    /// `> 1` every value must broadcast to; for a row a row that may itself hold variables.
+    pub lub: Option<(T, Origin)>,
+    /// Other knowledge: a lower bound from fixed indexing (dimensions), a constraint on the
+    /// number of elements or the exact axes (rows).
+    pub constr: Option<(C, Origin)>,
 }
 
+impl<V, T, C> Bounds<V, T, C> {
+    /// Nothing known.
+    pub const NONE: Self = Bounds { cur: Vec::new(), subr: Vec::new(), lub: None, constr: None };
+}
+
+impl<V, T, C> Default for Bounds<V, T, C> {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+/// What is known about a variable: solved to a value (which may mention other variables), or
+/// not known yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry<V, T, C> {
+    /// The variable equals this value.
+    Solved(T, Origin),
+    /// The variable is not known yet.
+    Bounds(Bounds<V, T, C>),
+}
+
+/// The bounds of an unsolved dimension variable.
+pub type DimBounds = Bounds<DimVar, Dim, DimConstraint>;
 /// What is known about a dimension variable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DimEntry {
-    /// The variable equals this dimension (which may mention other variables).
-    Solved(Dim, Origin),
-    /// The variable is not known yet.
-    Bounds(DimBounds),
-}
-
+pub type DimEntry = Entry<DimVar, Dim, DimConstraint>;
 /// The bounds of an unsolved row variable.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RowBounds {
-    /// Row variables known to be `≥` this one.
-    pub cur: Vec<RowVar>,
-    /// Row variables known to be `≤` this one.
-    pub subr: Vec<RowVar>,
-    /// The least upper bound (a row that may itself contain variables).
-    pub lub: Option<(Row, Origin)>,
-    /// A constraint on the number of elements or the exact axes of the variable's axes.
-    pub constr: Option<(RowConstraint, Origin)>,
+pub type RowBounds = Bounds<RowVar, Row, RowConstraint>;
+/// What is known about a row variable.
+pub type RowEntry = Entry<RowVar, Row, RowConstraint>;
+
+static NO_DIM_BOUNDS: DimBounds = Bounds::NONE;
+static NO_ROW_BOUNDS: RowBounds = Bounds::NONE;
+
+/// One kind of variable's entries, indexed by the variable's number.
+#[derive(Clone, Debug)]
+struct Table<V, T, C> {
+    entries: Vec<Option<Entry<V, T, C>>>,
 }
 
-/// What is known about a row variable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RowEntry {
-    /// The variable stands for these axes (which may end in another row variable).
-    Solved(Row, Origin),
-    /// The variable is not known yet.
-    Bounds(RowBounds),
+impl<V, T, C> Default for Table<V, T, C> {
+    fn default() -> Self {
+        Table { entries: Vec::new() }
+    }
+}
+
+impl<V: Copy + PartialEq + Into<usize>, T: Clone, C: Clone> Table<V, T, C> {
+    fn get(&self, v: V) -> Option<&Entry<V, T, C>> {
+        self.entries.get(v.into()).and_then(Option::as_ref)
+    }
+
+    fn bounds(&self, v: V) -> Option<&Bounds<V, T, C>> {
+        match self.get(v) {
+            Some(Entry::Bounds(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn slot(&mut self, v: V) -> &mut Option<Entry<V, T, C>> {
+        let i = v.into();
+        if self.entries.len() <= i {
+            self.entries.resize_with(i + 1, || None);
+        }
+        &mut self.entries[i]
+    }
+
+    fn bounds_mut(&mut self, v: V) -> Option<&mut Bounds<V, T, C>> {
+        match self.slot(v).get_or_insert_with(|| Entry::Bounds(Bounds::NONE)) {
+            Entry::Bounds(b) => Some(b),
+            Entry::Solved(..) => None,
+        }
+    }
+
+    /// Records `v = value` and returns its former bounds, after removing `v` from its
+    /// neighbours' lists.
+    fn solve(&mut self, v: V, value: T, origin: Origin) -> Bounds<V, T, C> {
+        let old = self.bounds_mut(v).map(std::mem::take).unwrap_or_default();
+        for c in &old.cur {
+            if let Some(b) = self.bounds_mut(*c) {
+                b.subr.retain(|x| x != &v);
+            }
+        }
+        for s in &old.subr {
+            if let Some(b) = self.bounds_mut(*s) {
+                b.cur.retain(|x| x != &v);
+            }
+        }
+        *self.slot(v) = Some(Entry::Solved(value, origin));
+        old
+    }
 }
 
 /// All knowledge about the variables of one inference problem.
 #[derive(Clone, Debug, Default)]
 pub struct Environment {
-    dims: Vec<Option<DimEntry>>,
-    rows: Vec<Option<RowEntry>>,
+    dims: Table<DimVar, Dim, DimConstraint>,
+    rows: Table<RowVar, Row, RowConstraint>,
     /// Incremented on every change; the solver uses it to detect progress.
     pub version: u64,
     /// Keep padded stride-1 convolutions as convolutions when substituting (projection
@@ -78,120 +143,54 @@ pub struct Environment {
 impl Environment {
     /// What is known about a dimension variable (`None`: nothing).
     pub fn dim_entry(&self, v: DimVar) -> Option<&DimEntry> {
-        self.dims.get(v.0 as usize).and_then(Option::as_ref)
+        self.dims.get(v)
     }
 
     /// What is known about a row variable (`None`: nothing).
     pub fn row_entry(&self, v: RowVar) -> Option<&RowEntry> {
-        self.rows.get(v.0 as usize).and_then(Option::as_ref)
+        self.rows.get(v)
     }
 
-    /// The bounds of an unsolved dimension variable (default bounds if nothing is known).
-    pub fn dim_bounds(&self, v: DimVar) -> DimBounds {
-        match self.dim_entry(v) {
-            Some(DimEntry::Bounds(b)) => b.clone(),
-            _ => DimBounds::default(),
-        }
+    /// The bounds of an unsolved dimension variable (empty bounds if nothing is known).
+    pub fn dim_bounds(&self, v: DimVar) -> &DimBounds {
+        self.dims.bounds(v).unwrap_or(&NO_DIM_BOUNDS)
     }
 
-    /// The bounds of an unsolved row variable.
-    pub fn row_bounds(&self, v: RowVar) -> RowBounds {
-        match self.row_entry(v) {
-            Some(RowEntry::Bounds(b)) => b.clone(),
-            _ => RowBounds::default(),
-        }
+    /// The bounds of an unsolved row variable (empty bounds if nothing is known).
+    pub fn row_bounds(&self, v: RowVar) -> &RowBounds {
+        self.rows.bounds(v).unwrap_or(&NO_ROW_BOUNDS)
     }
 
     /// The bounds of an unsolved dimension variable, for updating in place (created empty if
     /// nothing was known; `None` if the variable is solved).
     pub fn dim_bounds_mut(&mut self, v: DimVar) -> Option<&mut DimBounds> {
-        let i = v.0 as usize;
-        if self.dims.len() <= i {
-            self.dims.resize(i + 1, None);
-        }
         self.version += 1;
-        let e = self.dims[i].get_or_insert_with(|| DimEntry::Bounds(DimBounds::default()));
-        match e {
-            DimEntry::Bounds(b) => Some(b),
-            DimEntry::Solved(..) => None,
-        }
+        self.dims.bounds_mut(v)
     }
 
     /// The bounds of an unsolved row variable, for updating in place.
     pub fn row_bounds_mut(&mut self, v: RowVar) -> Option<&mut RowBounds> {
-        let i = v.0 as usize;
-        if self.rows.len() <= i {
-            self.rows.resize(i + 1, None);
-        }
         self.version += 1;
-        let e = self.rows[i].get_or_insert_with(|| RowEntry::Bounds(RowBounds::default()));
-        match e {
-            RowEntry::Bounds(b) => Some(b),
-            RowEntry::Solved(..) => None,
-        }
+        self.rows.bounds_mut(v)
     }
 
     /// Replaces the bounds of an unsolved dimension variable.
     pub fn set_dim_bounds(&mut self, v: DimVar, b: DimBounds) {
-        self.set_dim(v, DimEntry::Bounds(b));
-    }
-
-    /// Replaces the bounds of an unsolved row variable.
-    pub fn set_row_bounds(&mut self, v: RowVar, b: RowBounds) {
-        self.set_row(v, RowEntry::Bounds(b));
-    }
-
-    fn set_dim(&mut self, v: DimVar, e: DimEntry) {
-        let i = v.0 as usize;
-        if self.dims.len() <= i {
-            self.dims.resize(i + 1, None);
-        }
-        self.dims[i] = Some(e);
         self.version += 1;
-    }
-
-    fn set_row(&mut self, v: RowVar, e: RowEntry) {
-        let i = v.0 as usize;
-        if self.rows.len() <= i {
-            self.rows.resize(i + 1, None);
-        }
-        self.rows[i] = Some(e);
-        self.version += 1;
+        *self.dims.slot(v) = Some(Entry::Bounds(b));
     }
 
     /// Records `v = value`, returning the bounds it had (so the caller can re-check them against
     /// the value) after removing `v` from its neighbours' lists.
     pub fn solve_dim(&mut self, v: DimVar, value: Dim, origin: Origin) -> DimBounds {
-        let old = self.dim_bounds(v);
-        for c in &old.cur {
-            if let Some(b) = self.dim_bounds_mut(*c) {
-                b.subr.retain(|x| x != &v);
-            }
-        }
-        for s in &old.subr {
-            if let Some(b) = self.dim_bounds_mut(*s) {
-                b.cur.retain(|x| x != &v);
-            }
-        }
-        self.set_dim(v, DimEntry::Solved(value, origin));
-        old
+        self.version += 1;
+        self.dims.solve(v, value, origin)
     }
 
     /// Records that row variable `v` stands for `value`, returning its former bounds.
     pub fn solve_row(&mut self, v: RowVar, value: Row, origin: Origin) -> RowBounds {
-        let old = self.row_bounds(v);
-        for c in &old.cur {
-            if let Some(b) = self.row_bounds_mut(*c) {
-                b.subr.retain(|x| x != &v);
-            }
-        }
-        for s in &old.subr {
-            if let Some(b) = self.row_bounds_mut(*s) {
-                b.cur.retain(|x| x != &v);
-            }
-        }
-        self.set_row(v, RowEntry::Solved(value, origin));
-        old
+        self.version += 1;
+        self.rows.solve(v, value, origin)
     }
 
     /// The dimension with every solved variable substituted.
@@ -205,8 +204,34 @@ impl Environment {
         )
     }
 
+    /// The row with every solved variable (dimension and row) substituted, borrowed unchanged
+    /// when nothing in it is solved (the common case, which then costs no allocation).
+    pub fn subst_row_cow<'r>(&self, r: &'r Row) -> Cow<'r, Row> {
+        if self.row_is_normal(r) { Cow::Borrowed(r) } else { Cow::Owned(self.subst_row(r)) }
+    }
+
+    /// Whether substitution would leave the row as it is.
+    pub fn row_is_normal(&self, r: &Row) -> bool {
+        let dim_normal = |d: &Dim| match d {
+            Dim::Solved(_) => true,
+            Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
+            Dim::Conv(_) | Dim::Concat(_) => false,
+        };
+        r.dims.iter().all(dim_normal)
+            && match &r.bcast {
+                Bcast::Broadcastable => true,
+                Bcast::Var { v, beg_dims } => {
+                    !matches!(self.row_entry(*v), Some(RowEntry::Solved(..)))
+                        && beg_dims.iter().all(dim_normal)
+                }
+            }
+    }
+
     /// The row with every solved variable (dimension and row) substituted.
     pub fn subst_row(&self, r: &Row) -> Row {
+        if self.row_is_normal(r) {
+            return r.clone();
+        }
         let mut row = r.map_dims(&mut |d| self.subst_dim(d));
         while let Some(v) = row.var() {
             match self.row_entry(v) {
@@ -262,6 +287,38 @@ impl Environment {
         self.subst_row(row).var() == Some(v)
     }
 
+    /// Whether every axis of the row is known after substitution (no variable of any kind is
+    /// left), checked without building the substituted row.
+    pub fn row_is_known(&self, r: &Row) -> bool {
+        let dims_known = r.dims.iter().all(|d| self.dim_is_known(d));
+        dims_known
+            && match &r.bcast {
+                Bcast::Broadcastable => true,
+                Bcast::Var { v, beg_dims } => {
+                    beg_dims.iter().all(|d| self.dim_is_known(d))
+                        && match self.row_entry(*v) {
+                            Some(RowEntry::Solved(value, _)) => self.row_is_known(value),
+                            _ => false,
+                        }
+                }
+            }
+    }
+
+    /// Whether a dimension is known after substitution.
+    pub fn dim_is_known(&self, d: &Dim) -> bool {
+        match d {
+            Dim::Solved(_) => true,
+            Dim::Var(v) => match self.dim_entry(*v) {
+                Some(DimEntry::Solved(value, _)) => self.dim_is_known(value),
+                _ => false,
+            },
+            Dim::Conv(c) => {
+                self.dim_is_known(&c.output) && (c.dilation == 0 || self.dim_is_known(&c.kernel))
+            }
+            Dim::Concat(parts) => parts.iter().all(|p| self.dim_is_known(p)),
+        }
+    }
+
     /// Every unsolved dimension variable mentioned by a row, after substitution.
     pub fn row_dim_vars(&self, row: &Row) -> Vec<DimVar> {
         let row = self.subst_row(row);
@@ -270,6 +327,56 @@ impl Environment {
             d.vars(&mut vs);
         }
         vs
+    }
+}
+
+impl<V: fmt::Display, T: fmt::Display, C: fmt::Display> Table<V, T, C> {
+    /// One line per entry; `var` names the variable of an index, `value` renders a value.
+    fn write(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        var: impl Fn(u32) -> V,
+        value: impl Fn(&T) -> String,
+    ) -> fmt::Result {
+        fn list<V: fmt::Display>(vs: &[V]) -> String {
+            let parts: Vec<String> = vs.iter().map(|v| v.to_string()).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        for (i, e) in self.entries.iter().enumerate() {
+            let v = var(i as u32);
+            match e {
+                None => {}
+                Some(Entry::Solved(x, _)) => writeln!(f, "{v} = {}", value(x))?,
+                Some(Entry::Bounds(b)) => {
+                    write!(f, "{v}:")?;
+                    if !b.cur.is_empty() {
+                        write!(f, " cur {}", list(&b.cur))?;
+                    }
+                    if !b.subr.is_empty() {
+                        write!(f, " subr {}", list(&b.subr))?;
+                    }
+                    if let Some((l, _)) = &b.lub {
+                        write!(f, " lub {}", value(l))?;
+                    }
+                    if let Some((c, _)) = &b.constr {
+                        write!(f, " constr {c}")?;
+                    }
+                    writeln!(f)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Environment {
+    /// One line per variable that has an entry, dimension variables first, in variable order:
+    /// `$d3 = 4` for a solved variable, `$d5: cur [$d6] lub 8 constr >= 3 positions` for
+    /// bounds (empty parts left out), rows in brackets. A stable rendering for debugging and
+    /// snapshots.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.dims.write(f, DimVar, |d| d.to_string())?;
+        self.rows.write(f, RowVar, |r| format!("[{r}]"))
     }
 }
 
@@ -283,8 +390,21 @@ fn reachable<'a, V: Copy + Eq + std::hash::Hash + 'a>(
     down: impl Fn(V) -> &'a [V],
     up: impl Fn(V) -> &'a [V],
 ) -> bool {
-    let (mut seen_down, mut stack_down) = (FxHashSet::default(), vec![hi]);
-    let (mut seen_up, mut stack_up) = (FxHashSet::default(), vec![lo]);
+    if hi == lo {
+        return true;
+    }
+    // Quick answers without allocating: most variables have few or no neighbours.
+    let (below_hi, above_lo) = (down(hi), up(lo));
+    if below_hi.is_empty() || above_lo.is_empty() {
+        return false;
+    }
+    if below_hi.contains(&lo) {
+        return true;
+    }
+    let (mut seen_down, mut stack_down) = (FxHashSet::default(), below_hi.to_vec());
+    let (mut seen_up, mut stack_up) = (FxHashSet::default(), above_lo.to_vec());
+    seen_down.insert(hi);
+    seen_up.insert(lo);
     loop {
         match stack_down.pop() {
             None => return false,

@@ -14,9 +14,20 @@
 //! of `cur` left over becomes `subr`'s least upper bound. Row upper bounds meet dimension-wise;
 //! where a meet of two bounds cannot be written down yet (both end in unknown row variables),
 //! the second bound waits for a later pass.
+//!
+//! An einsum pattern's leading axes (before its row variable) anchor at the start of the row it
+//! is matched with, its trailing axes at the end, and the row variable takes the middle. That
+//! holds even when another operand has already fixed the row variable: such a pattern is not
+//! substituted into an ordinary row (`solve_known_pattern`). At stage 6 a tensor's row variable
+//! closes before a pattern's for the same reason.
+//!
+//! Convolution and concatenation axes do not broadcast: compared with an unknown axis they are
+//! equated. A known size above one whose parts may still make it 1 waits instead, since then
+//! either outcome is possible.
 
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
 use crate::dim::Dim;
+use crate::env::RowEntry;
 use crate::error::{Conflict, conflict};
 use crate::row::{Bcast, Row};
 use crate::solve::Solver;
@@ -90,6 +101,14 @@ impl Solver {
         if cur.is_one() {
             return Ok(vec![eq(&subr, &cur)]);
         }
+        if arithmetic(&subr) && cur.size().is_some() && subr.can_be_one() {
+            // A known size above an arithmetic axis whose parts may still make it 1: once its
+            // parts are known it either equals cur or broadcasts as 1, and which one depends on
+            // them. Equating now would make the outcome depend on whether the parts were known
+            // first.
+            self.defer(Constraint::DimIneq { cur, subr }.at(origin));
+            return Ok(vec![]);
+        }
         if arithmetic(&cur) || arithmetic(&subr) {
             // Convolution and concatenation axes do not broadcast.
             return Ok(vec![eq(&cur, &subr)]);
@@ -104,7 +123,7 @@ impl Solver {
 
     /// `lub ≥ s` for a solved `lub > 1`.
     fn add_dim_lub(&mut self, s: DimVar, lub: Dim, origin: &Origin) -> Derived {
-        let mut b = self.env.dim_bounds(s);
+        let mut b = self.env.dim_bounds(s).clone();
         let mut out = Vec::new();
         match &b.lub {
             None => {
@@ -155,11 +174,14 @@ impl Solver {
             // s ≥ … ≥ c ≥ s: a cycle means equality.
             return Ok(vec![Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) }.at(origin)]);
         }
-        let mut bc = self.env.dim_bounds(c);
-        let mut bs = self.env.dim_bounds(s);
-        bc.subr.push(s);
-        bs.cur.push(c);
         let mut out = Vec::new();
+        if let Some(bc) = self.env.dim_bounds_mut(c) {
+            bc.subr.push(s);
+        }
+        if let Some(bs) = self.env.dim_bounds_mut(s) {
+            bs.cur.push(c);
+        }
+        let (bc, bs) = (self.env.dim_bounds(c), self.env.dim_bounds(s));
         if let Some((lub, o)) = &bc.lub {
             out.push(
                 Constraint::DimIneq { cur: lub.clone(), subr: Dim::Var(s) }.at(&o.join(origin)),
@@ -174,22 +196,23 @@ impl Solver {
                 );
             }
         }
-        self.env.set_dim_bounds(c, bc);
-        self.env.set_dim_bounds(s, bs);
         Ok(out)
     }
 
     /// Solves `cur ≥ subr` for rows.
     pub fn solve_row_ineq(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Derived {
-        let cur = self.env.subst_row(cur);
-        let subr = self.env.subst_row(subr);
+        if let Some(out) = self.solve_known_pattern(cur, subr, origin) {
+            return out;
+        }
+        let cur = self.env.subst_row_cow(cur);
+        let subr = self.env.subst_row_cow(subr);
         if same_row(&cur, &subr) {
             return Ok(vec![]);
         }
         let ineq =
             |c: &Dim, s: &Dim| Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin);
-        let (cb, cd) = (cur.beg_dims().to_vec(), cur.dims.clone());
-        let (sb, sd) = (subr.beg_dims().to_vec(), subr.dims.clone());
+        let (cb, cd) = (cur.beg_dims(), &cur.dims[..]);
+        let (sb, sd) = (subr.beg_dims(), &subr.dims[..]);
         if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
             if cv == sv {
                 // The same row variable on both sides: its axes line up only if the trailing
@@ -202,9 +225,9 @@ impl Solver {
                         origin,
                     ));
                 }
-                let mut out: Vec<Constr> = cd.iter().zip(&sd).map(|(c, s)| ineq(c, s)).collect();
+                let mut out: Vec<Constr> = cd.iter().zip(sd).map(|(c, s)| ineq(c, s)).collect();
                 let off = cb.len() - sb.len();
-                out.extend(cb[off..].iter().zip(&sb).map(|(c, s)| ineq(c, s)));
+                out.extend(cb[off..].iter().zip(sb).map(|(c, s)| ineq(c, s)));
                 return Ok(out);
             }
         }
@@ -222,7 +245,10 @@ impl Solver {
             if !rest.is_empty() {
                 let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
                 out.extend(expanded);
-                out.push(Constraint::RowIneq { cur, subr }.at(origin));
+                out.push(
+                    Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }
+                        .at(origin),
+                );
             }
             return Ok(out);
         }
@@ -260,11 +286,21 @@ impl Solver {
                     // unless cur's own leftover axes could (then wait).
                     if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
                     {
-                        out.extend(self.wait_or_close(cur, subr, origin)?);
+                        out.extend(self.wait_or_close(
+                            cur.as_ref().clone(),
+                            subr.as_ref().clone(),
+                            origin,
+                        )?);
                         return Ok(out);
                     }
                     out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
-                    out.push(Constraint::RowIneq { cur, subr }.at(origin));
+                    out.push(
+                        Constraint::RowIneq {
+                            cur: cur.as_ref().clone(),
+                            subr: subr.as_ref().clone(),
+                        }
+                        .at(origin),
+                    );
                     return Ok(out);
                 }
                 let Some(sv) = subr.var() else { return Ok(out) };
@@ -286,17 +322,109 @@ impl Solver {
     /// An inequality that cannot make progress yet: before stage 6 it waits; from stage 6 on,
     /// a row variable closes to no further axes — the sub-tensor's first, since shrinking
     /// `subr` keeps `cur ≥ subr` satisfiable while shrinking `cur` may not — and it is retried.
+    /// A tensor's row variable closes before an einsum pattern's: closing the pattern's first
+    /// would make it an ordinary row and lose the anchoring of its leading axes.
     fn wait_or_close(&mut self, cur: Row, subr: Row, origin: &Origin) -> Derived {
         if self.stage < Stage::RowsToNoMoreAxes {
             self.defer(Constraint::RowIneq { cur, subr }.at(origin));
             return Ok(vec![]);
         }
-        let Some(v) = subr.var().or(cur.var()) else {
+        let tensor_var =
+            [subr.var(), cur.var()].into_iter().flatten().find(|v| !self.is_template_row(*v));
+        let Some(v) = tensor_var.or(subr.var()).or(cur.var()) else {
             return Ok(vec![Constraint::RowIneq { cur, subr }.at(origin)]);
         };
         let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
         out.push(Constraint::RowIneq { cur, subr }.at(origin));
         Ok(out)
+    }
+
+    /// `cur ≥ subr` where one side is an einsum pattern `beg ++ ..v.. ++ end` with leading axes
+    /// whose row variable `v` is already known. Substituting `v` would splice its axes between
+    /// `beg` and `end`, and the row would then line up with the other from the right, so `beg`
+    /// would lose its anchor. Instead, as the notation says, `end` pairs with the other row's
+    /// last axes, `beg` with its first axes, and `v` relates to what is left in the middle.
+    /// `None` when there is no such pattern, or when the ordinary rules line the rows up the
+    /// same way (the pattern is the result's template and the result does not show its axes
+    /// yet: expanding the result gives it the pattern's layout).
+    fn solve_known_pattern(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Option<Derived> {
+        let known_pattern = |r: &Row| {
+            r.var().is_some_and(|v| {
+                !r.beg_dims().is_empty()
+                    && self.is_template_row(v)
+                    && matches!(self.env.row_entry(v), Some(RowEntry::Solved(..)))
+            })
+        };
+        // `operand`: the pattern is an operand's template, above the argument's row.
+        let (pattern, other, operand) = if known_pattern(cur) {
+            (cur, subr, true)
+        } else if known_pattern(subr) {
+            (subr, cur, false)
+        } else {
+            return None;
+        };
+        let v = pattern.var()?;
+        let beg: Vec<Dim> = pattern.beg_dims().iter().map(|d| self.env.subst_dim(d)).collect();
+        let end: Vec<Dim> = pattern.dims.iter().map(|d| self.env.subst_dim(d)).collect();
+        let o = self.env.subst_row(other);
+        let (ob, od) = (o.beg_dims(), &o.dims);
+        let (pairs, rest): (Vec<(&Dim, &Dim)>, Row) = match o.var() {
+            None => {
+                let n = od.len();
+                let k = end.len().min(n);
+                let middle = &od[..n - k];
+                let j = beg.len().min(middle.len());
+                if !operand && (k < end.len() || j < beg.len()) {
+                    // The pattern has more axes than the result: the ordinary rules report it.
+                    return None;
+                }
+                let mut pairs: Vec<(&Dim, &Dim)> =
+                    end[end.len() - k..].iter().zip(&od[n - k..]).collect();
+                pairs.extend(beg[..j].iter().zip(&middle[..j]));
+                (pairs, Row::fixed(middle[j..].to_vec(), o.id))
+            }
+            Some(ov) => {
+                if end.len() > od.len() || beg.len() > ob.len() {
+                    if !operand {
+                        return None;
+                    }
+                    // The argument does not show its first or last axes yet: pairing waits.
+                    // A bare row variable still learns the pattern as its upper bound.
+                    let mut out = Vec::new();
+                    if o.num_fixed() == 0 {
+                        let spliced = self.env.subst_row(pattern);
+                        match self.add_row_lub(ov, spliced, origin) {
+                            Ok(derived) => out = derived,
+                            Err(e) => return Some(Err(e)),
+                        }
+                    }
+                    self.defer(
+                        Constraint::RowIneq { cur: cur.clone(), subr: subr.clone() }.at(origin),
+                    );
+                    return Some(Ok(out));
+                }
+                let mut pairs: Vec<(&Dim, &Dim)> =
+                    end.iter().zip(&od[od.len() - end.len()..]).collect();
+                pairs.extend(beg.iter().zip(ob));
+                let rest = Row {
+                    dims: od[..od.len() - end.len()].to_vec(),
+                    bcast: Bcast::Var { v: ov, beg_dims: ob[beg.len()..].to_vec() },
+                    id: o.id,
+                };
+                (pairs, rest)
+            }
+        };
+        let var_row = Row::of_var(v, pattern.id);
+        let mut out: Vec<Constr> = pairs
+            .into_iter()
+            .map(|(p, x)| {
+                let (c, s) = if operand { (p, x) } else { (x, p) };
+                Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin)
+            })
+            .collect();
+        let (c, s) = if operand { (var_row, rest) } else { (rest, var_row) };
+        out.push(Constraint::RowIneq { cur: c, subr: s }.at(origin));
+        Some(Ok(out))
     }
 
     /// `c ≥ s` between two row variables.
@@ -310,19 +438,19 @@ impl Solver {
                     .at(origin),
             ]);
         }
-        let mut bc = self.env.row_bounds(c);
-        let mut bs = self.env.row_bounds(s);
-        bc.subr.push(s);
-        bs.cur.push(c);
+        if let Some(bc) = self.env.row_bounds_mut(c) {
+            bc.subr.push(s);
+        }
+        if let Some(bs) = self.env.row_bounds_mut(s) {
+            bs.cur.push(c);
+        }
         let mut out = Vec::new();
-        if let Some((lub, o)) = &bc.lub {
+        if let Some((lub, o)) = &self.env.row_bounds(c).lub {
             out.push(
                 Constraint::RowIneq { cur: lub.clone(), subr: Row::of_var(s, like.id) }
                     .at(&o.join(origin)),
             );
         }
-        self.env.set_row_bounds(c, bc);
-        self.env.set_row_bounds(s, bs);
         Ok(out)
     }
 
@@ -333,34 +461,30 @@ impl Solver {
             // [..s.., more] >= s says nothing useful about s's size.
             return Ok(vec![]);
         }
-        let mut b = self.env.row_bounds(s);
+        let old_lub =
+            self.env.row_bounds(s).lub.as_ref().map(|(r, o)| (self.env.subst_row(r), o.clone()));
         let mut out = Vec::new();
-        let new_lub = match &b.lub {
+        let new_lub = match &old_lub {
             None => bound.clone(),
-            Some((old, _)) => {
-                let old = self.env.subst_row(old);
-                match self.meet_rows(&old, &bound, origin, &mut out) {
-                    Some(m) => m,
-                    None => {
-                        let subr = Row::of_var(s, old.id);
-                        out.extend(self.wait_or_close(bound, subr, origin)?);
-                        return Ok(out);
-                    }
+            Some((old, _)) => match self.meet_rows(old, &bound, origin, &mut out) {
+                Some(m) => m,
+                None => {
+                    let subr = Row::of_var(s, old.id);
+                    out.extend(self.wait_or_close(bound, subr, origin)?);
+                    return Ok(out);
                 }
-            }
+            },
         };
-        let changed =
-            b.lub.as_ref().is_none_or(|(old, _)| !same_row(&self.env.subst_row(old), &new_lub));
-        if !changed {
+        if old_lub.as_ref().is_some_and(|(old, _)| same_row(&self.env.subst_row(old), &new_lub)) {
             return Ok(out);
         }
-        for s2 in &b.subr {
+        for s2 in &self.env.row_bounds(s).subr {
             out.push(
                 Constraint::RowIneq { cur: bound.clone(), subr: Row::of_var(*s2, bound.id) }
                     .at(origin),
             );
         }
-        let lub_origin = match &b.lub {
+        let lub_origin = match &old_lub {
             Some((_, o)) => o.join(origin),
             None => origin.clone(),
         };
@@ -371,8 +495,9 @@ impl Solver {
                     .at(&lub_origin),
             );
         }
-        b.lub = Some((new_lub, lub_origin));
-        self.env.set_row_bounds(s, b);
+        if let Some(b) = self.env.row_bounds_mut(s) {
+            b.lub = Some((new_lub, lub_origin));
+        }
         Ok(out)
     }
 
@@ -425,6 +550,18 @@ impl Solver {
             // Two different sizes > 1: only 1 is below both.
             return Dim::of(1);
         }
+        // Below an arithmetic axis (which does not broadcast) is only the axis itself: the meet
+        // is that axis, below the other (so a parameter bounded by a convolution takes it as its
+        // least upper bound). A fresh variable here would be equated with the axis and, while
+        // two such axes cannot be compared yet, a new one would be made on every pass.
+        if arithmetic(&x) {
+            out.push(Constraint::DimIneq { cur: y, subr: x.clone() }.at(origin));
+            return x;
+        }
+        if arithmetic(&y) {
+            out.push(Constraint::DimIneq { cur: x, subr: y.clone() }.at(origin));
+            return y;
+        }
         let l = self.vars.dim();
         out.push(Constraint::DimIneq { cur: x, subr: Dim::Var(l) }.at(origin));
         out.push(Constraint::DimIneq { cur: y, subr: Dim::Var(l) }.at(origin));
@@ -436,7 +573,7 @@ impl Solver {
         match (x, y) {
             (_, _) if x.is_one() => true,
             (Dim::Var(a), Dim::Var(b)) => self.env.dim_below(*b, *a),
-            (Dim::Var(a), _) => match self.env.dim_bounds(*a).lub {
+            (Dim::Var(a), _) => match &self.env.dim_bounds(*a).lub {
                 Some((l, _)) => l.size().is_some() && l.size() == y.size(),
                 None => false,
             },

@@ -7,6 +7,7 @@
 //! which every shape is closed (no variables left). Guesses made while closing parameters are
 //! reported as [`Warning`]s, or as an error in strict mode.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use rustc_hash::FxHashSet;
@@ -218,6 +219,7 @@ impl Inference {
         let step = StepId(self.steps.len() as u32);
         self.finished = false;
         let deriv = self.derive(shape, &logic)?;
+        deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
         self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone() });
         let origin = Origin::step(step);
         let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
@@ -228,10 +230,18 @@ impl Inference {
     }
 
     fn derive(&mut self, shape: ShapeId, logic: &Logic) -> Result<Derivation, ShapeError> {
-        let cur = self.solver.env.subst_shape(self.shape(shape));
-        let args: Vec<Shape> =
-            logic.args().iter().map(|a| self.solver.env.subst_shape(self.shape(*a))).collect();
-        let arg_refs: Vec<&Shape> = args.iter().collect();
+        let env = &self.solver.env;
+        let subst = |id: ShapeId| {
+            let sh = &self.shapes[id.0 as usize];
+            if Kind::ALL.iter().all(|k| env.row_is_normal(sh.row(*k))) {
+                Cow::Borrowed(sh)
+            } else {
+                Cow::Owned(env.subst_shape(sh))
+            }
+        };
+        let cur = subst(shape);
+        let args: Vec<Cow<Shape>> = logic.args().iter().map(|a| subst(*a)).collect();
+        let arg_refs: Vec<&Shape> = args.iter().map(|a| a.as_ref()).collect();
         get_inequalities(&cur, logic, &arg_refs, &mut self.solver.vars)
     }
 
@@ -242,8 +252,14 @@ impl Inference {
             return Ok(());
         }
         for i in (0..self.steps.len()).rev() {
+            if self.step_is_known(i) {
+                // Every axis of the step is known: its constraints were checked when the
+                // variables were solved, and deriving them again can teach nothing.
+                continue;
+            }
             let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
             let deriv = self.derive(shape, &logic)?;
+            deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
             let origin = Origin::step(StepId(i as u32));
             let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
             let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
@@ -339,6 +355,15 @@ impl Inference {
         self.solver.env.row_dim_vars(r).into_iter().any(|v| {
             let b = self.solver.env.dim_bounds(v);
             b.constr.as_ref().is_some_and(|(c, _)| c.lower_bound().is_some())
+        })
+    }
+
+    /// Whether every shape a step mentions is known.
+    fn step_is_known(&self, i: usize) -> bool {
+        let st = &self.steps[i];
+        std::iter::once(st.shape).chain(st.logic.args()).all(|id| {
+            let sh = self.shape(id);
+            Kind::ALL.iter().all(|k| self.solver.env.row_is_known(sh.row(*k)))
         })
     }
 

@@ -4,7 +4,8 @@
 //! how it relates to its argument shapes. [`get_inequalities`] turns a step into constraints:
 //! pointwise, compose and einsum all generate inequalities `cur ≥ subr`, so arguments broadcast
 //! (einsum arguments included: `result ≥ lhs template` and `rhs template ≥ argument`); batch
-//! slicing generates equations; leaves generate terminal constraints. It also returns the
+//! slicing generates an equation that waits for the batch rows; leaves generate terminal
+//! constraints. It also returns the
 //! projection-relevant facts that substitution would lose: which dimension variables are fixed
 //! indices or runtime symbols, and the einsum labels.
 
@@ -16,9 +17,9 @@ use rustc_hash::FxHashMap;
 
 use crate::constraint::{Constraint, DimConstraint, RowConstraint, TotalElems};
 use crate::dim::{ConvDim, Dim};
-use crate::error::ShapeError;
+use crate::error::{ShapeError, ShapeMismatch};
 use crate::row::{Bcast, Kind, Row, RowId};
-use crate::spec::{AxisSpec, EinsumSpec, RowSpec, RowVarSpec, ShapePattern};
+use crate::spec::{AxisSpec, EinsumSpec, MAX_INDEX, RowSpec, RowVarSpec, ShapePattern};
 use crate::var::{DimVar, RowVar, ShapeId, VarGen};
 
 /// A tensor shape: three rows, mutable so that partially inferred shapes can be observed.
@@ -158,6 +159,9 @@ pub struct Derivation {
     pub proj_env: FxHashMap<DimVar, AxisIndex>,
     /// The einsum labels and their variables.
     pub labels: Vec<(String, DimVar)>,
+    /// The row variables of einsum patterns (their leading axes anchor at the start of the row
+    /// they are matched with; see [`crate::ineq`]).
+    pub template_rows: Vec<RowVar>,
 }
 
 fn ineq(cur: &Row, subr: &Row) -> Constraint {
@@ -226,23 +230,15 @@ pub fn get_inequalities(
         Logic::BatchSlice(_, index) => {
             let a = args[0];
             let s = vars.dim();
-            let expanded = match &cur.batch.bcast {
-                Bcast::Broadcastable => {
-                    let mut dims = vec![Dim::Var(s)];
-                    dims.extend(cur.batch.dims.iter().cloned());
-                    Row { dims, bcast: Bcast::Broadcastable, id: cur.batch.id }
-                }
-                Bcast::Var { v, beg_dims } => {
-                    let mut beg = vec![Dim::Var(s)];
-                    beg.extend(beg_dims.iter().cloned());
-                    Row {
-                        dims: cur.batch.dims.clone(),
-                        bcast: Bcast::Var { v: *v, beg_dims: beg },
-                        id: cur.batch.id,
-                    }
-                }
-            };
             match index {
+                SliceIndex::Fixed(i) if *i > MAX_INDEX => {
+                    // Positions are `i64` and `i + 1` must still be a size.
+                    return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+                        message: format!("batch slice index {i} is out of range for any axis"),
+                        ops: vec![],
+                        steps: vec![],
+                    })));
+                }
                 SliceIndex::Fixed(i) => {
                     cs.push(Constraint::DimConstr {
                         d: Dim::Var(s),
@@ -254,7 +250,11 @@ pub fn get_inequalities(
                     d.proj_env.insert(s, AxisIndex::Iterator(*sym));
                 }
             }
-            cs.push(Constraint::RowEq { r1: expanded, r2: a.batch.clone() });
+            cs.push(Constraint::BatchSlice {
+                cur: cur.batch.clone(),
+                arg: a.batch.clone(),
+                slot: Dim::Var(s),
+            });
             cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });
             cs.push(Constraint::RowEq { r1: cur.output.clone(), r2: a.output.clone() });
         }
@@ -301,6 +301,7 @@ pub fn get_inequalities(
             labels.sort();
             d.labels = labels;
             d.proj_env = t.proj_env;
+            d.template_rows = t.row_vars.into_values().collect();
             cs.extend(t.extra);
         }
     }

@@ -26,6 +26,7 @@ use crate::error::ShapeError;
 use crate::inference::Inference;
 use crate::logic::{Logic, Shape, get_inequalities};
 use crate::row::Row;
+use crate::row_constraint::slot_then;
 use crate::solve::Solver;
 use crate::spec::AxisSpec;
 use crate::stage::Stage;
@@ -185,28 +186,56 @@ impl<'a> ProjSolver<'a> {
         }
     }
 
-    /// Links two rows: leading axes from the left, trailing axes from the right, then the parts
-    /// the row variables stand for, from the right.
+    /// Links two rows the way the solver lines them up: trailing axes from the right; then the
+    /// leading axes of a row with a row variable (an einsum pattern's anchored axes) with the
+    /// first remaining axes of the other row; then the rest, including what the row variables
+    /// stand for, from the right.
     fn link_rows(&mut self, cur: &Row, subr: &Row, ineq: bool) -> Result<(), String> {
-        let (cb, cm, cd) = (cur.beg_dims().to_vec(), self.expand_var(cur.var()), cur.dims.clone());
-        let (sb, sm, sd) =
-            (subr.beg_dims().to_vec(), self.expand_var(subr.var()), subr.dims.clone());
-        let j = cb.len().min(sb.len());
-        for (c, s) in cb[..j].iter().zip(&sb[..j]) {
-            self.link(c, s, ineq)?;
-        }
+        let (cb, cm, cd) = (cur.beg_dims(), self.expand_var(cur.var()), &cur.dims);
+        let (sb, sm, sd) = (subr.beg_dims(), self.expand_var(subr.var()), &subr.dims);
         let k = cd.len().min(sd.len());
         for (c, s) in cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]) {
             self.link(c, s, ineq)?;
         }
-        let cmid: Vec<Dim> = [&cb[j..], &cm[..], &cd[..cd.len() - k]].concat();
-        let smid: Vec<Dim> = [&sb[j..], &sm[..], &sd[..sd.len() - k]].concat();
+        let mut cmid: Vec<Dim> = [cb, &cm[..], &cd[..cd.len() - k]].concat();
+        let mut smid: Vec<Dim> = [sb, &sm[..], &sd[..sd.len() - k]].concat();
+        // How many leading axes are anchored: those before a row variable, against the first
+        // axes of the other row.
+        let j = match (cur.var().is_some(), subr.var().is_some()) {
+            (true, true) => cb.len().min(sb.len()),
+            (true, false) => cb.len().min(smid.len()),
+            (false, true) => sb.len().min(cmid.len()),
+            (false, false) => 0,
+        };
+        for (c, s) in cmid[..j].iter().zip(&smid[..j]) {
+            self.link(c, s, ineq)?;
+        }
+        cmid.drain(..j);
+        smid.drain(..j);
         let m = cmid.len().min(smid.len());
         for (c, s) in cmid[cmid.len() - m..].iter().zip(&smid[smid.len() - m..]) {
             self.link(c, s, ineq)?;
         }
         Ok(())
     }
+}
+
+fn too_large() -> String {
+    "an index is too large to represent".to_string()
+}
+
+/// `k * (offset + Σ terms)`, checking for overflow.
+fn scaled(
+    terms: Vec<(i64, Symbol)>,
+    offset: i64,
+    k: usize,
+) -> Result<(Vec<(i64, Symbol)>, i64), String> {
+    let k = i64::try_from(k).map_err(|_| too_large())?;
+    let terms = terms
+        .into_iter()
+        .map(|(c, s)| c.checked_mul(k).map(|c| (c, s)).ok_or_else(too_large))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((terms, offset.checked_mul(k).ok_or_else(too_large)?))
 }
 
 /// Resolves classes to indices, allocating iterators in order of first use.
@@ -235,17 +264,20 @@ impl Resolver<'_, '_> {
             match def {
                 Def::Conv { stride, output, dilation, kernel, padded } => {
                     let (ot, oo) = self.index_of(output, depth + 1)?.as_affine();
-                    let mut terms: Vec<(i64, Symbol)> =
-                        ot.into_iter().map(|(c, s)| (c * stride as i64, s)).collect();
-                    let mut offset = oo * stride as i64;
+                    let (mut terms, mut offset) = scaled(ot, oo, stride)?;
                     if dilation > 0 {
                         let (kt, ko) = self.index_of(kernel, depth + 1)?.as_affine();
-                        terms.extend(kt.into_iter().map(|(c, s)| (c * dilation as i64, s)));
-                        offset += ko * dilation as i64;
+                        let (kt, ko) = scaled(kt, ko, dilation)?;
+                        terms.extend(kt);
+                        offset = offset.checked_add(ko).ok_or_else(too_large)?;
                         if padded {
                             let kr = self.ps.find(kernel);
                             let k = self.ps.info[kr].size.unwrap_or(1);
-                            offset -= ConvDim::left_padding(dilation, k) as i64;
+                            let pad = ConvDim::left_padding(dilation, k);
+                            offset = i64::try_from(pad)
+                                .ok()
+                                .and_then(|p| offset.checked_sub(p))
+                                .ok_or_else(too_large)?;
                         }
                     }
                     AxisIndex::affine(terms, offset)
@@ -262,16 +294,22 @@ impl Resolver<'_, '_> {
                     };
                     let mut offset = 0i64;
                     for p in &roots[..pos] {
-                        offset +=
-                            self.ps.info[*p].size.ok_or("a concatenated part has no size")? as i64;
+                        let size =
+                            self.ps.info[*p].size.ok_or("a concatenated part has no size")?;
+                        offset = i64::try_from(size)
+                            .ok()
+                            .and_then(|s| offset.checked_add(s))
+                            .ok_or_else(too_large)?;
                     }
                     let (t, o) = self.index_of(parts[pos], depth + 1)?.as_affine();
-                    AxisIndex::affine(t, o + offset)
+                    AxisIndex::affine(t, o.checked_add(offset).ok_or_else(too_large)?)
                 }
             }
         } else {
             match class.size {
-                Some(0 | 1) => AxisIndex::Fixed(0),
+                // An axis of 0 positions is iterated too: its empty range empties the loop nest,
+                // where a fixed position 0 would be read or written once, out of bounds.
+                Some(1) => AxisIndex::Fixed(0),
                 Some(d) => {
                     let s = self.symbols.fresh();
                     self.product.push((s, d));
@@ -354,9 +392,19 @@ impl Inference {
             logic.args().iter().map(|a| fresh(self.shape(*a), &mut local)).collect();
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
+        deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
         let origin = Origin::step(step);
         let mut pending: Vec<_> =
             deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
+        // The labels take the sizes the whole graph solved them to. The closed shapes alone do
+        // not always determine them (the parts of a concatenation that nothing else sizes were
+        // closed with the graph's other variables), and a size is not a projection: it links no
+        // axes, so it cannot contaminate this step's projections.
+        for (label, v) in &deriv.labels {
+            if let Some(size) = self.label_size(step, label) {
+                pending.push(Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) }.at(&origin));
+            }
+        }
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };
@@ -381,6 +429,9 @@ impl Inference {
                 Constraint::DimIneq { cur, subr } => ps.link(cur, subr, true),
                 Constraint::RowEq { r1, r2 } => ps.link_rows(r1, r2, false),
                 Constraint::RowIneq { cur, subr } => ps.link_rows(cur, subr, true),
+                Constraint::BatchSlice { cur, arg, slot } => {
+                    ps.link_rows(&slot_then(slot, cur), arg, false)
+                }
                 _ => Ok(()),
             };
             r.map_err(&fail)?;

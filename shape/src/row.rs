@@ -11,6 +11,13 @@ use std::fmt;
 use crate::dim::Dim;
 use crate::var::{RowVar, ShapeId};
 
+/// How many times inference may grow a row by expanding its row variable. Each expansion adds
+/// at least one axis, so this bounds the rank of inferred rows (NumPy's limit on the rank of an
+/// array is the same; 64 axes larger than 1 already exceed the addressable elements). Without
+/// it, constraints that make a row contain itself and more axes, through a chain of variables,
+/// would grow the row forever.
+pub const MAX_ROW_AXES: usize = 64;
+
 /// The three kinds of rows of a shape.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {

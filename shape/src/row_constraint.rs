@@ -17,7 +17,7 @@
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::{Conflict, conflict};
-use crate::row::{Kind, Row};
+use crate::row::{Bcast, Kind, Row};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::RowVar;
@@ -36,7 +36,8 @@ impl Solver {
         let n = *n;
         let d = self.env.subst_dim(d);
         if let Some(size) = d.size() {
-            if size < n && n > 1 {
+            // Also for n = 1: position 0 does not exist in an axis of size 0.
+            if size < n {
                 return Err(conflict(
                     format!("fixed index {} is out of range for an axis of size {size}", n - 1),
                     origin,
@@ -49,7 +50,7 @@ impl Solver {
             self.defer(Constraint::DimConstr { d, constr: constr.clone() }.at(origin));
             return Ok(vec![]);
         };
-        let mut b = self.env.dim_bounds(v);
+        let mut b = self.env.dim_bounds(v).clone();
         let old = b.constr.as_ref().map(|(c, _)| c.clone()).unwrap_or(DimConstraint::Unconstrained);
         let new = old.conjunction(constr);
         if new == old {
@@ -79,6 +80,49 @@ impl Solver {
         b.constr = Some((new, o));
         self.env.set_dim_bounds(v, b);
         Ok(out)
+    }
+
+    /// A batch slice: `arg = slot ++ cur`, once one of the two rows has a known number of axes.
+    /// Until then the argument gets one trailing axis (it has at least one, and a trailing axis
+    /// lines up like any other); from stage 6 on, when neither row is known yet, the result's
+    /// row closes to no further axes first (a result closes to the smallest shape).
+    pub fn solve_batch_slice(
+        &mut self,
+        cur: &Row,
+        arg: &Row,
+        slot: &Dim,
+        origin: &Origin,
+    ) -> Derived {
+        let cur = self.env.subst_row_cow(cur);
+        let arg = self.env.subst_row_cow(arg);
+        if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
+            if self.stage < Stage::RowsToNoMoreAxes {
+                let mut out = Vec::new();
+                if arg.num_fixed() == 0 {
+                    out = self.expand_row_var(w, 0, 1, &arg, origin)?;
+                }
+                self.defer(
+                    Constraint::BatchSlice {
+                        cur: cur.into_owned(),
+                        arg: arg.into_owned(),
+                        slot: slot.clone(),
+                    }
+                    .at(origin),
+                );
+                return Ok(out);
+            }
+            let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+            out.push(
+                Constraint::BatchSlice {
+                    cur: cur.into_owned(),
+                    arg: arg.into_owned(),
+                    slot: slot.clone(),
+                }
+                .at(origin),
+            );
+            return Ok(out);
+        }
+        Ok(vec![Constraint::RowEq { r1: slot_then(slot, &cur), r2: arg.into_owned() }.at(origin)])
     }
 
     /// Applies a constraint on rows concatenated in memory order.
@@ -112,19 +156,40 @@ impl Solver {
         let eq =
             |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
         let mut out = Vec::new();
-        if vars.len() == 1 || fixed == dims.len() {
+        if single_var(&vars).is_some() || fixed == dims.len() {
+            // The row variable (which may occur in several rows) takes whatever the other axes
+            // leave, shared equally between its occurrences.
+            let free = dims.len() - fixed;
+            if !vars.is_empty() && free % vars.len() != 0 {
+                return Err(conflict(
+                    format!(
+                        "rows {} must have exactly {} axes: {free} axes cannot be shared by {} \
+                         occurrences of one row variable",
+                        shown(),
+                        dims.len(),
+                        vars.len()
+                    ),
+                    origin,
+                ));
+            }
+            let take = if vars.is_empty() { 0 } else { free / vars.len() };
             let mut pos = 0;
+            let mut bound: Vec<RowVar> = Vec::new();
             for r in &rows {
                 for d in r.beg_dims() {
                     out.push(eq(d, &dims[pos]));
                     pos += 1;
                 }
                 if let Some(v) = r.var() {
-                    // The row variable takes whatever the other rows leave.
-                    let rest: usize = fixed - pos;
-                    let take = dims.len() - pos - rest;
                     let value = Row::fixed(dims[pos..pos + take].to_vec(), r.id);
-                    out.extend(self.bind_row(v, value, origin)?);
+                    if bound.contains(&v) {
+                        out.push(
+                            Constraint::RowEq { r1: Row::of_var(v, r.id), r2: value }.at(origin),
+                        );
+                    } else {
+                        bound.push(v);
+                        out.extend(self.bind_row(v, value, origin)?);
+                    }
                     pos += take;
                 }
                 for d in &r.dims {
@@ -190,13 +255,14 @@ impl Solver {
             TotalElems::StridedVar { coeff, var, denom } => {
                 match self.env.subst_dim(&Dim::Var(*var)).size() {
                     Some(x) => {
-                        if (coeff * x) % denom != 0 {
+                        let total = coeff.checked_mul(x).ok_or_else(|| too_many(origin))?;
+                        if total % denom != 0 {
                             return Err(conflict(
                                 format!("{coeff}*{x} elements cannot be divided by {denom}"),
                                 origin,
                             ));
                         }
-                        num = Some(coeff * x / denom);
+                        num = Some(total / denom);
                     }
                     None => strided = Some((*coeff, *var, *denom)),
                 }
@@ -238,7 +304,7 @@ impl Solver {
         for r in &rows {
             for d in r.all_dims() {
                 match d.size() {
-                    Some(s) => known *= s,
+                    Some(s) => known = known.checked_mul(s).ok_or_else(|| too_many(origin))?,
                     None => unknown.push(d),
                 }
             }
@@ -262,7 +328,8 @@ impl Solver {
             // coeff * var / denom = known (everything else known): solve for var.
             let (coeff, var, denom) = strided.expect("numerator is either known or strided");
             if vars.is_empty() && unknown.is_empty() {
-                if (known * denom) % coeff != 0 {
+                let scaled = known.checked_mul(denom).ok_or_else(|| too_many(origin))?;
+                if scaled % coeff != 0 {
                     return Err(conflict(
                         format!(
                             "{} holds {known} elements, not a multiple of {coeff}/{denom}",
@@ -272,13 +339,16 @@ impl Solver {
                     ));
                 }
                 return Ok(vec![
-                    Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(known * denom / coeff) }
-                        .at(origin),
+                    Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(scaled / coeff) }.at(origin),
                 ]);
             }
             self.defer(pending(None).at(origin));
             return Ok(vec![]);
         };
+        if known == 0 && n == 0 {
+            // No elements: an axis of 0 already accounts for them, whatever the other axes are.
+            return Ok(vec![]);
+        }
         if known == 0 || n % known != 0 {
             return Err(conflict(
                 format!(
@@ -304,17 +374,48 @@ impl Solver {
                 }
             };
         }
-        if let [(i, v)] = vars.as_slice() {
+        if let Some(v) = single_var(&vars) {
             if unknown.is_empty() {
+                // The row variable's axes hold the rest of the elements; when it occurs in k
+                // rows (a square map's input and output), each occurrence holds the k-th root.
+                let Some(m) = exact_root(m, vars.len()) else {
+                    return Err(conflict(
+                        format!(
+                            "{} cannot hold {n} elements: its row variable occurs {} times, and \
+                             {m} is no such power of a whole number",
+                            shown(),
+                            vars.len()
+                        ),
+                        origin,
+                    ));
+                };
+                let (i, v) = (&vars[0].0, &v);
                 // Record the reduced constraint for closing, and close it from stage 5 on.
                 let reduced = RowConstraint::TotalElems {
                     numerator: TotalElems::NumElems(m),
                     divided_by: vec![],
                 };
-                let mut b = self.env.row_bounds(*v);
-                if b.constr.as_ref().map(|(c, _)| c) != Some(&reduced) {
-                    b.constr = Some((reduced, origin.clone()));
-                    self.env.set_row_bounds(*v, b);
+                match &self.env.row_bounds(*v).constr {
+                    Some((c, _)) if *c == reduced => {}
+                    Some((
+                        RowConstraint::TotalElems { numerator: TotalElems::NumElems(m0), .. },
+                        o,
+                    )) => {
+                        // Two element counts for the same axes: they must agree (recording one
+                        // over the other would alternate forever).
+                        return Err(conflict(
+                            format!(
+                                "the axes of row variable {v} would have to hold both {m0} and \
+                                 {m} elements"
+                            ),
+                            &o.join(origin),
+                        ));
+                    }
+                    _ => {
+                        if let Some(b) = self.env.row_bounds_mut(*v) {
+                            b.constr = Some((reduced, origin.clone()));
+                        }
+                    }
                 }
                 if self.stage >= Stage::RowConstraints {
                     let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
@@ -327,4 +428,41 @@ impl Solver {
         self.defer(pending(Some(n)).at(origin));
         Ok(vec![])
     }
+}
+
+/// The row variable of `vars`, when they are all the same one (occurring once or more).
+fn single_var(vars: &[(usize, RowVar)]) -> Option<RowVar> {
+    let (_, v) = vars.first()?;
+    vars.iter().all(|(_, w)| w == v).then_some(*v)
+}
+
+/// The `k`-th root of `m`, when it is a whole number.
+fn exact_root(m: usize, k: usize) -> Option<usize> {
+    if k == 1 || m <= 1 {
+        return Some(m);
+    }
+    let k32 = u32::try_from(k).ok()?;
+    let guess = (m as f64).powf(1.0 / k as f64).round() as usize;
+    (guess.saturating_sub(1)..=guess.saturating_add(1)).find(|r| r.checked_pow(k32) == Some(m))
+}
+
+/// The row `slot ++ row`.
+pub(crate) fn slot_then(slot: &Dim, row: &Row) -> Row {
+    match &row.bcast {
+        Bcast::Broadcastable => {
+            let mut dims = vec![slot.clone()];
+            dims.extend(row.dims.iter().cloned());
+            Row { dims, bcast: Bcast::Broadcastable, id: row.id }
+        }
+        Bcast::Var { v, beg_dims } => {
+            let mut beg = vec![slot.clone()];
+            beg.extend(beg_dims.iter().cloned());
+            Row { dims: row.dims.clone(), bcast: Bcast::Var { v: *v, beg_dims: beg }, id: row.id }
+        }
+    }
+}
+
+/// The conflict of an element count that does not fit in `usize`.
+fn too_many(origin: &Origin) -> Conflict {
+    conflict("the number of elements is too large to represent", origin)
 }

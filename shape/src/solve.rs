@@ -5,8 +5,9 @@
 //! inequalities are turned into bounds and least upper bounds ([`crate::ineq`]), row
 //! constraints are propagated ([`crate::row_constraint`]) and, from stage 2 on, variables are
 //! closed ([`crate::stage`]). Solving a constraint can derive more constraints (breadth first);
-//! a constraint that cannot make progress yet is *deferred* and retried on the next pass, as
-//! long as the previous pass changed the environment.
+//! a constraint that cannot make progress yet is *deferred* and retried once the environment has
+//! changed: propagation constraints whenever the queue runs dry, closing constraints when no
+//! other closing constraint is left to act.
 
 use std::collections::VecDeque;
 
@@ -20,7 +21,7 @@ use crate::var::{DimVar, RowVar, VarGen};
 
 /// How many constraints one call of [`Solver::solve`] may process before it gives up with an
 /// error instead of looping forever on a pathological input.
-const FUEL: u64 = 5_000_000;
+const FUEL: u64 = 1_000_000;
 
 /// The solver: environment, variable generator and closing bookkeeping.
 #[derive(Clone, Debug, Default)]
@@ -35,78 +36,118 @@ pub struct Solver {
     pub guessed_dims: FxHashSet<DimVar>,
     /// Row variables closed to no axes without any upper bound (a guess).
     pub guessed_rows: FxHashSet<RowVar>,
-    /// Constraints deferred during the current pass.
+    /// For row variables made by expanding another, indexed by variable: how many expansions
+    /// away from a declared row they are (a lower bound on the axes of the rows they occur in).
+    pub(crate) row_depth: Vec<u8>,
+    /// Indexed by row variable: whether it is an einsum pattern's row variable, or was made by
+    /// expanding one (a pattern's leading axes anchor at the start of the row it is matched
+    /// with; see [`crate::ineq`]).
+    pub(crate) template_rows: Vec<bool>,
+    /// Propagation constraints waiting for the environment to change.
     pub(crate) deferred: Vec<Constr>,
+    /// Closing constraints waiting for the environment to change.
+    pub(crate) deferred_closers: Vec<Constr>,
+    /// The environment version when the first of `deferred` was deferred (none of them can
+    /// progress before the environment changes).
+    deferred_at: u64,
+    /// The same for `deferred_closers`.
+    closers_deferred_at: u64,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
 }
 
 impl Solver {
-    /// Keeps a constraint for a later pass (it cannot make progress now).
+    /// Whether `v` is the row variable of an einsum pattern (or made by expanding one).
+    pub fn is_template_row(&self, v: RowVar) -> bool {
+        self.template_rows.get(v.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// Records that `v` is the row variable of an einsum pattern.
+    pub fn mark_template_row(&mut self, v: RowVar) {
+        let i = v.0 as usize;
+        if self.template_rows.len() <= i {
+            self.template_rows.resize(i + 1, false);
+        }
+        self.template_rows[i] = true;
+    }
+
+    /// Keeps a constraint for later (it cannot make progress now).
+    #[inline]
     pub(crate) fn defer(&mut self, c: Constr) {
-        self.deferred.push(c);
+        let (list, since) = if is_closer(&c) {
+            (&mut self.deferred_closers, &mut self.closers_deferred_at)
+        } else {
+            (&mut self.deferred, &mut self.deferred_at)
+        };
+        if list.is_empty() {
+            *since = self.env.version;
+        }
+        list.push(c);
     }
 
     /// Simplifies `constraints` at `stage`, returning those that remain unsolved.
     ///
-    /// Closing constraints (leaf rows and dimensions, shape rows) act only when nothing else
-    /// can progress: each closing is followed by full propagation before the next, so closing
-    /// one variable never pre-empts information another constraint was about to provide.
+    /// Closing constraints (leaf rows and dimensions, shape rows) act only when propagation has
+    /// settled: no equation, inequality or row constraint is queued, and the deferred ones have
+    /// been retried since the environment last changed. They are taken one at a time, each
+    /// followed by full propagation, so closing one variable never pre-empts information
+    /// another constraint was about to provide (the closed shapes would then depend on the
+    /// order in which operations were added). A closing constraint that cannot act yet waits
+    /// until the other closing constraints have had their turn.
     pub fn solve(
         &mut self,
         stage: Stage,
         constraints: Vec<Constr>,
     ) -> Result<Vec<Constr>, Conflict> {
         self.stage = stage;
-        let mut work = dedup(constraints);
+        // From stage 6 on, leaf rows and dimensions close before the rows of composite shapes,
+        // which are then forced from below by their components (the seed's reason for closing
+        // leaves to their bounds and everything else to the smallest value).
+        let late = stage >= Stage::RowsToNoMoreAxes;
+        let mut queues = Queues { late, ..Queues::default() };
+        dedup(constraints).into_iter().for_each(|c| queues.route(c));
         let mut fuel = FUEL;
         loop {
-            let version = self.env.version;
-            let (closers, regular): (Vec<Constr>, Vec<Constr>) =
-                work.into_iter().partition(is_closer);
-            let mut queue: VecDeque<Constr> = regular.into();
-            let mut closers: VecDeque<Constr> = closers.into();
-            // From stage 6 on, leaf rows and dimensions close before the rows of composite
-            // shapes, which are then forced from below by their components (the seed's reason
-            // for closing leaves to their bounds and everything else to the smallest value).
-            let late = stage >= Stage::RowsToNoMoreAxes;
-            let mut shape_closers: VecDeque<Constr> = VecDeque::new();
-            if late {
-                let (shape_rows, rest): (Vec<Constr>, Vec<Constr>) =
-                    closers.into_iter().partition(|c| matches!(c.c, Constraint::ShapeRow(_)));
-                shape_closers = shape_rows.into();
-                closers = rest.into();
-            }
-            while let Some(c) = queue
-                .pop_front()
-                .or_else(|| closers.pop_front())
-                .or_else(|| shape_closers.pop_front())
-            {
-                fuel = fuel.checked_sub(1).ok_or_else(|| {
-                    conflict(
-                        "shape inference did not converge (the constraints keep growing)",
-                        &c.origin,
-                    )
-                })?;
-                if let Some(trace) = &mut self.trace {
-                    trace.push(format!("{:?}: {}", self.stage, c.c));
-                }
-                let derived = self.solve_one(c)?;
-                for d in derived {
-                    if late && matches!(d.c, Constraint::ShapeRow(_)) {
-                        shape_closers.push_back(d);
-                    } else if is_closer(&d) {
-                        closers.push_back(d);
-                    } else {
-                        queue.push_back(d);
+            let c = match queues.regular.pop_front() {
+                Some(c) => c,
+                None => {
+                    let version = self.env.version;
+                    if !self.deferred.is_empty() && self.deferred_at != version {
+                        // Propagation reached a fixed point, but the environment changed since
+                        // these were deferred: they may progress now.
+                        queues.regular.extend(std::mem::take(&mut self.deferred));
+                        continue;
+                    }
+                    match queues.pop_closer() {
+                        Some(c) => c,
+                        None if !self.deferred_closers.is_empty()
+                            && self.closers_deferred_at != version =>
+                        {
+                            // Every closing constraint had its turn; those that could not act
+                            // may now.
+                            let closers = std::mem::take(&mut self.deferred_closers);
+                            closers.into_iter().for_each(|c| queues.route(c));
+                            continue;
+                        }
+                        None => {
+                            let mut rest = std::mem::take(&mut self.deferred);
+                            rest.append(&mut self.deferred_closers);
+                            return Ok(rest);
+                        }
                     }
                 }
+            };
+            fuel = fuel.checked_sub(1).ok_or_else(|| {
+                conflict(
+                    "shape inference did not converge (the constraints keep growing)",
+                    &c.origin,
+                )
+            })?;
+            if let Some(trace) = &mut self.trace {
+                trace.push(format!("{:?}: {}", self.stage, c.c));
             }
-            let pending = std::mem::take(&mut self.deferred);
-            if pending.is_empty() || self.env.version == version {
-                return Ok(pending);
-            }
-            work = pending;
+            let derived = self.solve_one(c)?;
+            derived.into_iter().for_each(|d| queues.route(d));
         }
     }
 
@@ -122,6 +163,9 @@ impl Solver {
             Constraint::RowsConstr { rows, constr } => {
                 self.apply_rows_constraint(rows, constr, &origin)
             }
+            Constraint::BatchSlice { cur, arg, slot } => {
+                self.solve_batch_slice(cur, arg, slot, &origin)
+            }
             Constraint::TerminalDim(d) => self.close_dim_terminal(d, &origin),
             Constraint::TerminalRow(r) => self.close_row_terminal(r, &origin),
             Constraint::ShapeRow(r) => self.close_shape_row(r, &origin),
@@ -129,7 +173,34 @@ impl Solver {
     }
 }
 
+/// The constraints to process, in the order they are taken: propagation first, then closing
+/// of leaf rows and dimensions, then (from stage 6 on) closing of the rows of composite shapes.
+#[derive(Default)]
+struct Queues {
+    late: bool,
+    regular: VecDeque<Constr>,
+    closers: VecDeque<Constr>,
+    shape_closers: VecDeque<Constr>,
+}
+
+impl Queues {
+    fn route(&mut self, c: Constr) {
+        if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
+            self.shape_closers.push_back(c);
+        } else if is_closer(&c) {
+            self.closers.push_back(c);
+        } else {
+            self.regular.push_back(c);
+        }
+    }
+
+    fn pop_closer(&mut self) -> Option<Constr> {
+        self.closers.pop_front().or_else(|| self.shape_closers.pop_front())
+    }
+}
+
 /// Whether a constraint closes variables (rather than propagating information).
+#[inline]
 fn is_closer(c: &Constr) -> bool {
     matches!(c.c, Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow(_))
 }
@@ -140,6 +211,9 @@ fn dedup(cs: Vec<Constr>) -> Vec<Constr> {
     if cs.len() < 32 {
         return cs;
     }
-    let mut seen = FxHashSet::default();
-    cs.into_iter().filter(|c| seen.insert(c.clone())).collect()
+    let keep: Vec<bool> = {
+        let mut seen = FxHashSet::default();
+        cs.iter().map(|c| seen.insert(c)).collect()
+    };
+    cs.into_iter().zip(keep).filter_map(|(c, k)| k.then_some(c)).collect()
 }

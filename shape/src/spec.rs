@@ -22,6 +22,10 @@
 
 use std::fmt;
 
+/// The largest fixed index, stride or dilation a spec may use: indices become `i64` positions
+/// and `index + 1` must still be a size.
+pub const MAX_INDEX: usize = i64::MAX as usize - 1;
+
 /// A spec that does not parse, with the position (in characters) of the problem.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct SpecError {
@@ -334,7 +338,7 @@ impl<'a> Parser<'a> {
                     i += 1;
                 }
                 let digits: String = self.chars[start..i].iter().collect();
-                let n = digits.parse().or_else(|_| self.err(start, "fixed index too large"))?;
+                let n = self.number(&digits, start)?;
                 items.push((Item::Axis(AxisSpec::Fixed(n)), start));
             } else if c == '_' {
                 items.push((Item::Axis(AxisSpec::Anonymous), i));
@@ -378,6 +382,14 @@ impl<'a> Parser<'a> {
         Ok(items)
     }
 
+    /// A run of digits: a fixed index, stride or dilation of at most [`MAX_INDEX`].
+    fn number(&self, digits: &str, pos: usize) -> Result<usize, SpecError> {
+        match digits.parse::<usize>() {
+            Ok(n) if n <= MAX_INDEX => Ok(n),
+            _ => self.err(pos, format!("{digits} is too large (at most {MAX_INDEX})")),
+        }
+    }
+
     fn ident(&self, s: &str, pos: usize) -> Result<String, SpecError> {
         let ok = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -386,13 +398,15 @@ impl<'a> Parser<'a> {
 
     fn scaled(&self, s: &str, pos: usize) -> Result<(usize, String), SpecError> {
         match s.split_once('*') {
-            Some((k, name)) => {
-                let k: usize =
-                    k.parse().or_else(|_| self.err(pos, format!("'{k}' is not a number")))?;
+            Some((digits, name)) => {
+                if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+                    return self.err(pos, format!("'{digits}' is not a number"));
+                }
+                let k = self.number(digits, pos)?;
                 if k == 0 {
                     return self.err(pos, "a stride or dilation must be at least 1");
                 }
-                Ok((k, self.ident(name, pos + k.to_string().len() + 1)?))
+                Ok((k, self.ident(name, pos + digits.chars().count() + 1)?))
             }
             None => Ok((1, self.ident(s, pos)?)),
         }
@@ -410,7 +424,7 @@ impl<'a> Parser<'a> {
             return Ok(Item::Axis(AxisSpec::Anonymous));
         }
         if tok.chars().all(|c| c.is_ascii_digit()) {
-            let n = tok.parse().or_else(|_| self.err(pos, "fixed index too large"))?;
+            let n = self.number(tok, pos)?;
             return Ok(Item::Axis(AxisSpec::Fixed(n)));
         }
         if tok.contains('^') {

@@ -21,13 +21,17 @@
 //!
 //! Closing a leaf's dimension to 1, or a leaf's row to no axes, without any upper bound is a
 //! *guess* (the classic forgotten hidden dimension); the guessed variables are recorded so the
-//! driver can warn, or fail in strict mode.
+//! driver can warn, or fail in strict mode. A guess also decides every variable known to be below
+//! the guessed one (their only upper bound was that variable), so those count as guessed too:
+//! otherwise whether a parameter is warned about would depend on which of two related leaves
+//! happened to be closed first.
 
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::Conflict;
 use crate::row::Row;
 use crate::solve::Solver;
+use crate::var::{DimVar, RowVar};
 
 type Derived = Result<Vec<Constr>, Conflict>;
 
@@ -89,7 +93,7 @@ impl Solver {
         let unrelated = b.subr.is_empty() && b.cur.is_empty();
         match (&b.lub, lower) {
             (None, None) if self.stage >= Stage::TerminalDimsToOne && unrelated => {
-                self.guessed_dims.insert(v);
+                self.mark_dim_guess(v);
                 Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin)])
             }
             (Some((lub, o)), _) if self.stage >= Stage::TerminalsToLub => {
@@ -97,7 +101,7 @@ impl Solver {
             }
             (None, lower) if self.stage >= Stage::DimsToLowerBound => {
                 if lower.is_none() {
-                    self.guessed_dims.insert(v);
+                    self.mark_dim_guess(v);
                 }
                 Ok(vec![
                     Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
@@ -146,12 +150,12 @@ impl Solver {
                     && b.subr.is_empty()
                     && b.cur.is_empty() =>
             {
-                self.guessed_rows.insert(v);
+                self.mark_row_guess(v);
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
             (lub, _) if self.stage >= Stage::RowsToNoMoreAxes => {
                 if lub.is_none() {
-                    self.guessed_rows.insert(v);
+                    self.mark_row_guess(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
@@ -162,48 +166,81 @@ impl Solver {
 
     /// Closes the variables of a row of some shape of the graph (from stage 4 on).
     pub fn close_shape_row(&mut self, r: &Row, origin: &Origin) -> Derived {
-        let r = self.env.subst_row(r);
-        let mut out = Vec::new();
+        let r = self.env.subst_row_cow(r);
         let mut keep = false;
+        // One variable at a time, the rest of the row after that closing has propagated: the
+        // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
+        // to 1 at once misses its one solution, b = 1 and d = 2).
         for d in r.all_dims() {
             let mut vs = Vec::new();
             d.vars(&mut vs);
             for v in vs {
                 let b = self.env.dim_bounds(v);
                 let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
-                match (&b.lub, lower) {
-                    (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => out
-                        .push(
-                            Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }
-                                .at(&o.join(origin)),
-                        ),
+                let close = match (&b.lub, lower) {
+                    (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => {
+                        Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))
+                    }
                     (_, lower) if self.stage >= Stage::DimsToLowerBound => {
                         if b.lub.is_none() && lower.is_none() {
-                            self.guessed_dims.insert(v);
+                            self.mark_dim_guess(v);
                         }
-                        out.push(
-                            Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
-                                .at(origin),
-                        );
+                        Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
+                            .at(origin)
                     }
-                    _ => keep = true,
-                }
+                    _ => {
+                        keep = true;
+                        continue;
+                    }
+                };
+                return Ok(vec![close, Constraint::ShapeRow(r.into_owned()).at(origin)]);
             }
         }
+        let mut out = Vec::new();
         if let Some(v) = r.var() {
             if self.stage >= Stage::RowsToNoMoreAxes {
                 if self.env.row_bounds(v).lub.is_none() {
-                    self.guessed_rows.insert(v);
+                    self.mark_row_guess(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-                out.push(Constraint::ShapeRow(r.clone()).at(origin));
+                out.push(Constraint::ShapeRow(r.as_ref().clone()).at(origin));
             } else {
                 keep = true;
             }
         }
         if keep {
-            self.defer(Constraint::ShapeRow(r).at(origin));
+            self.defer(Constraint::ShapeRow(r.into_owned()).at(origin));
         }
         Ok(out)
+    }
+}
+
+impl Solver {
+    /// Records that `v` is closed by a guess, with every dimension variable known to be below it.
+    fn mark_dim_guess(&mut self, v: DimVar) {
+        if self.env.dim_bounds(v).subr.is_empty() {
+            self.guessed_dims.insert(v);
+            return;
+        }
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            if self.guessed_dims.insert(v) {
+                stack.extend_from_slice(&self.env.dim_bounds(v).subr);
+            }
+        }
+    }
+
+    /// Records that `v` is closed by a guess, with every row variable known to be below it.
+    fn mark_row_guess(&mut self, v: RowVar) {
+        if self.env.row_bounds(v).subr.is_empty() {
+            self.guessed_rows.insert(v);
+            return;
+        }
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            if self.guessed_rows.insert(v) {
+                stack.extend_from_slice(&self.env.row_bounds(v).subr);
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use crate::constraint::{Constr, Constraint, Origin, RowConstraint};
 use crate::dim::{ConvDim, Dim};
 use crate::env::{fresh_dims, row_with_var};
 use crate::error::{Conflict, conflict};
-use crate::row::{Bcast, Row};
+use crate::row::{Bcast, MAX_ROW_AXES, Row};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::{DimVar, RowVar};
@@ -25,11 +25,38 @@ pub(crate) fn labels_agree(a: &Dim, b: &Dim) -> bool {
     }
 }
 
+/// Two convolutions of the same stride (and dilation, where the kernel counts) are equal exactly
+/// when their outputs are, given equal kernels: the equations that say so, or `None` when the
+/// sizes depend on the parts in another way.
+fn same_conv_shape(a: &ConvDim, b: &ConvDim) -> Option<Vec<(Dim, Dim)>> {
+    if a.stride != b.stride || a.kernel_counts() != b.kernel_counts() {
+        return None;
+    }
+    if !a.kernel_counts() {
+        // stride·o1 = stride·o2.
+        return Some(vec![(a.output.clone(), b.output.clone())]);
+    }
+    if a.dilation != b.dilation {
+        return None;
+    }
+    if a.kernel == b.kernel {
+        Some(vec![(a.output.clone(), b.output.clone())])
+    } else if a.output == b.output {
+        Some(vec![(a.kernel.clone(), b.kernel.clone())])
+    } else {
+        None
+    }
+}
+
 impl Solver {
     /// Solves `d1 = d2`.
     pub fn unify_dim(&mut self, d1: &Dim, d2: &Dim, origin: &Origin) -> Derived {
         let d1 = self.env.subst_dim(d1);
         let d2 = self.env.subst_dim(d2);
+        if d1 == d2 {
+            // The same dimension (arithmetic ones included, whose parts need not be known).
+            return Ok(vec![]);
+        }
         match (&d1, &d2) {
             (Dim::Solved(a), Dim::Solved(b)) => {
                 if a.d != b.d {
@@ -72,6 +99,35 @@ impl Solver {
                 }
                 return Ok(out);
             }
+            if c.kernel_counts() && c.kernel == Dim::Var(v) && !c.output.mentions(v) {
+                // v = stride·(o - 1) + dilation·(v - 1) + 1, i.e.
+                // stride·(o - 1) + (dilation - 1)·(v - 1) = 0: the output is 1, and a dilated
+                // kernel is 1 too (an undilated one can be anything).
+                let mut out =
+                    vec![Constraint::DimEq { d1: c.output.clone(), d2: Dim::of(1) }.at(origin)];
+                if c.dilation > 1 {
+                    out.push(Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin));
+                }
+                return Ok(out);
+            }
+            if c.kernel_counts() && c.output == Dim::Var(v) && !c.kernel.mentions(v) {
+                // v = stride·(v - 1) + dilation·(k - 1) + 1 with stride > 1:
+                // (stride - 1)·(v - 1) + dilation·(k - 1) = 0, so both are 1.
+                return Ok(vec![
+                    Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin),
+                    Constraint::DimEq { d1: c.kernel.clone(), d2: Dim::of(1) }.at(origin),
+                ]);
+            }
+            if (c.kernel_counts() || !c.output.mentions(v)) && value.mentions(v) {
+                // Any other convolution mentioning v (in an output that is not just v, or in a
+                // kernel that does not count towards the size) constrains its other parts, or
+                // holds only for particular sizes: wait until the parts are known and it
+                // simplifies. (Binding v to a value that contains it would make substitution
+                // recurse forever.) A strided output of v without a kernel, `v = 2*v`, has no
+                // solution.
+                self.defer(Constraint::DimEq { d1: Dim::Var(v), d2: value.clone() }.at(origin));
+                return Ok(vec![]);
+            }
         }
         if value.mentions(v) {
             return Err(conflict(
@@ -98,6 +154,14 @@ impl Solver {
 
     /// `conv = other` where `other` is not a variable.
     fn unify_conv(&mut self, c: &ConvDim, other: &Dim, origin: &Origin) -> Derived {
+        if let Dim::Conv(o) = other {
+            if let Some(eqs) = same_conv_shape(c, o) {
+                return Ok(eqs
+                    .into_iter()
+                    .map(|(d1, d2)| Constraint::DimEq { d1, d2 }.at(origin))
+                    .collect());
+            }
+        }
         let Some(n) = other.size() else {
             // Two arithmetic dimensions with unknown parts: wait for more information.
             self.defer(
@@ -147,9 +211,11 @@ impl Solver {
             self.defer(Constraint::DimEq { d1: whole, d2: other.clone() }.at(origin));
             return Ok(vec![]);
         };
-        let known: usize = parts.iter().filter_map(Dim::size).sum();
+        let known = parts.iter().filter_map(Dim::size).try_fold(0usize, usize::checked_add);
         let unknown: Vec<&Dim> = parts.iter().filter(|p| p.size().is_none()).collect();
-        if n < known + unknown.len() {
+        let Some(known) = known.filter(|k| k.checked_add(unknown.len()).is_some_and(|m| m <= n))
+        else {
+            let known = parts.iter().filter_map(Dim::size).fold(0usize, usize::saturating_add);
             return Err(conflict(
                 format!(
                     "concatenated axis {whole} cannot have size {n}: its known parts already \
@@ -162,7 +228,7 @@ impl Solver {
                 ),
                 origin,
             ));
-        }
+        };
         match unknown.as_slice() {
             [] if known == n => Ok(vec![]),
             [] => Err(conflict(
@@ -182,8 +248,8 @@ impl Solver {
     /// Solves `r1 = r2`: pairs leading axes from the left and trailing axes from the right,
     /// and binds row variables to what is left over.
     pub fn unify_row(&mut self, r1: &Row, r2: &Row, origin: &Origin) -> Derived {
-        let a = self.env.subst_row(r1);
-        let b = self.env.subst_row(r2);
+        let a = self.env.subst_row_cow(r1);
+        let b = self.env.subst_row_cow(r2);
         if a.dims == b.dims && a.bcast == b.bcast {
             return Ok(vec![]);
         }
@@ -241,10 +307,16 @@ impl Solver {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
                     out.extend(self.bind_row(va, Row::empty(a.id), origin)?);
-                    out.push(Constraint::RowEq { r1: a.clone(), r2: b.clone() }.at(origin));
+                    out.push(
+                        Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
+                            .at(origin),
+                    );
                 } else {
                     // Wait until one of the variables is known.
-                    self.defer(Constraint::RowEq { r1: a.clone(), r2: b.clone() }.at(origin));
+                    self.defer(
+                        Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
+                            .at(origin),
+                    );
                 }
                 Ok(out)
             }
@@ -298,10 +370,30 @@ impl Solver {
         like: &Row,
         origin: &Origin,
     ) -> Derived {
+        // Each expansion puts at least one more axis around the new variable, so a variable
+        // `depth` expansions away from a declared row sits in a row of at least `depth` axes.
+        let depth = self.row_depth.get(v.0 as usize).map_or(0, |d| usize::from(*d)) + 1;
+        if depth > MAX_ROW_AXES {
+            return Err(conflict(
+                format!(
+                    "row variable {v} would need more than {MAX_ROW_AXES} axes: the constraints \
+                     make a row contain itself and more axes"
+                ),
+                origin,
+            ));
+        }
         let vars = &mut self.vars;
         let beg_dims = fresh_dims(beg, &mut || vars.dim());
         let end_dims = fresh_dims(end, &mut || vars.dim());
         let v2 = self.vars.row();
+        let i = v2.0 as usize;
+        if self.row_depth.len() <= i {
+            self.row_depth.resize(i + 1, 0);
+        }
+        self.row_depth[i] = depth as u8;
+        if self.is_template_row(v) {
+            self.mark_template_row(v2);
+        }
         let template = Row { dims: end_dims, bcast: Bcast::Var { v: v2, beg_dims }, id: like.id };
         self.bind_row(v, template, origin)
     }

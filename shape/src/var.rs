@@ -27,6 +27,18 @@ pub struct ShapeId(pub u32);
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StepId(pub u32);
 
+impl From<DimVar> for usize {
+    fn from(v: DimVar) -> usize {
+        v.0 as usize
+    }
+}
+
+impl From<RowVar> for usize {
+    fn from(v: RowVar) -> usize {
+        v.0 as usize
+    }
+}
+
 impl fmt::Display for DimVar {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "$d{}", self.0)

@@ -9,11 +9,14 @@
 use std::cell::{Ref, RefCell, RefMut};
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rocannl_arrayjit::indexing::{Symbol, SymbolGen};
 use rocannl_shape::inference::{Inference, RowDecl, ShapeDecl};
 use rocannl_shape::logic::{Logic, Terminal, TerminalData};
+use rocannl_shape::spec::{EinsumSpec, SpecError};
 use rocannl_shape::var::{ShapeId, StepId};
+use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::init::Init;
@@ -72,6 +75,9 @@ pub(crate) struct GraphInner {
     pub seed: u64,
     pub symbols: SymbolGen,
     pub step_symbol: Option<Symbol>,
+    /// Parsed einsum specs by text and padding, so a spec used by many operations (every
+    /// convolution of a network) is parsed once.
+    pub specs: FxHashMap<(String, bool), Arc<EinsumSpec>>,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -133,8 +139,26 @@ impl Graph {
                 seed,
                 symbols: SymbolGen::default(),
                 step_symbol: None,
+                specs: FxHashMap::default(),
             })),
         }
+    }
+
+    /// The parsed einsum spec (`padded`: convolution axes preserve dimensions), parsed once
+    /// per graph.
+    pub(crate) fn spec(
+        &self,
+        text: &str,
+        padded: bool,
+    ) -> std::result::Result<Arc<EinsumSpec>, SpecError> {
+        let key = (text.to_string(), padded);
+        if let Some(s) = self.borrow().specs.get(&key) {
+            return Ok(s.clone());
+        }
+        let parsed = if padded { EinsumSpec::parse_padded(text) } else { EinsumSpec::parse(text) };
+        let spec = Arc::new(parsed?);
+        self.borrow_mut().specs.insert(key, spec.clone());
+        Ok(spec)
     }
 
     pub(crate) fn borrow(&self) -> Ref<'_, GraphInner> {
@@ -442,6 +466,22 @@ impl ParamSpec {
     /// Only the output row given.
     pub fn output(dims: &[usize]) -> ParamSpec {
         ParamSpec { output: RowDecl::Given(dims.to_vec()), ..ParamSpec::default() }
+    }
+
+    /// A vector: no input axes, these output axes (biases, gains).
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, ParamSpec};
+    /// let g = Graph::new();
+    /// let x = g.data("x", &[4], &[], &[3]);
+    /// let b = g.param_with("b", ParamSpec::vector(&[3]));
+    /// let _y = &x + &b;
+    /// g.finish().unwrap();
+    /// assert_eq!(b.shape_string(), "|->3");
+    /// assert!(g.warnings().is_empty());
+    /// ```
+    pub fn vector(dims: &[usize]) -> ParamSpec {
+        ParamSpec::output(dims).with_input(&[])
     }
 
     /// Input and output rows given.

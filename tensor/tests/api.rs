@@ -50,6 +50,58 @@ fn guessed_params_warn_and_strict_mode_refuses() {
 }
 
 #[test]
+fn the_nn_blocks_declare_what_they_mean_and_need_no_guesses() {
+    // Biases and gains state their empty input row, so a model built from the blocks closes
+    // without a single guess; a forgotten width elsewhere is still reported.
+    let g = Graph::new();
+    let x = g.data("x", &[8], &[], &[5]);
+    let h = Mlp::new(&g, "mlp", &[16, 4], Activation::Relu).apply(&x);
+    let h = rocannl_tensor::nn::norm::layer_norm(&g, "ln", &h, 1e-5);
+    let _ = rocannl_tensor::nn::dense(&g, "head", &h, 3);
+    g.finish().unwrap();
+    assert!(g.warnings().is_empty(), "{:?}", g.warnings());
+    let g = Graph::new();
+    let x = g.data("x", &[8], &[], &[5]);
+    let _ = g.param("w2").matmul(&g.param("w1").matmul(&x).relu());
+    g.finish().unwrap();
+    let w = g.warnings();
+    assert!(w.iter().any(|m| m.contains("w2") && m.contains("hidden dimension")), "{w:?}");
+}
+
+#[test]
+fn tensors_with_no_elements_compute_like_any_other() {
+    // Size-0 axes as in NumPy: pointwise results are empty, a sum over an empty axis is 0, and
+    // gradients of empty parameters are empty.
+    for backend in [BackendKind::Interp, BackendKind::Gccjit] {
+        let g = Graph::new();
+        let x = g.data("x", &[0], &[], &[3]);
+        let p = g.param_with("p", ParamSpec::vector(&[3]).init(Init::Constant(2.0)));
+        let y = (&x + &p).relu();
+        let total = y.einsum1("b|->i => |->i"); // sums the empty batch axis
+        let a = g.data("a", &[], &[], &[2, 0]);
+        let b = g.data("b", &[], &[], &[0, 4]);
+        let prod = a.einsum("ij;jk=>ik", &b); // an empty contraction: zeros
+        let mut s = match session(&g, backend, Prec::F64) {
+            Ok(s) => s,
+            Err(e) if backend == BackendKind::Gccjit => {
+                eprintln!("gccjit unavailable: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        s.write(&x, &[]).unwrap();
+        let r = s.forward(&[&y, &total, &prod]).unwrap();
+        s.run(&r).unwrap();
+        assert_eq!(s.read(&y).unwrap(), Vec::<f64>::new());
+        assert_eq!(s.read(&total).unwrap(), vec![0.0; 3]);
+        assert_eq!(s.read(&prod).unwrap(), vec![0.0; 8]);
+        let r = s.backprop(&total, &[]).unwrap();
+        s.run(&r).unwrap();
+        assert_eq!(s.read_grad(&p).unwrap(), vec![0.0; 3], "no example contributes");
+    }
+}
+
+#[test]
 fn mixing_graphs_and_reading_too_early_are_errors() {
     let g1 = Graph::new();
     let g2 = Graph::new();

@@ -67,7 +67,7 @@ impl Dense {
             ),
             b: g.param_with(
                 &format!("{name}.b"),
-                ParamSpec::output(&[out]).init(Init::Constant(0.0)),
+                ParamSpec::vector(&[out]).init(Init::Constant(0.0)),
             ),
         }
     }
@@ -76,7 +76,10 @@ impl Dense {
     pub fn inferred(g: &Graph, name: &str) -> Dense {
         Dense {
             w: g.param_with(&format!("{name}.w"), ParamSpec::default().init(Init::FanInUniform)),
-            b: g.param_with(&format!("{name}.b"), ParamSpec::default().init(Init::Constant(0.0))),
+            b: g.param_with(
+                &format!("{name}.b"),
+                ParamSpec::default().with_input(&[]).init(Init::Constant(0.0)),
+            ),
         }
     }
 

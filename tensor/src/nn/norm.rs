@@ -25,9 +25,9 @@ pub fn layer_norm(g: &Graph, name: &str, x: &Tensor, eps: f64) -> Tensor {
     let centered = x - &x.mean1(OUTPUT_AXES);
     let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
     let normed = &centered / &(&var + eps).sqrt();
-    let gain =
-        g.param_with(&format!("{name}.gain"), ParamSpec::default().init(Init::Constant(1.0)));
-    let bias =
-        g.param_with(&format!("{name}.bias"), ParamSpec::default().init(Init::Constant(0.0)));
+    // One gain and one bias per normalized (output) position; no input axes.
+    let vector = || ParamSpec::default().with_input(&[]);
+    let gain = g.param_with(&format!("{name}.gain"), vector().init(Init::Constant(1.0)));
+    let bias = g.param_with(&format!("{name}.bias"), vector().init(Init::Constant(0.0)));
     &normed.pointmul(&gain) + &bias
 }

@@ -154,8 +154,8 @@ fn reduced_count(cx: &OpCtx) -> usize {
 }
 
 fn parse(t: &Tensor, spec: &str, n: usize) -> Option<Arc<EinsumSpec>> {
-    match EinsumSpec::parse(spec) {
-        Ok(s) if s.operands.len() == n => Some(Arc::new(s)),
+    match t.graph.spec(spec, false) {
+        Ok(s) if s.operands.len() == n => Some(s),
         Ok(s) => {
             t.graph.record(Error::usage(format!(
                 "spec \"{spec}\" has {} operand(s) but is applied to {n} tensor(s)",
@@ -245,8 +245,8 @@ impl Tensor {
 
     /// An einsum whose convolution axes are padded to preserve dimensions.
     pub fn einsum_padded(&self, spec: &str, other: &Tensor) -> Tensor {
-        let spec = match EinsumSpec::parse_padded(spec) {
-            Ok(s) => Arc::new(s),
+        let spec = match self.graph.spec(spec, true) {
+            Ok(s) => s,
             Err(e) => {
                 self.graph.record(Error::Shape(e.into()));
                 return self.einsum_n("...;...=>...", &[other], Reduce::Sum);
@@ -257,8 +257,8 @@ impl Tensor {
 
     /// A max-plus einsum whose convolution axes are padded to preserve dimensions.
     pub fn tropical_padded(&self, spec: &str, other: &Tensor) -> Tensor {
-        let spec = match EinsumSpec::parse_padded(spec) {
-            Ok(s) => Arc::new(s),
+        let spec = match self.graph.spec(spec, true) {
+            Ok(s) => s,
             Err(e) => {
                 self.graph.record(Error::Shape(e.into()));
                 return self.einsum_n("...;...=>...", &[other], Reduce::Tropical);
