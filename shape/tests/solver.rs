@@ -940,6 +940,12 @@ fn at(cs: Vec<Constraint>) -> Vec<Constr> {
     cs.into_iter().map(|c| c.at(&origin())).collect()
 }
 
+/// Solves `cs` through the stages up to `before`, then the constraints that remain at `stage`.
+fn solve_after(s: &mut Solver, before: Stage, stage: Stage, cs: Vec<Constraint>) -> String {
+    let rest = s.solve(before, at(cs)).unwrap();
+    solve_at(s, stage, rest.into_iter().map(|c| c.c).collect())
+}
+
 #[test]
 fn stage_6_closes_every_row_variable_to_no_more_axes() {
     // [..r0.., 2] >= [..r1.., 2] with nothing else known: both close to no further axes.
@@ -952,9 +958,8 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
         Constraint::ShapeRow(open(vec![], r[0], vec![n(2)])),
         Constraint::ShapeRow(open(vec![], r[1], vec![n(2)])),
     ];
-    let rest = s.solve(Stage::RowConstraints, at(cs)).unwrap();
     check(
-        solve_at(&mut s, Stage::RowsToNoMoreAxes, rest.into_iter().map(|c| c.c).collect()),
+        solve_after(&mut s, Stage::RowConstraints, Stage::RowsToNoMoreAxes, cs),
         expect![[r#"
             solved
             --
@@ -969,9 +974,8 @@ fn stage_7_closes_every_dim_to_its_lower_bound_or_one() {
     let (mut s, d, _) = solver(2, 0);
     s.apply_dim_constraint(&d[1], &DimConstraint::AtLeast(4), &origin()).unwrap();
     let cs = vec![Constraint::ShapeRow(fixed(vec![d[0].clone(), d[1].clone()]))];
-    let rest = s.solve(Stage::RowsToNoMoreAxes, at(cs)).unwrap();
     check(
-        solve_at(&mut s, Stage::DimsToLowerBound, rest.into_iter().map(|c| c.c).collect()),
+        solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
         expect![[r#"
             solved
             --
@@ -992,9 +996,8 @@ fn stage_3_gives_a_leaf_row_without_bound_the_axis_its_values_need() {
         Constraint::RowsConstr { rows, constr: total },
         Constraint::TerminalRow(Row::of_var(r[0], id())),
     ];
-    let rest = s.solve(Stage::TerminalDimsToOne, at(cs)).unwrap();
     check(
-        solve_at(&mut s, Stage::TerminalsToLub, rest.into_iter().map(|c| c.c).collect()),
+        solve_after(&mut s, Stage::TerminalDimsToOne, Stage::TerminalsToLub, cs),
         expect![[r#"
             solved
             --
@@ -1013,9 +1016,8 @@ fn stage_5_with_several_row_variables_the_output_row_takes_the_elements() {
     let total =
         RowConstraint::TotalElems { numerator: TotalElems::NumElems(6), divided_by: vec![] };
     let cs = vec![Constraint::RowsConstr { rows, constr: total }];
-    let rest = s.solve(Stage::TerminalRowsClosed, at(cs)).unwrap();
     check(
-        solve_at(&mut s, Stage::RowConstraints, rest.into_iter().map(|c| c.c).collect()),
+        solve_after(&mut s, Stage::TerminalRowsClosed, Stage::RowConstraints, cs),
         expect![[r#"
             solved
             --
@@ -1036,9 +1038,8 @@ fn stage_7_closes_the_parts_of_an_arithmetic_axis_one_at_a_time() {
         Constraint::DimEq { d1: axis.clone(), d2: n(2) },
         Constraint::ShapeRow(fixed(vec![axis])),
     ];
-    let rest = s.solve(Stage::RowsToNoMoreAxes, at(cs)).unwrap();
     check(
-        solve_at(&mut s, Stage::DimsToLowerBound, rest.into_iter().map(|c| c.c).collect()),
+        solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
         expect![[r#"
             solved
             --
