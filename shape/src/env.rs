@@ -195,6 +195,9 @@ impl Environment {
 
     /// The dimension with every solved variable substituted.
     pub fn subst_dim(&self, d: &Dim) -> Dim {
+        if self.dim_is_normal(d) {
+            return d.clone();
+        }
         d.map_vars_with(
             &mut |v| match self.dim_entry(v) {
                 Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
@@ -202,6 +205,31 @@ impl Environment {
             },
             !self.keep_padded_conv,
         )
+    }
+
+    /// [`Environment::subst_dim`], borrowed unchanged when substitution would not change it.
+    pub fn subst_dim_cow<'d>(&self, d: &'d Dim) -> Cow<'d, Dim> {
+        if self.dim_is_normal(d) { Cow::Borrowed(d) } else { Cow::Owned(self.subst_dim(d)) }
+    }
+
+    /// Whether substitution (and the simplification of arithmetic dimensions that comes with
+    /// it) would leave the dimension as it is.
+    pub fn dim_is_normal(&self, d: &Dim) -> bool {
+        match d {
+            Dim::Solved(_) => true,
+            Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
+            Dim::Conv(c) => {
+                !(c.padded && c.stride == 1 && !self.keep_padded_conv)
+                    && c.input_size().is_none()
+                    && self.dim_is_normal(&c.output)
+                    && self.dim_is_normal(&c.kernel)
+            }
+            Dim::Concat(parts) => {
+                parts.len() != 1
+                    && parts.iter().any(|p| p.size().is_none())
+                    && parts.iter().all(|p| self.dim_is_normal(p))
+            }
+        }
     }
 
     /// The row with every solved variable (dimension and row) substituted, borrowed unchanged
@@ -212,37 +240,60 @@ impl Environment {
 
     /// Whether substitution would leave the row as it is.
     pub fn row_is_normal(&self, r: &Row) -> bool {
-        let dim_normal = |d: &Dim| match d {
-            Dim::Solved(_) => true,
-            Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
-            Dim::Conv(_) | Dim::Concat(_) => false,
-        };
-        r.dims.iter().all(dim_normal)
+        r.dims.iter().all(|d| self.dim_is_normal(d))
             && match &r.bcast {
                 Bcast::Broadcastable => true,
                 Bcast::Var { v, beg_dims } => {
                     !matches!(self.row_entry(*v), Some(RowEntry::Solved(..)))
-                        && beg_dims.iter().all(dim_normal)
+                        && beg_dims.iter().all(|d| self.dim_is_normal(d))
                 }
             }
     }
 
     /// The row with every solved variable (dimension and row) substituted.
+    ///
+    /// A solved row variable splices its value between the row's leading and trailing axes,
+    /// and the value's own variable may be solved in turn: the leading axes of the chain are
+    /// collected in order, its trailing axes innermost first, and the row is built once.
     pub fn subst_row(&self, r: &Row) -> Row {
         if self.row_is_normal(r) {
             return r.clone();
         }
-        let mut row = r.map_dims(&mut |d| self.subst_dim(d));
-        while let Some(v) = row.var() {
-            match self.row_entry(v) {
-                Some(RowEntry::Solved(value, _)) => {
-                    let value = self.subst_row(value);
-                    row = row.splice(v, &value);
+        let mut beg: Vec<Dim> = Vec::new();
+        // The trailing parts of the chain, outermost first.
+        let mut ends: Vec<&[Dim]> = vec![&r.dims];
+        let mut bcast = &r.bcast;
+        let var = loop {
+            match bcast {
+                Bcast::Broadcastable => break None,
+                Bcast::Var { v, beg_dims } => {
+                    beg.extend(beg_dims.iter().map(|d| self.subst_dim(d)));
+                    match self.row_entry(*v) {
+                        Some(RowEntry::Solved(value, _)) => {
+                            ends.push(&value.dims);
+                            bcast = &value.bcast;
+                        }
+                        _ => break Some(*v),
+                    }
                 }
-                _ => break,
             }
+        };
+        let n_end: usize = ends.iter().map(|e| e.len()).sum();
+        let dims_from = |mut dims: Vec<Dim>| {
+            dims.reserve(n_end);
+            for part in ends.iter().rev() {
+                dims.extend(part.iter().map(|d| self.subst_dim(d)));
+            }
+            dims
+        };
+        match var {
+            None => Row { dims: dims_from(beg), bcast: Bcast::Broadcastable, id: r.id },
+            Some(v) => Row {
+                dims: dims_from(Vec::new()),
+                bcast: Bcast::Var { v, beg_dims: beg },
+                id: r.id,
+            },
         }
-        row
     }
 
     /// The origin recorded for a solved dimension variable, if any.
@@ -316,6 +367,46 @@ impl Environment {
                 self.dim_is_known(&c.output) && (c.dilation == 0 || self.dim_is_known(&c.kernel))
             }
             Dim::Concat(parts) => parts.iter().all(|p| self.dim_is_known(p)),
+        }
+    }
+
+    /// Whether `f` holds for some unsolved dimension variable of the row after substitution
+    /// (those [`Environment::row_dim_vars`] lists), found without building the substituted row.
+    pub fn row_any_dim_var(&self, r: &Row, f: &mut impl FnMut(DimVar) -> bool) -> bool {
+        let in_dims = |ds: &[Dim], f: &mut dyn FnMut(DimVar) -> bool| {
+            ds.iter().any(|d| self.dim_any_var(d, f))
+        };
+        if in_dims(&r.dims, f) {
+            return true;
+        }
+        match &r.bcast {
+            Bcast::Broadcastable => false,
+            Bcast::Var { v, beg_dims } => {
+                in_dims(beg_dims, f)
+                    || match self.row_entry(*v) {
+                        Some(RowEntry::Solved(value, _)) => self.row_any_dim_var(value, f),
+                        _ => false,
+                    }
+            }
+        }
+    }
+
+    /// Whether `f` holds for some unsolved variable of the dimension after substitution (those
+    /// [`Dim::vars`] lists for the substituted dimension).
+    fn dim_any_var(&self, d: &Dim, f: &mut dyn FnMut(DimVar) -> bool) -> bool {
+        match d {
+            Dim::Solved(_) => false,
+            Dim::Var(v) => match self.dim_entry(*v) {
+                Some(DimEntry::Solved(value, _)) => self.dim_any_var(value, f),
+                _ => f(*v),
+            },
+            // An arithmetic dimension whose parts are all known has become a size; otherwise
+            // its variables are those of its parts that count.
+            Dim::Conv(c) => {
+                self.dim_any_var(&c.output, f)
+                    || (c.kernel_counts() && self.dim_any_var(&c.kernel, f))
+            }
+            Dim::Concat(parts) => parts.iter().any(|p| self.dim_any_var(p, f)),
         }
     }
 

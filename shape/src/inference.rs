@@ -305,7 +305,7 @@ impl Inference {
             }));
         }
         for i in 0..self.shapes.len() {
-            self.shapes[i] = self.solver.env.subst_shape(&self.shapes[i]);
+            self.refresh_shape(i);
         }
         if let Some(sh) = self.shapes.iter().find(|s| s.dims().is_none()) {
             let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
@@ -352,7 +352,7 @@ impl Inference {
 
     fn has_lower_bounded_dim(&self, c: &Constraint) -> bool {
         let Constraint::ShapeRow(r) = c else { return false };
-        self.solver.env.row_dim_vars(r).into_iter().any(|v| {
+        self.solver.env.row_any_dim_var(r, &mut |v| {
             let b = self.solver.env.dim_bounds(v);
             b.constr.as_ref().is_some_and(|(c, _)| c.lower_bound().is_some())
         })
@@ -371,8 +371,19 @@ impl Inference {
         let st = &self.steps[step.0 as usize];
         let ids: Vec<ShapeId> = std::iter::once(st.shape).chain(st.logic.args()).collect();
         for id in ids {
-            let i = id.0 as usize;
-            self.shapes[i] = self.solver.env.subst_shape(&self.shapes[i]);
+            self.refresh_shape(id.0 as usize);
+        }
+    }
+
+    /// Substitutes the solved variables into a shape's rows, leaving rows with nothing to
+    /// substitute untouched.
+    fn refresh_shape(&mut self, i: usize) {
+        let env = &self.solver.env;
+        let sh = &mut self.shapes[i];
+        for row in [&mut sh.batch, &mut sh.input, &mut sh.output] {
+            if !env.row_is_normal(row) {
+                *row = env.subst_row(row);
+            }
         }
     }
 
