@@ -253,47 +253,56 @@ impl Environment {
     /// The row with every solved variable (dimension and row) substituted.
     ///
     /// A solved row variable splices its value between the row's leading and trailing axes,
-    /// and the value's own variable may be solved in turn: the leading axes of the chain are
-    /// collected in order, its trailing axes innermost first, and the row is built once.
+    /// and the value's own variable may be solved in turn: the chain is measured first, then
+    /// the row is built once, leading axes outermost first and trailing axes innermost first.
     pub fn subst_row(&self, r: &Row) -> Row {
         if self.row_is_normal(r) {
             return r.clone();
         }
-        let mut beg: Vec<Dim> = Vec::new();
-        // The trailing parts of the chain, outermost first.
-        let mut ends: Vec<&[Dim]> = vec![&r.dims];
-        let mut bcast = &r.bcast;
+        let (mut n_beg, mut n_end, mut row) = (0, 0, r);
         let var = loop {
-            match bcast {
+            n_end += row.dims.len();
+            match &row.bcast {
                 Bcast::Broadcastable => break None,
                 Bcast::Var { v, beg_dims } => {
-                    beg.extend(beg_dims.iter().map(|d| self.subst_dim(d)));
+                    n_beg += beg_dims.len();
                     match self.row_entry(*v) {
-                        Some(RowEntry::Solved(value, _)) => {
-                            ends.push(&value.dims);
-                            bcast = &value.bcast;
-                        }
+                        Some(RowEntry::Solved(value, _)) => row = value,
                         _ => break Some(*v),
                     }
                 }
             }
         };
-        let n_end: usize = ends.iter().map(|e| e.len()).sum();
-        let dims_from = |mut dims: Vec<Dim>| {
-            dims.reserve(n_end);
-            for part in ends.iter().rev() {
-                dims.extend(part.iter().map(|d| self.subst_dim(d)));
-            }
-            dims
-        };
         match var {
-            None => Row { dims: dims_from(beg), bcast: Bcast::Broadcastable, id: r.id },
-            Some(v) => Row {
-                dims: dims_from(Vec::new()),
-                bcast: Bcast::Var { v, beg_dims: beg },
-                id: r.id,
-            },
+            None => {
+                // All axes in one list: the leading ones are pushed before any trailing one.
+                let mut dims = Vec::with_capacity(n_beg + n_end);
+                self.fill_row(r, None, &mut dims);
+                Row { dims, bcast: Bcast::Broadcastable, id: r.id }
+            }
+            Some(v) => {
+                let mut beg = Vec::with_capacity(n_beg);
+                let mut dims = Vec::with_capacity(n_end);
+                self.fill_row(r, Some(&mut beg), &mut dims);
+                Row { dims, bcast: Bcast::Var { v, beg_dims: beg }, id: r.id }
+            }
         }
+    }
+
+    /// Pushes the substituted axes of a row chain: leading axes on the way in (to `beg`, or to
+    /// `dims` when it is `None`), trailing axes on the way out.
+    fn fill_row(&self, r: &Row, mut beg: Option<&mut Vec<Dim>>, dims: &mut Vec<Dim>) {
+        if let Bcast::Var { v, beg_dims } = &r.bcast {
+            let subst = beg_dims.iter().map(|d| self.subst_dim(d));
+            match beg.as_deref_mut() {
+                Some(b) => b.extend(subst),
+                None => dims.extend(subst),
+            }
+            if let Some(RowEntry::Solved(value, _)) = self.row_entry(*v) {
+                self.fill_row(value, beg, dims);
+            }
+        }
+        dims.extend(r.dims.iter().map(|d| self.subst_dim(d)));
     }
 
     /// The origin recorded for a solved dimension variable, if any.

@@ -67,14 +67,15 @@ impl Row {
 impl Solver {
     /// Solves `cur ≥ subr` for dimensions.
     pub fn solve_dim_ineq(&mut self, cur: &Dim, subr: &Dim, origin: &Origin) -> Derived {
-        let cur = self.env.subst_dim(cur);
-        let subr = self.env.subst_dim(subr);
-        if same_dim(&cur, &subr) {
+        let cur = self.env.subst_dim_cow(cur);
+        let subr = self.env.subst_dim_cow(subr);
+        let (cur, subr) = (cur.as_ref(), subr.as_ref());
+        if same_dim(cur, subr) {
             return Ok(vec![]);
         }
         if let (Some(c), Some(s)) = (cur.size(), subr.size()) {
             if c == s {
-                if !labels_agree(&cur, &subr) {
+                if !labels_agree(cur, subr) {
                     return Err(conflict(
                         format!("axes of size {c} have different labels: {cur} vs {subr}"),
                         origin,
@@ -99,22 +100,22 @@ impl Solver {
         let eq =
             |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
         if cur.is_one() {
-            return Ok(vec![eq(&subr, &cur)]);
+            return Ok(vec![eq(subr, cur)]);
         }
-        if arithmetic(&subr) && cur.size().is_some() && subr.can_be_one() {
+        if arithmetic(subr) && cur.size().is_some() && subr.can_be_one() {
             // A known size above an arithmetic axis whose parts may still make it 1: once its
             // parts are known it either equals cur or broadcasts as 1, and which one depends on
             // them. Equating now would make the outcome depend on whether the parts were known
             // first.
-            self.defer(Constraint::DimIneq { cur, subr }.at(origin));
+            self.defer(Constraint::DimIneq { cur: cur.clone(), subr: subr.clone() }.at(origin));
             return Ok(vec![]);
         }
-        if arithmetic(&cur) || arithmetic(&subr) {
+        if arithmetic(cur) || arithmetic(subr) {
             // Convolution and concatenation axes do not broadcast.
-            return Ok(vec![eq(&cur, &subr)]);
+            return Ok(vec![eq(cur, subr)]);
         }
-        match (&cur, &subr) {
-            (Dim::Var(_), Dim::Solved(_)) => Ok(vec![eq(&cur, &subr)]),
+        match (cur, subr) {
+            (Dim::Var(_), Dim::Solved(_)) => Ok(vec![eq(cur, subr)]),
             (Dim::Solved(_), Dim::Var(s)) => self.add_dim_lub(*s, cur.clone(), origin),
             (Dim::Var(c), Dim::Var(s)) => self.add_dim_var_ineq(*c, *s, origin),
             _ => Err(conflict(format!("cannot compare {cur} and {subr}"), origin)),

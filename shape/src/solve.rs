@@ -54,6 +54,8 @@ pub struct Solver {
     closers_deferred_at: u64,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
+    /// The queues of [`Solver::solve`], empty between calls (kept for their capacity).
+    queues: Queues,
 }
 
 impl Solver {
@@ -104,7 +106,9 @@ impl Solver {
         // which are then forced from below by their components (the seed's reason for closing
         // leaves to their bounds and everything else to the smallest value).
         let late = stage >= Stage::RowsToNoMoreAxes;
-        let mut queues = Queues { late, ..Queues::default() };
+        let mut queues = std::mem::take(&mut self.queues);
+        queues.clear();
+        queues.late = late;
         dedup(constraints).into_iter().for_each(|c| queues.route(c));
         let mut fuel = FUEL;
         loop {
@@ -132,6 +136,7 @@ impl Solver {
                         None => {
                             let mut rest = std::mem::take(&mut self.deferred);
                             rest.append(&mut self.deferred_closers);
+                            self.queues = queues;
                             return Ok(rest);
                         }
                     }
@@ -175,7 +180,7 @@ impl Solver {
 
 /// The constraints to process, in the order they are taken: propagation first, then closing
 /// of leaf rows and dimensions, then (from stage 6 on) closing of the rows of composite shapes.
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 struct Queues {
     late: bool,
     regular: VecDeque<Constr>,
@@ -184,6 +189,12 @@ struct Queues {
 }
 
 impl Queues {
+    fn clear(&mut self) {
+        self.regular.clear();
+        self.closers.clear();
+        self.shape_closers.clear();
+    }
+
     fn route(&mut self, c: Constr) {
         if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
             self.shape_closers.push_back(c);

@@ -51,13 +51,14 @@ fn same_conv_shape(a: &ConvDim, b: &ConvDim) -> Option<Vec<(Dim, Dim)>> {
 impl Solver {
     /// Solves `d1 = d2`.
     pub fn unify_dim(&mut self, d1: &Dim, d2: &Dim, origin: &Origin) -> Derived {
-        let d1 = self.env.subst_dim(d1);
-        let d2 = self.env.subst_dim(d2);
+        let d1 = self.env.subst_dim_cow(d1);
+        let d2 = self.env.subst_dim_cow(d2);
+        let (d1, d2) = (d1.as_ref(), d2.as_ref());
         if d1 == d2 {
             // The same dimension (arithmetic ones included, whose parts need not be known).
             return Ok(vec![]);
         }
-        match (&d1, &d2) {
+        match (d1, d2) {
             (Dim::Solved(a), Dim::Solved(b)) => {
                 if a.d != b.d {
                     return Err(conflict(
@@ -65,7 +66,7 @@ impl Solver {
                         origin,
                     ));
                 }
-                if !labels_agree(&d1, &d2) {
+                if !labels_agree(d1, d2) {
                     return Err(conflict(
                         format!("axes of size {} have different labels: {d1} vs {d2}", a.d),
                         origin,
