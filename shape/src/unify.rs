@@ -6,6 +6,8 @@
 //! (convolutions, concatenations) are solved for their missing part once enough is known, and
 //! deferred until then.
 
+use std::sync::Arc;
+
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint};
 use crate::dim::{ConvDim, Dim};
 use crate::env::{fresh_dims, row_with_var};
@@ -76,13 +78,9 @@ impl Solver {
             }
             (Dim::Var(a), Dim::Var(b)) if a == b => Ok(vec![]),
             (Dim::Var(v), other) | (other, Dim::Var(v)) => self.bind_dim(*v, other.clone(), origin),
-            (Dim::Conv(c), other) | (other, Dim::Conv(c)) => {
-                let c = (**c).clone();
-                self.unify_conv(&c, other, origin)
-            }
+            (Dim::Conv(c), other) | (other, Dim::Conv(c)) => self.unify_conv(c, other, origin),
             (Dim::Concat(parts), other) | (other, Dim::Concat(parts)) => {
-                let parts = parts.clone();
-                self.unify_concat(&parts, other, origin)
+                self.unify_concat(parts, other, origin)
             }
         }
     }
@@ -154,7 +152,7 @@ impl Solver {
     }
 
     /// `conv = other` where `other` is not a variable.
-    fn unify_conv(&mut self, c: &ConvDim, other: &Dim, origin: &Origin) -> Derived {
+    fn unify_conv(&mut self, c: &Arc<ConvDim>, other: &Dim, origin: &Origin) -> Derived {
         if let Dim::Conv(o) = other {
             if let Some(eqs) = same_conv_shape(c, o) {
                 return Ok(eqs
@@ -166,17 +164,13 @@ impl Solver {
         let Some(n) = other.size() else {
             // Two arithmetic dimensions with unknown parts: wait for more information.
             self.defer(
-                Constraint::DimEq { d1: Dim::Conv(Box::new(c.clone())), d2: other.clone() }
-                    .at(origin),
+                Constraint::DimEq { d1: Dim::Conv(c.clone()), d2: other.clone() }.at(origin),
             );
             return Ok(vec![]);
         };
         let bad = |why: String| {
             conflict(
-                format!(
-                    "convolution axis {} cannot have size {n}: {why}",
-                    Dim::Conv(Box::new(c.clone()))
-                ),
+                format!("convolution axis {} cannot have size {n}: {why}", Dim::Conv(c.clone())),
                 origin,
             )
         };
@@ -197,8 +191,7 @@ impl Solver {
             }
             (None, None) => {
                 self.defer(
-                    Constraint::DimEq { d1: Dim::Conv(Box::new(c.clone())), d2: other.clone() }
-                        .at(origin),
+                    Constraint::DimEq { d1: Dim::Conv(c.clone()), d2: other.clone() }.at(origin),
                 );
                 Ok(vec![])
             }
