@@ -14,8 +14,6 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use rustc_hash::FxHashSet;
-
 use crate::constraint::{DimConstraint, Origin, RowConstraint};
 use crate::dim::Dim;
 use crate::row::{Bcast, Row};
@@ -138,6 +136,10 @@ pub struct Environment {
     /// Keep padded stride-1 convolutions as convolutions when substituting (projection
     /// inference, where they must not be identified with their output's index).
     pub keep_padded_conv: bool,
+    /// Reused buffers of the reachability searches.
+    dim_reach: Reach<DimVar>,
+    /// The same for row variables.
+    row_reach: Reach<RowVar>,
 }
 
 impl Environment {
@@ -315,31 +317,25 @@ impl Environment {
     }
 
     /// Whether `lo` is reachable from `hi` by following `subr` edges (`hi ≥ … ≥ lo`).
-    pub fn dim_below(&self, hi: DimVar, lo: DimVar) -> bool {
-        let bounds = |v: DimVar| match self.dim_entry(v) {
-            Some(DimEntry::Bounds(b)) => Some(b),
-            _ => None,
+    pub fn dim_below(&mut self, hi: DimVar, lo: DimVar) -> bool {
+        let dims = &self.dims;
+        let edges = |v: DimVar, up: bool| match dims.get(v) {
+            Some(Entry::Bounds(b)) if up => &b.cur[..],
+            Some(Entry::Bounds(b)) => &b.subr[..],
+            _ => &[][..],
         };
-        reachable(
-            hi,
-            lo,
-            |v| bounds(v).map_or(&[][..], |b| &b.subr),
-            |v| bounds(v).map_or(&[][..], |b| &b.cur),
-        )
+        self.dim_reach.reachable(hi, lo, edges)
     }
 
     /// Whether row variable `lo` is reachable from `hi` by following `subr` edges.
-    pub fn row_below(&self, hi: RowVar, lo: RowVar) -> bool {
-        let bounds = |v: RowVar| match self.row_entry(v) {
-            Some(RowEntry::Bounds(b)) => Some(b),
-            _ => None,
+    pub fn row_below(&mut self, hi: RowVar, lo: RowVar) -> bool {
+        let rows = &self.rows;
+        let edges = |v: RowVar, up: bool| match rows.get(v) {
+            Some(Entry::Bounds(b)) if up => &b.cur[..],
+            Some(Entry::Bounds(b)) => &b.subr[..],
+            _ => &[][..],
         };
-        reachable(
-            hi,
-            lo,
-            |v| bounds(v).map_or(&[][..], |b| &b.subr),
-            |v| bounds(v).map_or(&[][..], |b| &b.cur),
-        )
+        self.row_reach.reachable(hi, lo, edges)
     }
 
     /// Whether row variable `v` occurs in `row` after substitution (an occurs check).
@@ -480,47 +476,90 @@ impl fmt::Display for Environment {
     }
 }
 
-/// Whether `lo` can be reached from `hi` through `down` edges (equivalently `hi` from `lo`
-/// through `up` edges). Both searches advance in turn and the first to finish decides, so the
-/// cost is about the smaller of the regions below `hi` and above `lo` — long chains of
-/// inequalities make one of them large.
-fn reachable<'a, V: Copy + Eq + std::hash::Hash + 'a>(
-    hi: V,
-    lo: V,
-    down: impl Fn(V) -> &'a [V],
-    up: impl Fn(V) -> &'a [V],
-) -> bool {
-    if hi == lo {
-        return true;
+/// The buffers of the reachability searches, kept between searches: visit marks indexed by
+/// variable number (each search marks with its own generation, so nothing needs clearing) and
+/// the two stacks.
+#[derive(Clone, Debug)]
+struct Reach<V> {
+    generation: u32,
+    down_marks: Vec<u32>,
+    up_marks: Vec<u32>,
+    down_stack: Vec<V>,
+    up_stack: Vec<V>,
+}
+
+impl<V> Default for Reach<V> {
+    fn default() -> Self {
+        Reach {
+            generation: 0,
+            down_marks: Vec::new(),
+            up_marks: Vec::new(),
+            down_stack: Vec::new(),
+            up_stack: Vec::new(),
+        }
     }
-    // Quick answers without allocating: most variables have few or no neighbours.
-    let (below_hi, above_lo) = (down(hi), up(lo));
-    if below_hi.is_empty() || above_lo.is_empty() {
-        return false;
+}
+
+/// Marks variable `i` visited in this generation; whether it was not visited before.
+fn visit(marks: &mut Vec<u32>, i: usize, generation: u32) -> bool {
+    if marks.len() <= i {
+        marks.resize(i + 1, 0);
     }
-    if below_hi.contains(&lo) {
-        return true;
-    }
-    let (mut seen_down, mut stack_down) = (FxHashSet::default(), below_hi.to_vec());
-    let (mut seen_up, mut stack_up) = (FxHashSet::default(), above_lo.to_vec());
-    seen_down.insert(hi);
-    seen_up.insert(lo);
-    loop {
-        match stack_down.pop() {
-            None => return false,
-            Some(v) if v == lo => return true,
-            Some(v) => {
-                if seen_down.insert(v) {
-                    stack_down.extend_from_slice(down(v));
+    let fresh = marks[i] != generation;
+    marks[i] = generation;
+    fresh
+}
+
+impl<V: Copy + Eq + Into<usize>> Reach<V> {
+    /// Whether `lo` can be reached from `hi` through downward edges (equivalently `hi` from
+    /// `lo` through upward ones); `edges(v, up)` lists a variable's neighbours. Both searches
+    /// advance in turn and the first to finish decides, so the cost is about the smaller of the
+    /// regions below `hi` and above `lo` — long chains of inequalities make one of them large.
+    fn reachable<'a>(&mut self, hi: V, lo: V, edges: impl Fn(V, bool) -> &'a [V]) -> bool
+    where
+        V: 'a,
+    {
+        if hi == lo {
+            return true;
+        }
+        // Quick answers: most variables have few or no neighbours.
+        let (below_hi, above_lo) = (edges(hi, false), edges(lo, true));
+        if below_hi.is_empty() || above_lo.is_empty() {
+            return false;
+        }
+        if below_hi.contains(&lo) {
+            return true;
+        }
+        if self.generation == u32::MAX {
+            self.down_marks.iter_mut().chain(self.up_marks.iter_mut()).for_each(|m| *m = 0);
+            self.generation = 0;
+        }
+        self.generation += 1;
+        let generation = self.generation;
+        let Reach { down_marks, up_marks, down_stack, up_stack, .. } = self;
+        visit(down_marks, hi.into(), generation);
+        visit(up_marks, lo.into(), generation);
+        down_stack.clear();
+        down_stack.extend_from_slice(below_hi);
+        up_stack.clear();
+        up_stack.extend_from_slice(above_lo);
+        loop {
+            match down_stack.pop() {
+                None => return false,
+                Some(v) if v == lo => return true,
+                Some(v) => {
+                    if visit(down_marks, v.into(), generation) {
+                        down_stack.extend_from_slice(edges(v, false));
+                    }
                 }
             }
-        }
-        match stack_up.pop() {
-            None => return false,
-            Some(v) if v == hi => return true,
-            Some(v) => {
-                if seen_up.insert(v) {
-                    stack_up.extend_from_slice(up(v));
+            match up_stack.pop() {
+                None => return false,
+                Some(v) if v == hi => return true,
+                Some(v) => {
+                    if visit(up_marks, v.into(), generation) {
+                        up_stack.extend_from_slice(edges(v, true));
+                    }
                 }
             }
         }

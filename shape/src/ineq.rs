@@ -570,7 +570,7 @@ impl Solver {
     }
 
     /// Whether `x ≤ y` is already known (so the meet of `x` and `y` is `x`).
-    fn dim_known_below(&self, x: &Dim, y: &Dim) -> bool {
+    fn dim_known_below(&mut self, x: &Dim, y: &Dim) -> bool {
         match (x, y) {
             (_, _) if x.is_one() => true,
             (Dim::Var(a), Dim::Var(b)) => self.env.dim_below(*b, *a),
