@@ -225,11 +225,16 @@ fn sum_sizes(parts: &[Dim]) -> Option<usize> {
 impl ConvDim {
     /// The input size when the parts it depends on are known (and it does not overflow).
     pub fn input_size(&self) -> Option<usize> {
-        let out = self.output.size()?;
+        self.input_size_with(Dim::size)
+    }
+
+    /// [`ConvDim::input_size`], with the sizes of the parts given by `size`.
+    pub fn input_size_with(&self, size: impl Fn(&Dim) -> Option<usize>) -> Option<usize> {
+        let out = size(&self.output)?;
         if self.padded || self.dilation == 0 {
             return self.stride.checked_mul(out);
         }
-        let k = self.kernel.size()?;
+        let k = size(&self.kernel)?;
         if out == 0 || k == 0 {
             return None;
         }

@@ -360,6 +360,22 @@ impl Environment {
             }
     }
 
+    /// The size of a dimension after substitution ([`Dim::size`] of
+    /// [`Environment::subst_dim`]), computed without building the substituted dimension.
+    pub fn dim_size(&self, d: &Dim) -> Option<usize> {
+        match d {
+            Dim::Solved(s) => Some(s.d),
+            Dim::Var(v) => match self.dim_entry(*v) {
+                Some(DimEntry::Solved(value, _)) => self.dim_size(value),
+                _ => None,
+            },
+            Dim::Conv(c) => c.input_size_with(|p| self.dim_size(p)),
+            Dim::Concat(parts) => {
+                parts.iter().try_fold(0usize, |acc, p| acc.checked_add(self.dim_size(p)?))
+            }
+        }
+    }
+
     /// Whether a dimension is known after substitution.
     pub fn dim_is_known(&self, d: &Dim) -> bool {
         match d {

@@ -30,7 +30,7 @@ use crate::row_constraint::slot_then;
 use crate::solve::Solver;
 use crate::spec::AxisSpec;
 use crate::stage::Stage;
-use crate::var::{DimVar, ProjId, StepId};
+use crate::var::{DimVar, StepId};
 
 #[derive(Clone, Debug)]
 enum Def {
@@ -51,8 +51,21 @@ struct ProjSolver<'a> {
     proj_env: &'a FxHashMap<DimVar, AxisIndex>,
     parent: Vec<usize>,
     info: Vec<Class>,
-    by_proj: FxHashMap<ProjId, usize>,
-    by_var: FxHashMap<DimVar, usize>,
+    /// The node of each projection id and of each local dimension variable, indexed by their
+    /// numbers (both are handed out densely by the local solver); `NONE` where there is none.
+    by_proj: Vec<usize>,
+    by_var: Vec<usize>,
+}
+
+/// No node yet.
+const NONE: usize = usize::MAX;
+
+/// The entry for index `i` of a dense table, grown as needed.
+fn entry(table: &mut Vec<usize>, i: usize) -> &mut usize {
+    if table.len() <= i {
+        table.resize(i + 1, NONE);
+    }
+    &mut table[i]
 }
 
 impl<'a> ProjSolver<'a> {
@@ -101,40 +114,41 @@ impl<'a> ProjSolver<'a> {
     fn node(&mut self, d: &Dim) -> Result<usize, String> {
         match d {
             Dim::Var(v) => {
-                if let Some(&n) = self.by_var.get(v) {
-                    return Ok(n);
+                let known = *entry(&mut self.by_var, v.0 as usize);
+                if known != NONE {
+                    return Ok(known);
                 }
                 let fixed = self.proj_env.get(v).cloned();
-                let n = self.new_node(Class { size: None, fixed: fixed.clone(), def: None });
-                self.by_var.insert(*v, n);
-                if fixed.is_none() {
-                    if let Some(crate::env::DimEntry::Solved(value, _)) =
-                        self.local.env.dim_entry(*v)
-                    {
-                        let value = value.clone();
-                        let m = self.node(&value)?;
+                let is_fixed = fixed.is_some();
+                let n = self.new_node(Class { size: None, fixed, def: None });
+                *entry(&mut self.by_var, v.0 as usize) = n;
+                let local = self.local;
+                if !is_fixed {
+                    if let Some(crate::env::DimEntry::Solved(value, _)) = local.env.dim_entry(*v) {
+                        let m = self.node(value)?;
                         self.union(n, m)?;
                     }
                 } else {
-                    let size = self.local.env.subst_dim(d).size();
+                    let size = self.local.env.dim_size(d);
                     let r = self.find(n);
                     self.info[r].size = self.info[r].size.or(size);
                 }
                 Ok(n)
             }
             Dim::Solved(SolvedDim { d, proj_id: Some(p), .. }) => {
-                if let Some(&n) = self.by_proj.get(p) {
-                    return Ok(n);
+                let known = *entry(&mut self.by_proj, p.0 as usize);
+                if known != NONE {
+                    return Ok(known);
                 }
                 let n = self.new_node(Class { size: Some(*d), ..Class::default() });
-                self.by_proj.insert(*p, n);
+                *entry(&mut self.by_proj, p.0 as usize) = n;
                 Ok(n)
             }
             Dim::Solved(s) => Ok(self.new_node(Class { size: Some(s.d), ..Class::default() })),
             Dim::Conv(c) => {
                 let output = self.node(&c.output)?;
                 let kernel = self.node(&c.kernel)?;
-                let size = self.local.env.subst_dim(d).size();
+                let size = self.local.env.dim_size(d);
                 let def = Def::Conv {
                     stride: c.stride,
                     output,
@@ -146,14 +160,14 @@ impl<'a> ProjSolver<'a> {
             }
             Dim::Concat(parts) => {
                 let ns = parts.iter().map(|p| self.node(p)).collect::<Result<Vec<_>, _>>()?;
-                let size = self.local.env.subst_dim(d).size();
+                let size = self.local.env.dim_size(d);
                 Ok(self.new_node(Class { size, fixed: None, def: Some(Def::Concat(ns)) }))
             }
         }
     }
 
     fn size(&self, d: &Dim) -> Option<usize> {
-        self.local.env.subst_dim(d).size()
+        self.local.env.dim_size(d)
     }
 
     /// Links two axes related by an equation (`ineq = false`) or `cur ≥ subr`.
@@ -171,18 +185,15 @@ impl<'a> ProjSolver<'a> {
         self.union(a, b)
     }
 
-    /// The axes a row variable stands for in the local solution (unsolved: none, as closing
-    /// would make them).
-    fn expand_var(&self, v: Option<crate::var::RowVar>) -> Vec<Dim> {
-        let Some(var) = v else { return vec![] };
-        match self.local.env.row_entry(var) {
-            Some(RowEntry::Solved(value, _)) => {
-                let mut out = value.beg_dims().to_vec();
-                out.extend(self.expand_var(value.var()));
-                out.extend(value.dims.iter().cloned());
-                out
-            }
-            _ => vec![],
+    /// Pushes the axes a row variable stands for in the local solution (unsolved: none, as
+    /// closing would make them).
+    fn expand_var(&self, v: Option<crate::var::RowVar>, out: &mut Vec<&'a Dim>) {
+        let Some(var) = v else { return };
+        let local = self.local;
+        if let Some(RowEntry::Solved(value, _)) = local.env.row_entry(var) {
+            out.extend(value.beg_dims());
+            self.expand_var(value.var(), out);
+            out.extend(&value.dims);
         }
     }
 
@@ -191,14 +202,18 @@ impl<'a> ProjSolver<'a> {
     /// first remaining axes of the other row; then the rest, including what the row variables
     /// stand for, from the right.
     fn link_rows(&mut self, cur: &Row, subr: &Row, ineq: bool) -> Result<(), String> {
-        let (cb, cm, cd) = (cur.beg_dims(), self.expand_var(cur.var()), &cur.dims);
-        let (sb, sm, sd) = (subr.beg_dims(), self.expand_var(subr.var()), &subr.dims);
+        let (cb, cd) = (cur.beg_dims(), &cur.dims);
+        let (sb, sd) = (subr.beg_dims(), &subr.dims);
         let k = cd.len().min(sd.len());
         for (c, s) in cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]) {
             self.link(c, s, ineq)?;
         }
-        let mut cmid: Vec<Dim> = [cb, &cm[..], &cd[..cd.len() - k]].concat();
-        let mut smid: Vec<Dim> = [sb, &sm[..], &sd[..sd.len() - k]].concat();
+        let mut cmid: Vec<&Dim> = cb.iter().collect();
+        self.expand_var(cur.var(), &mut cmid);
+        cmid.extend(&cd[..cd.len() - k]);
+        let mut smid: Vec<&Dim> = sb.iter().collect();
+        self.expand_var(subr.var(), &mut smid);
+        smid.extend(&sd[..sd.len() - k]);
         // How many leading axes are anchored: those before a row variable, against the first
         // axes of the other row.
         let j = match (cur.var().is_some(), subr.var().is_some()) {
@@ -210,8 +225,7 @@ impl<'a> ProjSolver<'a> {
         for (c, s) in cmid[..j].iter().zip(&smid[..j]) {
             self.link(c, s, ineq)?;
         }
-        cmid.drain(..j);
-        smid.drain(..j);
+        let (cmid, smid) = (&cmid[j..], &smid[j..]);
         let m = cmid.len().min(smid.len());
         for (c, s) in cmid[cmid.len() - m..].iter().zip(&smid[smid.len() - m..]) {
             self.link(c, s, ineq)?;
@@ -420,8 +434,8 @@ impl Inference {
             proj_env: &deriv.proj_env,
             parent: vec![],
             info: vec![],
-            by_proj: FxHashMap::default(),
-            by_var: FxHashMap::default(),
+            by_proj: Vec::new(),
+            by_var: Vec::new(),
         };
         for c in &deriv.constraints {
             let r = match c {
