@@ -177,6 +177,13 @@ pub fn get_inequalities(
 ) -> Result<Derivation, ShapeError> {
     let mut d = Derivation::default();
     let cs = &mut d.constraints;
+    cs.reserve(match logic {
+        Logic::Terminal(_) => 5,
+        Logic::Pointwise(_) => 3 * args.len(),
+        Logic::Compose(..) | Logic::ComposeAccumulate(..) => 8,
+        Logic::Transpose(_) | Logic::BatchSlice(..) | Logic::Reshape(_) => 4,
+        Logic::Einsum(..) => 0,
+    });
     match logic {
         Logic::Terminal(t) => {
             if t.input_equals_output {
@@ -283,7 +290,7 @@ pub fn get_inequalities(
                 labels: Vec::new(),
                 row_vars: Vec::new(),
                 padded: spec.padded,
-                extra: vec![],
+                extra: Vec::with_capacity(3 * (args.len() + 1) + 2),
                 proj_env: FxHashMap::default(),
             };
             for (pattern, a) in spec.operands.iter().zip(args) {
@@ -304,7 +311,7 @@ pub fn get_inequalities(
             d.proj_env = t.proj_env;
             d.template_rows = t.row_vars.iter().map(|(_, v)| *v).collect();
             d.template_rows.sort();
-            cs.extend(t.extra);
+            *cs = t.extra;
         }
     }
     Ok(d)

@@ -256,7 +256,8 @@ fn scaled(
 struct Resolver<'s, 'a> {
     ps: &'s mut ProjSolver<'a>,
     symbols: &'s mut SymbolGen,
-    index: FxHashMap<usize, AxisIndex>,
+    /// The index of each class, by its root node.
+    index: Vec<Option<AxisIndex>>,
     product: Vec<(Symbol, usize)>,
     /// For a concatenation operand: the nodes of the parts it fills.
     active_parts: Vec<usize>,
@@ -265,16 +266,17 @@ struct Resolver<'s, 'a> {
 impl Resolver<'_, '_> {
     fn index_of(&mut self, node: usize, depth: usize) -> Result<AxisIndex, String> {
         let r = self.ps.find(node);
-        if let Some(i) = self.index.get(&r) {
+        if let Some(Some(i)) = self.index.get(r) {
             return Ok(i.clone());
         }
         if depth > 64 {
             return Err("cyclic projection definitions".into());
         }
-        let class = self.ps.info[r].clone();
-        let idx = if let Some(f) = class.fixed {
+        let class = &self.ps.info[r];
+        let (fixed, def, size) = (class.fixed.clone(), class.def.clone(), class.size);
+        let idx = if let Some(f) = fixed {
             f
-        } else if let Some(def) = class.def {
+        } else if let Some(def) = def {
             match def {
                 Def::Conv { stride, output, dilation, kernel, padded } => {
                     let (ot, oo) = self.index_of(output, depth + 1)?.as_affine();
@@ -320,7 +322,7 @@ impl Resolver<'_, '_> {
                 }
             }
         } else {
-            match class.size {
+            match size {
                 // An axis of 0 positions is iterated too: its empty range empties the loop nest,
                 // where a fixed position 0 would be read or written once, out of bounds.
                 Some(1) => AxisIndex::Fixed(0),
@@ -332,7 +334,10 @@ impl Resolver<'_, '_> {
                 None => return Err("an axis of unknown size".into()),
             }
         };
-        self.index.insert(r, idx.clone());
+        if self.index.len() <= r {
+            self.index.resize(r + 1, None);
+        }
+        self.index[r] = Some(idx.clone());
         Ok(idx)
     }
 }
@@ -407,24 +412,25 @@ impl Inference {
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
         deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
-        let origin = Origin::step(step);
-        let mut pending: Vec<_> =
-            deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
-        // The labels take the sizes the whole graph solved them to. The closed shapes alone do
-        // not always determine them (the parts of a concatenation that nothing else sizes were
-        // closed with the graph's other variables), and a size is not a projection: it links no
-        // axes, so it cannot contaminate this step's projections.
-        for (label, v) in &deriv.labels {
-            if let Some(size) = self.label_size(step, label) {
-                pending.push(Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) }.at(&origin));
-            }
-        }
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };
         // Only template variables (einsum labels, row variables, slices) need solving: the
         // other constraints already relate known rows.
         if matches!(logic, Logic::Einsum(..) | Logic::BatchSlice(..)) {
+            let origin = Origin::step(step);
+            let mut pending: Vec<_> =
+                deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
+            // The labels take the sizes the whole graph solved them to. The closed shapes alone
+            // do not always determine them (the parts of a concatenation that nothing else sizes
+            // were closed with the graph's other variables), and a size is not a projection: it
+            // links no axes, so it cannot contaminate this step's projections.
+            for (label, v) in &deriv.labels {
+                if let Some(size) = self.label_size(step, label) {
+                    let eq = Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) };
+                    pending.push(eq.at(&origin));
+                }
+            }
             for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
                 pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
             }
@@ -464,13 +470,8 @@ impl Inference {
                 }
             }
         }
-        let mut res = Resolver {
-            ps: &mut ps,
-            symbols,
-            index: FxHashMap::default(),
-            product: vec![],
-            active_parts,
-        };
+        let mut res =
+            Resolver { ps: &mut ps, symbols, index: Vec::new(), product: vec![], active_parts };
         let indices =
             |sh: &Shape, res: &mut Resolver| -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
                 let mut dims = Vec::new();

@@ -119,7 +119,7 @@ impl Solver {
                     if !self.deferred.is_empty() && self.deferred_at != version {
                         // Propagation reached a fixed point, but the environment changed since
                         // these were deferred: they may progress now.
-                        queues.regular.extend(std::mem::take(&mut self.deferred));
+                        queues.regular.extend(self.deferred.drain(..));
                         continue;
                     }
                     match queues.pop_closer() {
@@ -129,8 +129,7 @@ impl Solver {
                         {
                             // Every closing constraint had its turn; those that could not act
                             // may now.
-                            let closers = std::mem::take(&mut self.deferred_closers);
-                            closers.into_iter().for_each(|c| queues.route(c));
+                            self.deferred_closers.drain(..).for_each(|c| queues.route(c));
                             continue;
                         }
                         None => {
