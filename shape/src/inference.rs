@@ -251,20 +251,7 @@ impl Inference {
         if self.finished {
             return Ok(());
         }
-        for i in (0..self.steps.len()).rev() {
-            if self.step_is_known(i) {
-                // Every axis of the step is known: its constraints were checked when the
-                // variables were solved, and deriving them again can teach nothing.
-                continue;
-            }
-            let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
-            let deriv = self.derive(shape, &logic)?;
-            deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
-            let origin = Origin::step(StepId(i as u32));
-            let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
-            let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
-            self.pending.extend(rest);
-        }
+        self.second_pass()?;
         let mut pending = std::mem::take(&mut self.pending);
         let mut rows = self.shape_rows();
         for stage in Stage::CLOSING {
@@ -321,6 +308,26 @@ impl Inference {
             if let Some(w) = self.warnings.first() {
                 return Err(ShapeError::Guess(w.message.clone()));
             }
+        }
+        Ok(())
+    }
+
+    /// The second propagation pass: every step's constraints again, in reverse order, so that
+    /// what later steps taught flows back to earlier ones.
+    fn second_pass(&mut self) -> Result<(), ShapeError> {
+        for i in (0..self.steps.len()).rev() {
+            if self.step_is_known(i) {
+                // Every axis of the step is known: its constraints were checked when the
+                // variables were solved, and deriving them again can teach nothing.
+                continue;
+            }
+            let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
+            let deriv = self.derive(shape, &logic)?;
+            deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
+            let origin = Origin::step(StepId(i as u32));
+            let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
+            let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
+            self.pending.extend(rest);
         }
         Ok(())
     }
