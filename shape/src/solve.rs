@@ -150,29 +150,29 @@ impl Solver {
             if let Some(trace) = &mut self.trace {
                 trace.push(format!("{:?}: {}", self.stage, c.c));
             }
-            let derived = self.solve_one(c)?;
+            let derived = self.solve_one(&c)?;
             derived.into_iter().for_each(|d| queues.route(d));
         }
     }
 
     /// Solves one constraint, returning what it derives (deferring it if it cannot progress).
-    fn solve_one(&mut self, c: Constr) -> Result<Vec<Constr>, Conflict> {
-        let origin = c.origin.clone();
+    fn solve_one(&mut self, c: &Constr) -> Result<Vec<Constr>, Conflict> {
+        let origin = &c.origin;
         match &c.c {
-            Constraint::DimEq { d1, d2 } => self.unify_dim(d1, d2, &origin),
-            Constraint::RowEq { r1, r2 } => self.unify_row(r1, r2, &origin),
-            Constraint::DimIneq { cur, subr } => self.solve_dim_ineq(cur, subr, &origin),
-            Constraint::RowIneq { cur, subr } => self.solve_row_ineq(cur, subr, &origin),
-            Constraint::DimConstr { d, constr } => self.apply_dim_constraint(d, constr, &origin),
+            Constraint::DimEq { d1, d2 } => self.unify_dim(d1, d2, origin),
+            Constraint::RowEq { r1, r2 } => self.unify_row(r1, r2, origin),
+            Constraint::DimIneq { cur, subr } => self.solve_dim_ineq(cur, subr, origin),
+            Constraint::RowIneq { cur, subr } => self.solve_row_ineq(cur, subr, origin),
+            Constraint::DimConstr { d, constr } => self.apply_dim_constraint(d, constr, origin),
             Constraint::RowsConstr { rows, constr } => {
-                self.apply_rows_constraint(rows, constr, &origin)
+                self.apply_rows_constraint(rows, constr, origin)
             }
             Constraint::BatchSlice { cur, arg, slot } => {
-                self.solve_batch_slice(cur, arg, slot, &origin)
+                self.solve_batch_slice(cur, arg, slot, origin)
             }
-            Constraint::TerminalDim(d) => self.close_dim_terminal(d, &origin),
-            Constraint::TerminalRow(r) => self.close_row_terminal(r, &origin),
-            Constraint::ShapeRow(r) => self.close_shape_row(r, &origin),
+            Constraint::TerminalDim(d) => self.close_dim_terminal(d, origin),
+            Constraint::TerminalRow(r) => self.close_row_terminal(r, origin),
+            Constraint::ShapeRow(r) => self.close_shape_row(r, origin),
         }
     }
 }
