@@ -438,10 +438,10 @@ impl Inference {
         let mut ps = ProjSolver {
             local: &local,
             proj_env: &deriv.proj_env,
-            parent: vec![],
-            info: vec![],
-            by_proj: Vec::new(),
-            by_var: Vec::new(),
+            parent: Vec::with_capacity(64),
+            info: Vec::with_capacity(64),
+            by_proj: vec![NONE; local.vars.num_projs()],
+            by_var: vec![NONE; local.vars.num_dims()],
         };
         for c in &deriv.constraints {
             let r = match c {
