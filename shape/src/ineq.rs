@@ -457,7 +457,7 @@ impl Solver {
 
     /// `bound ≥ s` for a row variable `s`: meets `bound` into s's least upper bound.
     fn add_row_lub(&mut self, s: RowVar, bound: Row, origin: &Origin) -> Derived {
-        let bound = self.env.subst_row(&bound);
+        let bound = if self.env.row_is_normal(&bound) { bound } else { self.env.subst_row(&bound) };
         if bound.var() == Some(s) {
             // [..s.., more] >= s says nothing useful about s's size.
             return Ok(vec![]);
@@ -476,7 +476,8 @@ impl Solver {
                 }
             },
         };
-        if old_lub.as_ref().is_some_and(|(old, _)| same_row(&self.env.subst_row(old), &new_lub)) {
+        if old_lub.as_ref().is_some_and(|(old, _)| same_row(&self.env.subst_row_cow(old), &new_lub))
+        {
             return Ok(out);
         }
         for s2 in &self.env.row_bounds(s).subr {

@@ -319,7 +319,7 @@ impl Solver {
 
     /// Records that row variable `v` stands for `value`, re-checking its former bounds.
     pub(crate) fn bind_row(&mut self, v: RowVar, value: Row, origin: &Origin) -> Derived {
-        let value = self.env.subst_row(&value);
+        let value = if self.env.row_is_normal(&value) { value } else { self.env.subst_row(&value) };
         if value.var() == Some(v) {
             if value.num_fixed() == 0 {
                 return Ok(vec![]);
@@ -330,7 +330,8 @@ impl Solver {
             ));
         }
         let old = self.env.solve_row(v, value.clone(), origin.clone());
-        let mut out = Vec::new();
+        let mut out =
+            Vec::with_capacity(old.cur.len() + old.subr.len() + usize::from(old.lub.is_some()) + 1);
         for c in old.cur {
             out.push(
                 Constraint::RowIneq { cur: Row::of_var(c, value.id), subr: value.clone() }
