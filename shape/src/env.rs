@@ -565,7 +565,8 @@ impl<V: Copy + Eq + Into<usize>> Reach<V> {
                 Some(v) if v == lo => return true,
                 Some(v) => {
                     if visit(down_marks, v.into(), generation) {
-                        down_stack.extend_from_slice(edges(v, false));
+                        // Element by element: the lists are short, a bulk copy costs more.
+                        edges(v, false).iter().for_each(|w| down_stack.push(*w));
                     }
                 }
             }
@@ -574,7 +575,7 @@ impl<V: Copy + Eq + Into<usize>> Reach<V> {
                 Some(v) if v == hi => return true,
                 Some(v) => {
                     if visit(up_marks, v.into(), generation) {
-                        up_stack.extend_from_slice(edges(v, true));
+                        edges(v, true).iter().for_each(|w| up_stack.push(*w));
                     }
                 }
             }
