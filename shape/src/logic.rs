@@ -189,18 +189,18 @@ pub fn get_inequalities(
             if t.input_equals_output {
                 cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: cur.output.clone() });
             }
-            let rows: Vec<Row> = cur.memory_rows().into_iter().cloned().collect();
+            let rows = || cur.memory_rows().into_iter().cloned().collect::<Vec<Row>>();
             match &t.data {
                 TerminalData::Rows => {}
                 TerminalData::Values(n) => cs.push(Constraint::RowsConstr {
-                    rows: rows.clone(),
+                    rows: rows(),
                     constr: RowConstraint::TotalElems {
                         numerator: TotalElems::NumElems(*n),
                         divided_by: vec![],
                     },
                 }),
                 TerminalData::Exact(dims) => cs.push(Constraint::RowsConstr {
-                    rows: rows.clone(),
+                    rows: rows(),
                     constr: RowConstraint::Exact(dims.iter().map(|&x| Dim::of(x)).collect()),
                 }),
             }
@@ -296,13 +296,13 @@ pub fn get_inequalities(
             for (pattern, a) in spec.operands.iter().zip(args) {
                 let rows = t.shape(pattern, a, None);
                 for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                    t.extra.push(ineq(&tpl, a.row(kind)));
+                    t.extra.push(Constraint::RowIneq { cur: tpl, subr: a.row(kind).clone() });
                 }
             }
             let generative = Kind::ALL.map(|k| cur.row(k).num_fixed() == 0);
             let rows = t.shape(&spec.result, cur, Some(generative));
             for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                t.extra.push(ineq(cur.row(kind), &tpl));
+                t.extra.push(Constraint::RowIneq { cur: cur.row(kind).clone(), subr: tpl });
             }
             let mut labels: Vec<(String, DimVar)> =
                 t.labels.iter().map(|(l, v)| (l.to_string(), *v)).collect();
