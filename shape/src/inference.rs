@@ -236,7 +236,14 @@ impl Inference {
             if Kind::ALL.iter().all(|k| env.row_is_normal(sh.row(*k))) {
                 Cow::Borrowed(sh)
             } else {
-                Cow::Owned(env.subst_shape(sh))
+                // A working copy: deriving constraints does not need the name.
+                Cow::Owned(Shape {
+                    batch: env.subst_row(&sh.batch),
+                    input: env.subst_row(&sh.input),
+                    output: env.subst_row(&sh.output),
+                    id: sh.id,
+                    debug_name: String::new(),
+                })
             }
         };
         let cur = subst(shape);

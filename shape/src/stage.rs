@@ -117,9 +117,9 @@ impl Solver {
 
     /// Closes a row of a leaf shape according to the stage.
     pub fn close_row_terminal(&mut self, r: &Row, origin: &Origin) -> Derived {
-        let r = self.env.subst_row(r);
+        let r = self.env.subst_row_cow(r);
         if self.stage == Stage::Online {
-            self.defer(Constraint::TerminalRow(r).at(origin));
+            self.defer(Constraint::TerminalRow(r.into_owned()).at(origin));
             return Ok(vec![]);
         }
         let mut out: Vec<Constr> =
@@ -139,7 +139,7 @@ impl Solver {
                 // The leaf takes its least upper bound, whose axes become leaf axes.
                 let lub = self.env.subst_row(lub);
                 out.extend(self.bind_row(v, lub, &o.join(origin))?);
-                out.push(Constraint::TerminalRow(r).at(origin));
+                out.push(Constraint::TerminalRow(r.into_owned()).at(origin));
             }
             (None, Some(m)) if self.stage >= Stage::TerminalsToLub => {
                 let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
