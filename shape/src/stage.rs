@@ -171,13 +171,15 @@ impl Solver {
         // One variable at a time, the rest of the row after that closing has propagated: the
         // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
         // to 1 at once misses its one solution, b = 1 and d = 2).
-        for d in r.all_dims() {
-            let mut vs = Vec::new();
+        let mut vs = Vec::new();
+        let mut close = None;
+        'dims: for d in r.beg_dims().iter().chain(&r.dims) {
+            vs.clear();
             d.vars(&mut vs);
-            for v in vs {
+            for &v in &vs {
                 let b = self.env.dim_bounds(v);
                 let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
-                let close = match (&b.lub, lower) {
+                let c = match (&b.lub, lower) {
                     (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => {
                         Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))
                     }
@@ -193,8 +195,12 @@ impl Solver {
                         continue;
                     }
                 };
-                return Ok(vec![close, Constraint::ShapeRow(r.into_owned()).at(origin)]);
+                close = Some(c);
+                break 'dims;
             }
+        }
+        if let Some(c) = close {
+            return Ok(vec![c, Constraint::ShapeRow(r.into_owned()).at(origin)]);
         }
         let mut out = Vec::new();
         if let Some(v) = r.var() {
