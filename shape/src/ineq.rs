@@ -255,7 +255,9 @@ impl Solver {
         }
         let j = cb.len().min(sb.len());
         let k = cd.len().min(sd.len());
-        let mut out: Vec<Constr> = cb[..j].iter().zip(&sb[..j]).map(|(c, s)| ineq(c, s)).collect();
+        // Room for the pairs and what relating the rest usually adds.
+        let mut out: Vec<Constr> = Vec::with_capacity(if j + k > 0 { j + k + 1 } else { 0 });
+        out.extend(cb[..j].iter().zip(&sb[..j]).map(|(c, s)| ineq(c, s)));
         out.extend(cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]).map(|(c, s)| ineq(c, s)));
         let (cb2, sb2) = (&cb[j..], &sb[j..]);
         let (cd2, sd2) = (&cd[..cd.len() - k], &sd[..sd.len() - k]);
