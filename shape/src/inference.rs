@@ -427,7 +427,7 @@ impl Inference {
 
     /// Turns a solver conflict into an error naming the operations involved.
     pub(crate) fn report(&self, c: Conflict) -> ShapeError {
-        let steps: Vec<StepId> = c.origin.0.iter().rev().copied().collect();
+        let steps: Vec<StepId> = c.origin.steps().iter().rev().copied().collect();
         let ops = self.op_contexts(&steps);
         ShapeError::Mismatch(Box::new(ShapeMismatch { message: c.message, ops, steps }))
     }
