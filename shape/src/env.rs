@@ -196,10 +196,13 @@ impl Environment {
     }
 
     /// The dimension with every solved variable substituted.
+    #[inline]
     pub fn subst_dim(&self, d: &Dim) -> Dim {
-        if self.dim_is_normal(d) {
-            return d.clone();
-        }
+        if self.dim_is_normal(d) { d.clone() } else { self.subst_dim_changed(d) }
+    }
+
+    /// [`Environment::subst_dim`] of a dimension that substitution changes.
+    fn subst_dim_changed(&self, d: &Dim) -> Dim {
         d.map_vars_with(
             &mut |v| match self.dim_entry(v) {
                 Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
@@ -210,21 +213,31 @@ impl Environment {
     }
 
     /// [`Environment::subst_dim`], borrowed unchanged when substitution would not change it.
+    #[inline]
     pub fn subst_dim_cow<'d>(&self, d: &'d Dim) -> Cow<'d, Dim> {
-        if self.dim_is_normal(d) { Cow::Borrowed(d) } else { Cow::Owned(self.subst_dim(d)) }
+        if self.dim_is_normal(d) { Cow::Borrowed(d) } else { Cow::Owned(self.subst_dim_changed(d)) }
     }
 
     /// Whether substitution (and the simplification of arithmetic dimensions that comes with
     /// it) would leave the dimension as it is.
+    #[inline]
     pub fn dim_is_normal(&self, d: &Dim) -> bool {
         match d {
             Dim::Solved(_) => true,
             Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
+            Dim::Conv(_) | Dim::Concat(_) => self.arithmetic_is_normal(d),
+        }
+    }
+
+    /// [`Environment::dim_is_normal`] for a convolution or concatenation.
+    fn arithmetic_is_normal(&self, d: &Dim) -> bool {
+        match d {
+            Dim::Solved(_) | Dim::Var(_) => self.dim_is_normal(d),
             Dim::Conv(c) => {
                 !(c.padded && c.stride == 1 && !self.keep_padded_conv)
-                    && c.input_size().is_none()
                     && self.dim_is_normal(&c.output)
                     && self.dim_is_normal(&c.kernel)
+                    && c.input_size().is_none()
             }
             Dim::Concat(parts) => {
                 parts.len() != 1
