@@ -470,8 +470,9 @@ impl Inference {
                 }
             }
         }
-        let mut res =
-            Resolver { ps: &mut ps, symbols, index: Vec::new(), product: vec![], active_parts };
+        // Room for the index of every node so far, and of the few resolving may add.
+        let index = vec![None; ps.parent.len() + 16];
+        let mut res = Resolver { ps: &mut ps, symbols, index, product: vec![], active_parts };
         let indices =
             |sh: &Shape, res: &mut Resolver| -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
                 let mut dims = Vec::new();
