@@ -438,8 +438,8 @@ impl Inference {
         let mut ps = ProjSolver {
             local: &local,
             proj_env: &deriv.proj_env,
-            parent: Vec::with_capacity(64),
-            info: Vec::with_capacity(64),
+            parent: Vec::with_capacity(32),
+            info: Vec::with_capacity(8),
             by_proj: vec![NONE; local.vars.num_projs()],
             by_var: vec![NONE; local.vars.num_dims()],
         };
