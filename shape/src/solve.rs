@@ -109,38 +109,36 @@ impl Solver {
         let mut queues = std::mem::take(&mut self.queues);
         queues.clear();
         queues.late = late;
-        dedup(constraints).into_iter().for_each(|c| queues.route(c));
+        queues.route_all(dedup(constraints));
         let mut fuel = FUEL;
         loop {
-            let c = match queues.regular.pop_front() {
-                Some(c) => c,
-                None => {
-                    let version = self.env.version;
-                    if !self.deferred.is_empty() && self.deferred_at != version {
-                        // Propagation reached a fixed point, but the environment changed since
-                        // these were deferred: they may progress now.
-                        queues.regular.extend(self.deferred.drain(..));
-                        continue;
-                    }
-                    match queues.pop_closer() {
-                        Some(c) => c,
-                        None if !self.deferred_closers.is_empty()
-                            && self.closers_deferred_at != version =>
-                        {
-                            // Every closing constraint had its turn; those that could not act
-                            // may now.
-                            self.deferred_closers.drain(..).for_each(|c| queues.route(c));
-                            continue;
-                        }
-                        None => {
-                            let mut rest = std::mem::take(&mut self.deferred);
-                            rest.append(&mut self.deferred_closers);
-                            self.queues = queues;
-                            return Ok(rest);
-                        }
-                    }
+            let which = if !queues.regular.is_empty() {
+                Which::Regular
+            } else {
+                let version = self.env.version;
+                if !self.deferred.is_empty() && self.deferred_at != version {
+                    // Propagation reached a fixed point, but the environment changed since
+                    // these were deferred: they may progress now.
+                    queues.regular.extend(self.deferred.drain(..));
+                    continue;
+                }
+                if !queues.closers.is_empty() {
+                    Which::Closers
+                } else if !queues.shape_closers.is_empty() {
+                    Which::ShapeClosers
+                } else if !self.deferred_closers.is_empty() && self.closers_deferred_at != version {
+                    // Every closing constraint had its turn; those that could not act may now.
+                    self.deferred_closers.drain(..).for_each(|c| queues.route(c));
+                    continue;
+                } else {
+                    let mut rest = std::mem::take(&mut self.deferred);
+                    rest.append(&mut self.deferred_closers);
+                    self.queues = queues;
+                    return Ok(rest);
                 }
             };
+            // Solved where it waits in its queue, and removed from it afterwards.
+            let c = queues.queue(which).front().expect("the queue has a constraint");
             fuel = fuel.checked_sub(1).ok_or_else(|| {
                 conflict(
                     "shape inference did not converge (the constraints keep growing)",
@@ -150,8 +148,9 @@ impl Solver {
             if let Some(trace) = &mut self.trace {
                 trace.push(format!("{:?}: {}", self.stage, c.c));
             }
-            let derived = self.solve_one(&c)?;
-            derived.into_iter().for_each(|d| queues.route(d));
+            let derived = self.solve_one(c)?;
+            queues.queue(which).pop_front();
+            queues.route_all(derived);
         }
     }
 
@@ -187,7 +186,32 @@ struct Queues {
     shape_closers: VecDeque<Constr>,
 }
 
+/// One of the queues.
+#[derive(Copy, Clone)]
+enum Which {
+    Regular,
+    Closers,
+    ShapeClosers,
+}
+
 impl Queues {
+    fn queue(&mut self, which: Which) -> &mut VecDeque<Constr> {
+        match which {
+            Which::Regular => &mut self.regular,
+            Which::Closers => &mut self.closers,
+            Which::ShapeClosers => &mut self.shape_closers,
+        }
+    }
+
+    /// Routes constraints in order; propagation constraints alone are moved in one piece.
+    fn route_all(&mut self, cs: Vec<Constr>) {
+        if cs.iter().any(is_closer) {
+            cs.into_iter().for_each(|c| self.route(c));
+        } else {
+            self.regular.extend(cs);
+        }
+    }
+
     fn clear(&mut self) {
         self.regular.clear();
         self.closers.clear();
@@ -202,10 +226,6 @@ impl Queues {
         } else {
             self.regular.push_back(c);
         }
-    }
-
-    fn pop_closer(&mut self) -> Option<Constr> {
-        self.closers.pop_front().or_else(|| self.shape_closers.pop_front())
     }
 }
 
