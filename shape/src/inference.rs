@@ -14,7 +14,7 @@ use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint, Origin};
 use crate::dim::Dim;
-use crate::env::{DimEntry, RowEntry};
+use crate::env::{DimEntry, Environment, RowEntry};
 use crate::error::{Conflict, OpContext, ShapeError, ShapeMismatch};
 use crate::logic::{Derivation, Logic, Shape, get_inequalities};
 use crate::row::{Kind, Row, RowId};
@@ -247,7 +247,7 @@ impl Inference {
             }
         };
         let cur = subst(shape);
-        let args: Vec<Cow<Shape>> = logic.args().iter().map(|a| subst(*a)).collect();
+        let args: Vec<Cow<Shape>> = logic.arg_ids().map(subst).collect();
         let arg_refs: Vec<&Shape> = args.iter().map(|a| a.as_ref()).collect();
         get_inequalities(&cur, logic, &arg_refs, &mut self.solver.vars)
     }
@@ -298,8 +298,8 @@ impl Inference {
                 origin: c.origin,
             }));
         }
-        for i in 0..self.shapes.len() {
-            self.refresh_shape(i);
+        for sh in &mut self.shapes {
+            refresh_shape(&self.solver.env, sh);
         }
         if let Some(sh) = self.shapes.iter().find(|s| s.dims().is_none()) {
             let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
@@ -352,7 +352,7 @@ impl Inference {
             .collect();
         for (i, st) in self.steps.iter().enumerate() {
             let origin = Origin::step(StepId(i as u32));
-            for sh in std::iter::once(st.shape).chain(st.logic.args()) {
+            for sh in std::iter::once(st.shape).chain(st.logic.arg_ids()) {
                 if seen.insert(sh) {
                     for kind in Kind::ALL {
                         let r = self.shape(sh).row(kind).clone();
@@ -375,7 +375,7 @@ impl Inference {
     /// Whether every shape a step mentions is known.
     fn step_is_known(&self, i: usize) -> bool {
         let st = &self.steps[i];
-        std::iter::once(st.shape).chain(st.logic.args()).all(|id| {
+        std::iter::once(st.shape).chain(st.logic.arg_ids()).all(|id| {
             let sh = self.shape(id);
             Kind::ALL.iter().all(|k| self.solver.env.row_is_known(sh.row(*k)))
         })
@@ -383,21 +383,8 @@ impl Inference {
 
     fn refresh_step(&mut self, step: StepId) {
         let st = &self.steps[step.0 as usize];
-        let ids: Vec<ShapeId> = std::iter::once(st.shape).chain(st.logic.args()).collect();
-        for id in ids {
-            self.refresh_shape(id.0 as usize);
-        }
-    }
-
-    /// Substitutes the solved variables into a shape's rows, leaving rows with nothing to
-    /// substitute untouched.
-    fn refresh_shape(&mut self, i: usize) {
-        let env = &self.solver.env;
-        let sh = &mut self.shapes[i];
-        for row in [&mut sh.batch, &mut sh.input, &mut sh.output] {
-            if !env.row_is_normal(row) {
-                *row = env.subst_row(row);
-            }
+        for id in std::iter::once(st.shape).chain(st.logic.arg_ids()) {
+            refresh_shape(&self.solver.env, &mut self.shapes[id.0 as usize]);
         }
     }
 
@@ -546,6 +533,16 @@ impl Inference {
             }
         }
         (dims, rows)
+    }
+}
+
+/// Substitutes the solved variables into a shape's rows, leaving rows with nothing to
+/// substitute untouched.
+fn refresh_shape(env: &Environment, sh: &mut Shape) {
+    for row in [&mut sh.batch, &mut sh.input, &mut sh.output] {
+        if !env.row_is_normal(row) {
+            *row = env.subst_row(row);
+        }
     }
 }
 

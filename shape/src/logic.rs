@@ -124,13 +124,21 @@ pub enum Logic {
 impl Logic {
     /// The argument shapes.
     pub fn args(&self) -> Vec<ShapeId> {
-        match self {
-            Logic::Terminal(_) => vec![],
-            Logic::Pointwise(a) | Logic::Einsum(_, a) => a.clone(),
-            Logic::Compose(a, b) => vec![*a, *b],
-            Logic::ComposeAccumulate(a, b, c) => vec![*a, *b, *c],
-            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => vec![*a],
-        }
+        self.arg_ids().collect()
+    }
+
+    /// The argument shapes, in the order of [`Logic::args`], without collecting them.
+    pub fn arg_ids(&self) -> impl Iterator<Item = ShapeId> + '_ {
+        let (listed, fixed): (&[ShapeId], [Option<ShapeId>; 3]) = match self {
+            Logic::Terminal(_) => (&[], [None; 3]),
+            Logic::Pointwise(a) | Logic::Einsum(_, a) => (a, [None; 3]),
+            Logic::Compose(a, b) => (&[], [Some(*a), Some(*b), None]),
+            Logic::ComposeAccumulate(a, b, c) => (&[], [Some(*a), Some(*b), Some(*c)]),
+            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => {
+                (&[], [Some(*a), None, None])
+            }
+        };
+        listed.iter().copied().chain(fixed.into_iter().flatten())
     }
 
     /// A short description for messages.

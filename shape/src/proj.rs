@@ -391,7 +391,8 @@ impl Inference {
         let cur_id = self.step_shape(step);
         let mut local = Solver::default();
         local.env.keep_padded_conv = true;
-        let fresh = |sh: &Shape, local: &mut Solver| {
+        // Only the result's name is used (in the projections' description).
+        let fresh = |sh: &Shape, local: &mut Solver, debug_name: String| {
             let mut f = |d: &Dim| match d {
                 Dim::Solved(s) => {
                     Dim::Solved(SolvedDim { proj_id: Some(local.vars.proj()), ..s.clone() })
@@ -403,12 +404,13 @@ impl Inference {
                 input: sh.input.map_dims(&mut f),
                 output: sh.output.map_dims(&mut f),
                 id: sh.id,
-                debug_name: sh.debug_name.clone(),
+                debug_name,
             }
         };
-        let cur = fresh(self.shape(cur_id), &mut local);
+        let cur_shape = self.shape(cur_id);
+        let cur = fresh(cur_shape, &mut local, cur_shape.debug_name.clone());
         let args: Vec<Shape> =
-            logic.args().iter().map(|a| fresh(self.shape(*a), &mut local)).collect();
+            logic.arg_ids().map(|a| fresh(self.shape(a), &mut local, String::new())).collect();
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
         deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
