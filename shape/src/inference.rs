@@ -301,7 +301,9 @@ impl Inference {
         for sh in &mut self.shapes {
             refresh_shape(&self.solver.env, sh);
         }
-        if let Some(sh) = self.shapes.iter().find(|s| s.dims().is_none()) {
+        if let Some(sh) =
+            self.shapes.iter().find(|s| !s.memory_rows().iter().all(|r| r.is_ground()))
+        {
             let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
             return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
                 message: msg,
