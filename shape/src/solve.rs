@@ -9,8 +9,6 @@
 //! changed: propagation constraints whenever the queue runs dry, closing constraints when no
 //! other closing constraint is left to act.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint};
@@ -109,7 +107,7 @@ impl Solver {
         let mut queues = std::mem::take(&mut self.queues);
         queues.clear();
         queues.late = late;
-        queues.route_all(dedup(constraints));
+        queues.route_all(&mut dedup(constraints));
         let mut fuel = FUEL;
         loop {
             let which = if !queues.regular.is_empty() {
@@ -119,7 +117,7 @@ impl Solver {
                 if !self.deferred.is_empty() && self.deferred_at != version {
                     // Propagation reached a fixed point, but the environment changed since
                     // these were deferred: they may progress now.
-                    queues.regular.extend(self.deferred.drain(..));
+                    queues.regular.append(&mut self.deferred);
                     continue;
                 }
                 if !queues.closers.is_empty() {
@@ -148,9 +146,9 @@ impl Solver {
             if let Some(trace) = &mut self.trace {
                 trace.push(format!("{:?}: {}", self.stage, c.c));
             }
-            let derived = self.solve_one(c)?;
-            queues.queue(which).pop_front();
-            queues.route_all(derived);
+            let mut derived = self.solve_one(c)?;
+            queues.queue(which).drop_front();
+            queues.route_all(&mut derived);
         }
     }
 
@@ -181,9 +179,52 @@ impl Solver {
 #[derive(Clone, Debug, Default)]
 struct Queues {
     late: bool,
-    regular: VecDeque<Constr>,
-    closers: VecDeque<Constr>,
-    shape_closers: VecDeque<Constr>,
+    regular: Fifo,
+    closers: Fifo,
+    shape_closers: Fifo,
+}
+
+/// A first-in first-out list of constraints: read at the front in place, appended in one piece;
+/// the constraints taken are dropped together once they make up most of the list.
+#[derive(Clone, Debug, Default)]
+struct Fifo {
+    items: Vec<Constr>,
+    head: usize,
+}
+
+impl Fifo {
+    fn is_empty(&self) -> bool {
+        self.head == self.items.len()
+    }
+
+    fn front(&self) -> Option<&Constr> {
+        self.items.get(self.head)
+    }
+
+    /// Takes the front constraint away.
+    fn drop_front(&mut self) {
+        self.head += 1;
+        if self.head == self.items.len() {
+            self.clear();
+        } else if self.head >= 64 && 2 * self.head >= self.items.len() {
+            self.items.drain(..self.head);
+            self.head = 0;
+        }
+    }
+
+    fn push(&mut self, c: Constr) {
+        self.items.push(c);
+    }
+
+    /// Moves all of `cs` to the back, leaving `cs` empty (with its capacity).
+    fn append(&mut self, cs: &mut Vec<Constr>) {
+        self.items.append(cs);
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.head = 0;
+    }
 }
 
 /// One of the queues.
@@ -195,7 +236,7 @@ enum Which {
 }
 
 impl Queues {
-    fn queue(&mut self, which: Which) -> &mut VecDeque<Constr> {
+    fn queue(&mut self, which: Which) -> &mut Fifo {
         match which {
             Which::Regular => &mut self.regular,
             Which::Closers => &mut self.closers,
@@ -203,12 +244,13 @@ impl Queues {
         }
     }
 
-    /// Routes constraints in order; propagation constraints alone are moved in one piece.
-    fn route_all(&mut self, cs: Vec<Constr>) {
+    /// Routes constraints in order, leaving `cs` empty; propagation constraints alone are moved
+    /// in one piece.
+    fn route_all(&mut self, cs: &mut Vec<Constr>) {
         if cs.iter().any(is_closer) {
-            cs.into_iter().for_each(|c| self.route(c));
+            cs.drain(..).for_each(|c| self.route(c));
         } else {
-            self.regular.extend(cs);
+            self.regular.append(cs);
         }
     }
 
@@ -220,11 +262,11 @@ impl Queues {
 
     fn route(&mut self, c: Constr) {
         if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
-            self.shape_closers.push_back(c);
+            self.shape_closers.push(c);
         } else if is_closer(&c) {
-            self.closers.push_back(c);
+            self.closers.push(c);
         } else {
-            self.regular.push_back(c);
+            self.regular.push(c);
         }
     }
 }
