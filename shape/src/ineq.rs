@@ -100,7 +100,7 @@ impl Solver {
         let eq =
             |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
         if cur.is_one() {
-            return Ok(vec![eq(subr, cur)]);
+            return Ok(self.derive_one(eq(subr, cur)));
         }
         if arithmetic(subr) && cur.size().is_some() && subr.can_be_one() {
             // A known size above an arithmetic axis whose parts may still make it 1: once its
@@ -112,10 +112,10 @@ impl Solver {
         }
         if arithmetic(cur) || arithmetic(subr) {
             // Convolution and concatenation axes do not broadcast.
-            return Ok(vec![eq(cur, subr)]);
+            return Ok(self.derive_one(eq(cur, subr)));
         }
         match (cur, subr) {
-            (Dim::Var(_), Dim::Solved(_)) => Ok(vec![eq(cur, subr)]),
+            (Dim::Var(_), Dim::Solved(_)) => Ok(self.derive_one(eq(cur, subr))),
             (Dim::Solved(_), Dim::Var(s)) => self.add_dim_lub(*s, cur.clone(), origin),
             (Dim::Var(c), Dim::Var(s)) => self.add_dim_var_ineq(*c, *s, origin),
             _ => Err(conflict(format!("cannot compare {cur} and {subr}"), origin)),
@@ -125,7 +125,7 @@ impl Solver {
     /// `lub ≥ s` for a solved `lub > 1`.
     fn add_dim_lub(&mut self, s: DimVar, lub: Dim, origin: &Origin) -> Derived {
         let mut b = self.env.dim_bounds(s).clone();
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         match &b.lub {
             None => {
                 if let Some((DimConstraint::AtLeast(n), o)) = &b.constr {
@@ -173,9 +173,10 @@ impl Solver {
         }
         if self.env.dim_below(s, c) {
             // s ≥ … ≥ c ≥ s: a cycle means equality.
-            return Ok(vec![Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) }.at(origin)]);
+            let eq = Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) };
+            return Ok(self.derive_one(eq.at(origin)));
         }
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         if let Some(bc) = self.env.dim_bounds_mut(c) {
             bc.subr.push(s);
         }
@@ -256,7 +257,8 @@ impl Solver {
         let j = cb.len().min(sb.len());
         let k = cd.len().min(sd.len());
         // Room for the pairs and what relating the rest usually adds.
-        let mut out: Vec<Constr> = Vec::with_capacity(if j + k > 0 { j + k + 1 } else { 0 });
+        let mut out = self.derived_list();
+        out.reserve(if j + k > 0 { j + k + 1 } else { 0 });
         out.extend(cb[..j].iter().zip(&sb[..j]).map(|(c, s)| ineq(c, s)));
         out.extend(cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]).map(|(c, s)| ineq(c, s)));
         let (cb2, sb2) = (&cb[j..], &sb[j..]);
@@ -280,7 +282,8 @@ impl Solver {
                 }
                 out.extend(cd2.iter().zip(sb2).map(|(c, s)| ineq(c, s)));
                 let rest = Row::fixed(cd2[sb2.len()..].to_vec(), cur.id);
-                out.extend(self.add_row_lub(sv, rest, origin)?);
+                let more = self.add_row_lub(sv, rest, origin)?;
+                self.absorb(&mut out, more);
                 Ok(out)
             }
             Some(cv) => {
@@ -296,7 +299,8 @@ impl Solver {
                         )?);
                         return Ok(out);
                     }
-                    out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
+                    let more = self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?;
+                    self.absorb(&mut out, more);
                     out.push(
                         Constraint::RowIneq {
                             cur: cur.as_ref().clone(),
@@ -308,14 +312,16 @@ impl Solver {
                 }
                 let Some(sv) = subr.var() else { return Ok(out) };
                 if cb2.is_empty() && cd2.is_empty() {
-                    out.extend(self.add_row_var_ineq(cv, sv, &cur, origin)?);
+                    let more = self.add_row_var_ineq(cv, sv, &cur, origin)?;
+                    self.absorb(&mut out, more);
                 } else {
                     let rest = Row {
                         dims: cd2.to_vec(),
                         bcast: Bcast::Var { v: cv, beg_dims: cb2.to_vec() },
                         id: cur.id,
                     };
-                    out.extend(self.add_row_lub(sv, rest, origin)?);
+                    let more = self.add_row_lub(sv, rest, origin)?;
+                    self.absorb(&mut out, more);
                 }
                 Ok(out)
             }
@@ -447,7 +453,7 @@ impl Solver {
         if let Some(bs) = self.env.row_bounds_mut(s) {
             bs.cur.push(c);
         }
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         if let Some((lub, o)) = &self.env.row_bounds(c).lub {
             out.push(
                 Constraint::RowIneq { cur: lub.clone(), subr: Row::of_var(s, like.id) }
@@ -466,7 +472,7 @@ impl Solver {
         }
         let old_lub =
             self.env.row_bounds(s).lub.as_ref().map(|(r, o)| (self.env.subst_row(r), o.clone()));
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         let new_lub = match &old_lub {
             None => bound.clone(),
             Some((old, _)) => match self.meet_rows(old, &bound, origin, &mut out) {

@@ -54,6 +54,8 @@ pub struct Solver {
     pub trace: Option<Vec<String>>,
     /// The queues of [`Solver::solve`], empty between calls (kept for their capacity).
     queues: Queues,
+    /// Emptied lists of derived constraints, reused for the next ones.
+    spare: Vec<Vec<Constr>>,
 }
 
 impl Solver {
@@ -69,6 +71,36 @@ impl Solver {
             self.template_rows.resize(i + 1, false);
         }
         self.template_rows[i] = true;
+    }
+
+    /// An empty list for derived constraints: one the solver has finished with, if any.
+    pub(crate) fn derived_list(&mut self) -> Vec<Constr> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    /// A list of one derived constraint.
+    pub(crate) fn derive_one(&mut self, c: Constr) -> Vec<Constr> {
+        let mut out = self.derived_list();
+        out.push(c);
+        out
+    }
+
+    /// Moves the constraints of `more` to the end of `out`, keeping the emptied list for reuse.
+    pub(crate) fn absorb(&mut self, out: &mut Vec<Constr>, mut more: Vec<Constr>) {
+        if out.is_empty() && out.capacity() < more.len() {
+            std::mem::swap(out, &mut more);
+        } else {
+            out.append(&mut more);
+        }
+        self.recycle(more);
+    }
+
+    /// Keeps an emptied list of derived constraints for reuse (a few, and not large ones).
+    fn recycle(&mut self, list: Vec<Constr>) {
+        debug_assert!(list.is_empty());
+        if list.capacity() > 0 && list.capacity() <= 64 && self.spare.len() < 32 {
+            self.spare.push(list);
+        }
     }
 
     /// Keeps a constraint for later (it cannot make progress now).
@@ -149,6 +181,7 @@ impl Solver {
             let mut derived = self.solve_one(c)?;
             queues.queue(which).drop_front();
             queues.route_all(&mut derived);
+            self.recycle(derived);
         }
     }
 

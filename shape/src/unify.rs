@@ -135,7 +135,7 @@ impl Solver {
             ));
         }
         let old = self.env.solve_dim(v, value.clone(), origin.clone());
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         for c in old.cur {
             out.push(Constraint::DimIneq { cur: Dim::Var(c), subr: value.clone() }.at(origin));
         }
@@ -269,7 +269,8 @@ impl Solver {
                     beg.iter().zip(&fixed.dims).map(|(x, y)| eq(x, y)).collect();
                 out.extend(end.iter().zip(&fixed.dims[n - end.len()..]).map(|(x, y)| eq(x, y)));
                 let middle = Row::fixed(fixed.dims[beg.len()..n - end.len()].to_vec(), var_row.id);
-                out.extend(self.bind_row(v, middle, origin)?);
+                let more = self.bind_row(v, middle, origin)?;
+                self.absorb(&mut out, more);
                 Ok(out)
             }
             (Some(va), Some(vb)) if va == vb => {
@@ -294,13 +295,16 @@ impl Solver {
                 let (ab2, bb2) = (ab[j..].to_vec(), bb[j..].to_vec());
                 let (ad2, bd2) = (a.dims[..na - k].to_vec(), b.dims[..nb - k].to_vec());
                 if ab2.is_empty() && ad2.is_empty() {
-                    out.extend(self.bind_row(va, row_with_var(bb2, vb, bd2, &b), origin)?);
+                    let more = self.bind_row(va, row_with_var(bb2, vb, bd2, &b), origin)?;
+                    self.absorb(&mut out, more);
                 } else if bb2.is_empty() && bd2.is_empty() {
-                    out.extend(self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?);
+                    let more = self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?;
+                    self.absorb(&mut out, more);
                 } else if self.stage >= Stage::RowsToNoMoreAxes {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
-                    out.extend(self.bind_row(va, Row::empty(a.id), origin)?);
+                    let more = self.bind_row(va, Row::empty(a.id), origin)?;
+                    self.absorb(&mut out, more);
                     out.push(
                         Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
                             .at(origin),
@@ -330,8 +334,8 @@ impl Solver {
             ));
         }
         let old = self.env.solve_row(v, value.clone(), origin.clone());
-        let mut out =
-            Vec::with_capacity(old.cur.len() + old.subr.len() + usize::from(old.lub.is_some()) + 1);
+        let mut out = self.derived_list();
+        out.reserve(old.cur.len() + old.subr.len() + usize::from(old.lub.is_some()) + 1);
         for c in old.cur {
             out.push(
                 Constraint::RowIneq { cur: Row::of_var(c, value.id), subr: value.clone() }
