@@ -218,7 +218,7 @@ struct Queues {
 }
 
 /// A first-in first-out list of constraints: read at the front in place, appended in one piece;
-/// the constraints taken are dropped together once they make up most of the list.
+/// the constraints taken are dropped together when the list empties or would have to grow.
 #[derive(Clone, Debug, Default)]
 struct Fifo {
     items: Vec<Constr>,
@@ -239,18 +239,25 @@ impl Fifo {
         self.head += 1;
         if self.head == self.items.len() {
             self.clear();
-        } else if self.head >= 64 && 2 * self.head >= self.items.len() {
+        }
+    }
+
+    /// Before adding `n` constraints: drops those taken already when that avoids growing.
+    fn make_room(&mut self, n: usize) {
+        if self.head > 0 && self.items.len() + n > self.items.capacity() {
             self.items.drain(..self.head);
             self.head = 0;
         }
     }
 
     fn push(&mut self, c: Constr) {
+        self.make_room(1);
         self.items.push(c);
     }
 
     /// Moves all of `cs` to the back, leaving `cs` empty (with its capacity).
     fn append(&mut self, cs: &mut Vec<Constr>) {
+        self.make_room(cs.len());
         self.items.append(cs);
     }
 
