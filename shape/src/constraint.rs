@@ -77,23 +77,53 @@ pub enum RowConstraint {
 }
 
 /// The operations a constraint came from.
+///
+/// Most constraints come from one operation, which is stored inline (copying an origin then
+/// costs nothing); joined origins share their list.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Origin(pub Arc<[StepId]>);
+pub struct Origin(Steps);
+
+/// The steps of an origin, in one canonical form per list (so that equal lists compare equal).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+enum Steps {
+    #[default]
+    None,
+    One(StepId),
+    Many(Arc<[StepId]>),
+}
 
 impl Origin {
     /// The constraint came from one operation.
     pub fn step(s: StepId) -> Origin {
-        Origin(Arc::from(vec![s]))
+        Origin(Steps::One(s))
+    }
+
+    /// The operations, in the order they joined.
+    pub fn steps(&self) -> &[StepId] {
+        match &self.0 {
+            Steps::None => &[],
+            Steps::One(s) => std::slice::from_ref(s),
+            Steps::Many(v) => v,
+        }
     }
 
     /// The operations of both origins.
     pub fn join(&self, other: &Origin) -> Origin {
-        if other.0.iter().all(|s| self.0.contains(s)) {
+        let (mine, theirs) = (self.steps(), other.steps());
+        if theirs.iter().all(|s| mine.contains(s)) {
             return self.clone();
         }
-        let mut v: Vec<StepId> = self.0.to_vec();
-        v.extend(other.0.iter().filter(|s| !self.0.contains(s)));
-        Origin(Arc::from(v))
+        let mut v: Vec<StepId> = mine.to_vec();
+        v.extend(theirs.iter().filter(|s| !mine.contains(s)));
+        Origin::of_steps(v)
+    }
+
+    fn of_steps(v: Vec<StepId>) -> Origin {
+        Origin(match v.as_slice() {
+            [] => Steps::None,
+            [s] => Steps::One(*s),
+            _ => Steps::Many(Arc::from(v)),
+        })
     }
 }
 

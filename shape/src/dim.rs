@@ -58,7 +58,7 @@ pub enum Dim {
     /// Known.
     Solved(SolvedDim),
     /// A convolution or strided-iteration input axis.
-    Conv(Box<ConvDim>),
+    Conv(Arc<ConvDim>),
     /// A concatenated axis `a^b^c`: the size is the sum of the parts.
     Concat(Vec<Dim>),
 }
@@ -159,7 +159,7 @@ impl Dim {
         match self {
             Dim::Var(v) => f(*v).unwrap_or(Dim::Var(*v)),
             Dim::Solved(_) => self.clone(),
-            Dim::Conv(c) => Dim::Conv(Box::new(ConvDim {
+            Dim::Conv(c) => Dim::Conv(Arc::new(ConvDim {
                 stride: c.stride,
                 output: c.output.map_vars_with(f, collapse_padded),
                 dilation: c.dilation,
@@ -177,8 +177,9 @@ impl Dim {
     /// Collapses an arithmetic dimension whose size is known into a solved dimension.
     ///
     /// ```
+    /// use std::sync::Arc;
     /// use rocannl_shape::dim::{ConvDim, Dim};
-    /// let conv = Dim::Conv(Box::new(ConvDim {
+    /// let conv = Dim::Conv(Arc::new(ConvDim {
     ///     stride: 2, output: Dim::of(3), dilation: 1, kernel: Dim::of(3), padded: false,
     /// }));
     /// assert_eq!(conv.normalized(), Dim::of(7)); // 2*(3-1) + 1*(3-1) + 1
@@ -195,7 +196,9 @@ impl Dim {
             // A padded convolution with stride 1 preserves the dimension: for shape inference it
             // is its output (the kernel only matters for padding, which projection inference
             // derives from the spec's template).
-            Dim::Conv(c) if collapse_padded && c.padded && c.stride == 1 => c.output.normalized(),
+            Dim::Conv(c) if collapse_padded && c.padded && c.stride == 1 => {
+                Arc::unwrap_or_clone(c).output.normalized()
+            }
             Dim::Conv(ref c) => match c.input_size() {
                 Some(d) => Dim::of(d),
                 None => self,
@@ -222,11 +225,16 @@ fn sum_sizes(parts: &[Dim]) -> Option<usize> {
 impl ConvDim {
     /// The input size when the parts it depends on are known (and it does not overflow).
     pub fn input_size(&self) -> Option<usize> {
-        let out = self.output.size()?;
+        self.input_size_with(Dim::size)
+    }
+
+    /// [`ConvDim::input_size`], with the sizes of the parts given by `size`.
+    pub fn input_size_with(&self, size: impl Fn(&Dim) -> Option<usize>) -> Option<usize> {
+        let out = size(&self.output)?;
         if self.padded || self.dilation == 0 {
             return self.stride.checked_mul(out);
         }
-        let k = self.kernel.size()?;
+        let k = size(&self.kernel)?;
         if out == 0 || k == 0 {
             return None;
         }
@@ -374,7 +382,7 @@ mod tests {
 
     #[test]
     fn display_is_stable() {
-        let c = Dim::Conv(Box::new(conv(2, Dim::Var(DimVar(3)), 1, Dim::Var(DimVar(4)), false)));
+        let c = Dim::Conv(Arc::new(conv(2, Dim::Var(DimVar(3)), 1, Dim::Var(DimVar(4)), false)));
         assert_eq!(c.to_string(), "2*$d3+$d4");
         let cat = Dim::Concat(vec![Dim::of(2), Dim::Var(DimVar(1)), Dim::labeled(3, "rgb")]);
         assert_eq!(cat.to_string(), "2^$d1^rgb=3");
@@ -390,9 +398,9 @@ mod tests {
     #[test]
     fn padded_stride_one_is_its_output() {
         let v = Dim::Var(DimVar(0));
-        let c = Dim::Conv(Box::new(conv(1, v.clone(), 1, Dim::Var(DimVar(1)), true)));
+        let c = Dim::Conv(Arc::new(conv(1, v.clone(), 1, Dim::Var(DimVar(1)), true)));
         assert_eq!(c.normalized(), v);
-        let strided = Dim::Conv(Box::new(conv(2, Dim::of(3), 1, Dim::Var(DimVar(1)), true)));
+        let strided = Dim::Conv(Arc::new(conv(2, Dim::of(3), 1, Dim::Var(DimVar(1)), true)));
         assert_eq!(strided.normalized(), Dim::of(6));
     }
 }

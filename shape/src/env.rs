@@ -14,8 +14,6 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use rustc_hash::FxHashSet;
-
 use crate::constraint::{DimConstraint, Origin, RowConstraint};
 use crate::dim::Dim;
 use crate::row::{Bcast, Row};
@@ -138,6 +136,10 @@ pub struct Environment {
     /// Keep padded stride-1 convolutions as convolutions when substituting (projection
     /// inference, where they must not be identified with their output's index).
     pub keep_padded_conv: bool,
+    /// Reused buffers of the reachability searches.
+    dim_reach: Reach<DimVar>,
+    /// The same for row variables.
+    row_reach: Reach<RowVar>,
 }
 
 impl Environment {
@@ -194,7 +196,13 @@ impl Environment {
     }
 
     /// The dimension with every solved variable substituted.
+    #[inline]
     pub fn subst_dim(&self, d: &Dim) -> Dim {
+        if self.dim_is_normal(d) { d.clone() } else { self.subst_dim_changed(d) }
+    }
+
+    /// [`Environment::subst_dim`] of a dimension that substitution changes.
+    fn subst_dim_changed(&self, d: &Dim) -> Dim {
         d.map_vars_with(
             &mut |v| match self.dim_entry(v) {
                 Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
@@ -202,6 +210,41 @@ impl Environment {
             },
             !self.keep_padded_conv,
         )
+    }
+
+    /// [`Environment::subst_dim`], borrowed unchanged when substitution would not change it.
+    #[inline]
+    pub fn subst_dim_cow<'d>(&self, d: &'d Dim) -> Cow<'d, Dim> {
+        if self.dim_is_normal(d) { Cow::Borrowed(d) } else { Cow::Owned(self.subst_dim_changed(d)) }
+    }
+
+    /// Whether substitution (and the simplification of arithmetic dimensions that comes with
+    /// it) would leave the dimension as it is.
+    #[inline]
+    pub fn dim_is_normal(&self, d: &Dim) -> bool {
+        match d {
+            Dim::Solved(_) => true,
+            Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
+            Dim::Conv(_) | Dim::Concat(_) => self.arithmetic_is_normal(d),
+        }
+    }
+
+    /// [`Environment::dim_is_normal`] for a convolution or concatenation.
+    fn arithmetic_is_normal(&self, d: &Dim) -> bool {
+        match d {
+            Dim::Solved(_) | Dim::Var(_) => self.dim_is_normal(d),
+            Dim::Conv(c) => {
+                !(c.padded && c.stride == 1 && !self.keep_padded_conv)
+                    && self.dim_is_normal(&c.output)
+                    && self.dim_is_normal(&c.kernel)
+                    && c.input_size().is_none()
+            }
+            Dim::Concat(parts) => {
+                parts.len() != 1
+                    && parts.iter().any(|p| p.size().is_none())
+                    && parts.iter().all(|p| self.dim_is_normal(p))
+            }
+        }
     }
 
     /// The row with every solved variable (dimension and row) substituted, borrowed unchanged
@@ -212,37 +255,69 @@ impl Environment {
 
     /// Whether substitution would leave the row as it is.
     pub fn row_is_normal(&self, r: &Row) -> bool {
-        let dim_normal = |d: &Dim| match d {
-            Dim::Solved(_) => true,
-            Dim::Var(v) => !matches!(self.dim_entry(*v), Some(DimEntry::Solved(..))),
-            Dim::Conv(_) | Dim::Concat(_) => false,
-        };
-        r.dims.iter().all(dim_normal)
+        r.dims.iter().all(|d| self.dim_is_normal(d))
             && match &r.bcast {
                 Bcast::Broadcastable => true,
                 Bcast::Var { v, beg_dims } => {
                     !matches!(self.row_entry(*v), Some(RowEntry::Solved(..)))
-                        && beg_dims.iter().all(dim_normal)
+                        && beg_dims.iter().all(|d| self.dim_is_normal(d))
                 }
             }
     }
 
     /// The row with every solved variable (dimension and row) substituted.
+    ///
+    /// A solved row variable splices its value between the row's leading and trailing axes,
+    /// and the value's own variable may be solved in turn: the chain is measured first, then
+    /// the row is built once, leading axes outermost first and trailing axes innermost first.
     pub fn subst_row(&self, r: &Row) -> Row {
         if self.row_is_normal(r) {
             return r.clone();
         }
-        let mut row = r.map_dims(&mut |d| self.subst_dim(d));
-        while let Some(v) = row.var() {
-            match self.row_entry(v) {
-                Some(RowEntry::Solved(value, _)) => {
-                    let value = self.subst_row(value);
-                    row = row.splice(v, &value);
+        let (mut n_beg, mut n_end, mut row) = (0, 0, r);
+        let var = loop {
+            n_end += row.dims.len();
+            match &row.bcast {
+                Bcast::Broadcastable => break None,
+                Bcast::Var { v, beg_dims } => {
+                    n_beg += beg_dims.len();
+                    match self.row_entry(*v) {
+                        Some(RowEntry::Solved(value, _)) => row = value,
+                        _ => break Some(*v),
+                    }
                 }
-                _ => break,
+            }
+        };
+        match var {
+            None => {
+                // All axes in one list: the leading ones are pushed before any trailing one.
+                let mut dims = Vec::with_capacity(n_beg + n_end);
+                self.fill_row(r, None, &mut dims);
+                Row { dims, bcast: Bcast::Broadcastable, id: r.id }
+            }
+            Some(v) => {
+                let mut beg = Vec::with_capacity(n_beg);
+                let mut dims = Vec::with_capacity(n_end);
+                self.fill_row(r, Some(&mut beg), &mut dims);
+                Row { dims, bcast: Bcast::Var { v, beg_dims: beg }, id: r.id }
             }
         }
-        row
+    }
+
+    /// Pushes the substituted axes of a row chain: leading axes on the way in (to `beg`, or to
+    /// `dims` when it is `None`), trailing axes on the way out.
+    fn fill_row(&self, r: &Row, mut beg: Option<&mut Vec<Dim>>, dims: &mut Vec<Dim>) {
+        if let Bcast::Var { v, beg_dims } = &r.bcast {
+            let subst = beg_dims.iter().map(|d| self.subst_dim(d));
+            match beg.as_deref_mut() {
+                Some(b) => b.extend(subst),
+                None => dims.extend(subst),
+            }
+            if let Some(RowEntry::Solved(value, _)) = self.row_entry(*v) {
+                self.fill_row(value, beg, dims);
+            }
+        }
+        dims.extend(r.dims.iter().map(|d| self.subst_dim(d)));
     }
 
     /// The origin recorded for a solved dimension variable, if any.
@@ -255,31 +330,25 @@ impl Environment {
     }
 
     /// Whether `lo` is reachable from `hi` by following `subr` edges (`hi ≥ … ≥ lo`).
-    pub fn dim_below(&self, hi: DimVar, lo: DimVar) -> bool {
-        let bounds = |v: DimVar| match self.dim_entry(v) {
-            Some(DimEntry::Bounds(b)) => Some(b),
-            _ => None,
+    pub fn dim_below(&mut self, hi: DimVar, lo: DimVar) -> bool {
+        let dims = &self.dims;
+        let edges = |v: DimVar, up: bool| match dims.get(v) {
+            Some(Entry::Bounds(b)) if up => &b.cur[..],
+            Some(Entry::Bounds(b)) => &b.subr[..],
+            _ => &[][..],
         };
-        reachable(
-            hi,
-            lo,
-            |v| bounds(v).map_or(&[][..], |b| &b.subr),
-            |v| bounds(v).map_or(&[][..], |b| &b.cur),
-        )
+        self.dim_reach.reachable(hi, lo, edges)
     }
 
     /// Whether row variable `lo` is reachable from `hi` by following `subr` edges.
-    pub fn row_below(&self, hi: RowVar, lo: RowVar) -> bool {
-        let bounds = |v: RowVar| match self.row_entry(v) {
-            Some(RowEntry::Bounds(b)) => Some(b),
-            _ => None,
+    pub fn row_below(&mut self, hi: RowVar, lo: RowVar) -> bool {
+        let rows = &self.rows;
+        let edges = |v: RowVar, up: bool| match rows.get(v) {
+            Some(Entry::Bounds(b)) if up => &b.cur[..],
+            Some(Entry::Bounds(b)) => &b.subr[..],
+            _ => &[][..],
         };
-        reachable(
-            hi,
-            lo,
-            |v| bounds(v).map_or(&[][..], |b| &b.subr),
-            |v| bounds(v).map_or(&[][..], |b| &b.cur),
-        )
+        self.row_reach.reachable(hi, lo, edges)
     }
 
     /// Whether row variable `v` occurs in `row` after substitution (an occurs check).
@@ -304,6 +373,22 @@ impl Environment {
             }
     }
 
+    /// The size of a dimension after substitution ([`Dim::size`] of
+    /// [`Environment::subst_dim`]), computed without building the substituted dimension.
+    pub fn dim_size(&self, d: &Dim) -> Option<usize> {
+        match d {
+            Dim::Solved(s) => Some(s.d),
+            Dim::Var(v) => match self.dim_entry(*v) {
+                Some(DimEntry::Solved(value, _)) => self.dim_size(value),
+                _ => None,
+            },
+            Dim::Conv(c) => c.input_size_with(|p| self.dim_size(p)),
+            Dim::Concat(parts) => {
+                parts.iter().try_fold(0usize, |acc, p| acc.checked_add(self.dim_size(p)?))
+            }
+        }
+    }
+
     /// Whether a dimension is known after substitution.
     pub fn dim_is_known(&self, d: &Dim) -> bool {
         match d {
@@ -316,6 +401,46 @@ impl Environment {
                 self.dim_is_known(&c.output) && (c.dilation == 0 || self.dim_is_known(&c.kernel))
             }
             Dim::Concat(parts) => parts.iter().all(|p| self.dim_is_known(p)),
+        }
+    }
+
+    /// Whether `f` holds for some unsolved dimension variable of the row after substitution
+    /// (those [`Environment::row_dim_vars`] lists), found without building the substituted row.
+    pub fn row_any_dim_var(&self, r: &Row, f: &mut impl FnMut(DimVar) -> bool) -> bool {
+        let in_dims = |ds: &[Dim], f: &mut dyn FnMut(DimVar) -> bool| {
+            ds.iter().any(|d| self.dim_any_var(d, f))
+        };
+        if in_dims(&r.dims, f) {
+            return true;
+        }
+        match &r.bcast {
+            Bcast::Broadcastable => false,
+            Bcast::Var { v, beg_dims } => {
+                in_dims(beg_dims, f)
+                    || match self.row_entry(*v) {
+                        Some(RowEntry::Solved(value, _)) => self.row_any_dim_var(value, f),
+                        _ => false,
+                    }
+            }
+        }
+    }
+
+    /// Whether `f` holds for some unsolved variable of the dimension after substitution (those
+    /// [`Dim::vars`] lists for the substituted dimension).
+    fn dim_any_var(&self, d: &Dim, f: &mut dyn FnMut(DimVar) -> bool) -> bool {
+        match d {
+            Dim::Solved(_) => false,
+            Dim::Var(v) => match self.dim_entry(*v) {
+                Some(DimEntry::Solved(value, _)) => self.dim_any_var(value, f),
+                _ => f(*v),
+            },
+            // An arithmetic dimension whose parts are all known has become a size; otherwise
+            // its variables are those of its parts that count.
+            Dim::Conv(c) => {
+                self.dim_any_var(&c.output, f)
+                    || (c.kernel_counts() && self.dim_any_var(&c.kernel, f))
+            }
+            Dim::Concat(parts) => parts.iter().any(|p| self.dim_any_var(p, f)),
         }
     }
 
@@ -380,47 +505,91 @@ impl fmt::Display for Environment {
     }
 }
 
-/// Whether `lo` can be reached from `hi` through `down` edges (equivalently `hi` from `lo`
-/// through `up` edges). Both searches advance in turn and the first to finish decides, so the
-/// cost is about the smaller of the regions below `hi` and above `lo` — long chains of
-/// inequalities make one of them large.
-fn reachable<'a, V: Copy + Eq + std::hash::Hash + 'a>(
-    hi: V,
-    lo: V,
-    down: impl Fn(V) -> &'a [V],
-    up: impl Fn(V) -> &'a [V],
-) -> bool {
-    if hi == lo {
-        return true;
+/// The buffers of the reachability searches, kept between searches: visit marks indexed by
+/// variable number (each search marks with its own generation, so nothing needs clearing) and
+/// the two stacks.
+#[derive(Clone, Debug)]
+struct Reach<V> {
+    generation: u32,
+    down_marks: Vec<u32>,
+    up_marks: Vec<u32>,
+    down_stack: Vec<V>,
+    up_stack: Vec<V>,
+}
+
+impl<V> Default for Reach<V> {
+    fn default() -> Self {
+        Reach {
+            generation: 0,
+            down_marks: Vec::new(),
+            up_marks: Vec::new(),
+            down_stack: Vec::new(),
+            up_stack: Vec::new(),
+        }
     }
-    // Quick answers without allocating: most variables have few or no neighbours.
-    let (below_hi, above_lo) = (down(hi), up(lo));
-    if below_hi.is_empty() || above_lo.is_empty() {
-        return false;
+}
+
+/// Marks variable `i` visited in this generation; whether it was not visited before.
+fn visit(marks: &mut Vec<u32>, i: usize, generation: u32) -> bool {
+    if marks.len() <= i {
+        marks.resize(i + 1, 0);
     }
-    if below_hi.contains(&lo) {
-        return true;
-    }
-    let (mut seen_down, mut stack_down) = (FxHashSet::default(), below_hi.to_vec());
-    let (mut seen_up, mut stack_up) = (FxHashSet::default(), above_lo.to_vec());
-    seen_down.insert(hi);
-    seen_up.insert(lo);
-    loop {
-        match stack_down.pop() {
-            None => return false,
-            Some(v) if v == lo => return true,
-            Some(v) => {
-                if seen_down.insert(v) {
-                    stack_down.extend_from_slice(down(v));
+    let fresh = marks[i] != generation;
+    marks[i] = generation;
+    fresh
+}
+
+impl<V: Copy + Eq + Into<usize>> Reach<V> {
+    /// Whether `lo` can be reached from `hi` through downward edges (equivalently `hi` from
+    /// `lo` through upward ones); `edges(v, up)` lists a variable's neighbours. Both searches
+    /// advance in turn and the first to finish decides, so the cost is about the smaller of the
+    /// regions below `hi` and above `lo` — long chains of inequalities make one of them large.
+    fn reachable<'a>(&mut self, hi: V, lo: V, edges: impl Fn(V, bool) -> &'a [V]) -> bool
+    where
+        V: 'a,
+    {
+        if hi == lo {
+            return true;
+        }
+        // Quick answers: most variables have few or no neighbours.
+        let (below_hi, above_lo) = (edges(hi, false), edges(lo, true));
+        if below_hi.is_empty() || above_lo.is_empty() {
+            return false;
+        }
+        if below_hi.contains(&lo) {
+            return true;
+        }
+        if self.generation == u32::MAX {
+            self.down_marks.iter_mut().chain(self.up_marks.iter_mut()).for_each(|m| *m = 0);
+            self.generation = 0;
+        }
+        self.generation += 1;
+        let generation = self.generation;
+        let Reach { down_marks, up_marks, down_stack, up_stack, .. } = self;
+        visit(down_marks, hi.into(), generation);
+        visit(up_marks, lo.into(), generation);
+        down_stack.clear();
+        down_stack.extend_from_slice(below_hi);
+        up_stack.clear();
+        up_stack.extend_from_slice(above_lo);
+        loop {
+            match down_stack.pop() {
+                None => return false,
+                Some(v) if v == lo => return true,
+                Some(v) => {
+                    if visit(down_marks, v.into(), generation) {
+                        // Element by element: the lists are short, a bulk copy costs more.
+                        edges(v, false).iter().for_each(|w| down_stack.push(*w));
+                    }
                 }
             }
-        }
-        match stack_up.pop() {
-            None => return false,
-            Some(v) if v == hi => return true,
-            Some(v) => {
-                if seen_up.insert(v) {
-                    stack_up.extend_from_slice(up(v));
+            match up_stack.pop() {
+                None => return false,
+                Some(v) if v == hi => return true,
+                Some(v) => {
+                    if visit(up_marks, v.into(), generation) {
+                        edges(v, true).iter().for_each(|w| up_stack.push(*w));
+                    }
                 }
             }
         }

@@ -67,14 +67,15 @@ impl Row {
 impl Solver {
     /// Solves `cur ≥ subr` for dimensions.
     pub fn solve_dim_ineq(&mut self, cur: &Dim, subr: &Dim, origin: &Origin) -> Derived {
-        let cur = self.env.subst_dim(cur);
-        let subr = self.env.subst_dim(subr);
-        if same_dim(&cur, &subr) {
+        let cur = self.env.subst_dim_cow(cur);
+        let subr = self.env.subst_dim_cow(subr);
+        let (cur, subr) = (cur.as_ref(), subr.as_ref());
+        if same_dim(cur, subr) {
             return Ok(vec![]);
         }
         if let (Some(c), Some(s)) = (cur.size(), subr.size()) {
             if c == s {
-                if !labels_agree(&cur, &subr) {
+                if !labels_agree(cur, subr) {
                     return Err(conflict(
                         format!("axes of size {c} have different labels: {cur} vs {subr}"),
                         origin,
@@ -99,22 +100,22 @@ impl Solver {
         let eq =
             |d1: &Dim, d2: &Dim| Constraint::DimEq { d1: d1.clone(), d2: d2.clone() }.at(origin);
         if cur.is_one() {
-            return Ok(vec![eq(&subr, &cur)]);
+            return Ok(self.derive_one(eq(subr, cur)));
         }
-        if arithmetic(&subr) && cur.size().is_some() && subr.can_be_one() {
+        if arithmetic(subr) && cur.size().is_some() && subr.can_be_one() {
             // A known size above an arithmetic axis whose parts may still make it 1: once its
             // parts are known it either equals cur or broadcasts as 1, and which one depends on
             // them. Equating now would make the outcome depend on whether the parts were known
             // first.
-            self.defer(Constraint::DimIneq { cur, subr }.at(origin));
+            self.defer(Constraint::DimIneq { cur: cur.clone(), subr: subr.clone() }.at(origin));
             return Ok(vec![]);
         }
-        if arithmetic(&cur) || arithmetic(&subr) {
+        if arithmetic(cur) || arithmetic(subr) {
             // Convolution and concatenation axes do not broadcast.
-            return Ok(vec![eq(&cur, &subr)]);
+            return Ok(self.derive_one(eq(cur, subr)));
         }
-        match (&cur, &subr) {
-            (Dim::Var(_), Dim::Solved(_)) => Ok(vec![eq(&cur, &subr)]),
+        match (cur, subr) {
+            (Dim::Var(_), Dim::Solved(_)) => Ok(self.derive_one(eq(cur, subr))),
             (Dim::Solved(_), Dim::Var(s)) => self.add_dim_lub(*s, cur.clone(), origin),
             (Dim::Var(c), Dim::Var(s)) => self.add_dim_var_ineq(*c, *s, origin),
             _ => Err(conflict(format!("cannot compare {cur} and {subr}"), origin)),
@@ -124,7 +125,7 @@ impl Solver {
     /// `lub ≥ s` for a solved `lub > 1`.
     fn add_dim_lub(&mut self, s: DimVar, lub: Dim, origin: &Origin) -> Derived {
         let mut b = self.env.dim_bounds(s).clone();
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         match &b.lub {
             None => {
                 if let Some((DimConstraint::AtLeast(n), o)) = &b.constr {
@@ -172,9 +173,10 @@ impl Solver {
         }
         if self.env.dim_below(s, c) {
             // s ≥ … ≥ c ≥ s: a cycle means equality.
-            return Ok(vec![Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) }.at(origin)]);
+            let eq = Constraint::DimEq { d1: Dim::Var(c), d2: Dim::Var(s) };
+            return Ok(self.derive_one(eq.at(origin)));
         }
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         if let Some(bc) = self.env.dim_bounds_mut(c) {
             bc.subr.push(s);
         }
@@ -254,7 +256,10 @@ impl Solver {
         }
         let j = cb.len().min(sb.len());
         let k = cd.len().min(sd.len());
-        let mut out: Vec<Constr> = cb[..j].iter().zip(&sb[..j]).map(|(c, s)| ineq(c, s)).collect();
+        // Room for the pairs and what relating the rest usually adds.
+        let mut out = self.derived_list();
+        out.reserve(if j + k > 0 { j + k + 1 } else { 0 });
+        out.extend(cb[..j].iter().zip(&sb[..j]).map(|(c, s)| ineq(c, s)));
         out.extend(cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]).map(|(c, s)| ineq(c, s)));
         let (cb2, sb2) = (&cb[j..], &sb[j..]);
         let (cd2, sd2) = (&cd[..cd.len() - k], &sd[..sd.len() - k]);
@@ -277,7 +282,8 @@ impl Solver {
                 }
                 out.extend(cd2.iter().zip(sb2).map(|(c, s)| ineq(c, s)));
                 let rest = Row::fixed(cd2[sb2.len()..].to_vec(), cur.id);
-                out.extend(self.add_row_lub(sv, rest, origin)?);
+                let more = self.add_row_lub(sv, rest, origin)?;
+                self.absorb(&mut out, more);
                 Ok(out)
             }
             Some(cv) => {
@@ -293,7 +299,8 @@ impl Solver {
                         )?);
                         return Ok(out);
                     }
-                    out.extend(self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?);
+                    let more = self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?;
+                    self.absorb(&mut out, more);
                     out.push(
                         Constraint::RowIneq {
                             cur: cur.as_ref().clone(),
@@ -305,14 +312,16 @@ impl Solver {
                 }
                 let Some(sv) = subr.var() else { return Ok(out) };
                 if cb2.is_empty() && cd2.is_empty() {
-                    out.extend(self.add_row_var_ineq(cv, sv, &cur, origin)?);
+                    let more = self.add_row_var_ineq(cv, sv, &cur, origin)?;
+                    self.absorb(&mut out, more);
                 } else {
                     let rest = Row {
                         dims: cd2.to_vec(),
                         bcast: Bcast::Var { v: cv, beg_dims: cb2.to_vec() },
                         id: cur.id,
                     };
-                    out.extend(self.add_row_lub(sv, rest, origin)?);
+                    let more = self.add_row_lub(sv, rest, origin)?;
+                    self.absorb(&mut out, more);
                 }
                 Ok(out)
             }
@@ -444,7 +453,7 @@ impl Solver {
         if let Some(bs) = self.env.row_bounds_mut(s) {
             bs.cur.push(c);
         }
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         if let Some((lub, o)) = &self.env.row_bounds(c).lub {
             out.push(
                 Constraint::RowIneq { cur: lub.clone(), subr: Row::of_var(s, like.id) }
@@ -456,14 +465,14 @@ impl Solver {
 
     /// `bound ≥ s` for a row variable `s`: meets `bound` into s's least upper bound.
     fn add_row_lub(&mut self, s: RowVar, bound: Row, origin: &Origin) -> Derived {
-        let bound = self.env.subst_row(&bound);
+        let bound = if self.env.row_is_normal(&bound) { bound } else { self.env.subst_row(&bound) };
         if bound.var() == Some(s) {
             // [..s.., more] >= s says nothing useful about s's size.
             return Ok(vec![]);
         }
         let old_lub =
             self.env.row_bounds(s).lub.as_ref().map(|(r, o)| (self.env.subst_row(r), o.clone()));
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         let new_lub = match &old_lub {
             None => bound.clone(),
             Some((old, _)) => match self.meet_rows(old, &bound, origin, &mut out) {
@@ -475,7 +484,8 @@ impl Solver {
                 }
             },
         };
-        if old_lub.as_ref().is_some_and(|(old, _)| same_row(&self.env.subst_row(old), &new_lub)) {
+        if old_lub.as_ref().is_some_and(|(old, _)| same_row(&self.env.subst_row_cow(old), &new_lub))
+        {
             return Ok(out);
         }
         for s2 in &self.env.row_bounds(s).subr {
@@ -569,7 +579,7 @@ impl Solver {
     }
 
     /// Whether `x ≤ y` is already known (so the meet of `x` and `y` is `x`).
-    fn dim_known_below(&self, x: &Dim, y: &Dim) -> bool {
+    fn dim_known_below(&mut self, x: &Dim, y: &Dim) -> bool {
         match (x, y) {
             (_, _) if x.is_one() => true,
             (Dim::Var(a), Dim::Var(b)) => self.env.dim_below(*b, *a),

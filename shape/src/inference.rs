@@ -14,7 +14,7 @@ use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint, Origin};
 use crate::dim::Dim;
-use crate::env::{DimEntry, RowEntry};
+use crate::env::{DimEntry, Environment, RowEntry};
 use crate::error::{Conflict, OpContext, ShapeError, ShapeMismatch};
 use crate::logic::{Derivation, Logic, Shape, get_inequalities};
 use crate::row::{Kind, Row, RowId};
@@ -236,11 +236,18 @@ impl Inference {
             if Kind::ALL.iter().all(|k| env.row_is_normal(sh.row(*k))) {
                 Cow::Borrowed(sh)
             } else {
-                Cow::Owned(env.subst_shape(sh))
+                // A working copy: deriving constraints does not need the name.
+                Cow::Owned(Shape {
+                    batch: env.subst_row(&sh.batch),
+                    input: env.subst_row(&sh.input),
+                    output: env.subst_row(&sh.output),
+                    id: sh.id,
+                    debug_name: String::new(),
+                })
             }
         };
         let cur = subst(shape);
-        let args: Vec<Cow<Shape>> = logic.args().iter().map(|a| subst(*a)).collect();
+        let args: Vec<Cow<Shape>> = logic.arg_ids().map(subst).collect();
         let arg_refs: Vec<&Shape> = args.iter().map(|a| a.as_ref()).collect();
         get_inequalities(&cur, logic, &arg_refs, &mut self.solver.vars)
     }
@@ -251,20 +258,7 @@ impl Inference {
         if self.finished {
             return Ok(());
         }
-        for i in (0..self.steps.len()).rev() {
-            if self.step_is_known(i) {
-                // Every axis of the step is known: its constraints were checked when the
-                // variables were solved, and deriving them again can teach nothing.
-                continue;
-            }
-            let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
-            let deriv = self.derive(shape, &logic)?;
-            deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
-            let origin = Origin::step(StepId(i as u32));
-            let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
-            let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
-            self.pending.extend(rest);
-        }
+        self.second_pass()?;
         let mut pending = std::mem::take(&mut self.pending);
         let mut rows = self.shape_rows();
         for stage in Stage::CLOSING {
@@ -304,10 +298,12 @@ impl Inference {
                 origin: c.origin,
             }));
         }
-        for i in 0..self.shapes.len() {
-            self.shapes[i] = self.solver.env.subst_shape(&self.shapes[i]);
+        for sh in &mut self.shapes {
+            refresh_shape(&self.solver.env, sh);
         }
-        if let Some(sh) = self.shapes.iter().find(|s| s.dims().is_none()) {
+        if let Some(sh) =
+            self.shapes.iter().find(|s| !s.memory_rows().iter().all(|r| r.is_ground()))
+        {
             let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
             return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
                 message: msg,
@@ -325,6 +321,26 @@ impl Inference {
         Ok(())
     }
 
+    /// The second propagation pass: every step's constraints again, in reverse order, so that
+    /// what later steps taught flows back to earlier ones.
+    fn second_pass(&mut self) -> Result<(), ShapeError> {
+        for i in (0..self.steps.len()).rev() {
+            if self.step_is_known(i) {
+                // Every axis of the step is known: its constraints were checked when the
+                // variables were solved, and deriving them again can teach nothing.
+                continue;
+            }
+            let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
+            let deriv = self.derive(shape, &logic)?;
+            deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
+            let origin = Origin::step(StepId(i as u32));
+            let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
+            let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
+            self.pending.extend(rest);
+        }
+        Ok(())
+    }
+
     /// `ShapeRow` constraints for every row of every non-leaf shape (leaf shapes close through
     /// their `TerminalRow` and `TerminalDim` constraints, after the non-leaf rows they are
     /// bounded by).
@@ -338,7 +354,7 @@ impl Inference {
             .collect();
         for (i, st) in self.steps.iter().enumerate() {
             let origin = Origin::step(StepId(i as u32));
-            for sh in std::iter::once(st.shape).chain(st.logic.args()) {
+            for sh in std::iter::once(st.shape).chain(st.logic.arg_ids()) {
                 if seen.insert(sh) {
                     for kind in Kind::ALL {
                         let r = self.shape(sh).row(kind).clone();
@@ -352,7 +368,7 @@ impl Inference {
 
     fn has_lower_bounded_dim(&self, c: &Constraint) -> bool {
         let Constraint::ShapeRow(r) = c else { return false };
-        self.solver.env.row_dim_vars(r).into_iter().any(|v| {
+        self.solver.env.row_any_dim_var(r, &mut |v| {
             let b = self.solver.env.dim_bounds(v);
             b.constr.as_ref().is_some_and(|(c, _)| c.lower_bound().is_some())
         })
@@ -361,7 +377,7 @@ impl Inference {
     /// Whether every shape a step mentions is known.
     fn step_is_known(&self, i: usize) -> bool {
         let st = &self.steps[i];
-        std::iter::once(st.shape).chain(st.logic.args()).all(|id| {
+        std::iter::once(st.shape).chain(st.logic.arg_ids()).all(|id| {
             let sh = self.shape(id);
             Kind::ALL.iter().all(|k| self.solver.env.row_is_known(sh.row(*k)))
         })
@@ -369,10 +385,8 @@ impl Inference {
 
     fn refresh_step(&mut self, step: StepId) {
         let st = &self.steps[step.0 as usize];
-        let ids: Vec<ShapeId> = std::iter::once(st.shape).chain(st.logic.args()).collect();
-        for id in ids {
-            let i = id.0 as usize;
-            self.shapes[i] = self.solver.env.subst_shape(&self.shapes[i]);
+        for id in std::iter::once(st.shape).chain(st.logic.arg_ids()) {
+            refresh_shape(&self.solver.env, &mut self.shapes[id.0 as usize]);
         }
     }
 
@@ -402,7 +416,7 @@ impl Inference {
 
     /// Turns a solver conflict into an error naming the operations involved.
     pub(crate) fn report(&self, c: Conflict) -> ShapeError {
-        let steps: Vec<StepId> = c.origin.0.iter().rev().copied().collect();
+        let steps: Vec<StepId> = c.origin.steps().iter().rev().copied().collect();
         let ops = self.op_contexts(&steps);
         ShapeError::Mismatch(Box::new(ShapeMismatch { message: c.message, ops, steps }))
     }
@@ -521,6 +535,16 @@ impl Inference {
             }
         }
         (dims, rows)
+    }
+}
+
+/// Substitutes the solved variables into a shape's rows, leaving rows with nothing to
+/// substitute untouched.
+fn refresh_shape(env: &Environment, sh: &mut Shape) {
+    for row in [&mut sh.batch, &mut sh.input, &mut sh.output] {
+        if !env.row_is_normal(row) {
+            *row = env.subst_row(row);
+        }
     }
 }
 

@@ -124,13 +124,21 @@ pub enum Logic {
 impl Logic {
     /// The argument shapes.
     pub fn args(&self) -> Vec<ShapeId> {
-        match self {
-            Logic::Terminal(_) => vec![],
-            Logic::Pointwise(a) | Logic::Einsum(_, a) => a.clone(),
-            Logic::Compose(a, b) => vec![*a, *b],
-            Logic::ComposeAccumulate(a, b, c) => vec![*a, *b, *c],
-            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => vec![*a],
-        }
+        self.arg_ids().collect()
+    }
+
+    /// The argument shapes, in the order of [`Logic::args`], without collecting them.
+    pub fn arg_ids(&self) -> impl Iterator<Item = ShapeId> + '_ {
+        let (listed, fixed): (&[ShapeId], [Option<ShapeId>; 3]) = match self {
+            Logic::Terminal(_) => (&[], [None; 3]),
+            Logic::Pointwise(a) | Logic::Einsum(_, a) => (a, [None; 3]),
+            Logic::Compose(a, b) => (&[], [Some(*a), Some(*b), None]),
+            Logic::ComposeAccumulate(a, b, c) => (&[], [Some(*a), Some(*b), Some(*c)]),
+            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => {
+                (&[], [Some(*a), None, None])
+            }
+        };
+        listed.iter().copied().chain(fixed.into_iter().flatten())
     }
 
     /// A short description for messages.
@@ -177,23 +185,30 @@ pub fn get_inequalities(
 ) -> Result<Derivation, ShapeError> {
     let mut d = Derivation::default();
     let cs = &mut d.constraints;
+    cs.reserve(match logic {
+        Logic::Terminal(_) => 5,
+        Logic::Pointwise(_) => 3 * args.len(),
+        Logic::Compose(..) | Logic::ComposeAccumulate(..) => 8,
+        Logic::Transpose(_) | Logic::BatchSlice(..) | Logic::Reshape(_) => 4,
+        Logic::Einsum(..) => 0,
+    });
     match logic {
         Logic::Terminal(t) => {
             if t.input_equals_output {
                 cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: cur.output.clone() });
             }
-            let rows: Vec<Row> = cur.memory_rows().into_iter().cloned().collect();
+            let rows = || cur.memory_rows().into_iter().cloned().collect::<Vec<Row>>();
             match &t.data {
                 TerminalData::Rows => {}
                 TerminalData::Values(n) => cs.push(Constraint::RowsConstr {
-                    rows: rows.clone(),
+                    rows: rows(),
                     constr: RowConstraint::TotalElems {
                         numerator: TotalElems::NumElems(*n),
                         divided_by: vec![],
                     },
                 }),
                 TerminalData::Exact(dims) => cs.push(Constraint::RowsConstr {
-                    rows: rows.clone(),
+                    rows: rows(),
                     constr: RowConstraint::Exact(dims.iter().map(|&x| Dim::of(x)).collect()),
                 }),
             }
@@ -280,80 +295,121 @@ pub fn get_inequalities(
             }
             let mut t = Templates {
                 vars,
-                labels: FxHashMap::default(),
-                row_vars: FxHashMap::default(),
+                labels: Vec::new(),
+                row_vars: Vec::new(),
                 padded: spec.padded,
-                extra: vec![],
+                extra: Vec::with_capacity(3 * (args.len() + 1) + 2),
                 proj_env: FxHashMap::default(),
             };
             for (pattern, a) in spec.operands.iter().zip(args) {
                 let rows = t.shape(pattern, a, None);
                 for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                    t.extra.push(ineq(&tpl, a.row(kind)));
+                    t.extra.push(Constraint::RowIneq { cur: tpl, subr: a.row(kind).clone() });
                 }
             }
             let generative = Kind::ALL.map(|k| cur.row(k).num_fixed() == 0);
             let rows = t.shape(&spec.result, cur, Some(generative));
             for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                t.extra.push(ineq(cur.row(kind), &tpl));
+                t.extra.push(Constraint::RowIneq { cur: cur.row(kind).clone(), subr: tpl });
             }
-            let mut labels: Vec<(String, DimVar)> = t.labels.into_iter().collect();
+            let mut labels: Vec<(String, DimVar)> =
+                t.labels.iter().map(|(l, v)| (l.to_string(), *v)).collect();
             labels.sort();
             d.labels = labels;
             d.proj_env = t.proj_env;
-            d.template_rows = t.row_vars.into_values().collect();
-            cs.extend(t.extra);
+            d.template_rows = t.row_vars.iter().map(|(_, v)| *v).collect();
+            d.template_rows.sort();
+            *cs = t.extra;
         }
     }
     Ok(d)
 }
 
-/// Builds the template rows of an einsum spec, sharing variables between operands.
-struct Templates<'a> {
+/// Builds the template rows of an einsum spec, sharing variables between operands. A spec
+/// has few labels and row variables, so they are looked up in short lists.
+struct Templates<'a, 's> {
     vars: &'a mut VarGen,
-    labels: FxHashMap<String, DimVar>,
-    row_vars: FxHashMap<RowVarSpec, RowVar>,
+    labels: Vec<(&'s str, DimVar)>,
+    row_vars: Vec<(RowKey<'s>, RowVar)>,
     padded: bool,
     extra: Vec<Constraint>,
     proj_env: FxHashMap<DimVar, AxisIndex>,
 }
 
-impl Templates<'_> {
-    fn label(&mut self, l: &str) -> Dim {
-        let vars = &mut *self.vars;
-        Dim::Var(*self.labels.entry(l.to_string()).or_insert_with(|| vars.dim()))
+/// Which row variable of a spec a row pattern uses: `...` stands for the one of its row kind.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum RowKey<'s> {
+    Ellipsis(Kind),
+    Named(&'s str),
+}
+
+impl<'s> RowKey<'s> {
+    fn of(spec: &'s RowVarSpec, kind: Kind) -> RowKey<'s> {
+        match spec {
+            RowVarSpec::Ellipsis => RowKey::Ellipsis(kind),
+            // A name spelled like an ellipsis' key names the same variable.
+            RowVarSpec::Named(n) => {
+                match Kind::ALL.into_iter().find(|k| n.strip_prefix("...") == Some(k.name())) {
+                    Some(k) => RowKey::Ellipsis(k),
+                    None => RowKey::Named(n),
+                }
+            }
+        }
+    }
+}
+
+impl<'s> Templates<'_, 's> {
+    fn label(&mut self, l: &'s str) -> Dim {
+        if let Some((_, v)) = self.labels.iter().find(|(n, _)| *n == l) {
+            return Dim::Var(*v);
+        }
+        let v = self.vars.dim();
+        self.labels.push((l, v));
+        Dim::Var(v)
     }
 
     /// The three template rows of a pattern (batch, input, output), for `sh`'s row ids.
     /// `generative` is given for the result: a fixed index 0 in a row that has no axes yet is
     /// a plain axis of size 1.
-    fn shape(&mut self, p: &ShapePattern, sh: &Shape, generative: Option<[bool; 3]>) -> [Row; 3] {
-        let mut out = Vec::with_capacity(3);
-        for (n, (kind, rs)) in Kind::ALL.into_iter().zip(p.rows()).enumerate() {
+    fn shape(
+        &mut self,
+        p: &'s ShapePattern,
+        sh: &Shape,
+        generative: Option<[bool; 3]>,
+    ) -> [Row; 3] {
+        let rows = p.rows();
+        let mut row = |n: usize| {
             let gen0 = generative.is_some_and(|g| g[n]);
-            out.push(self.row(rs, RowId { shape: sh.id, kind }, gen0));
-        }
-        [out[0].clone(), out[1].clone(), out[2].clone()]
+            self.row(rows[n], RowId { shape: sh.id, kind: Kind::ALL[n] }, gen0)
+        };
+        // In order: the variables are numbered as they are first met.
+        let batch = row(0);
+        let input = row(1);
+        let output = row(2);
+        [batch, input, output]
     }
 
-    fn row(&mut self, rs: &RowSpec, id: RowId, generative: bool) -> Row {
+    fn row(&mut self, rs: &'s RowSpec, id: RowId, generative: bool) -> Row {
         let beg: Vec<Dim> = rs.beg.iter().map(|a| self.axis(a, generative)).collect();
         let end: Vec<Dim> = rs.end.iter().map(|a| self.axis(a, generative)).collect();
         match &rs.var {
             None => Row { dims: end, bcast: Bcast::Broadcastable, id },
             Some(name) => {
-                let key = match name {
-                    RowVarSpec::Ellipsis => RowVarSpec::Named(format!("...{}", id.kind.name())),
-                    named => named.clone(),
+                let key = RowKey::of(name, id.kind);
+                let v = match self.row_vars.iter().find(|(k, _)| *k == key) {
+                    Some((_, v)) => *v,
+                    None => {
+                        let v = self.vars.row();
+                        self.row_vars.push((key, v));
+                        v
+                    }
                 };
-                let vars = &mut *self.vars;
-                let v = *self.row_vars.entry(key).or_insert_with(|| vars.row());
                 Row { dims: end, bcast: Bcast::Var { v, beg_dims: beg }, id }
             }
         }
     }
 
-    fn axis(&mut self, a: &AxisSpec, generative: bool) -> Dim {
+    fn axis(&mut self, a: &'s AxisSpec, generative: bool) -> Dim {
         match a {
             AxisSpec::Label(l) => self.label(l),
             AxisSpec::Anonymous => Dim::Var(self.vars.dim()),
@@ -373,7 +429,7 @@ impl Templates<'_> {
                     Some(k) => self.label(k),
                     None => Dim::of(1),
                 };
-                Dim::Conv(Box::new(ConvDim {
+                Dim::Conv(Arc::new(ConvDim {
                     stride: *stride,
                     output,
                     dilation: if kernel_is_dummy(a) { 0 } else { *dilation },

@@ -30,7 +30,7 @@ use crate::row_constraint::slot_then;
 use crate::solve::Solver;
 use crate::spec::AxisSpec;
 use crate::stage::Stage;
-use crate::var::{DimVar, ProjId, StepId};
+use crate::var::{DimVar, StepId};
 
 #[derive(Clone, Debug)]
 enum Def {
@@ -51,8 +51,21 @@ struct ProjSolver<'a> {
     proj_env: &'a FxHashMap<DimVar, AxisIndex>,
     parent: Vec<usize>,
     info: Vec<Class>,
-    by_proj: FxHashMap<ProjId, usize>,
-    by_var: FxHashMap<DimVar, usize>,
+    /// The node of each projection id and of each local dimension variable, indexed by their
+    /// numbers (both are handed out densely by the local solver); `NONE` where there is none.
+    by_proj: Vec<usize>,
+    by_var: Vec<usize>,
+}
+
+/// No node yet.
+const NONE: usize = usize::MAX;
+
+/// The entry for index `i` of a dense table, grown as needed.
+fn entry(table: &mut Vec<usize>, i: usize) -> &mut usize {
+    if table.len() <= i {
+        table.resize(i + 1, NONE);
+    }
+    &mut table[i]
 }
 
 impl<'a> ProjSolver<'a> {
@@ -101,40 +114,41 @@ impl<'a> ProjSolver<'a> {
     fn node(&mut self, d: &Dim) -> Result<usize, String> {
         match d {
             Dim::Var(v) => {
-                if let Some(&n) = self.by_var.get(v) {
-                    return Ok(n);
+                let known = *entry(&mut self.by_var, v.0 as usize);
+                if known != NONE {
+                    return Ok(known);
                 }
                 let fixed = self.proj_env.get(v).cloned();
-                let n = self.new_node(Class { size: None, fixed: fixed.clone(), def: None });
-                self.by_var.insert(*v, n);
-                if fixed.is_none() {
-                    if let Some(crate::env::DimEntry::Solved(value, _)) =
-                        self.local.env.dim_entry(*v)
-                    {
-                        let value = value.clone();
-                        let m = self.node(&value)?;
+                let is_fixed = fixed.is_some();
+                let n = self.new_node(Class { size: None, fixed, def: None });
+                *entry(&mut self.by_var, v.0 as usize) = n;
+                let local = self.local;
+                if !is_fixed {
+                    if let Some(crate::env::DimEntry::Solved(value, _)) = local.env.dim_entry(*v) {
+                        let m = self.node(value)?;
                         self.union(n, m)?;
                     }
                 } else {
-                    let size = self.local.env.subst_dim(d).size();
+                    let size = self.local.env.dim_size(d);
                     let r = self.find(n);
                     self.info[r].size = self.info[r].size.or(size);
                 }
                 Ok(n)
             }
             Dim::Solved(SolvedDim { d, proj_id: Some(p), .. }) => {
-                if let Some(&n) = self.by_proj.get(p) {
-                    return Ok(n);
+                let known = *entry(&mut self.by_proj, p.0 as usize);
+                if known != NONE {
+                    return Ok(known);
                 }
                 let n = self.new_node(Class { size: Some(*d), ..Class::default() });
-                self.by_proj.insert(*p, n);
+                *entry(&mut self.by_proj, p.0 as usize) = n;
                 Ok(n)
             }
             Dim::Solved(s) => Ok(self.new_node(Class { size: Some(s.d), ..Class::default() })),
             Dim::Conv(c) => {
                 let output = self.node(&c.output)?;
                 let kernel = self.node(&c.kernel)?;
-                let size = self.local.env.subst_dim(d).size();
+                let size = self.local.env.dim_size(d);
                 let def = Def::Conv {
                     stride: c.stride,
                     output,
@@ -146,14 +160,14 @@ impl<'a> ProjSolver<'a> {
             }
             Dim::Concat(parts) => {
                 let ns = parts.iter().map(|p| self.node(p)).collect::<Result<Vec<_>, _>>()?;
-                let size = self.local.env.subst_dim(d).size();
+                let size = self.local.env.dim_size(d);
                 Ok(self.new_node(Class { size, fixed: None, def: Some(Def::Concat(ns)) }))
             }
         }
     }
 
     fn size(&self, d: &Dim) -> Option<usize> {
-        self.local.env.subst_dim(d).size()
+        self.local.env.dim_size(d)
     }
 
     /// Links two axes related by an equation (`ineq = false`) or `cur ≥ subr`.
@@ -171,18 +185,15 @@ impl<'a> ProjSolver<'a> {
         self.union(a, b)
     }
 
-    /// The axes a row variable stands for in the local solution (unsolved: none, as closing
-    /// would make them).
-    fn expand_var(&self, v: Option<crate::var::RowVar>) -> Vec<Dim> {
-        let Some(var) = v else { return vec![] };
-        match self.local.env.row_entry(var) {
-            Some(RowEntry::Solved(value, _)) => {
-                let mut out = value.beg_dims().to_vec();
-                out.extend(self.expand_var(value.var()));
-                out.extend(value.dims.iter().cloned());
-                out
-            }
-            _ => vec![],
+    /// Pushes the axes a row variable stands for in the local solution (unsolved: none, as
+    /// closing would make them).
+    fn expand_var(&self, v: Option<crate::var::RowVar>, out: &mut Vec<&'a Dim>) {
+        let Some(var) = v else { return };
+        let local = self.local;
+        if let Some(RowEntry::Solved(value, _)) = local.env.row_entry(var) {
+            out.extend(value.beg_dims());
+            self.expand_var(value.var(), out);
+            out.extend(&value.dims);
         }
     }
 
@@ -191,14 +202,18 @@ impl<'a> ProjSolver<'a> {
     /// first remaining axes of the other row; then the rest, including what the row variables
     /// stand for, from the right.
     fn link_rows(&mut self, cur: &Row, subr: &Row, ineq: bool) -> Result<(), String> {
-        let (cb, cm, cd) = (cur.beg_dims(), self.expand_var(cur.var()), &cur.dims);
-        let (sb, sm, sd) = (subr.beg_dims(), self.expand_var(subr.var()), &subr.dims);
+        let (cb, cd) = (cur.beg_dims(), &cur.dims);
+        let (sb, sd) = (subr.beg_dims(), &subr.dims);
         let k = cd.len().min(sd.len());
         for (c, s) in cd[cd.len() - k..].iter().zip(&sd[sd.len() - k..]) {
             self.link(c, s, ineq)?;
         }
-        let mut cmid: Vec<Dim> = [cb, &cm[..], &cd[..cd.len() - k]].concat();
-        let mut smid: Vec<Dim> = [sb, &sm[..], &sd[..sd.len() - k]].concat();
+        let mut cmid: Vec<&Dim> = cb.iter().collect();
+        self.expand_var(cur.var(), &mut cmid);
+        cmid.extend(&cd[..cd.len() - k]);
+        let mut smid: Vec<&Dim> = sb.iter().collect();
+        self.expand_var(subr.var(), &mut smid);
+        smid.extend(&sd[..sd.len() - k]);
         // How many leading axes are anchored: those before a row variable, against the first
         // axes of the other row.
         let j = match (cur.var().is_some(), subr.var().is_some()) {
@@ -210,8 +225,7 @@ impl<'a> ProjSolver<'a> {
         for (c, s) in cmid[..j].iter().zip(&smid[..j]) {
             self.link(c, s, ineq)?;
         }
-        cmid.drain(..j);
-        smid.drain(..j);
+        let (cmid, smid) = (&cmid[j..], &smid[j..]);
         let m = cmid.len().min(smid.len());
         for (c, s) in cmid[cmid.len() - m..].iter().zip(&smid[smid.len() - m..]) {
             self.link(c, s, ineq)?;
@@ -242,7 +256,8 @@ fn scaled(
 struct Resolver<'s, 'a> {
     ps: &'s mut ProjSolver<'a>,
     symbols: &'s mut SymbolGen,
-    index: FxHashMap<usize, AxisIndex>,
+    /// The index of each class, by its root node.
+    index: Vec<Option<AxisIndex>>,
     product: Vec<(Symbol, usize)>,
     /// For a concatenation operand: the nodes of the parts it fills.
     active_parts: Vec<usize>,
@@ -251,16 +266,17 @@ struct Resolver<'s, 'a> {
 impl Resolver<'_, '_> {
     fn index_of(&mut self, node: usize, depth: usize) -> Result<AxisIndex, String> {
         let r = self.ps.find(node);
-        if let Some(i) = self.index.get(&r) {
+        if let Some(Some(i)) = self.index.get(r) {
             return Ok(i.clone());
         }
         if depth > 64 {
             return Err("cyclic projection definitions".into());
         }
-        let class = self.ps.info[r].clone();
-        let idx = if let Some(f) = class.fixed {
+        let class = &self.ps.info[r];
+        let (fixed, def, size) = (class.fixed.clone(), class.def.clone(), class.size);
+        let idx = if let Some(f) = fixed {
             f
-        } else if let Some(def) = class.def {
+        } else if let Some(def) = def {
             match def {
                 Def::Conv { stride, output, dilation, kernel, padded } => {
                     let (ot, oo) = self.index_of(output, depth + 1)?.as_affine();
@@ -306,7 +322,7 @@ impl Resolver<'_, '_> {
                 }
             }
         } else {
-            match class.size {
+            match size {
                 // An axis of 0 positions is iterated too: its empty range empties the loop nest,
                 // where a fixed position 0 would be read or written once, out of bounds.
                 Some(1) => AxisIndex::Fixed(0),
@@ -318,7 +334,10 @@ impl Resolver<'_, '_> {
                 None => return Err("an axis of unknown size".into()),
             }
         };
-        self.index.insert(r, idx.clone());
+        if self.index.len() <= r {
+            self.index.resize(r + 1, None);
+        }
+        self.index[r] = Some(idx.clone());
         Ok(idx)
     }
 }
@@ -372,7 +391,8 @@ impl Inference {
         let cur_id = self.step_shape(step);
         let mut local = Solver::default();
         local.env.keep_padded_conv = true;
-        let fresh = |sh: &Shape, local: &mut Solver| {
+        // Only the result's name is used (in the projections' description).
+        let fresh = |sh: &Shape, local: &mut Solver, debug_name: String| {
             let mut f = |d: &Dim| match d {
                 Dim::Solved(s) => {
                     Dim::Solved(SolvedDim { proj_id: Some(local.vars.proj()), ..s.clone() })
@@ -384,33 +404,35 @@ impl Inference {
                 input: sh.input.map_dims(&mut f),
                 output: sh.output.map_dims(&mut f),
                 id: sh.id,
-                debug_name: sh.debug_name.clone(),
+                debug_name,
             }
         };
-        let cur = fresh(self.shape(cur_id), &mut local);
+        let cur_shape = self.shape(cur_id);
+        let cur = fresh(cur_shape, &mut local, cur_shape.debug_name.clone());
         let args: Vec<Shape> =
-            logic.args().iter().map(|a| fresh(self.shape(*a), &mut local)).collect();
+            logic.arg_ids().map(|a| fresh(self.shape(a), &mut local, String::new())).collect();
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
         deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
-        let origin = Origin::step(step);
-        let mut pending: Vec<_> =
-            deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
-        // The labels take the sizes the whole graph solved them to. The closed shapes alone do
-        // not always determine them (the parts of a concatenation that nothing else sizes were
-        // closed with the graph's other variables), and a size is not a projection: it links no
-        // axes, so it cannot contaminate this step's projections.
-        for (label, v) in &deriv.labels {
-            if let Some(size) = self.label_size(step, label) {
-                pending.push(Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) }.at(&origin));
-            }
-        }
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };
         // Only template variables (einsum labels, row variables, slices) need solving: the
         // other constraints already relate known rows.
         if matches!(logic, Logic::Einsum(..) | Logic::BatchSlice(..)) {
+            let origin = Origin::step(step);
+            let mut pending: Vec<_> =
+                deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
+            // The labels take the sizes the whole graph solved them to. The closed shapes alone
+            // do not always determine them (the parts of a concatenation that nothing else sizes
+            // were closed with the graph's other variables), and a size is not a projection: it
+            // links no axes, so it cannot contaminate this step's projections.
+            for (label, v) in &deriv.labels {
+                if let Some(size) = self.label_size(step, label) {
+                    let eq = Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) };
+                    pending.push(eq.at(&origin));
+                }
+            }
             for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
                 pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
             }
@@ -418,10 +440,10 @@ impl Inference {
         let mut ps = ProjSolver {
             local: &local,
             proj_env: &deriv.proj_env,
-            parent: vec![],
-            info: vec![],
-            by_proj: FxHashMap::default(),
-            by_var: FxHashMap::default(),
+            parent: Vec::with_capacity(32),
+            info: Vec::with_capacity(8),
+            by_proj: vec![NONE; local.vars.num_projs()],
+            by_var: vec![NONE; local.vars.num_dims()],
         };
         for c in &deriv.constraints {
             let r = match c {
@@ -450,13 +472,9 @@ impl Inference {
                 }
             }
         }
-        let mut res = Resolver {
-            ps: &mut ps,
-            symbols,
-            index: FxHashMap::default(),
-            product: vec![],
-            active_parts,
-        };
+        // Room for the index of every node so far, and of the few resolving may add.
+        let index = vec![None; ps.parent.len() + 16];
+        let mut res = Resolver { ps: &mut ps, symbols, index, product: vec![], active_parts };
         let indices =
             |sh: &Shape, res: &mut Resolver| -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
                 let mut dims = Vec::new();

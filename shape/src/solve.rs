@@ -9,8 +9,6 @@
 //! changed: propagation constraints whenever the queue runs dry, closing constraints when no
 //! other closing constraint is left to act.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint};
@@ -54,6 +52,10 @@ pub struct Solver {
     closers_deferred_at: u64,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
+    /// The queues of [`Solver::solve`], empty between calls (kept for their capacity).
+    queues: Queues,
+    /// Emptied lists of derived constraints, reused for the next ones.
+    spare: Vec<Vec<Constr>>,
 }
 
 impl Solver {
@@ -69,6 +71,36 @@ impl Solver {
             self.template_rows.resize(i + 1, false);
         }
         self.template_rows[i] = true;
+    }
+
+    /// An empty list for derived constraints: one the solver has finished with, if any.
+    pub(crate) fn derived_list(&mut self) -> Vec<Constr> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    /// A list of one derived constraint.
+    pub(crate) fn derive_one(&mut self, c: Constr) -> Vec<Constr> {
+        let mut out = self.derived_list();
+        out.push(c);
+        out
+    }
+
+    /// Moves the constraints of `more` to the end of `out`, keeping the emptied list for reuse.
+    pub(crate) fn absorb(&mut self, out: &mut Vec<Constr>, mut more: Vec<Constr>) {
+        if out.is_empty() && out.capacity() < more.len() {
+            std::mem::swap(out, &mut more);
+        } else {
+            out.append(&mut more);
+        }
+        self.recycle(more);
+    }
+
+    /// Keeps an emptied list of derived constraints for reuse (a few, and not large ones).
+    fn recycle(&mut self, list: Vec<Constr>) {
+        debug_assert!(list.is_empty());
+        if list.capacity() > 0 && list.capacity() <= 64 && self.spare.len() < 32 {
+            self.spare.push(list);
+        }
     }
 
     /// Keeps a constraint for later (it cannot make progress now).
@@ -104,39 +136,39 @@ impl Solver {
         // which are then forced from below by their components (the seed's reason for closing
         // leaves to their bounds and everything else to the smallest value).
         let late = stage >= Stage::RowsToNoMoreAxes;
-        let mut queues = Queues { late, ..Queues::default() };
-        dedup(constraints).into_iter().for_each(|c| queues.route(c));
+        let mut queues = std::mem::take(&mut self.queues);
+        queues.clear();
+        queues.late = late;
+        queues.route_all(&mut dedup(constraints));
         let mut fuel = FUEL;
         loop {
-            let c = match queues.regular.pop_front() {
-                Some(c) => c,
-                None => {
-                    let version = self.env.version;
-                    if !self.deferred.is_empty() && self.deferred_at != version {
-                        // Propagation reached a fixed point, but the environment changed since
-                        // these were deferred: they may progress now.
-                        queues.regular.extend(std::mem::take(&mut self.deferred));
-                        continue;
-                    }
-                    match queues.pop_closer() {
-                        Some(c) => c,
-                        None if !self.deferred_closers.is_empty()
-                            && self.closers_deferred_at != version =>
-                        {
-                            // Every closing constraint had its turn; those that could not act
-                            // may now.
-                            let closers = std::mem::take(&mut self.deferred_closers);
-                            closers.into_iter().for_each(|c| queues.route(c));
-                            continue;
-                        }
-                        None => {
-                            let mut rest = std::mem::take(&mut self.deferred);
-                            rest.append(&mut self.deferred_closers);
-                            return Ok(rest);
-                        }
-                    }
+            let which = if !queues.regular.is_empty() {
+                Which::Regular
+            } else {
+                let version = self.env.version;
+                if !self.deferred.is_empty() && self.deferred_at != version {
+                    // Propagation reached a fixed point, but the environment changed since
+                    // these were deferred: they may progress now.
+                    queues.regular.append(&mut self.deferred);
+                    continue;
+                }
+                if !queues.closers.is_empty() {
+                    Which::Closers
+                } else if !queues.shape_closers.is_empty() {
+                    Which::ShapeClosers
+                } else if !self.deferred_closers.is_empty() && self.closers_deferred_at != version {
+                    // Every closing constraint had its turn; those that could not act may now.
+                    self.deferred_closers.drain(..).for_each(|c| queues.route(c));
+                    continue;
+                } else {
+                    let mut rest = std::mem::take(&mut self.deferred);
+                    rest.append(&mut self.deferred_closers);
+                    self.queues = queues;
+                    return Ok(rest);
                 }
             };
+            // Solved where it waits in its queue, and removed from it afterwards.
+            let c = queues.queue(which).front().expect("the queue has a constraint");
             fuel = fuel.checked_sub(1).ok_or_else(|| {
                 conflict(
                     "shape inference did not converge (the constraints keep growing)",
@@ -146,56 +178,136 @@ impl Solver {
             if let Some(trace) = &mut self.trace {
                 trace.push(format!("{:?}: {}", self.stage, c.c));
             }
-            let derived = self.solve_one(c)?;
-            derived.into_iter().for_each(|d| queues.route(d));
+            let mut derived = self.solve_one(c)?;
+            queues.queue(which).drop_front();
+            queues.route_all(&mut derived);
+            self.recycle(derived);
         }
     }
 
     /// Solves one constraint, returning what it derives (deferring it if it cannot progress).
-    fn solve_one(&mut self, c: Constr) -> Result<Vec<Constr>, Conflict> {
-        let origin = c.origin.clone();
+    fn solve_one(&mut self, c: &Constr) -> Result<Vec<Constr>, Conflict> {
+        let origin = &c.origin;
         match &c.c {
-            Constraint::DimEq { d1, d2 } => self.unify_dim(d1, d2, &origin),
-            Constraint::RowEq { r1, r2 } => self.unify_row(r1, r2, &origin),
-            Constraint::DimIneq { cur, subr } => self.solve_dim_ineq(cur, subr, &origin),
-            Constraint::RowIneq { cur, subr } => self.solve_row_ineq(cur, subr, &origin),
-            Constraint::DimConstr { d, constr } => self.apply_dim_constraint(d, constr, &origin),
+            Constraint::DimEq { d1, d2 } => self.unify_dim(d1, d2, origin),
+            Constraint::RowEq { r1, r2 } => self.unify_row(r1, r2, origin),
+            Constraint::DimIneq { cur, subr } => self.solve_dim_ineq(cur, subr, origin),
+            Constraint::RowIneq { cur, subr } => self.solve_row_ineq(cur, subr, origin),
+            Constraint::DimConstr { d, constr } => self.apply_dim_constraint(d, constr, origin),
             Constraint::RowsConstr { rows, constr } => {
-                self.apply_rows_constraint(rows, constr, &origin)
+                self.apply_rows_constraint(rows, constr, origin)
             }
             Constraint::BatchSlice { cur, arg, slot } => {
-                self.solve_batch_slice(cur, arg, slot, &origin)
+                self.solve_batch_slice(cur, arg, slot, origin)
             }
-            Constraint::TerminalDim(d) => self.close_dim_terminal(d, &origin),
-            Constraint::TerminalRow(r) => self.close_row_terminal(r, &origin),
-            Constraint::ShapeRow(r) => self.close_shape_row(r, &origin),
+            Constraint::TerminalDim(d) => self.close_dim_terminal(d, origin),
+            Constraint::TerminalRow(r) => self.close_row_terminal(r, origin),
+            Constraint::ShapeRow(r) => self.close_shape_row(r, origin),
         }
     }
 }
 
 /// The constraints to process, in the order they are taken: propagation first, then closing
 /// of leaf rows and dimensions, then (from stage 6 on) closing of the rows of composite shapes.
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 struct Queues {
     late: bool,
-    regular: VecDeque<Constr>,
-    closers: VecDeque<Constr>,
-    shape_closers: VecDeque<Constr>,
+    regular: Fifo,
+    closers: Fifo,
+    shape_closers: Fifo,
 }
 
-impl Queues {
-    fn route(&mut self, c: Constr) {
-        if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
-            self.shape_closers.push_back(c);
-        } else if is_closer(&c) {
-            self.closers.push_back(c);
-        } else {
-            self.regular.push_back(c);
+/// A first-in first-out list of constraints: read at the front in place, appended in one piece;
+/// the constraints taken are dropped together when the list empties or would have to grow.
+#[derive(Clone, Debug, Default)]
+struct Fifo {
+    items: Vec<Constr>,
+    head: usize,
+}
+
+impl Fifo {
+    fn is_empty(&self) -> bool {
+        self.head == self.items.len()
+    }
+
+    fn front(&self) -> Option<&Constr> {
+        self.items.get(self.head)
+    }
+
+    /// Takes the front constraint away.
+    fn drop_front(&mut self) {
+        self.head += 1;
+        if self.head == self.items.len() {
+            self.clear();
         }
     }
 
-    fn pop_closer(&mut self) -> Option<Constr> {
-        self.closers.pop_front().or_else(|| self.shape_closers.pop_front())
+    /// Before adding `n` constraints: drops those taken already when that avoids growing.
+    fn make_room(&mut self, n: usize) {
+        if self.head > 0 && self.items.len() + n > self.items.capacity() {
+            self.items.drain(..self.head);
+            self.head = 0;
+        }
+    }
+
+    fn push(&mut self, c: Constr) {
+        self.make_room(1);
+        self.items.push(c);
+    }
+
+    /// Moves all of `cs` to the back, leaving `cs` empty (with its capacity).
+    fn append(&mut self, cs: &mut Vec<Constr>) {
+        self.make_room(cs.len());
+        self.items.append(cs);
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.head = 0;
+    }
+}
+
+/// One of the queues.
+#[derive(Copy, Clone)]
+enum Which {
+    Regular,
+    Closers,
+    ShapeClosers,
+}
+
+impl Queues {
+    fn queue(&mut self, which: Which) -> &mut Fifo {
+        match which {
+            Which::Regular => &mut self.regular,
+            Which::Closers => &mut self.closers,
+            Which::ShapeClosers => &mut self.shape_closers,
+        }
+    }
+
+    /// Routes constraints in order, leaving `cs` empty; propagation constraints alone are moved
+    /// in one piece.
+    fn route_all(&mut self, cs: &mut Vec<Constr>) {
+        if cs.iter().any(is_closer) {
+            cs.drain(..).for_each(|c| self.route(c));
+        } else {
+            self.regular.append(cs);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.regular.clear();
+        self.closers.clear();
+        self.shape_closers.clear();
+    }
+
+    fn route(&mut self, c: Constr) {
+        if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
+            self.shape_closers.push(c);
+        } else if is_closer(&c) {
+            self.closers.push(c);
+        } else {
+            self.regular.push(c);
+        }
     }
 }
 

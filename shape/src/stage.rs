@@ -117,9 +117,9 @@ impl Solver {
 
     /// Closes a row of a leaf shape according to the stage.
     pub fn close_row_terminal(&mut self, r: &Row, origin: &Origin) -> Derived {
-        let r = self.env.subst_row(r);
+        let r = self.env.subst_row_cow(r);
         if self.stage == Stage::Online {
-            self.defer(Constraint::TerminalRow(r).at(origin));
+            self.defer(Constraint::TerminalRow(r.into_owned()).at(origin));
             return Ok(vec![]);
         }
         let mut out: Vec<Constr> =
@@ -139,7 +139,7 @@ impl Solver {
                 // The leaf takes its least upper bound, whose axes become leaf axes.
                 let lub = self.env.subst_row(lub);
                 out.extend(self.bind_row(v, lub, &o.join(origin))?);
-                out.push(Constraint::TerminalRow(r).at(origin));
+                out.push(Constraint::TerminalRow(r.into_owned()).at(origin));
             }
             (None, Some(m)) if self.stage >= Stage::TerminalsToLub => {
                 let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
@@ -171,13 +171,15 @@ impl Solver {
         // One variable at a time, the rest of the row after that closing has propagated: the
         // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
         // to 1 at once misses its one solution, b = 1 and d = 2).
-        for d in r.all_dims() {
-            let mut vs = Vec::new();
+        let mut vs = Vec::new();
+        let mut close = None;
+        'dims: for d in r.beg_dims().iter().chain(&r.dims) {
+            vs.clear();
             d.vars(&mut vs);
-            for v in vs {
+            for &v in &vs {
                 let b = self.env.dim_bounds(v);
                 let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
-                let close = match (&b.lub, lower) {
+                let c = match (&b.lub, lower) {
                     (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => {
                         Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))
                     }
@@ -193,8 +195,12 @@ impl Solver {
                         continue;
                     }
                 };
-                return Ok(vec![close, Constraint::ShapeRow(r.into_owned()).at(origin)]);
+                close = Some(c);
+                break 'dims;
             }
+        }
+        if let Some(c) = close {
+            return Ok(vec![c, Constraint::ShapeRow(r.into_owned()).at(origin)]);
         }
         let mut out = Vec::new();
         if let Some(v) = r.var() {

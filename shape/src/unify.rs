@@ -6,6 +6,8 @@
 //! (convolutions, concatenations) are solved for their missing part once enough is known, and
 //! deferred until then.
 
+use std::sync::Arc;
+
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint};
 use crate::dim::{ConvDim, Dim};
 use crate::env::{fresh_dims, row_with_var};
@@ -51,13 +53,14 @@ fn same_conv_shape(a: &ConvDim, b: &ConvDim) -> Option<Vec<(Dim, Dim)>> {
 impl Solver {
     /// Solves `d1 = d2`.
     pub fn unify_dim(&mut self, d1: &Dim, d2: &Dim, origin: &Origin) -> Derived {
-        let d1 = self.env.subst_dim(d1);
-        let d2 = self.env.subst_dim(d2);
+        let d1 = self.env.subst_dim_cow(d1);
+        let d2 = self.env.subst_dim_cow(d2);
+        let (d1, d2) = (d1.as_ref(), d2.as_ref());
         if d1 == d2 {
             // The same dimension (arithmetic ones included, whose parts need not be known).
             return Ok(vec![]);
         }
-        match (&d1, &d2) {
+        match (d1, d2) {
             (Dim::Solved(a), Dim::Solved(b)) => {
                 if a.d != b.d {
                     return Err(conflict(
@@ -65,7 +68,7 @@ impl Solver {
                         origin,
                     ));
                 }
-                if !labels_agree(&d1, &d2) {
+                if !labels_agree(d1, d2) {
                     return Err(conflict(
                         format!("axes of size {} have different labels: {d1} vs {d2}", a.d),
                         origin,
@@ -75,13 +78,9 @@ impl Solver {
             }
             (Dim::Var(a), Dim::Var(b)) if a == b => Ok(vec![]),
             (Dim::Var(v), other) | (other, Dim::Var(v)) => self.bind_dim(*v, other.clone(), origin),
-            (Dim::Conv(c), other) | (other, Dim::Conv(c)) => {
-                let c = (**c).clone();
-                self.unify_conv(&c, other, origin)
-            }
+            (Dim::Conv(c), other) | (other, Dim::Conv(c)) => self.unify_conv(c, other, origin),
             (Dim::Concat(parts), other) | (other, Dim::Concat(parts)) => {
-                let parts = parts.clone();
-                self.unify_concat(&parts, other, origin)
+                self.unify_concat(parts, other, origin)
             }
         }
     }
@@ -136,7 +135,7 @@ impl Solver {
             ));
         }
         let old = self.env.solve_dim(v, value.clone(), origin.clone());
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
         for c in old.cur {
             out.push(Constraint::DimIneq { cur: Dim::Var(c), subr: value.clone() }.at(origin));
         }
@@ -153,7 +152,7 @@ impl Solver {
     }
 
     /// `conv = other` where `other` is not a variable.
-    fn unify_conv(&mut self, c: &ConvDim, other: &Dim, origin: &Origin) -> Derived {
+    fn unify_conv(&mut self, c: &Arc<ConvDim>, other: &Dim, origin: &Origin) -> Derived {
         if let Dim::Conv(o) = other {
             if let Some(eqs) = same_conv_shape(c, o) {
                 return Ok(eqs
@@ -165,17 +164,13 @@ impl Solver {
         let Some(n) = other.size() else {
             // Two arithmetic dimensions with unknown parts: wait for more information.
             self.defer(
-                Constraint::DimEq { d1: Dim::Conv(Box::new(c.clone())), d2: other.clone() }
-                    .at(origin),
+                Constraint::DimEq { d1: Dim::Conv(c.clone()), d2: other.clone() }.at(origin),
             );
             return Ok(vec![]);
         };
         let bad = |why: String| {
             conflict(
-                format!(
-                    "convolution axis {} cannot have size {n}: {why}",
-                    Dim::Conv(Box::new(c.clone()))
-                ),
+                format!("convolution axis {} cannot have size {n}: {why}", Dim::Conv(c.clone())),
                 origin,
             )
         };
@@ -196,8 +191,7 @@ impl Solver {
             }
             (None, None) => {
                 self.defer(
-                    Constraint::DimEq { d1: Dim::Conv(Box::new(c.clone())), d2: other.clone() }
-                        .at(origin),
+                    Constraint::DimEq { d1: Dim::Conv(c.clone()), d2: other.clone() }.at(origin),
                 );
                 Ok(vec![])
             }
@@ -275,7 +269,8 @@ impl Solver {
                     beg.iter().zip(&fixed.dims).map(|(x, y)| eq(x, y)).collect();
                 out.extend(end.iter().zip(&fixed.dims[n - end.len()..]).map(|(x, y)| eq(x, y)));
                 let middle = Row::fixed(fixed.dims[beg.len()..n - end.len()].to_vec(), var_row.id);
-                out.extend(self.bind_row(v, middle, origin)?);
+                let more = self.bind_row(v, middle, origin)?;
+                self.absorb(&mut out, more);
                 Ok(out)
             }
             (Some(va), Some(vb)) if va == vb => {
@@ -300,13 +295,16 @@ impl Solver {
                 let (ab2, bb2) = (ab[j..].to_vec(), bb[j..].to_vec());
                 let (ad2, bd2) = (a.dims[..na - k].to_vec(), b.dims[..nb - k].to_vec());
                 if ab2.is_empty() && ad2.is_empty() {
-                    out.extend(self.bind_row(va, row_with_var(bb2, vb, bd2, &b), origin)?);
+                    let more = self.bind_row(va, row_with_var(bb2, vb, bd2, &b), origin)?;
+                    self.absorb(&mut out, more);
                 } else if bb2.is_empty() && bd2.is_empty() {
-                    out.extend(self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?);
+                    let more = self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?;
+                    self.absorb(&mut out, more);
                 } else if self.stage >= Stage::RowsToNoMoreAxes {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
-                    out.extend(self.bind_row(va, Row::empty(a.id), origin)?);
+                    let more = self.bind_row(va, Row::empty(a.id), origin)?;
+                    self.absorb(&mut out, more);
                     out.push(
                         Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
                             .at(origin),
@@ -325,7 +323,7 @@ impl Solver {
 
     /// Records that row variable `v` stands for `value`, re-checking its former bounds.
     pub(crate) fn bind_row(&mut self, v: RowVar, value: Row, origin: &Origin) -> Derived {
-        let value = self.env.subst_row(&value);
+        let value = if self.env.row_is_normal(&value) { value } else { self.env.subst_row(&value) };
         if value.var() == Some(v) {
             if value.num_fixed() == 0 {
                 return Ok(vec![]);
@@ -336,7 +334,8 @@ impl Solver {
             ));
         }
         let old = self.env.solve_row(v, value.clone(), origin.clone());
-        let mut out = Vec::new();
+        let mut out = self.derived_list();
+        out.reserve(old.cur.len() + old.subr.len() + usize::from(old.lub.is_some()) + 1);
         for c in old.cur {
             out.push(
                 Constraint::RowIneq { cur: Row::of_var(c, value.id), subr: value.clone() }

@@ -97,6 +97,11 @@ impl VarGen {
         self.dims as usize
     }
 
+    /// How many projection ids exist.
+    pub fn num_projs(&self) -> usize {
+        self.projs as usize
+    }
+
     /// How many row variables exist.
     pub fn num_rows(&self) -> usize {
         self.rows as usize

@@ -5,6 +5,8 @@
 //! `UPDATE_EXPECT=1 cargo test -p rocannl-shape --test solver` regenerates the snapshots; a
 //! changed snapshot is a changed solver and deserves a look.
 
+use std::sync::Arc;
+
 use expect_test::{Expect, expect};
 use rocannl_shape::constraint::{
     Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems,
@@ -29,7 +31,7 @@ fn n(d: usize) -> Dim {
 
 /// The unpadded convolution input axis `stride*output + dilation*kernel`.
 fn conv(stride: usize, output: Dim, dilation: usize, kernel: Dim) -> Dim {
-    Dim::Conv(Box::new(ConvDim { stride, output, dilation, kernel, padded: false }))
+    Dim::Conv(Arc::new(ConvDim { stride, output, dilation, kernel, padded: false }))
 }
 
 fn fixed(dims: Vec<Dim>) -> Row {
@@ -191,7 +193,7 @@ fn unify_dim_a_convolution_of_itself_solves_its_other_parts() {
     // A padded strided convolution's kernel does not count towards its size, but the
     // equation cannot bind d0 to a value containing it: it waits for the output.
     let (mut s, d, _) = solver(2, 0);
-    let padded = Dim::Conv(Box::new(ConvDim {
+    let padded = Dim::Conv(Arc::new(ConvDim {
         stride: 2,
         output: d[1].clone(),
         dilation: 1,
@@ -218,7 +220,7 @@ fn unify_dim_equal_convolutions_unify_their_parts() {
     // Two padded convolutions of stride 2: 2*d0 = 2*d1 whatever the kernels.
     let (mut s, d, _) = solver(4, 0);
     let padded = |o: &Dim, k: &Dim| {
-        Dim::Conv(Box::new(ConvDim {
+        Dim::Conv(Arc::new(ConvDim {
             stride: 2,
             output: o.clone(),
             dilation: 1,
