@@ -92,6 +92,16 @@ impl<V: Copy + PartialEq + Into<usize>, T: Clone, C: Clone> Table<V, T, C> {
         }
     }
 
+    /// A variable's neighbours in the inequality graph: its `cur` (upward) or `subr` (downward)
+    /// variables; none once it is solved.
+    fn edges(&self, v: V, up: bool) -> &[V] {
+        match self.bounds(v) {
+            Some(b) if up => &b.cur,
+            Some(b) => &b.subr,
+            None => &[],
+        }
+    }
+
     fn slot(&mut self, v: V) -> &mut Option<Entry<V, T, C>> {
         let i = v.into();
         if self.entries.len() <= i {
@@ -332,23 +342,13 @@ impl Environment {
     /// Whether `lo` is reachable from `hi` by following `subr` edges (`hi ≥ … ≥ lo`).
     pub fn dim_below(&mut self, hi: DimVar, lo: DimVar) -> bool {
         let dims = &self.dims;
-        let edges = |v: DimVar, up: bool| match dims.get(v) {
-            Some(Entry::Bounds(b)) if up => &b.cur[..],
-            Some(Entry::Bounds(b)) => &b.subr[..],
-            _ => &[][..],
-        };
-        self.dim_reach.reachable(hi, lo, edges)
+        self.dim_reach.reachable(hi, lo, |v, up| dims.edges(v, up))
     }
 
     /// Whether row variable `lo` is reachable from `hi` by following `subr` edges.
     pub fn row_below(&mut self, hi: RowVar, lo: RowVar) -> bool {
         let rows = &self.rows;
-        let edges = |v: RowVar, up: bool| match rows.get(v) {
-            Some(Entry::Bounds(b)) if up => &b.cur[..],
-            Some(Entry::Bounds(b)) => &b.subr[..],
-            _ => &[][..],
-        };
-        self.row_reach.reachable(hi, lo, edges)
+        self.row_reach.reachable(hi, lo, |v, up| rows.edges(v, up))
     }
 
     /// Whether row variable `v` occurs in `row` after substitution (an occurs check).
