@@ -2,8 +2,9 @@
 //! projection, for a ResNet-50-sized convolutional network (convolutions as einsums with
 //! convolution axes, pointwise ops, a dense head) and a 12-layer transformer.
 //!
-//! `cargo bench --bench shape_inference`; the per-operation figure is the total divided by the
-//! number of tensors in the graph.
+//! `cargo bench --bench shape_inference`; it prints each graph's number of tensors and of
+//! operations (tensors computed from others, as opposed to data and parameters), the
+//! denominators of the per-tensor and per-operation figures in `docs/benchmarks.md`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use rocannl_tensor::nn::attention::{AttentionConfig, transformer_block};
@@ -77,7 +78,8 @@ fn bench(c: &mut Criterion) {
     {
         let g = Graph::new();
         let _ = build(&g);
-        println!("{name}: {} tensors", g.len());
+        let ops = (0..g.len()).filter(|&i| !g.tensor(TensorId(i as u32)).args().is_empty()).count();
+        println!("{name}: {} tensors, {ops} operations", g.len());
         c.bench_function(&format!("shape_inference/{name}"), |b| b.iter(|| infer(build)));
     }
 }
