@@ -1,9 +1,10 @@
 //! Shape errors: typed, never a panic, and always naming the operations involved.
 //!
-//! The solver works with variables and knows operations only by their [`StepId`]; when it finds
-//! a contradiction it returns a [`Conflict`] (what failed and which steps produced the
-//! constraints). The inference driver turns it into a [`ShapeError`] that names each operation by
-//! its debug name and prints the shapes involved as `batch|input->output`.
+//! The solver works with variables and knows operations only by their
+//! [`StepId`](crate::var::StepId); when it finds a contradiction it returns a [`Conflict`] (what
+//! failed and which steps produced the constraints). The inference driver turns it into a
+//! [`ShapeError`] that names each operation by its debug name and prints the shapes involved as
+//! `batch|input->output`.
 
 use std::fmt;
 

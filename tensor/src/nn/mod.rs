@@ -1,6 +1,6 @@
 //! Neural-network building blocks, written with the tensor operations and the einsum notation.
 //!
-//! Blocks take a [`Graph`](crate::Graph) (for their parameters), a name prefix and inputs, and
+//! Blocks take a [`Graph`] (for their parameters), a name prefix and inputs, and
 //! return tensors; parameter shapes are inferred from use wherever the block does not need a
 //! size to be meaningful (hidden widths and output channels are given, input widths inferred).
 //! Every block has a finite-difference gradient check (`tests/gradcheck_nn.rs`).

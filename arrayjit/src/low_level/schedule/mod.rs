@@ -16,15 +16,15 @@
 //! operand layout, batched products, attention scores, padded and strided convolutions and their
 //! gradients, bias gradients, row reductions — and rewrites it into one of two kernels:
 //!
-//! - [`axpy`]: `c` accumulates in place with a column loop `j` innermost that is contiguous in
+//! - `axpy`: `c` accumulates in place with a column loop `j` innermost that is contiguous in
 //!   `c`; rows × reduction steps are register-blocked, guards are hoisted out of the column
 //!   loop, and operands that are not contiguous along `j` (the `B` of `A·Bᵀ`, a convolution's
-//!   kernel) are first copied into a packed buffer by [`pack`];
-//! - [`dot`]: when no column loop is wide enough (a 10-class output layer), the innermost
+//!   kernel) are first copied into a packed buffer by `pack`;
+//! - `dot`: when no column loop is wide enough (a 10-class output layer), the innermost
 //!   reduction loop, contiguous in its operands, is split into lanes of partial sums kept in a
 //!   small per-thread array, so it vectorizes without reassociating the compiler's floats.
 //!
-//! Nests neither kernel fits are left as lowered. [`Nest`] is the recognized form both kernels
+//! Nests neither kernel fits are left as lowered. `Nest` is the recognized form both kernels
 //! start from.
 
 mod axpy;
@@ -45,7 +45,7 @@ pub const KC: usize = 256;
 pub const NC: usize = 512;
 /// Rows per parallel chunk (at most).
 pub const MC: usize = 64;
-/// The narrowest column loop [`axpy`] vectorizes (one AVX-512 vector of f32).
+/// The narrowest column loop `axpy` vectorizes (one AVX-512 vector of f32).
 pub const MIN_COLUMNS: usize = 16;
 /// Rows that must share a packed operand for the copy to pay off.
 pub const PACK_MIN_REUSE: usize = 8;
