@@ -6,6 +6,33 @@
 //! - [`tensor`]: differentiable tensors, operations, optimizers and nn blocks;
 //!
 //! and [`datasets`], the small datasets of the examples.
+//!
+//! A parameter's shape comes from how it is used; the whole training step compiles into one
+//! routine:
+//!
+//! ```
+//! use rocannl::tensor::nn::loss;
+//! use rocannl::tensor::{Graph, Optimizer, ParamSpec, Session};
+//!
+//! let g = Graph::with_seed(0);
+//! let x = g.data("x", &[4], &[], &[2]); // a batch of 4 points with 2 features
+//! let y = g.data("y", &[4], &[], &[1]);
+//! let w = g.param("w"); // both rows inferred
+//! let b = g.param_with("b", ParamSpec::vector(&[1]));
+//! let loss = loss::mse(&(&w.matmul(&x) + &b), &y);
+//!
+//! let mut s = Session::new(&g)?; // shapes are inferred here
+//! assert_eq!(w.shape_string(), "|2->1");
+//! let mut step = s.train_step(&loss, &Optimizer::sgd(), &[])?;
+//! s.write(&x, &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])?;
+//! s.write(&y, &[1.0, 2.0, 3.0, 4.0])?; // y = 1 + 2·x0 + x1
+//! for _ in 0..300 {
+//!     s.step(&mut step, 0.1, &[])?;
+//! }
+//! let w_learned = s.read(&w)?;
+//! assert!((w_learned[0] - 2.0).abs() < 0.05 && (w_learned[1] - 1.0).abs() < 0.05);
+//! # Ok::<(), rocannl::tensor::Error>(())
+//! ```
 
 pub mod datasets;
 
