@@ -7,6 +7,10 @@
 //!
 //! Every constraint carries its [`Origin`] — the operations that produced it — so an error can
 //! say which operations disagree.
+//!
+//! The rows of equations and inequalities are shared (`Arc<Row>`): deriving, re-queuing or
+//! deferring such a constraint, and binding a row variable whose value several bounds re-check,
+//! copies a pointer rather than the row's axes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -140,9 +144,9 @@ pub enum Constraint {
     /// `r1 = r2`, no broadcasting.
     RowEq {
         /// Left side.
-        r1: Row,
+        r1: Arc<Row>,
         /// Right side.
-        r2: Row,
+        r2: Arc<Row>,
     },
     /// `cur ≥ subr`: `subr` broadcasts to `cur`.
     DimIneq {
@@ -154,9 +158,9 @@ pub enum Constraint {
     /// `cur ≥ subr` for rows.
     RowIneq {
         /// The super-tensor's side.
-        cur: Row,
+        cur: Arc<Row>,
         /// The sub-tensor's side.
-        subr: Row,
+        subr: Arc<Row>,
     },
     /// A constraint on one dimension.
     DimConstr {

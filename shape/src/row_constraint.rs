@@ -14,6 +14,8 @@
 //! When rows still have unknown row variables the constraint waits; with a single row variable
 //! its reduced form is recorded on the variable's entry, which closing consults (stages 3–5).
 
+use std::sync::Arc;
+
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::{Conflict, conflict};
@@ -122,7 +124,13 @@ impl Solver {
             );
             return Ok(out);
         }
-        Ok(vec![Constraint::RowEq { r1: slot_then(slot, &cur), r2: arg.into_owned() }.at(origin)])
+        Ok(vec![
+            Constraint::RowEq {
+                r1: Arc::new(slot_then(slot, &cur)),
+                r2: Arc::new(arg.into_owned()),
+            }
+            .at(origin),
+        ])
     }
 
     /// Applies a constraint on rows concatenated in memory order.
@@ -184,7 +192,11 @@ impl Solver {
                     let value = Row::fixed(dims[pos..pos + take].to_vec(), r.id);
                     if bound.contains(&v) {
                         out.push(
-                            Constraint::RowEq { r1: Row::of_var(v, r.id), r2: value }.at(origin),
+                            Constraint::RowEq {
+                                r1: Arc::new(Row::of_var(v, r.id)),
+                                r2: Arc::new(value),
+                            }
+                            .at(origin),
                         );
                     } else {
                         bound.push(v);

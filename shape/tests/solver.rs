@@ -454,8 +454,10 @@ fn row_ineq_expands_cur_with_a_variables_only_template() {
         "#]],
     );
     // Solving to a fixed point: the template's axes are at least 2 and 3, so they are 2 and 3.
-    let cs =
-        vec![Constraint::RowIneq { cur: Row::of_var(r[0], id()), subr: fixed(vec![n(2), n(3)]) }];
+    let cs = vec![Constraint::RowIneq {
+        cur: Row::of_var(r[0], id()).into(),
+        subr: fixed(vec![n(2), n(3)]).into(),
+    }];
     check(
         solve_at(&mut s, Stage::Online, cs),
         expect![[r#"
@@ -527,8 +529,8 @@ fn row_ineq_with_leading_axes_broadcasts_in_the_middle() {
     // supply the middle axis.
     let (mut s, _, r) = solver(0, 1);
     let cs = vec![Constraint::RowIneq {
-        cur: open(vec![n(7)], r[0], vec![n(5)]),
-        subr: fixed(vec![n(7), n(2), n(5)]),
+        cur: open(vec![n(7)], r[0], vec![n(5)]).into(),
+        subr: fixed(vec![n(7), n(2), n(5)]).into(),
     }];
     check(
         solve_at(&mut s, Stage::Online, cs),
@@ -606,8 +608,10 @@ fn row_ineq_a_known_pattern_keeps_its_leading_axes_anchored() {
     s.mark_template_row(r[0]);
     s.unify_row(&Row::of_var(r[0], id()), &fixed(vec![n(3)]), &origin()).unwrap();
     let pattern = open(vec![d[0].clone()], r[0], vec![d[1].clone()]);
-    let cs =
-        vec![Constraint::RowIneq { cur: pattern.clone(), subr: fixed(vec![n(4), n(3), n(2)]) }];
+    let cs = vec![Constraint::RowIneq {
+        cur: pattern.clone().into(),
+        subr: fixed(vec![n(4), n(3), n(2)]).into(),
+    }];
     check(
         solve_at(&mut s, Stage::Online, cs),
         expect![[r#"
@@ -624,7 +628,8 @@ fn row_ineq_a_known_pattern_keeps_its_leading_axes_anchored() {
     let pattern = open(vec![d[0].clone()], r[0], vec![d[1].clone()]);
     // An argument whose row does not show its first axis yet: pairing waits, and a bare row
     // variable learns the pattern as its upper bound.
-    let cs = vec![Constraint::RowIneq { cur: pattern, subr: Row::of_var(r[1], id()) }];
+    let cs =
+        vec![Constraint::RowIneq { cur: pattern.into(), subr: Row::of_var(r[1], id()).into() }];
     check(
         solve_at(&mut s, Stage::Online, cs),
         expect![[r#"
@@ -803,7 +808,10 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
     // Once the argument is known, the slice is an equation: the result gets the rest.
     let cs = vec![
         slice.clone(),
-        Constraint::RowEq { r1: Row::of_var(r[1], id()), r2: fixed(vec![n(4), n(2), n(3)]) },
+        Constraint::RowEq {
+            r1: Row::of_var(r[1], id()).into(),
+            r2: fixed(vec![n(4), n(2), n(3)]).into(),
+        },
     ];
     check(
         solve_at(&mut s, Stage::Online, cs),
@@ -954,8 +962,8 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
     let (mut s, _, r) = solver(0, 2);
     let cs = vec![
         Constraint::RowIneq {
-            cur: open(vec![], r[0], vec![n(2)]),
-            subr: open(vec![], r[1], vec![n(2)]),
+            cur: open(vec![], r[0], vec![n(2)]).into(),
+            subr: open(vec![], r[1], vec![n(2)]).into(),
         },
         Constraint::ShapeRow(open(vec![], r[0], vec![n(2)])),
         Constraint::ShapeRow(open(vec![], r[1], vec![n(2)])),
@@ -1078,8 +1086,8 @@ fn constraint_display_is_stable() {
     let (_, d, r) = solver(1, 2);
     let shown: Vec<String> = [
         Constraint::RowIneq {
-            cur: open(vec![n(2)], r[0], vec![d[0].clone()]),
-            subr: fixed(vec![n(3)]),
+            cur: open(vec![n(2)], r[0], vec![d[0].clone()]).into(),
+            subr: fixed(vec![n(3)]).into(),
         },
         Constraint::BatchSlice {
             cur: Row::of_var(r[0], id()),
@@ -1103,7 +1111,7 @@ fn the_solver_trace_is_a_stable_snapshot() {
     let (mut s, d, r) = solver(1, 1);
     s.trace = Some(Vec::new());
     let cs = vec![
-        Constraint::RowIneq { cur: Row::of_var(r[0], id()), subr: fixed(vec![n(3)]) },
+        Constraint::RowIneq { cur: Row::of_var(r[0], id()).into(), subr: fixed(vec![n(3)]).into() },
         Constraint::DimIneq { cur: n(3), subr: d[0].clone() },
         Constraint::TerminalDim(d[0].clone()),
     ];
@@ -1132,9 +1140,9 @@ fn a_leaf_row_closed_without_an_upper_bound_is_a_guess() {
     let (sum, b, h, w) = (r[0], r[1], r[2], r[3]);
     let var = |v| Row::of_var(v, id());
     let cs = vec![
-        Constraint::RowIneq { cur: var(sum), subr: fixed(vec![]) },
-        Constraint::RowIneq { cur: var(sum), subr: var(b) },
-        Constraint::RowIneq { cur: var(h), subr: var(w) },
+        Constraint::RowIneq { cur: var(sum).into(), subr: fixed(vec![]).into() },
+        Constraint::RowIneq { cur: var(sum).into(), subr: var(b).into() },
+        Constraint::RowIneq { cur: var(h).into(), subr: var(w).into() },
         Constraint::TerminalRow(var(b)),
         Constraint::TerminalRow(var(w)),
         Constraint::ShapeRow(var(sum)),
