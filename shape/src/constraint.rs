@@ -8,7 +8,7 @@
 //! Every constraint carries its [`Origin`] — the operations that produced it — so an error can
 //! say which operations disagree.
 //!
-//! The rows of equations and inequalities are shared (`Arc<Row>`): deriving, re-queuing or
+//! The rows of row constraints are shared (`Arc<Row>`): deriving, re-queuing or
 //! deferring such a constraint, and binding a row variable whose value several bounds re-check,
 //! copies a pointer rather than the row's axes.
 
@@ -184,19 +184,19 @@ pub enum Constraint {
     /// turns out shorter.
     BatchSlice {
         /// The result's batch row.
-        cur: Row,
+        cur: Arc<Row>,
         /// The argument's batch row.
-        arg: Row,
+        arg: Arc<Row>,
         /// The removed axis (indexed at the slice position).
         slot: Dim,
     },
     /// A dimension of a leaf tensor: closed to its least upper bound.
     TerminalDim(Dim),
     /// A row of a leaf tensor: closed to its least upper bound.
-    TerminalRow(Row),
+    TerminalRow(Arc<Row>),
     /// A row of some tensor of the graph, injected at the closing stages so that its
     /// remaining variables get closed.
-    ShapeRow(Row),
+    ShapeRow(Arc<Row>),
 }
 
 /// A constraint with its origin.

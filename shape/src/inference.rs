@@ -284,7 +284,7 @@ impl Inference {
             for c in &pending {
                 for v in constraint_dim_vars(&self.solver, &c.c) {
                     close.push(
-                        Constraint::ShapeRow(Row::fixed(vec![Dim::Var(v)], any_row_id()))
+                        Constraint::ShapeRow(Arc::new(Row::fixed(vec![Dim::Var(v)], any_row_id())))
                             .at(&c.origin),
                     );
                 }
@@ -359,7 +359,7 @@ impl Inference {
             for sh in std::iter::once(st.shape).chain(st.logic.arg_ids()) {
                 if seen.insert(sh) {
                     for kind in Kind::ALL {
-                        let r = self.shape(sh).row(kind).as_ref().clone();
+                        let r = self.shape(sh).row(kind).clone();
                         out.push(Constraint::ShapeRow(r).at(&origin));
                     }
                 }

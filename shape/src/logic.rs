@@ -214,7 +214,7 @@ pub fn get_inequalities(
                 }),
             }
             for kind in Kind::ALL {
-                cs.push(Constraint::TerminalRow(cur.row(kind).as_ref().clone()));
+                cs.push(Constraint::TerminalRow(cur.row(kind).clone()));
             }
         }
         Logic::Pointwise(_) => {
@@ -267,8 +267,8 @@ pub fn get_inequalities(
                 }
             }
             cs.push(Constraint::BatchSlice {
-                cur: cur.batch.as_ref().clone(),
-                arg: a.batch.as_ref().clone(),
+                cur: cur.batch.clone(),
+                arg: a.batch.clone(),
                 slot: Dim::Var(s),
             });
             cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });

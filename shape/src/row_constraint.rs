@@ -90,47 +90,27 @@ impl Solver {
     /// row closes to no further axes first (a result closes to the smallest shape).
     pub fn solve_batch_slice(
         &mut self,
-        cur: &Row,
-        arg: &Row,
+        cur: &Arc<Row>,
+        arg: &Arc<Row>,
         slot: &Dim,
         origin: &Origin,
     ) -> Derived {
-        let cur = self.env.subst_row_cow(cur);
-        let arg = self.env.subst_row_cow(arg);
+        let cur = self.env.subst_row_arc(cur);
+        let arg = self.env.subst_row_arc(arg);
         if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
             if self.stage < Stage::RowsToNoMoreAxes {
                 let mut out = Vec::new();
                 if arg.num_fixed() == 0 {
                     out = self.expand_row_var(w, 0, 1, &arg, origin)?;
                 }
-                self.defer(
-                    Constraint::BatchSlice {
-                        cur: cur.into_owned(),
-                        arg: arg.into_owned(),
-                        slot: slot.clone(),
-                    }
-                    .at(origin),
-                );
+                self.defer(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
                 return Ok(out);
             }
             let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
-            out.push(
-                Constraint::BatchSlice {
-                    cur: cur.into_owned(),
-                    arg: arg.into_owned(),
-                    slot: slot.clone(),
-                }
-                .at(origin),
-            );
+            out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
             return Ok(out);
         }
-        Ok(vec![
-            Constraint::RowEq {
-                r1: Arc::new(slot_then(slot, &cur)),
-                r2: Arc::new(arg.into_owned()),
-            }
-            .at(origin),
-        ])
+        Ok(vec![Constraint::RowEq { r1: Arc::new(slot_then(slot, &cur)), r2: arg }.at(origin)])
     }
 
     /// Applies a constraint on rows concatenated in memory order.

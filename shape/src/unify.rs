@@ -326,8 +326,13 @@ impl Solver {
     }
 
     /// Records that row variable `v` stands for `value`, re-checking its former bounds.
-    pub(crate) fn bind_row(&mut self, v: RowVar, value: Row, origin: &Origin) -> Derived {
-        let value = if self.env.row_is_normal(&value) { value } else { self.env.subst_row(&value) };
+    pub(crate) fn bind_row(
+        &mut self,
+        v: RowVar,
+        value: impl Into<Arc<Row>>,
+        origin: &Origin,
+    ) -> Derived {
+        let value = self.env.subst_row_arc(&value.into());
         if value.var() == Some(v) {
             if value.num_fixed() == 0 {
                 return Ok(vec![]);
@@ -337,7 +342,6 @@ impl Solver {
                 origin,
             ));
         }
-        let value = Arc::new(value);
         let old = self.env.solve_row(v, Arc::clone(&value), origin.clone());
         let mut out = self.derived_list();
         out.reserve(old.cur.len() + old.subr.len() + usize::from(old.lub.is_some()) + 1);
