@@ -443,7 +443,7 @@ impl Inference {
             local: &local,
             proj_env: &deriv.proj_env,
             parent: Vec::with_capacity(32),
-            info: Vec::with_capacity(8),
+            info: Vec::with_capacity(32),
             by_proj: vec![NONE; local.vars.num_projs()],
             by_var: vec![NONE; local.vars.num_dims()],
         };
