@@ -215,6 +215,15 @@ impl Environment {
 
     /// [`Environment::subst_dim`] of a dimension that substitution changes.
     fn subst_dim_changed(&self, d: &Dim) -> Dim {
+        if let Dim::Conv(c) = d {
+            // A convolution whose parts are known becomes its size: computed without building
+            // the substituted convolution (unless it collapses to its output instead).
+            if !(c.padded && c.stride == 1 && !self.keep_padded_conv) {
+                if let Some(n) = self.dim_size(d) {
+                    return Dim::of(n);
+                }
+            }
+        }
         d.map_vars_with(
             &mut |v| match self.dim_entry(v) {
                 Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
