@@ -7,6 +7,10 @@
 //!
 //! Every constraint carries its [`Origin`] — the operations that produced it — so an error can
 //! say which operations disagree.
+//!
+//! The rows of row constraints are shared (`Arc<Row>`): deriving, re-queuing or
+//! deferring such a constraint, and binding a row variable whose value several bounds re-check,
+//! copies a pointer rather than the row's axes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -140,9 +144,9 @@ pub enum Constraint {
     /// `r1 = r2`, no broadcasting.
     RowEq {
         /// Left side.
-        r1: Row,
+        r1: Arc<Row>,
         /// Right side.
-        r2: Row,
+        r2: Arc<Row>,
     },
     /// `cur ≥ subr`: `subr` broadcasts to `cur`.
     DimIneq {
@@ -154,9 +158,9 @@ pub enum Constraint {
     /// `cur ≥ subr` for rows.
     RowIneq {
         /// The super-tensor's side.
-        cur: Row,
+        cur: Arc<Row>,
         /// The sub-tensor's side.
-        subr: Row,
+        subr: Arc<Row>,
     },
     /// A constraint on one dimension.
     DimConstr {
@@ -180,19 +184,19 @@ pub enum Constraint {
     /// turns out shorter.
     BatchSlice {
         /// The result's batch row.
-        cur: Row,
+        cur: Arc<Row>,
         /// The argument's batch row.
-        arg: Row,
+        arg: Arc<Row>,
         /// The removed axis (indexed at the slice position).
         slot: Dim,
     },
     /// A dimension of a leaf tensor: closed to its least upper bound.
     TerminalDim(Dim),
     /// A row of a leaf tensor: closed to its least upper bound.
-    TerminalRow(Row),
+    TerminalRow(Arc<Row>),
     /// A row of some tensor of the graph, injected at the closing stages so that its
     /// remaining variables get closed.
-    ShapeRow(Row),
+    ShapeRow(Arc<Row>),
 }
 
 /// A constraint with its origin.

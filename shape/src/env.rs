@@ -7,12 +7,14 @@
 //! `cur`), which gives the transitive closure of variable inequalities by graph reachability
 //! and lets a solved variable visit just its neighbours.
 //!
-//! Solved values are substituted lazily: [`Environment::subst_dim`] and
+//! Rows (solved values and least upper bounds) are shared with the constraints that mention
+//! them. Solved values are substituted lazily: [`Environment::subst_dim`] and
 //! [`Environment::subst_row`] follow chains of solved variables, so solving a variable is
 //! cheap and never rewrites the whole environment.
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::constraint::{DimConstraint, Origin, RowConstraint};
 use crate::dim::Dim;
@@ -61,9 +63,9 @@ pub type DimBounds = Bounds<DimVar, Dim, DimConstraint>;
 /// What is known about a dimension variable.
 pub type DimEntry = Entry<DimVar, Dim, DimConstraint>;
 /// The bounds of an unsolved row variable.
-pub type RowBounds = Bounds<RowVar, Row, RowConstraint>;
+pub type RowBounds = Bounds<RowVar, Arc<Row>, RowConstraint>;
 /// What is known about a row variable.
-pub type RowEntry = Entry<RowVar, Row, RowConstraint>;
+pub type RowEntry = Entry<RowVar, Arc<Row>, RowConstraint>;
 
 static NO_DIM_BOUNDS: DimBounds = Bounds::NONE;
 static NO_ROW_BOUNDS: RowBounds = Bounds::NONE;
@@ -140,7 +142,7 @@ impl<V: Copy + PartialEq + Into<usize>, T: Clone, C: Clone> Table<V, T, C> {
 #[derive(Clone, Debug, Default)]
 pub struct Environment {
     dims: Table<DimVar, Dim, DimConstraint>,
-    rows: Table<RowVar, Row, RowConstraint>,
+    rows: Table<RowVar, Arc<Row>, RowConstraint>,
     /// Incremented on every change; the solver uses it to detect progress.
     pub version: u64,
     /// Keep padded stride-1 convolutions as convolutions when substituting (projection
@@ -200,7 +202,7 @@ impl Environment {
     }
 
     /// Records that row variable `v` stands for `value`, returning its former bounds.
-    pub fn solve_row(&mut self, v: RowVar, value: Row, origin: Origin) -> RowBounds {
+    pub fn solve_row(&mut self, v: RowVar, value: Arc<Row>, origin: Origin) -> RowBounds {
         self.version += 1;
         self.rows.solve(v, value, origin)
     }
@@ -213,6 +215,15 @@ impl Environment {
 
     /// [`Environment::subst_dim`] of a dimension that substitution changes.
     fn subst_dim_changed(&self, d: &Dim) -> Dim {
+        if let Dim::Conv(c) = d {
+            // A convolution whose parts are known becomes its size: computed without building
+            // the substituted convolution (unless it collapses to its output instead).
+            if !(c.padded && c.stride == 1 && !self.keep_padded_conv) {
+                if let Some(n) = self.dim_size(d) {
+                    return Dim::of(n);
+                }
+            }
+        }
         d.map_vars_with(
             &mut |v| match self.dim_entry(v) {
                 Some(DimEntry::Solved(x, _)) => Some(self.subst_dim(x)),
@@ -263,6 +274,11 @@ impl Environment {
         if self.row_is_normal(r) { Cow::Borrowed(r) } else { Cow::Owned(self.subst_row(r)) }
     }
 
+    /// [`Environment::subst_row`] of a shared row: the same row when nothing in it is solved.
+    pub fn subst_row_arc(&self, r: &Arc<Row>) -> Arc<Row> {
+        if self.row_is_normal(r) { Arc::clone(r) } else { Arc::new(self.subst_row(r)) }
+    }
+
     /// Whether substitution would leave the row as it is.
     pub fn row_is_normal(&self, r: &Row) -> bool {
         r.dims.iter().all(|d| self.dim_is_normal(d))
@@ -292,7 +308,7 @@ impl Environment {
                 Bcast::Var { v, beg_dims } => {
                     n_beg += beg_dims.len();
                     match self.row_entry(*v) {
-                        Some(RowEntry::Solved(value, _)) => row = value,
+                        Some(RowEntry::Solved(value, _)) => row = value.as_ref(),
                         _ => break Some(*v),
                     }
                 }

@@ -25,6 +25,8 @@
 //! equated. A known size above one whose parts may still make it 1 waits instead, since then
 //! either outcome is possible.
 
+use std::sync::Arc;
+
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
 use crate::dim::Dim;
 use crate::env::RowEntry;
@@ -203,11 +205,21 @@ impl Solver {
 
     /// Solves `cur ≥ subr` for rows.
     pub fn solve_row_ineq(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Derived {
+        self.solve_shared_row_ineq(&Arc::new(cur.clone()), &Arc::new(subr.clone()), origin)
+    }
+
+    /// [`Solver::solve_row_ineq`] of shared rows (those of a constraint).
+    pub(crate) fn solve_shared_row_ineq(
+        &mut self,
+        cur: &Arc<Row>,
+        subr: &Arc<Row>,
+        origin: &Origin,
+    ) -> Derived {
         if let Some(out) = self.solve_known_pattern(cur, subr, origin) {
             return out;
         }
-        let cur = self.env.subst_row_cow(cur);
-        let subr = self.env.subst_row_cow(subr);
+        let cur = self.env.subst_row_arc(cur);
+        let subr = self.env.subst_row_arc(subr);
         if same_row(&cur, &subr) {
             return Ok(vec![]);
         }
@@ -247,10 +259,7 @@ impl Solver {
             if !rest.is_empty() {
                 let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
                 out.extend(expanded);
-                out.push(
-                    Constraint::RowIneq { cur: cur.as_ref().clone(), subr: subr.as_ref().clone() }
-                        .at(origin),
-                );
+                out.push(Constraint::RowIneq { cur, subr }.at(origin));
             }
             return Ok(out);
         }
@@ -292,22 +301,12 @@ impl Solver {
                     // unless cur's own leftover axes could (then wait).
                     if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
                     {
-                        out.extend(self.wait_or_close(
-                            cur.as_ref().clone(),
-                            subr.as_ref().clone(),
-                            origin,
-                        )?);
+                        out.extend(self.wait_or_close(cur, subr, origin)?);
                         return Ok(out);
                     }
                     let more = self.expand_row_var(cv, sb2.len(), sd2.len(), &cur, origin)?;
                     self.absorb(&mut out, more);
-                    out.push(
-                        Constraint::RowIneq {
-                            cur: cur.as_ref().clone(),
-                            subr: subr.as_ref().clone(),
-                        }
-                        .at(origin),
-                    );
+                    out.push(Constraint::RowIneq { cur, subr }.at(origin));
                     return Ok(out);
                 }
                 let Some(sv) = subr.var() else { return Ok(out) };
@@ -333,7 +332,7 @@ impl Solver {
     /// `subr` keeps `cur ≥ subr` satisfiable while shrinking `cur` may not — and it is retried.
     /// A tensor's row variable closes before an einsum pattern's: closing the pattern's first
     /// would make it an ordinary row and lose the anchoring of its leading axes.
-    fn wait_or_close(&mut self, cur: Row, subr: Row, origin: &Origin) -> Derived {
+    fn wait_or_close(&mut self, cur: Arc<Row>, subr: Arc<Row>, origin: &Origin) -> Derived {
         if self.stage < Stage::RowsToNoMoreAxes {
             self.defer(Constraint::RowIneq { cur, subr }.at(origin));
             return Ok(vec![]);
@@ -356,7 +355,12 @@ impl Solver {
     /// `None` when there is no such pattern, or when the ordinary rules line the rows up the
     /// same way (the pattern is the result's template and the result does not show its axes
     /// yet: expanding the result gives it the pattern's layout).
-    fn solve_known_pattern(&mut self, cur: &Row, subr: &Row, origin: &Origin) -> Option<Derived> {
+    fn solve_known_pattern(
+        &mut self,
+        cur: &Arc<Row>,
+        subr: &Arc<Row>,
+        origin: &Origin,
+    ) -> Option<Derived> {
         let known_pattern = |r: &Row| {
             r.var().is_some_and(|v| {
                 !r.beg_dims().is_empty()
@@ -408,7 +412,8 @@ impl Solver {
                         }
                     }
                     self.defer(
-                        Constraint::RowIneq { cur: cur.clone(), subr: subr.clone() }.at(origin),
+                        Constraint::RowIneq { cur: Arc::clone(cur), subr: Arc::clone(subr) }
+                            .at(origin),
                     );
                     return Some(Ok(out));
                 }
@@ -432,7 +437,7 @@ impl Solver {
             })
             .collect();
         let (c, s) = if operand { (var_row, rest) } else { (rest, var_row) };
-        out.push(Constraint::RowIneq { cur: c, subr: s }.at(origin));
+        out.push(Constraint::RowIneq { cur: Arc::new(c), subr: Arc::new(s) }.at(origin));
         Some(Ok(out))
     }
 
@@ -443,8 +448,11 @@ impl Solver {
         }
         if self.env.row_below(s, c) {
             return Ok(vec![
-                Constraint::RowEq { r1: Row::of_var(c, like.id), r2: Row::of_var(s, like.id) }
-                    .at(origin),
+                Constraint::RowEq {
+                    r1: Arc::new(Row::of_var(c, like.id)),
+                    r2: Arc::new(Row::of_var(s, like.id)),
+                }
+                .at(origin),
             ]);
         }
         if let Some(bc) = self.env.row_bounds_mut(c) {
@@ -456,8 +464,11 @@ impl Solver {
         let mut out = self.derived_list();
         if let Some((lub, o)) = &self.env.row_bounds(c).lub {
             out.push(
-                Constraint::RowIneq { cur: lub.clone(), subr: Row::of_var(s, like.id) }
-                    .at(&o.join(origin)),
+                Constraint::RowIneq {
+                    cur: Arc::clone(lub),
+                    subr: Arc::new(Row::of_var(s, like.id)),
+                }
+                .at(&o.join(origin)),
             );
         }
         Ok(out)
@@ -470,15 +481,20 @@ impl Solver {
             // [..s.., more] >= s says nothing useful about s's size.
             return Ok(vec![]);
         }
-        let old_lub =
-            self.env.row_bounds(s).lub.as_ref().map(|(r, o)| (self.env.subst_row(r), o.clone()));
+        let bound = Arc::new(bound);
+        let old_lub = self
+            .env
+            .row_bounds(s)
+            .lub
+            .as_ref()
+            .map(|(r, o)| (self.env.subst_row_arc(r), o.clone()));
         let mut out = self.derived_list();
         let new_lub = match &old_lub {
-            None => bound.clone(),
+            None => Arc::clone(&bound),
             Some((old, _)) => match self.meet_rows(old, &bound, origin, &mut out) {
                 Some(m) => m,
                 None => {
-                    let subr = Row::of_var(s, old.id);
+                    let subr = Arc::new(Row::of_var(s, old.id));
                     out.extend(self.wait_or_close(bound, subr, origin)?);
                     return Ok(out);
                 }
@@ -490,8 +506,11 @@ impl Solver {
         }
         for s2 in &self.env.row_bounds(s).subr {
             out.push(
-                Constraint::RowIneq { cur: bound.clone(), subr: Row::of_var(*s2, bound.id) }
-                    .at(origin),
+                Constraint::RowIneq {
+                    cur: Arc::clone(&bound),
+                    subr: Arc::new(Row::of_var(*s2, bound.id)),
+                }
+                .at(origin),
             );
         }
         let lub_origin = match &old_lub {
@@ -501,8 +520,11 @@ impl Solver {
         if new_lub.is_empty_fixed() {
             // Nothing but no axes is below [].
             out.push(
-                Constraint::RowEq { r1: Row::of_var(s, new_lub.id), r2: new_lub.clone() }
-                    .at(&lub_origin),
+                Constraint::RowEq {
+                    r1: Arc::new(Row::of_var(s, new_lub.id)),
+                    r2: Arc::clone(&new_lub),
+                }
+                .at(&lub_origin),
             );
         }
         if let Some(b) = self.env.row_bounds_mut(s) {
@@ -514,13 +536,13 @@ impl Solver {
     /// The greatest row below both `a` and `b`, or `None` when it cannot be written down yet.
     fn meet_rows(
         &mut self,
-        a: &Row,
+        a: &Arc<Row>,
         b: &Row,
         origin: &Origin,
         out: &mut Vec<Constr>,
-    ) -> Option<Row> {
+    ) -> Option<Arc<Row>> {
         if same_row(a, b) {
-            return Some(a.clone());
+            return Some(Arc::clone(a));
         }
         let k = a.dims.len().min(b.dims.len());
         let (ra, rb) = (&a.dims[..a.dims.len() - k], &b.dims[..b.dims.len() - k]);
@@ -540,7 +562,7 @@ impl Solver {
         }
         let bcast =
             if a_rest_empty || b_rest_empty { Bcast::Broadcastable } else { a.bcast.clone() };
-        Some(Row { dims, bcast, id: a.id })
+        Some(Arc::new(Row { dims, bcast, id: a.id }))
     }
 
     /// The greatest dimension below both `x` and `y` (a fresh variable when it is not known).

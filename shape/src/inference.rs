@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 
@@ -167,6 +168,7 @@ impl Inference {
         };
         let (batch, input, output) = (make(Kind::Batch), make(Kind::Input), make(Kind::Output));
         self.initial.push([batch.clone(), input.clone(), output.clone()]);
+        let (batch, input, output) = (Arc::new(batch), Arc::new(input), Arc::new(output));
         self.shapes.push(Shape { batch, input, output, id, debug_name: debug_name.to_string() });
         id
     }
@@ -238,9 +240,9 @@ impl Inference {
             } else {
                 // A working copy: deriving constraints does not need the name.
                 Cow::Owned(Shape {
-                    batch: env.subst_row(&sh.batch),
-                    input: env.subst_row(&sh.input),
-                    output: env.subst_row(&sh.output),
+                    batch: env.subst_row_arc(&sh.batch),
+                    input: env.subst_row_arc(&sh.input),
+                    output: env.subst_row_arc(&sh.output),
                     id: sh.id,
                     debug_name: String::new(),
                 })
@@ -282,7 +284,7 @@ impl Inference {
             for c in &pending {
                 for v in constraint_dim_vars(&self.solver, &c.c) {
                     close.push(
-                        Constraint::ShapeRow(Row::fixed(vec![Dim::Var(v)], any_row_id()))
+                        Constraint::ShapeRow(Arc::new(Row::fixed(vec![Dim::Var(v)], any_row_id())))
                             .at(&c.origin),
                     );
                 }
@@ -517,7 +519,7 @@ impl Inference {
                 if seen_r.insert(v) {
                     rows.push(v);
                     if let Some(RowEntry::Solved(value, _)) = self.solver.env.row_entry(v) {
-                        stack_rows.push(value.clone());
+                        stack_rows.push(value.as_ref().clone());
                     }
                 }
             }
@@ -543,7 +545,7 @@ impl Inference {
 fn refresh_shape(env: &Environment, sh: &mut Shape) {
     for row in [&mut sh.batch, &mut sh.input, &mut sh.output] {
         if !env.row_is_normal(row) {
-            *row = env.subst_row(row);
+            *row = Arc::new(env.subst_row(row));
         }
     }
 }
@@ -570,9 +572,9 @@ impl crate::env::Environment {
     /// A shape with every solved variable substituted.
     pub fn subst_shape(&self, sh: &Shape) -> Shape {
         Shape {
-            batch: self.subst_row(&sh.batch),
-            input: self.subst_row(&sh.input),
-            output: self.subst_row(&sh.output),
+            batch: self.subst_row_arc(&sh.batch),
+            input: self.subst_row_arc(&sh.input),
+            output: self.subst_row_arc(&sh.output),
             id: sh.id,
             debug_name: sh.debug_name.clone(),
         }

@@ -22,15 +22,16 @@ use crate::row::{Bcast, Kind, Row, RowId};
 use crate::spec::{AxisSpec, EinsumSpec, MAX_INDEX, RowSpec, RowVarSpec, ShapePattern};
 use crate::var::{DimVar, RowVar, ShapeId, VarGen};
 
-/// A tensor shape: three rows, mutable so that partially inferred shapes can be observed.
+/// A tensor shape: three rows, mutable so that partially inferred shapes can be observed. The
+/// rows are shared with the constraints derived from the shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shape {
     /// Batch axes.
-    pub batch: Row,
+    pub batch: Arc<Row>,
     /// Input axes.
-    pub input: Row,
+    pub input: Arc<Row>,
     /// Output axes.
-    pub output: Row,
+    pub output: Arc<Row>,
     /// The shape's id.
     pub id: ShapeId,
     /// The tensor's name, used in messages.
@@ -39,7 +40,7 @@ pub struct Shape {
 
 impl Shape {
     /// The row of a kind.
-    pub fn row(&self, kind: Kind) -> &Row {
+    pub fn row(&self, kind: Kind) -> &Arc<Row> {
         match kind {
             Kind::Batch => &self.batch,
             Kind::Input => &self.input,
@@ -49,7 +50,7 @@ impl Shape {
 
     /// The rows in memory order: batch, output, input.
     pub fn memory_rows(&self) -> [&Row; 3] {
-        [&self.batch, &self.output, &self.input]
+        [self.batch.as_ref(), self.output.as_ref(), self.input.as_ref()]
     }
 
     /// The dimensions in memory order, when all are known.
@@ -172,8 +173,8 @@ pub struct Derivation {
     pub template_rows: Vec<RowVar>,
 }
 
-fn ineq(cur: &Row, subr: &Row) -> Constraint {
-    Constraint::RowIneq { cur: cur.clone(), subr: subr.clone() }
+fn ineq(cur: &Arc<Row>, subr: &Arc<Row>) -> Constraint {
+    Constraint::RowIneq { cur: Arc::clone(cur), subr: Arc::clone(subr) }
 }
 
 /// Derives the constraints of a step: `cur` is the result shape, `args` the argument shapes.
@@ -304,13 +305,17 @@ pub fn get_inequalities(
             for (pattern, a) in spec.operands.iter().zip(args) {
                 let rows = t.shape(pattern, a, None);
                 for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                    t.extra.push(Constraint::RowIneq { cur: tpl, subr: a.row(kind).clone() });
+                    t.extra.push(Constraint::RowIneq {
+                        cur: Arc::new(tpl),
+                        subr: a.row(kind).clone(),
+                    });
                 }
             }
             let generative = Kind::ALL.map(|k| cur.row(k).num_fixed() == 0);
             let rows = t.shape(&spec.result, cur, Some(generative));
             for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                t.extra.push(Constraint::RowIneq { cur: cur.row(kind).clone(), subr: tpl });
+                t.extra
+                    .push(Constraint::RowIneq { cur: cur.row(kind).clone(), subr: Arc::new(tpl) });
             }
             let mut labels: Vec<(String, DimVar)> =
                 t.labels.iter().map(|(l, v)| (l.to_string(), *v)).collect();

@@ -16,6 +16,8 @@
 //! - every other class of size > 1 is a product-space iterator, in order of first appearance
 //!   (result axes first, so reductions are innermost).
 
+use std::sync::Arc;
+
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol, SymbolGen};
 use rustc_hash::FxHashMap;
 
@@ -400,9 +402,9 @@ impl Inference {
                 other => other.clone(),
             };
             Shape {
-                batch: sh.batch.map_dims(&mut f),
-                input: sh.input.map_dims(&mut f),
-                output: sh.output.map_dims(&mut f),
+                batch: Arc::new(sh.batch.map_dims(&mut f)),
+                input: Arc::new(sh.input.map_dims(&mut f)),
+                output: Arc::new(sh.output.map_dims(&mut f)),
                 id: sh.id,
                 debug_name,
             }
@@ -441,7 +443,7 @@ impl Inference {
             local: &local,
             proj_env: &deriv.proj_env,
             parent: Vec::with_capacity(32),
-            info: Vec::with_capacity(8),
+            info: Vec::with_capacity(32),
             by_proj: vec![NONE; local.vars.num_projs()],
             by_var: vec![NONE; local.vars.num_dims()],
         };

@@ -14,6 +14,8 @@
 //! When rows still have unknown row variables the constraint waits; with a single row variable
 //! its reduced form is recorded on the variable's entry, which closing consults (stages 3–5).
 
+use std::sync::Arc;
+
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::{Conflict, conflict};
@@ -88,41 +90,27 @@ impl Solver {
     /// row closes to no further axes first (a result closes to the smallest shape).
     pub fn solve_batch_slice(
         &mut self,
-        cur: &Row,
-        arg: &Row,
+        cur: &Arc<Row>,
+        arg: &Arc<Row>,
         slot: &Dim,
         origin: &Origin,
     ) -> Derived {
-        let cur = self.env.subst_row_cow(cur);
-        let arg = self.env.subst_row_cow(arg);
+        let cur = self.env.subst_row_arc(cur);
+        let arg = self.env.subst_row_arc(arg);
         if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
             if self.stage < Stage::RowsToNoMoreAxes {
                 let mut out = Vec::new();
                 if arg.num_fixed() == 0 {
                     out = self.expand_row_var(w, 0, 1, &arg, origin)?;
                 }
-                self.defer(
-                    Constraint::BatchSlice {
-                        cur: cur.into_owned(),
-                        arg: arg.into_owned(),
-                        slot: slot.clone(),
-                    }
-                    .at(origin),
-                );
+                self.defer(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
                 return Ok(out);
             }
             let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
-            out.push(
-                Constraint::BatchSlice {
-                    cur: cur.into_owned(),
-                    arg: arg.into_owned(),
-                    slot: slot.clone(),
-                }
-                .at(origin),
-            );
+            out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
             return Ok(out);
         }
-        Ok(vec![Constraint::RowEq { r1: slot_then(slot, &cur), r2: arg.into_owned() }.at(origin)])
+        Ok(vec![Constraint::RowEq { r1: Arc::new(slot_then(slot, &cur)), r2: arg }.at(origin)])
     }
 
     /// Applies a constraint on rows concatenated in memory order.
@@ -184,7 +172,11 @@ impl Solver {
                     let value = Row::fixed(dims[pos..pos + take].to_vec(), r.id);
                     if bound.contains(&v) {
                         out.push(
-                            Constraint::RowEq { r1: Row::of_var(v, r.id), r2: value }.at(origin),
+                            Constraint::RowEq {
+                                r1: Arc::new(Row::of_var(v, r.id)),
+                                r2: Arc::new(value),
+                            }
+                            .at(origin),
                         );
                     } else {
                         bound.push(v);

@@ -190,9 +190,9 @@ impl Solver {
         let origin = &c.origin;
         match &c.c {
             Constraint::DimEq { d1, d2 } => self.unify_dim(d1, d2, origin),
-            Constraint::RowEq { r1, r2 } => self.unify_row(r1, r2, origin),
+            Constraint::RowEq { r1, r2 } => self.unify_shared_rows(r1, r2, origin),
             Constraint::DimIneq { cur, subr } => self.solve_dim_ineq(cur, subr, origin),
-            Constraint::RowIneq { cur, subr } => self.solve_row_ineq(cur, subr, origin),
+            Constraint::RowIneq { cur, subr } => self.solve_shared_row_ineq(cur, subr, origin),
             Constraint::DimConstr { d, constr } => self.apply_dim_constraint(d, constr, origin),
             Constraint::RowsConstr { rows, constr } => {
                 self.apply_rows_constraint(rows, constr, origin)

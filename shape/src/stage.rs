@@ -26,6 +26,8 @@
 //! otherwise whether a parameter is warned about would depend on which of two related leaves
 //! happened to be closed first.
 
+use std::sync::Arc;
+
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::Conflict;
@@ -116,10 +118,10 @@ impl Solver {
     }
 
     /// Closes a row of a leaf shape according to the stage.
-    pub fn close_row_terminal(&mut self, r: &Row, origin: &Origin) -> Derived {
-        let r = self.env.subst_row_cow(r);
+    pub fn close_row_terminal(&mut self, r: &Arc<Row>, origin: &Origin) -> Derived {
+        let r = self.env.subst_row_arc(r);
         if self.stage == Stage::Online {
-            self.defer(Constraint::TerminalRow(r.into_owned()).at(origin));
+            self.defer(Constraint::TerminalRow(r).at(origin));
             return Ok(vec![]);
         }
         let mut out: Vec<Constr> =
@@ -137,9 +139,9 @@ impl Solver {
         match (&b.lub, total_elems) {
             (Some((lub, o)), t) if self.stage >= Stage::TerminalsToLub && t != Some(1) => {
                 // The leaf takes its least upper bound, whose axes become leaf axes.
-                let lub = self.env.subst_row(lub);
+                let lub = self.env.subst_row_arc(lub);
                 out.extend(self.bind_row(v, lub, &o.join(origin))?);
-                out.push(Constraint::TerminalRow(r.into_owned()).at(origin));
+                out.push(Constraint::TerminalRow(r).at(origin));
             }
             (None, Some(m)) if self.stage >= Stage::TerminalsToLub => {
                 let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
@@ -159,14 +161,14 @@ impl Solver {
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
             }
-            _ => self.defer(Constraint::TerminalRow(var_row).at(origin)),
+            _ => self.defer(Constraint::TerminalRow(Arc::new(var_row)).at(origin)),
         }
         Ok(out)
     }
 
     /// Closes the variables of a row of some shape of the graph (from stage 4 on).
-    pub fn close_shape_row(&mut self, r: &Row, origin: &Origin) -> Derived {
-        let r = self.env.subst_row_cow(r);
+    pub fn close_shape_row(&mut self, r: &Arc<Row>, origin: &Origin) -> Derived {
+        let r = self.env.subst_row_arc(r);
         let mut keep = false;
         // One variable at a time, the rest of the row after that closing has propagated: the
         // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
@@ -200,7 +202,7 @@ impl Solver {
             }
         }
         if let Some(c) = close {
-            return Ok(vec![c, Constraint::ShapeRow(r.into_owned()).at(origin)]);
+            return Ok(vec![c, Constraint::ShapeRow(r).at(origin)]);
         }
         let mut out = Vec::new();
         if let Some(v) = r.var() {
@@ -209,13 +211,13 @@ impl Solver {
                     self.mark_row_guess(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-                out.push(Constraint::ShapeRow(r.as_ref().clone()).at(origin));
+                out.push(Constraint::ShapeRow(Arc::clone(&r)).at(origin));
             } else {
                 keep = true;
             }
         }
         if keep {
-            self.defer(Constraint::ShapeRow(r.into_owned()).at(origin));
+            self.defer(Constraint::ShapeRow(r).at(origin));
         }
         Ok(out)
     }

@@ -242,8 +242,18 @@ impl Solver {
     /// Solves `r1 = r2`: pairs leading axes from the left and trailing axes from the right,
     /// and binds row variables to what is left over.
     pub fn unify_row(&mut self, r1: &Row, r2: &Row, origin: &Origin) -> Derived {
-        let a = self.env.subst_row_cow(r1);
-        let b = self.env.subst_row_cow(r2);
+        self.unify_shared_rows(&Arc::new(r1.clone()), &Arc::new(r2.clone()), origin)
+    }
+
+    /// [`Solver::unify_row`] of shared rows (those of a constraint).
+    pub(crate) fn unify_shared_rows(
+        &mut self,
+        r1: &Arc<Row>,
+        r2: &Arc<Row>,
+        origin: &Origin,
+    ) -> Derived {
+        let a = self.env.subst_row_arc(r1);
+        let b = self.env.subst_row_arc(r2);
         if a.dims == b.dims && a.bcast == b.bcast {
             return Ok(vec![]);
         }
@@ -305,16 +315,10 @@ impl Solver {
                     // picks the smallest: va gets no further axes.
                     let more = self.bind_row(va, Row::empty(a.id), origin)?;
                     self.absorb(&mut out, more);
-                    out.push(
-                        Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
-                            .at(origin),
-                    );
+                    out.push(Constraint::RowEq { r1: a, r2: b }.at(origin));
                 } else {
                     // Wait until one of the variables is known.
-                    self.defer(
-                        Constraint::RowEq { r1: a.as_ref().clone(), r2: b.as_ref().clone() }
-                            .at(origin),
-                    );
+                    self.defer(Constraint::RowEq { r1: a, r2: b }.at(origin));
                 }
                 Ok(out)
             }
@@ -322,8 +326,13 @@ impl Solver {
     }
 
     /// Records that row variable `v` stands for `value`, re-checking its former bounds.
-    pub(crate) fn bind_row(&mut self, v: RowVar, value: Row, origin: &Origin) -> Derived {
-        let value = if self.env.row_is_normal(&value) { value } else { self.env.subst_row(&value) };
+    pub(crate) fn bind_row(
+        &mut self,
+        v: RowVar,
+        value: impl Into<Arc<Row>>,
+        origin: &Origin,
+    ) -> Derived {
+        let value = self.env.subst_row_arc(&value.into());
         if value.var() == Some(v) {
             if value.num_fixed() == 0 {
                 return Ok(vec![]);
@@ -333,27 +342,36 @@ impl Solver {
                 origin,
             ));
         }
-        let old = self.env.solve_row(v, value.clone(), origin.clone());
+        let old = self.env.solve_row(v, Arc::clone(&value), origin.clone());
         let mut out = self.derived_list();
         out.reserve(old.cur.len() + old.subr.len() + usize::from(old.lub.is_some()) + 1);
         for c in old.cur {
             out.push(
-                Constraint::RowIneq { cur: Row::of_var(c, value.id), subr: value.clone() }
-                    .at(origin),
+                Constraint::RowIneq {
+                    cur: Arc::new(Row::of_var(c, value.id)),
+                    subr: Arc::clone(&value),
+                }
+                .at(origin),
             );
         }
         for s in old.subr {
             out.push(
-                Constraint::RowIneq { cur: value.clone(), subr: Row::of_var(s, value.id) }
-                    .at(origin),
+                Constraint::RowIneq {
+                    cur: Arc::clone(&value),
+                    subr: Arc::new(Row::of_var(s, value.id)),
+                }
+                .at(origin),
             );
         }
         if let Some((lub, o)) = old.lub {
-            out.push(Constraint::RowIneq { cur: lub, subr: value.clone() }.at(&o.join(origin)));
+            out.push(
+                Constraint::RowIneq { cur: lub, subr: Arc::clone(&value) }.at(&o.join(origin)),
+            );
         }
         if let Some((constr, o)) = old.constr {
             if constr != RowConstraint::Unconstrained {
-                out.push(Constraint::RowsConstr { rows: vec![value], constr }.at(&o.join(origin)));
+                let rows = vec![Arc::unwrap_or_clone(value)];
+                out.push(Constraint::RowsConstr { rows, constr }.at(&o.join(origin)));
             }
         }
         Ok(out)

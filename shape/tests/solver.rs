@@ -454,8 +454,10 @@ fn row_ineq_expands_cur_with_a_variables_only_template() {
         "#]],
     );
     // Solving to a fixed point: the template's axes are at least 2 and 3, so they are 2 and 3.
-    let cs =
-        vec![Constraint::RowIneq { cur: Row::of_var(r[0], id()), subr: fixed(vec![n(2), n(3)]) }];
+    let cs = vec![Constraint::RowIneq {
+        cur: Row::of_var(r[0], id()).into(),
+        subr: fixed(vec![n(2), n(3)]).into(),
+    }];
     check(
         solve_at(&mut s, Stage::Online, cs),
         expect![[r#"
@@ -527,8 +529,8 @@ fn row_ineq_with_leading_axes_broadcasts_in_the_middle() {
     // supply the middle axis.
     let (mut s, _, r) = solver(0, 1);
     let cs = vec![Constraint::RowIneq {
-        cur: open(vec![n(7)], r[0], vec![n(5)]),
-        subr: fixed(vec![n(7), n(2), n(5)]),
+        cur: open(vec![n(7)], r[0], vec![n(5)]).into(),
+        subr: fixed(vec![n(7), n(2), n(5)]).into(),
     }];
     check(
         solve_at(&mut s, Stage::Online, cs),
@@ -606,8 +608,10 @@ fn row_ineq_a_known_pattern_keeps_its_leading_axes_anchored() {
     s.mark_template_row(r[0]);
     s.unify_row(&Row::of_var(r[0], id()), &fixed(vec![n(3)]), &origin()).unwrap();
     let pattern = open(vec![d[0].clone()], r[0], vec![d[1].clone()]);
-    let cs =
-        vec![Constraint::RowIneq { cur: pattern.clone(), subr: fixed(vec![n(4), n(3), n(2)]) }];
+    let cs = vec![Constraint::RowIneq {
+        cur: pattern.clone().into(),
+        subr: fixed(vec![n(4), n(3), n(2)]).into(),
+    }];
     check(
         solve_at(&mut s, Stage::Online, cs),
         expect![[r#"
@@ -624,7 +628,8 @@ fn row_ineq_a_known_pattern_keeps_its_leading_axes_anchored() {
     let pattern = open(vec![d[0].clone()], r[0], vec![d[1].clone()]);
     // An argument whose row does not show its first axis yet: pairing waits, and a bare row
     // variable learns the pattern as its upper bound.
-    let cs = vec![Constraint::RowIneq { cur: pattern, subr: Row::of_var(r[1], id()) }];
+    let cs =
+        vec![Constraint::RowIneq { cur: pattern.into(), subr: Row::of_var(r[1], id()).into() }];
     check(
         solve_at(&mut s, Stage::Online, cs),
         expect![[r#"
@@ -783,8 +788,8 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
     // [..r1..] = s, [..r0..]: both rows can grow; the argument has at least one axis.
     let (mut s, d, r) = solver(1, 2);
     let slice = Constraint::BatchSlice {
-        cur: Row::of_var(r[0], id()),
-        arg: Row::of_var(r[1], id()),
+        cur: Row::of_var(r[0], id()).into(),
+        arg: Row::of_var(r[1], id()).into(),
         slot: d[0].clone(),
     };
     let rest = s.solve(Stage::Online, at(vec![slice.clone()])).unwrap();
@@ -803,7 +808,10 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
     // Once the argument is known, the slice is an equation: the result gets the rest.
     let cs = vec![
         slice.clone(),
-        Constraint::RowEq { r1: Row::of_var(r[1], id()), r2: fixed(vec![n(4), n(2), n(3)]) },
+        Constraint::RowEq {
+            r1: Row::of_var(r[1], id()).into(),
+            r2: fixed(vec![n(4), n(2), n(3)]).into(),
+        },
     ];
     check(
         solve_at(&mut s, Stage::Online, cs),
@@ -820,8 +828,8 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
     // With neither known, stage 6 closes the result's row first.
     let (mut s, d, r) = solver(1, 2);
     let slice = Constraint::BatchSlice {
-        cur: Row::of_var(r[0], id()),
-        arg: Row::of_var(r[1], id()),
+        cur: Row::of_var(r[0], id()).into(),
+        arg: Row::of_var(r[1], id()).into(),
         slot: d[0].clone(),
     };
     check(
@@ -843,7 +851,7 @@ fn stage_1_never_closes() {
     let (mut s, d, r) = solver(1, 1);
     let cs = vec![
         Constraint::TerminalDim(d[0].clone()),
-        Constraint::TerminalRow(Row::of_var(r[0], id())),
+        Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
     ];
     check(
         solve_at(&mut s, Stage::Online, cs),
@@ -884,7 +892,7 @@ fn stage_3_closes_leaves_to_their_least_upper_bounds() {
     s.solve_row_ineq(&fixed(vec![n(2), n(3)]), &Row::of_var(r[0], id()), &origin()).unwrap();
     let cs = vec![
         Constraint::TerminalDim(d[0].clone()),
-        Constraint::TerminalRow(Row::of_var(r[0], id())),
+        Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
     ];
     check(
         solve_at(&mut s, Stage::TerminalsToLub, cs),
@@ -904,8 +912,8 @@ fn stage_4_closes_unbounded_leaf_rows_and_lower_bounded_dims() {
     s.apply_dim_constraint(&d[0], &DimConstraint::AtLeast(3), &origin()).unwrap();
     s.solve_dim_ineq(&n(8), &d[0], &origin()).unwrap();
     let cs = vec![
-        Constraint::ShapeRow(fixed(vec![d[0].clone()])),
-        Constraint::TerminalRow(Row::of_var(r[0], id())),
+        Constraint::ShapeRow((fixed(vec![d[0].clone()])).into()),
+        Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
     ];
     check(
         solve_at(&mut s, Stage::TerminalRowsClosed, cs),
@@ -954,11 +962,11 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
     let (mut s, _, r) = solver(0, 2);
     let cs = vec![
         Constraint::RowIneq {
-            cur: open(vec![], r[0], vec![n(2)]),
-            subr: open(vec![], r[1], vec![n(2)]),
+            cur: open(vec![], r[0], vec![n(2)]).into(),
+            subr: open(vec![], r[1], vec![n(2)]).into(),
         },
-        Constraint::ShapeRow(open(vec![], r[0], vec![n(2)])),
-        Constraint::ShapeRow(open(vec![], r[1], vec![n(2)])),
+        Constraint::ShapeRow((open(vec![], r[0], vec![n(2)])).into()),
+        Constraint::ShapeRow((open(vec![], r[1], vec![n(2)])).into()),
     ];
     check(
         solve_after(&mut s, Stage::RowConstraints, Stage::RowsToNoMoreAxes, cs),
@@ -975,7 +983,7 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
 fn stage_7_closes_every_dim_to_its_lower_bound_or_one() {
     let (mut s, d, _) = solver(2, 0);
     s.apply_dim_constraint(&d[1], &DimConstraint::AtLeast(4), &origin()).unwrap();
-    let cs = vec![Constraint::ShapeRow(fixed(vec![d[0].clone(), d[1].clone()]))];
+    let cs = vec![Constraint::ShapeRow((fixed(vec![d[0].clone(), d[1].clone()])).into())];
     check(
         solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
         expect![[r#"
@@ -996,7 +1004,7 @@ fn stage_3_gives_a_leaf_row_without_bound_the_axis_its_values_need() {
     let rows = vec![fixed(vec![n(3)]), Row::of_var(r[0], id())];
     let cs = vec![
         Constraint::RowsConstr { rows, constr: total },
-        Constraint::TerminalRow(Row::of_var(r[0], id())),
+        Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
     ];
     check(
         solve_after(&mut s, Stage::TerminalDimsToOne, Stage::TerminalsToLub, cs),
@@ -1038,7 +1046,7 @@ fn stage_7_closes_the_parts_of_an_arithmetic_axis_one_at_a_time() {
     let axis = conv(2, d[0].clone(), 1, d[1].clone());
     let cs = vec![
         Constraint::DimEq { d1: axis.clone(), d2: n(2) },
-        Constraint::ShapeRow(fixed(vec![axis])),
+        Constraint::ShapeRow((fixed(vec![axis])).into()),
     ];
     check(
         solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
@@ -1058,8 +1066,8 @@ fn a_guess_covers_the_variables_below_it() {
     let (mut s, _, r) = solver(0, 2);
     s.solve_row_ineq(&Row::of_var(r[0], id()), &Row::of_var(r[1], id()), &origin()).unwrap();
     let cs = vec![
-        Constraint::TerminalRow(Row::of_var(r[0], id())),
-        Constraint::TerminalRow(Row::of_var(r[1], id())),
+        Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
+        Constraint::TerminalRow((Row::of_var(r[1], id())).into()),
     ];
     check(
         solve_at(&mut s, Stage::RowsToNoMoreAxes, cs),
@@ -1078,12 +1086,12 @@ fn constraint_display_is_stable() {
     let (_, d, r) = solver(1, 2);
     let shown: Vec<String> = [
         Constraint::RowIneq {
-            cur: open(vec![n(2)], r[0], vec![d[0].clone()]),
-            subr: fixed(vec![n(3)]),
+            cur: open(vec![n(2)], r[0], vec![d[0].clone()]).into(),
+            subr: fixed(vec![n(3)]).into(),
         },
         Constraint::BatchSlice {
-            cur: Row::of_var(r[0], id()),
-            arg: open(vec![], r[1], vec![n(5)]),
+            cur: Row::of_var(r[0], id()).into(),
+            arg: open(vec![], r[1], vec![n(5)]).into(),
             slot: d[0].clone(),
         },
     ]
@@ -1103,7 +1111,7 @@ fn the_solver_trace_is_a_stable_snapshot() {
     let (mut s, d, r) = solver(1, 1);
     s.trace = Some(Vec::new());
     let cs = vec![
-        Constraint::RowIneq { cur: Row::of_var(r[0], id()), subr: fixed(vec![n(3)]) },
+        Constraint::RowIneq { cur: Row::of_var(r[0], id()).into(), subr: fixed(vec![n(3)]).into() },
         Constraint::DimIneq { cur: n(3), subr: d[0].clone() },
         Constraint::TerminalDim(d[0].clone()),
     ];
@@ -1132,13 +1140,13 @@ fn a_leaf_row_closed_without_an_upper_bound_is_a_guess() {
     let (sum, b, h, w) = (r[0], r[1], r[2], r[3]);
     let var = |v| Row::of_var(v, id());
     let cs = vec![
-        Constraint::RowIneq { cur: var(sum), subr: fixed(vec![]) },
-        Constraint::RowIneq { cur: var(sum), subr: var(b) },
-        Constraint::RowIneq { cur: var(h), subr: var(w) },
-        Constraint::TerminalRow(var(b)),
-        Constraint::TerminalRow(var(w)),
-        Constraint::ShapeRow(var(sum)),
-        Constraint::ShapeRow(var(h)),
+        Constraint::RowIneq { cur: var(sum).into(), subr: fixed(vec![]).into() },
+        Constraint::RowIneq { cur: var(sum).into(), subr: var(b).into() },
+        Constraint::RowIneq { cur: var(h).into(), subr: var(w).into() },
+        Constraint::TerminalRow((var(b)).into()),
+        Constraint::TerminalRow((var(w)).into()),
+        Constraint::ShapeRow((var(sum)).into()),
+        Constraint::ShapeRow((var(h)).into()),
     ];
     let mut rest = at(cs);
     for stage in [Stage::Online, Stage::TerminalRowsClosed, Stage::RowConstraints] {
