@@ -912,7 +912,7 @@ fn stage_4_closes_unbounded_leaf_rows_and_lower_bounded_dims() {
     s.apply_dim_constraint(&d[0], &DimConstraint::AtLeast(3), &origin()).unwrap();
     s.solve_dim_ineq(&n(8), &d[0], &origin()).unwrap();
     let cs = vec![
-        Constraint::ShapeRow((fixed(vec![d[0].clone()])).into()),
+        Constraint::ShapeRow(fixed(vec![d[0].clone()]).into()),
         Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
     ];
     check(
@@ -983,7 +983,7 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
 fn stage_7_closes_every_dim_to_its_lower_bound_or_one() {
     let (mut s, d, _) = solver(2, 0);
     s.apply_dim_constraint(&d[1], &DimConstraint::AtLeast(4), &origin()).unwrap();
-    let cs = vec![Constraint::ShapeRow((fixed(vec![d[0].clone(), d[1].clone()])).into())];
+    let cs = vec![Constraint::ShapeRow(fixed(vec![d[0].clone(), d[1].clone()]).into())];
     check(
         solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
         expect![[r#"
@@ -1046,7 +1046,7 @@ fn stage_7_closes_the_parts_of_an_arithmetic_axis_one_at_a_time() {
     let axis = conv(2, d[0].clone(), 1, d[1].clone());
     let cs = vec![
         Constraint::DimEq { d1: axis.clone(), d2: n(2) },
-        Constraint::ShapeRow((fixed(vec![axis])).into()),
+        Constraint::ShapeRow(fixed(vec![axis]).into()),
     ];
     check(
         solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
