@@ -26,7 +26,10 @@
 //! otherwise whether a parameter is warned about would depend on which of two related leaves
 //! happened to be closed first.
 
+use std::hash::Hash;
 use std::sync::Arc;
+
+use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
@@ -226,29 +229,31 @@ impl Solver {
 impl Solver {
     /// Records that `v` is closed by a guess, with every dimension variable known to be below it.
     fn mark_dim_guess(&mut self, v: DimVar) {
-        if self.env.dim_bounds(v).subr.is_empty() {
-            self.guessed_dims.insert(v);
-            return;
-        }
-        let mut stack = vec![v];
-        while let Some(v) = stack.pop() {
-            if self.guessed_dims.insert(v) {
-                stack.extend_from_slice(&self.env.dim_bounds(v).subr);
-            }
-        }
+        let env = &self.env;
+        mark_below(&mut self.guessed_dims, v, |v| &env.dim_bounds(v).subr);
     }
 
     /// Records that `v` is closed by a guess, with every row variable known to be below it.
     fn mark_row_guess(&mut self, v: RowVar) {
-        if self.env.row_bounds(v).subr.is_empty() {
-            self.guessed_rows.insert(v);
-            return;
-        }
-        let mut stack = vec![v];
-        while let Some(v) = stack.pop() {
-            if self.guessed_rows.insert(v) {
-                stack.extend_from_slice(&self.env.row_bounds(v).subr);
-            }
+        let env = &self.env;
+        mark_below(&mut self.guessed_rows, v, |v| &env.row_bounds(v).subr);
+    }
+}
+
+/// Adds `v` and every variable below it (following `subr` edges) to `marked`.
+fn mark_below<'a, V: Copy + Eq + Hash + 'a>(
+    marked: &mut FxHashSet<V>,
+    v: V,
+    subr: impl Fn(V) -> &'a [V],
+) {
+    if subr(v).is_empty() {
+        marked.insert(v);
+        return;
+    }
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        if marked.insert(v) {
+            stack.extend_from_slice(subr(v));
         }
     }
 }
