@@ -152,7 +152,13 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
             });
         }
     };
-    Ok(SessionOptions { backend, prec, ..SessionOptions::default() })
+    let mut opts = SessionOptions { backend, prec, ..SessionOptions::default() };
+    // For people debugging a document: every compiled routine's assignments, low-level IR and
+    // generated source are written to this folder.
+    if let Some(dir) = std::env::var_os("ROCANNL_DEBUG_DIR") {
+        opts.compile.debug_dir = Some(dir.into());
+    }
+    Ok(opts)
 }
 
 fn eval(c: &Common) -> Result<Value, CliError> {
