@@ -234,6 +234,40 @@ impl UnOp {
             UnOp::Not => bool_to_f64(x == 0.0),
         }
     }
+
+    /// The operation computed in `f32`, as compiled `f32` code computes it (the same formula,
+    /// every step rounded to `f32`, the C library's `f32` functions).
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::UnOp;
+    /// assert_eq!(UnOp::Exp.apply_f32(100.0), f32::INFINITY);
+    /// ```
+    pub fn apply_f32(self, x: f32) -> f32 {
+        match self {
+            UnOp::Identity => x,
+            UnOp::Neg => -x,
+            UnOp::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            UnOp::Sat01 => x.clamp(0.0, 1.0),
+            UnOp::Exp => x.exp(),
+            UnOp::Log => x.ln(),
+            UnOp::Exp2 => x.exp2(),
+            UnOp::Log2 => x.log2(),
+            UnOp::Sqrt => x.sqrt(),
+            UnOp::Recip => 1.0 / x,
+            UnOp::Sin => x.sin(),
+            UnOp::Cos => x.cos(),
+            UnOp::Tanh => x.tanh(),
+            UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnOp::Abs => x.abs(),
+            UnOp::Not => bool_to_f32(x == 0.0),
+        }
+    }
 }
 
 /// Binary operations; also the accumulation operators of assignments.
@@ -366,6 +400,42 @@ impl BinOp {
             BinOp::Second => b,
         }
     }
+
+    /// The operation computed in `f32`, as compiled `f32` code computes it.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::BinOp;
+    /// assert_eq!(BinOp::Mul.apply_f32(3e38, 10.0), f32::INFINITY);
+    /// ```
+    pub fn apply_f32(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+            BinOp::Pow => a.powf(b),
+            BinOp::Max => {
+                if a > b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinOp::Min => {
+                if a < b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinOp::Lt => bool_to_f32(a < b),
+            BinOp::Le => bool_to_f32(a <= b),
+            BinOp::Gt => bool_to_f32(a > b),
+            BinOp::Eq => bool_to_f32(a == b),
+            BinOp::Ne => bool_to_f32(a != b),
+            BinOp::Second => b,
+        }
+    }
 }
 
 /// Ternary operations.
@@ -417,9 +487,32 @@ impl TernOp {
             TernOp::Fma => a.mul_add(b, c),
         }
     }
+
+    /// The operation computed in `f32`, as compiled `f32` code computes it.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::TernOp;
+    /// assert_eq!(TernOp::Fma.apply_f32(2.0, 3.0, 1.0), 7.0);
+    /// ```
+    pub fn apply_f32(self, a: f32, b: f32, c: f32) -> f32 {
+        match self {
+            TernOp::Where => {
+                if a != 0.0 {
+                    b
+                } else {
+                    c
+                }
+            }
+            TernOp::Fma => a.mul_add(b, c),
+        }
+    }
 }
 
 fn bool_to_f64(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+fn bool_to_f32(b: bool) -> f32 {
     if b { 1.0 } else { 0.0 }
 }
 

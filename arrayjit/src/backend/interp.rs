@@ -1,13 +1,17 @@
 //! The reference interpreter: the oracle every compiled backend is tested against.
 //!
-//! It executes the low-level IR with the reference semantics of [`crate::ops`] in `f64`,
-//! rounding to the storage precision on every store to a tensor or a local, exactly where
-//! compiled code rounds. "Compiling" resolves the IR once into a tree with flat buffer offsets
+//! It executes the low-level IR with the reference semantics of [`crate::ops`] in the declared
+//! precision, exactly as compiled code does: every operation is performed in the statement's
+//! compute precision ([`expr_prec`]: `f32` for `f16`, `bf16` and `f32`, `f64` when the
+//! statement stores to or reads `f64`) with the same formula and the same C library functions
+//! compiled code calls, and every store rounds to the storage precision. An `f32` program thus
+//! computes what compiled `f32` code computes, overflow to infinity included. "Compiling" resolves the IR once into a tree with flat buffer offsets
 //! and variable slots, so running does no lookups. Every access is checked: an index outside
 //! its tensor is a typed [`Error::OutOfBounds`], never a stray memory access.
 
 use half::{bf16, f16};
 
+use super::c_syntax::expr_prec;
 use super::host::HostBuffers;
 use super::{Backend, BackendKind, CompileOptions};
 use crate::error::Error;
@@ -58,8 +62,8 @@ enum IExpr {
 enum IStmt {
     For { slot: usize, extent: i64, body: Vec<IStmt> },
     If { guards: Vec<(Lin, i64)>, body: Vec<IStmt> },
-    Set { access: Access, value: IExpr },
-    SetLocal { local: usize, prec: Prec, value: IExpr },
+    Set { access: Access, compute: Prec, value: IExpr },
+    SetLocal { local: usize, prec: Prec, compute: Prec, value: IExpr },
 }
 
 #[derive(Debug)]
@@ -165,14 +169,20 @@ impl Resolver<'_> {
                 body: self.stmts(body),
             },
             Stmt::Set { node, idx, value } => {
+                let prec = self.prog.nodes.get(node).map_or(Prec::F64, |n| n.prec);
+                let compute = expr_prec(self.prog, value, prec);
                 let value = self.expr(value);
-                IStmt::Set { access: self.access(*node, idx), value }
+                IStmt::Set { access: self.access(*node, idx), compute, value }
             }
-            Stmt::SetLocal { local, value } => IStmt::SetLocal {
-                local: local.0 as usize,
-                prec: self.prog.locals[local.0 as usize],
-                value: self.expr(value),
-            },
+            Stmt::SetLocal { local, value } => {
+                let prec = self.prog.locals[local.0 as usize];
+                IStmt::SetLocal {
+                    local: local.0 as usize,
+                    prec,
+                    compute: expr_prec(self.prog, value, prec),
+                    value: self.expr(value),
+                }
+            }
         })
     }
 }
@@ -251,22 +261,34 @@ impl Machine<'_> {
         Ok(())
     }
 
-    fn eval(&self, e: &IExpr, env: &[i64], locals: &[f64]) -> Result<f64, Error> {
+    /// Evaluates `e` in the compute precision `p`: in `f32`, every operation is the `f32`
+    /// operation compiled code performs; in `f64`, the `f64` one.
+    fn eval(&self, e: &IExpr, env: &[i64], locals: &[f64], p: Prec) -> Result<f64, Error> {
+        let single = p == Prec::F32;
         Ok(match e {
-            IExpr::Const(c) => *c,
-            IExpr::Load(a) => self.load(a, env)?,
-            IExpr::Local(l) => locals[*l],
-            IExpr::IndexValue(i) => i.eval(env) as f64,
-            IExpr::Uniform(seed, i) => uniform(*seed, i.eval(env) as u64),
-            IExpr::Un(op, a) => op.apply(self.eval(a, env, locals)?),
-            IExpr::Bin(op, a, b) => {
-                op.apply(self.eval(a, env, locals)?, self.eval(b, env, locals)?)
+            IExpr::Const(c) => p.round(*c),
+            IExpr::Load(a) => p.round(self.load(a, env)?),
+            IExpr::Local(l) => p.round(locals[*l]),
+            IExpr::IndexValue(i) => p.round(i.eval(env) as f64),
+            IExpr::Uniform(seed, i) => p.round(uniform(*seed, i.eval(env) as u64)),
+            IExpr::Un(op, a) => {
+                let a = self.eval(a, env, locals, p)?;
+                if single { op.apply_f32(a as f32) as f64 } else { op.apply(a) }
             }
-            IExpr::Tern(op, a, b, c) => op.apply(
-                self.eval(a, env, locals)?,
-                self.eval(b, env, locals)?,
-                self.eval(c, env, locals)?,
-            ),
+            IExpr::Bin(op, a, b) => {
+                let (a, b) = (self.eval(a, env, locals, p)?, self.eval(b, env, locals, p)?);
+                if single { op.apply_f32(a as f32, b as f32) as f64 } else { op.apply(a, b) }
+            }
+            IExpr::Tern(op, a, b, c) => {
+                let a = self.eval(a, env, locals, p)?;
+                let b = self.eval(b, env, locals, p)?;
+                let c = self.eval(c, env, locals, p)?;
+                if single {
+                    op.apply_f32(a as f32, b as f32, c as f32) as f64
+                } else {
+                    op.apply(a, b, c)
+                }
+            }
         })
     }
 
@@ -284,12 +306,12 @@ impl Machine<'_> {
                         self.exec(body, env, locals)?;
                     }
                 }
-                IStmt::Set { access, value } => {
-                    let x = self.eval(value, env, locals)?;
+                IStmt::Set { access, compute, value } => {
+                    let x = self.eval(value, env, locals, *compute)?;
                     self.store(access, env, x)?;
                 }
-                IStmt::SetLocal { local, prec, value } => {
-                    let x = self.eval(value, env, locals)?;
+                IStmt::SetLocal { local, prec, compute, value } => {
+                    let x = self.eval(value, env, locals, *compute)?;
                     locals[*local] = prec.round(x);
                 }
             }

@@ -558,3 +558,78 @@ pub fn prune_empty(body: Vec<Stmt>) -> Vec<Stmt> {
         })
         .collect()
 }
+
+/// Where the top-level statements may be cut into separate functions: `cuts[i]` says whether
+/// a step may end just before statement `i` (`cuts[len]` is the end). Locals live in one
+/// function, so a cut is allowed only where no local assigned before it is read at or after
+/// it — a local's live range can span many statements (a scalar loaded once and used by
+/// several later nests), not only the next one. One pass over the statements.
+pub fn cut_points(body: &[Stmt]) -> Vec<bool> {
+    let mut last_use: FxHashMap<LocalId, usize> = FxHashMap::default();
+    let mut assigned: Vec<Vec<LocalId>> = Vec::with_capacity(body.len());
+    for (i, s) in body.iter().enumerate() {
+        let mut set = Vec::new();
+        s.visit(&mut |s| {
+            if let Stmt::SetLocal { local, .. } = s {
+                set.push(*local);
+                last_use.entry(*local).or_insert(i);
+            }
+        });
+        s.visit_exprs(&mut |e| {
+            e.visit(&mut |e| {
+                if let Expr::Local(l) = e {
+                    last_use.insert(*l, i);
+                }
+            })
+        });
+        assigned.push(set);
+    }
+    // The last statement reading a local assigned so far; a cut before `i` is allowed when
+    // every such statement comes before `i`.
+    let mut live_until: Option<usize> = None;
+    let mut cuts = Vec::with_capacity(body.len() + 1);
+    for (i, set) in assigned.iter().enumerate() {
+        cuts.push(live_until.is_none_or(|last| last < i));
+        for l in set {
+            let last = last_use.get(l).copied().unwrap_or(i);
+            live_until = Some(live_until.map_or(last, |u| u.max(last)));
+        }
+    }
+    cuts.push(true);
+    cuts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_local(l: u32, value: Expr) -> Stmt {
+        Stmt::SetLocal { local: LocalId(l), value }
+    }
+
+    fn store(n: u32, value: Expr) -> Stmt {
+        Stmt::Set { node: NodeId(n), idx: vec![], value }
+    }
+
+    #[test]
+    fn cuts_avoid_every_live_range_of_a_local() {
+        // t0 is assigned first and read three statements later: no cut inside that range, even
+        // though the statements between do not read it.
+        let body = vec![
+            set_local(0, Expr::Const(1.0)),
+            store(1, Expr::Const(2.0)),
+            store(2, Expr::Const(3.0)),
+            store(3, Expr::Local(LocalId(0))),
+            store(4, Expr::Const(4.0)),
+            Stmt::For {
+                var: Var(0),
+                extent: 4,
+                parallel: false,
+                body: vec![set_local(1, Expr::Const(0.0)), store(5, Expr::Local(LocalId(1)))],
+            },
+            store(6, Expr::Const(5.0)),
+        ];
+        let cuts = cut_points(&body);
+        assert_eq!(cuts, vec![true, false, false, false, true, true, true, true]);
+    }
+}

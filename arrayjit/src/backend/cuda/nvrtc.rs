@@ -118,7 +118,13 @@ impl Nvrtc {
         let c_name = CString::new(format!("{name}.cu")).map_err(|e| fail(e.to_string()))?;
         let prog =
             result::create_program(&c_src, Some(&c_name)).map_err(|e| fail(format!("{e:?}")))?;
-        let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+        // `--fmad=false`: every operation rounds as the interpreter does (the IR says `fma`
+        // where it wants one).
+        let options = vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+            "--fmad=false".to_string(),
+        ];
         // SAFETY: `prog` is a live program; the options are valid C strings.
         let compiled = unsafe { result::compile_program(prog, &options) };
         let out = match compiled {

@@ -5,12 +5,13 @@
 //! [`BLOCK`] threads; the rest of the nest — reduction loops with their scalar accumulators,
 //! guards — runs inside each thread. A reduction is therefore computed by the single thread
 //! owning its output cell: no two threads write one cell, no atomics, no races. Top-level
-//! statements outside parallel loops are grouped into single-thread kernels, in order.
+//! statements outside parallel loops are grouped into single-thread kernels, in order; so is a
+//! parallel nest that reads a local assigned before it (locals do not cross kernels).
 
 use std::fmt::Write as _;
 
 use crate::backend::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
-use crate::low_level::{Program, Stmt, Var};
+use crate::low_level::{Program, Stmt, Var, cut_points};
 use crate::tnode::NodeId;
 
 /// Threads per block.
@@ -42,9 +43,12 @@ pub fn render(prog: &Program) -> CudaSource {
     let mut out = prelude(Dialect::Cuda);
     let mut kernels = Vec::new();
     let mut serial: Vec<Stmt> = Vec::new();
-    for s in &prog.body {
+    // A kernel cannot see another kernel's locals: a parallel nest is a kernel of its own only
+    // where no local is live across its boundaries.
+    let cuts = cut_points(&prog.body);
+    for (i, s) in prog.body.iter().enumerate() {
         match s {
-            Stmt::For { parallel: true, .. } => {
+            Stmt::For { parallel: true, .. } if cuts[i] && cuts[i + 1] => {
                 flush(&r, &mut out, &mut kernels, &mut serial);
                 kernel(&r, &mut out, &mut kernels, std::slice::from_ref(s));
             }

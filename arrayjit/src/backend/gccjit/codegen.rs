@@ -109,6 +109,9 @@ fn build_unchecked(
     }
     ctx.add_command_line_option("-fno-math-errno");
     ctx.add_command_line_option("-fno-trapping-math");
+    // Every operation rounds as the interpreter does: `a * b + c` is not fused behind the
+    // program's back (the IR says `fma` where it wants one).
+    ctx.add_command_line_option("-ffp-contract=off");
     ctx.add_command_line_option("--param=vect-max-version-for-alias-checks=64");
     ctx.set_print_errors_to_stderr(false);
     for (k, (body, kind)) in steps.iter().enumerate() {
@@ -521,6 +524,12 @@ impl<'c> Gen<'c> {
     }
 
     /// `cond ? a : b` as a diamond of blocks writing a fresh local.
+    ///
+    /// Both values are computed before the branch, so the diamond only chooses between
+    /// registers and no memory is read under a condition. GCC 12 if-converts a load under a
+    /// condition into a masked load, and its loop vectorizer drops the permutation of grouped
+    /// masked loads (GCC PR 114375, fixed in GCC 14): the mask of one group of cells was applied
+    /// to the next ones, and `where` returned neither branch for some cells.
     fn select(
         &mut self,
         cond: RValue<'c>,
@@ -528,6 +537,7 @@ impl<'c> Gen<'c> {
         b: RValue<'c>,
         ty: Type<'c>,
     ) -> RValue<'c> {
+        let a = self.temp(a, ty);
         let res = self.new_local(ty, "sel");
         self.block.add_assignment(None, res, b);
         let then = self.new_block("sel_then");

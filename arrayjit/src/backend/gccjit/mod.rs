@@ -21,7 +21,7 @@ use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
 use super::host::{HostBuffer, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
 use crate::error::Error;
-use crate::low_level::{Expr, LocalId, Program, Stmt, schedule};
+use crate::low_level::{Program, Stmt, cut_points, schedule};
 use crate::ndarray::NdArray;
 use crate::tnode::{NodeId, TensorNode};
 
@@ -107,6 +107,7 @@ impl Gccjit {
         let mut prog = prog.clone();
         schedule::schedule_cpu(&mut prog);
         let threads = self.pool.threads();
+        let cuts = cut_points(&prog.body);
         let mut steps = Vec::new();
         let mut serial: Vec<Stmt> = Vec::new();
         let flush = |serial: &mut Vec<Stmt>, steps: &mut Vec<(Vec<Stmt>, StepKind)>| {
@@ -115,28 +116,22 @@ impl Gccjit {
             }
             serial.clear();
         };
-        // Locals assigned at the top level of the current serial group: a group may only be
-        // cut where none of them is used further on.
-        let mut top_locals: Vec<LocalId> = Vec::new();
-        for s in &prog.body {
+        for (i, s) in prog.body.iter().enumerate() {
             match s {
+                // A parallel step is a function of its own: it needs a cut on both sides.
                 Stmt::For { parallel: true, extent, .. }
-                    if threads > 1 && *extent > 1 && work(s) >= self.opts.min_parallel_work =>
+                    if threads > 1
+                        && *extent > 1
+                        && cuts[i]
+                        && cuts[i + 1]
+                        && work(s) >= self.opts.min_parallel_work =>
                 {
                     flush(&mut serial, &mut steps);
-                    top_locals.clear();
                     steps.push((vec![s.clone()], StepKind::Parallel { extent: *extent as i64 }));
                 }
                 s => {
-                    let uses = locals_of(s);
-                    if serial.len() >= SERIAL_STEP_LEN
-                        && !uses.iter().any(|l| top_locals.contains(l))
-                    {
+                    if serial.len() >= SERIAL_STEP_LEN && cuts[i] {
                         flush(&mut serial, &mut steps);
-                        top_locals.clear();
-                    }
-                    if let Stmt::SetLocal { local, .. } = s {
-                        top_locals.push(*local);
                     }
                     serial.push(s.clone());
                 }
@@ -150,24 +145,6 @@ impl Gccjit {
 /// Top-level statements per serial step: GCC's optimization time grows faster than linearly
 /// with function size, so long runs of small nests are cut into several functions.
 pub const SERIAL_STEP_LEN: usize = 8;
-
-/// The locals a statement reads or writes.
-fn locals_of(s: &Stmt) -> Vec<LocalId> {
-    let mut out = Vec::new();
-    s.visit(&mut |s| {
-        if let Stmt::SetLocal { local, .. } = s {
-            out.push(*local);
-        }
-    });
-    s.visit_exprs(&mut |e| {
-        e.visit(&mut |e| {
-            if let Expr::Local(l) = e {
-                out.push(*l);
-            }
-        })
-    });
-    out
-}
 
 /// Scalar operations executed by a statement: iterations times expression cost.
 pub fn work(s: &Stmt) -> usize {
