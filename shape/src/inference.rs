@@ -23,6 +23,9 @@ use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::{DimVar, RowVar, ShapeId, StepId};
 
+/// The largest size of an axis and the largest element count of a tensor: `2^63 - 1`, so that
+/// every size, count and offset is a non-negative `i64` in generated code.
+pub const MAX_SIZE: usize = i64::MAX as usize;
 /// How one row of a new shape is declared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RowDecl {
@@ -307,6 +310,29 @@ impl Inference {
             self.shapes.iter().find(|s| !s.memory_rows().iter().all(|r| r.is_ground()))
         {
             let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
+            return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+                message: msg,
+                ops: vec![],
+                steps: vec![],
+            })));
+        }
+        if let Some((sh, what)) = self.shapes.iter().find_map(|sh| {
+            let dims = sh.dims()?;
+            let too_big = |n: usize| n > MAX_SIZE;
+            if let Some(d) = dims.iter().find(|d| too_big(**d)) {
+                return Some((sh, format!("an axis of {d}")));
+            }
+            match dims.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d)) {
+                Some(n) if !too_big(n) => None,
+                Some(n) => Some((sh, format!("{n} elements"))),
+                None => Some((sh, "more than 2^64 elements".to_string())),
+            }
+        }) {
+            let msg = format!(
+                "'{}' has shape {sh} with {what}: sizes and element counts must fit in 63 bits \
+                 (at most {MAX_SIZE})",
+                sh.debug_name
+            );
             return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
                 message: msg,
                 ops: vec![],

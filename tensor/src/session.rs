@@ -321,7 +321,16 @@ impl Session {
             .chain(self.grad.iter().map(|(t, n)| (*n, (*t, true))))
             .collect();
         let mut table = NodeTable::default();
-        for n in asgn.nodes() {
+        // Visible nodes no code touches (an output that is itself a param or data leaf) still
+        // need their buffers, to be initialized and read.
+        let touched = asgn.nodes();
+        let mut untouched: Vec<NodeId> = visible
+            .iter()
+            .copied()
+            .filter(|n| by_node.contains_key(n) && touched.binary_search(n).is_err())
+            .collect();
+        untouched.sort();
+        for n in touched.into_iter().chain(untouched) {
             if let Some(node) = self.extra.get(&n) {
                 table.insert(node.clone());
                 continue;

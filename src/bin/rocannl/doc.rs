@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use rocannl::shape::inference::MAX_SIZE;
 use rocannl::shape::spec::EinsumSpec;
 use serde_json::{Map, Value};
 
@@ -17,6 +18,8 @@ pub enum ErrorKind {
     Input,
     Spec,
     Shape,
+    Limit,
+    Usage,
     Backend,
 }
 
@@ -27,6 +30,8 @@ impl ErrorKind {
             ErrorKind::Input => "input",
             ErrorKind::Spec => "spec",
             ErrorKind::Shape => "shape",
+            ErrorKind::Limit => "limit",
+            ErrorKind::Usage => "usage",
             ErrorKind::Backend => "backend",
         }
     }
@@ -52,12 +57,32 @@ pub struct Rows {
 }
 
 impl Rows {
-    pub fn num_elems(&self) -> usize {
-        [&self.batch, &self.input, &self.output]
-            .iter()
-            .map(|r| r.as_ref().map_or(1, |r| r.iter().product::<usize>()))
-            .product()
+    /// The number of cells, or a `shape` error when it does not fit in 63 bits.
+    pub fn num_elems(&self) -> Result<usize, CliError> {
+        let dims = [&self.batch, &self.output, &self.input].into_iter().flatten().flatten();
+        dims.clone()
+            .try_fold(1usize, |acc, d| acc.checked_mul(*d))
+            .filter(|n| *n <= MAX_SIZE)
+            .ok_or_else(|| CliError {
+                kind: ErrorKind::Shape,
+                message: format!(
+                    "a shape with axes {:?} has more than {MAX_SIZE} cells: element counts must \
+                     fit in 63 bits",
+                    dims.collect::<Vec<_>>()
+                ),
+            })
     }
+}
+
+/// A size given in the document, or a `shape` error when it does not fit in 63 bits.
+fn size(n: u64, what: &str) -> Result<usize, CliError> {
+    if n as u128 > MAX_SIZE as u128 {
+        return Err(CliError {
+            kind: ErrorKind::Shape,
+            message: format!("{what} {n} does not fit in 63 bits (sizes are at most {MAX_SIZE})"),
+        });
+    }
+    Ok(n as usize)
 }
 
 /// How a param is initialized.
@@ -118,11 +143,48 @@ fn takes_spec(op: &str) -> bool {
     matches!(op, "einsum" | "einsum1" | "einmax1" | "tropical" | "concat")
 }
 
-pub fn parse_document(text: &str) -> Result<Document, CliError> {
-    let v: Value = serde_json::from_str(text).map_err(|e| CliError {
+/// The deepest nesting of expressions a document may have. Documents are read without
+/// serde_json's recursion limit (the parser grows its stack on the heap); the recursive passes
+/// after it run on a thread whose stack holds this many levels with room to spare.
+pub const MAX_DEPTH: usize = 100_000;
+
+/// Reads JSON of any nesting depth without overflowing the stack.
+fn parse_json(text: &str) -> Result<Value, CliError> {
+    use serde::Deserialize as _;
+    let json_err = |e: serde_json::Error| CliError {
         kind: ErrorKind::Json,
         message: format!("the document is not JSON: {e}"),
-    })?;
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    let v = Value::deserialize(serde_stacker::Deserializer::new(&mut de)).map_err(json_err)?;
+    de.end().map_err(json_err)?;
+    Ok(v)
+}
+
+/// How deeply JSON arrays and objects nest, without recursion.
+fn json_depth(v: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            Value::Array(xs) => stack.extend(xs.iter().map(|x| (x, d + 1))),
+            Value::Object(o) => stack.extend(o.values().map(|x| (x, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+pub fn parse_document(text: &str) -> Result<Document, CliError> {
+    let v = parse_json(text)?;
+    // An operation nests two levels of JSON (its object and its "args" array).
+    if json_depth(&v) > 2 * MAX_DEPTH + 4 {
+        let message = format!("the document nests expressions more than {MAX_DEPTH} deep");
+        drop_deep(v);
+        return Err(CliError { kind: ErrorKind::Limit, message });
+    }
     let Value::Object(obj) = v else { return input_err("the document must be a JSON object") };
     let Some(expr) = obj.get("expr") else {
         return input_err("the document has no \"expr\" field");
@@ -132,7 +194,9 @@ pub fn parse_document(text: &str) -> Result<Document, CliError> {
         Some(Value::Bool(b)) => *b,
         Some(other) => return input_err(format!("\"grad\" must be true or false, not {other}")),
     };
-    Ok(Document { expr: parse_expr(expr)?, grad })
+    let expr = parse_expr(expr);
+    drop_deep(Value::Object(obj));
+    Ok(Document { expr: expr?, grad })
 }
 
 fn parse_expr(v: &Value) -> Result<Expr, CliError> {
@@ -207,7 +271,7 @@ fn parse_leaf(l: &str, o: &Map<String, Value>, name: Option<String>) -> Result<E
             let Some(n) = o.get("n").and_then(Value::as_u64) else {
                 return input_err("leaf \"range\" needs a non-negative integer \"n\"");
             };
-            Leaf::Range(n as usize)
+            Leaf::Range(size(n, "range size")?)
         }
         "range_of_shape" => Leaf::RangeOfShape(rows(o, false)?),
         "ndarray" => {
@@ -217,11 +281,11 @@ fn parse_leaf(l: &str, o: &Map<String, Value>, name: Option<String>) -> Result<E
             };
             let values =
                 vs.iter().map(|v| number(Some(v), "values")).collect::<Result<Vec<_>, _>>()?;
-            if values.len() != rows.num_elems() {
+            let count = rows.num_elems()?;
+            if values.len() != count {
                 return input_err(format!(
-                    "ndarray has {} values but its shape holds {}",
-                    values.len(),
-                    rows.num_elems()
+                    "ndarray has {} values but its shape holds {count}",
+                    values.len()
                 ));
             }
             Leaf::Ndarray { values, rows }
@@ -236,11 +300,11 @@ fn parse_leaf(l: &str, o: &Map<String, Value>, name: Option<String>) -> Result<E
             if let (Some(Init::Values(vs)), true) =
                 (&init, rows.input.is_some() && rows.output.is_some())
             {
-                if vs.len() != rows.num_elems() {
+                let count = rows.num_elems()?;
+                if vs.len() != count {
                     return input_err(format!(
-                        "param {n}: init has {} values but its shape holds {}",
-                        vs.len(),
-                        rows.num_elems()
+                        "param {n}: init has {} values but its shape holds {count}",
+                        vs.len()
                     ));
                 }
             }
@@ -273,7 +337,7 @@ fn rows(o: &Map<String, Value>, param: bool) -> Result<Rows, CliError> {
             Some(Value::Array(ds)) => ds
                 .iter()
                 .map(|d| match d.as_u64() {
-                    Some(d) => Ok(d as usize),
+                    Some(d) => size(d, &format!("row \"{k}\": axis size")),
                     None => {
                         input_err(format!("row \"{k}\" must list non-negative integers, not {d}"))
                     }
@@ -328,5 +392,17 @@ fn short(v: &Value) -> String {
         format!("{}...", s.chars().take(57).collect::<String>())
     } else {
         s
+    }
+}
+
+/// Drops a JSON value of any depth without recursion (the default drop recurses once per level).
+pub fn drop_deep(v: Value) {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(xs) => stack.extend(xs),
+            Value::Object(o) => stack.extend(o.into_iter().map(|(_, x)| x)),
+            _ => {}
+        }
     }
 }

@@ -15,13 +15,13 @@ mod build;
 mod doc;
 mod explain;
 
-use std::io::Read;
+use std::io::{self, Read, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use rocannl::arrayjit::{BackendKind, Prec};
 use rocannl::tensor::{Plan, Session, SessionOptions, Tensor};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
 use crate::build::{Built, tensor_error};
 use crate::doc::{CliError, ErrorKind};
@@ -76,28 +76,6 @@ fn read_input(file: &str) -> Result<String, CliError> {
     }
 }
 
-fn shape_json(t: &Tensor) -> Result<Value, CliError> {
-    let [b, i, o] = t.rows().map_err(tensor_error)?;
-    Ok(json!({"batch": b, "input": i, "output": o}))
-}
-
-/// Numbers as JSON, non-finite ones as the strings "inf", "-inf", "nan".
-fn values_json(vs: &[f64]) -> Value {
-    Value::Array(
-        vs.iter()
-            .map(|v| {
-                if v.is_nan() {
-                    json!("nan")
-                } else if v.is_infinite() {
-                    json!(if *v > 0.0 { "inf" } else { "-inf" })
-                } else {
-                    json!(v)
-                }
-            })
-            .collect(),
-    )
-}
-
 fn load(c: &Common) -> Result<(doc::Document, Built), CliError> {
     let text = read_input(&c.file)?;
     let document = doc::parse_document(&text)?;
@@ -113,27 +91,128 @@ fn load(c: &Common) -> Result<(doc::Document, Built), CliError> {
     Ok((document, built))
 }
 
-fn shapes_answer(built: &Built) -> Result<Map<String, Value>, CliError> {
-    let mut nodes = Map::new();
-    for (name, t) in &built.nodes {
-        nodes.insert(name.clone(), json!({"shape": shape_json(t)?}));
-    }
-    let mut params = Map::new();
-    for (name, t) in &built.params {
-        params.insert(name.clone(), json!({"shape": shape_json(t)?}));
-    }
-    let warnings: Vec<Value> = built.graph.warnings().into_iter().map(Value::String).collect();
-    let mut out = Map::new();
-    out.insert("shape".into(), shape_json(&built.root)?);
-    out.insert("nodes".into(), Value::Object(nodes));
-    out.insert("params".into(), Value::Object(params));
-    out.insert("warnings".into(), Value::Array(warnings));
-    Ok(out)
+/// The answer of `shapes` and `eval`, written as it is produced: values are streamed cell by
+/// cell, never held as a JSON tree (a tree costs tens of bytes per cell).
+struct Answer<W: Write> {
+    w: W,
 }
 
-fn shapes(c: &Common) -> Result<Value, CliError> {
-    let (_, built) = load(c)?;
-    Ok(Value::Object(shapes_answer(&built)?))
+impl<W: Write> Answer<W> {
+    fn raw(&mut self, s: &str) -> io::Result<()> {
+        self.w.write_all(s.as_bytes())
+    }
+
+    fn string(&mut self, s: &str) -> io::Result<()> {
+        serde_json::to_writer(&mut self.w, s).map_err(io::Error::from)
+    }
+
+    fn shape(&mut self, t: &Tensor) -> Result<(), Failure> {
+        let [b, i, o] = t.rows().map_err(tensor_error)?;
+        let v = json!({"batch": b, "input": i, "output": o});
+        serde_json::to_writer(&mut self.w, &v).map_err(|e| Failure::Io(io::Error::from(e)))
+    }
+
+    /// Numbers as JSON, non-finite ones as the strings "inf", "-inf", "nan".
+    fn values(&mut self, vs: &[f64]) -> io::Result<()> {
+        self.raw("[")?;
+        for (k, v) in vs.iter().enumerate() {
+            if k > 0 {
+                self.raw(",")?;
+            }
+            if v.is_nan() {
+                self.raw("\"nan\"")?;
+            } else if v.is_infinite() {
+                self.raw(if *v > 0.0 { "\"inf\"" } else { "\"-inf\"" })?;
+            } else {
+                serde_json::to_writer(&mut self.w, v).map_err(io::Error::from)?;
+            }
+        }
+        self.raw("]")
+    }
+}
+
+/// Why a command stopped: a contract error to print, or standard output that closed.
+enum Failure {
+    Cli(CliError),
+    Io(io::Error),
+}
+
+impl From<CliError> for Failure {
+    fn from(e: CliError) -> Self {
+        Failure::Cli(e)
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Io(e)
+    }
+}
+
+/// What `eval` has computed, read tensor by tensor while the answer is written.
+struct Evaluated {
+    session: Session,
+    grad: bool,
+}
+
+impl Evaluated {
+    fn values(&self, t: &Tensor) -> Result<Vec<f64>, CliError> {
+        self.session.read(t).map_err(tensor_error)
+    }
+
+    fn grad(&self, t: &Tensor) -> Result<Vec<f64>, CliError> {
+        self.session.read_grad(t).map_err(tensor_error)
+    }
+}
+
+/// Writes `{"nodes": .., "params": .., "shape": .., "values": .., "warnings": ..}`; values and
+/// gradients only when evaluated.
+fn write_answer<W: Write>(
+    out: &mut Answer<W>,
+    built: &Built,
+    eval: Option<&Evaluated>,
+) -> Result<(), Failure> {
+    out.raw("{\"nodes\":{")?;
+    for (k, (name, t)) in built.nodes.iter().enumerate() {
+        out.raw(if k > 0 { "," } else { "" })?;
+        out.string(name)?;
+        out.raw(":{\"shape\":")?;
+        out.shape(t)?;
+        if let Some(e) = eval {
+            out.raw(",\"values\":")?;
+            out.values(&e.values(t)?)?;
+        }
+        out.raw("}")?;
+    }
+    out.raw("},\"params\":{")?;
+    for (k, (name, t)) in built.params.iter().enumerate() {
+        out.raw(if k > 0 { "," } else { "" })?;
+        out.string(name)?;
+        out.raw(":{\"shape\":")?;
+        out.shape(t)?;
+        if let Some(e) = eval {
+            out.raw(",\"values\":")?;
+            out.values(&e.values(t)?)?;
+            if e.grad {
+                out.raw(",\"grad\":")?;
+                out.values(&e.grad(t)?)?;
+            }
+        }
+        out.raw("}")?;
+    }
+    out.raw("},\"shape\":")?;
+    out.shape(&built.root)?;
+    if let Some(e) = eval {
+        out.raw(",\"values\":")?;
+        out.values(&e.values(&built.root)?)?;
+    }
+    out.raw(",\"warnings\":[")?;
+    for (k, w) in built.graph.warnings().iter().enumerate() {
+        out.raw(if k > 0 { "," } else { "" })?;
+        out.string(w)?;
+    }
+    out.raw("]}\n")?;
+    Ok(())
 }
 
 fn options(c: &Common) -> Result<SessionOptions, CliError> {
@@ -147,7 +226,7 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
         Some("f64") => Prec::F64,
         Some(p) => {
             return Err(CliError {
-                kind: ErrorKind::Input,
+                kind: ErrorKind::Usage,
                 message: format!("unknown precision \"{p}\" (use f32 or f64)"),
             });
         }
@@ -161,10 +240,8 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
     Ok(opts)
 }
 
-fn eval(c: &Common) -> Result<Value, CliError> {
+fn evaluate(c: &Common, document: &doc::Document, built: &Built) -> Result<Evaluated, CliError> {
     let opts = options(c)?;
-    let (document, built) = load(c)?;
-    let mut out = shapes_answer(&built)?;
     let mut session = Session::with_options(&built.graph, opts).map_err(tensor_error)?;
     let mut outputs = vec![built.root.clone()];
     outputs.extend(built.nodes.iter().map(|(_, t)| t.clone()));
@@ -180,61 +257,95 @@ fn eval(c: &Common) -> Result<Value, CliError> {
     };
     let routine = session.compile("eval", &plan).map_err(tensor_error)?;
     session.run(&routine).map_err(tensor_error)?;
-    let read = |t: &Tensor| session.read(t).map(|v| values_json(&v)).map_err(tensor_error);
-    out.insert("values".into(), read(&built.root)?);
-    if let Some(Value::Object(nodes)) = out.get_mut("nodes") {
-        for (name, t) in &built.nodes {
-            if let Some(Value::Object(entry)) = nodes.get_mut(name) {
-                entry.insert("values".into(), read(t)?);
-            }
-        }
-    }
-    if let Some(Value::Object(params)) = out.get_mut("params") {
-        for (name, t) in &built.params {
-            if let Some(Value::Object(entry)) = params.get_mut(name) {
-                entry.insert("values".into(), read(t)?);
-                if document.grad {
-                    let g = session.read_grad(t).map_err(tensor_error)?;
-                    entry.insert("grad".into(), values_json(&g));
-                }
-            }
-        }
-    }
-    Ok(Value::Object(out))
+    Ok(Evaluated { session, grad: document.grad })
 }
 
-fn run(cli: &Cli) -> Result<Option<Value>, CliError> {
+fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
     match &cli.command {
-        Command::Shapes(c) => shapes(c).map(Some),
-        Command::Eval(c) => eval(c).map(Some),
+        Command::Shapes(c) => {
+            let (_, built) = load(c)?;
+            write_answer(out, &built, None)
+        }
+        Command::Eval(c) => {
+            // Options are checked before the document is read.
+            options(c)?;
+            let (document, built) = load(c)?;
+            let evaluated = evaluate(c, &document, &built)?;
+            write_answer(out, &built, Some(&evaluated))
+        }
         Command::Explain(c) => {
             let (_, built) = load(c)?;
-            print!("{}", explain::explain(&built).map_err(tensor_error)?);
-            Ok(None)
+            out.raw(&explain::explain(&built).map_err(tensor_error)?)?;
+            Ok(())
         }
     }
+}
+
+/// Room for the recursive passes over a document of [`doc::MAX_DEPTH`] nested expressions.
+const STACK_BYTES: usize = 512 << 20;
+
+/// Prints an error object on standard output and exits with `code`.
+fn fail(e: &CliError, code: u8) -> ExitCode {
+    let text = json!({"error": {"kind": e.kind.name(), "message": e.message}}).to_string();
+    let mut stdout = io::stdout().lock();
+    let _ = writeln!(stdout, "{text}").and_then(|_| stdout.flush());
+    ExitCode::from(code)
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let message = e.render().to_string().trim().to_string();
+            return fail(&CliError { kind: ErrorKind::Usage, message }, 2);
+        }
+    };
     std::panic::set_hook(Box::new(|_| {}));
-    let result = std::panic::catch_unwind(|| run(&cli)).unwrap_or_else(|p| {
-        let what = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(CliError { kind: ErrorKind::Input, message: format!("internal error: {what}") })
+    // The answer is buffered and written as it is produced; everything runs on a thread with a
+    // stack deep enough for deeply nested documents.
+    let worker = std::thread::Builder::new().stack_size(STACK_BYTES).spawn(move || {
+        let mut out = Answer { w: io::BufWriter::new(io::stdout().lock()) };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&cli, &mut out)))
+            .unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Failure::Cli(CliError {
+                    kind: ErrorKind::Input,
+                    message: format!("internal error: {what}"),
+                }))
+            });
+        let flushed = out.w.flush();
+        (result, flushed)
     });
-    match result {
-        Ok(Some(v)) => {
-            println!("{v}");
+    let outcome = match worker {
+        Ok(handle) => handle.join().unwrap_or_else(|_| {
+            let e = CliError { kind: ErrorKind::Input, message: "internal error".into() };
+            (Err(Failure::Cli(e)), Ok(()))
+        }),
+        Err(e) => {
+            let message = format!("cannot start a thread: {e}");
+            (Err(Failure::Cli(CliError { kind: ErrorKind::Limit, message })), Ok(()))
+        }
+    };
+    match outcome {
+        // Nobody reads standard output any more (e.g. `rocannl eval big.json | head`): stop
+        // quietly, as a filter does when its reader has gone.
+        (Err(Failure::Io(e)), _) | (Ok(()), Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS
         }
-        Ok(None) => ExitCode::SUCCESS,
-        Err(e) => {
-            println!("{}", json!({"error": {"kind": e.kind.name(), "message": e.message}}));
-            ExitCode::from(1)
-        }
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Ok(()), Err(e)) | (Err(Failure::Io(e)), _) => fail(
+            &CliError { kind: ErrorKind::Input, message: format!("cannot write the answer: {e}") },
+            1,
+        ),
+        (Err(Failure::Cli(e)), _) => fail(&e, if e.kind == ErrorKind::Usage { 2 } else { 1 }),
     }
 }

@@ -1,0 +1,120 @@
+//! The command line under hostile or unusual input: usage errors as JSON, sizes that do not fit
+//! in 63 bits, deeply nested documents, a reader that goes away, documents whose root is a leaf.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+fn rocannl(args: &[&str], doc: &str) -> (i32, Value) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocannl"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rocannl");
+    let _ = child.stdin.take().expect("stdin").write_all(doc.as_bytes());
+    let out = child.wait_with_output().expect("rocannl finishes");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn kind(v: &Value) -> &str {
+    v["error"]["kind"].as_str().unwrap_or("")
+}
+
+#[test]
+fn usage_errors_are_json_with_exit_status_2() {
+    for args in [
+        vec!["eval", "--strict", "--strict", "-"],
+        vec!["eval", "--frobnicate", "-"],
+        vec!["eval"],
+        vec!["frobnicate", "-"],
+        vec!["eval", "--precision", "f8", "-"],
+    ] {
+        let (rc, v) = rocannl(&args, r#"{"expr": {"leaf": "range", "n": 2}}"#);
+        assert_eq!((rc, kind(&v)), (2, "usage"), "{args:?}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    }
+}
+
+#[test]
+fn sizes_beyond_63_bits_are_shape_errors() {
+    let docs = [
+        // An axis of 2^63.
+        json!({"expr": {"op": "einsum1", "spec": "i => 0", "args": [{"leaf": "range", "n": 9223372036854775808u64}]}}),
+        // Two values for 3 · 6148914691236517206 cells (a wrapping product would make it 2).
+        json!({"expr": {"leaf": "ndarray", "output": [3, 6148914691236517206u64], "values": [1, 2]}}),
+        // A concatenation whose size is 2^63 + 2.
+        json!({"expr": {"op": "concat", "spec": "a; b => a^b", "args": [
+            {"leaf": "range", "n": 9223372036854775807u64}, {"leaf": "range", "n": 3}]}}),
+        // A broadcast whose element count is 2^64.
+        json!({"expr": {"op": "add", "args": [{"leaf": "range", "n": 4294967296u64},
+            {"leaf": "range_of_shape", "batch": [4294967296u64]}]}}),
+    ];
+    for doc in docs {
+        for cmd in ["shapes", "eval"] {
+            let (rc, v) = rocannl(&[cmd, "-"], &doc.to_string());
+            assert_eq!((rc, kind(&v)), (1, "shape"), "{cmd} {doc}: {v}");
+            assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("63 bits")), "{v}");
+        }
+    }
+}
+
+#[test]
+fn deeply_nested_documents_are_read() {
+    let depth = 20_000;
+    let doc = format!(
+        "{{\"expr\":{}{{\"leaf\":\"range\",\"n\":3}}{}}}",
+        "{\"op\":\"neg\",\"args\":[".repeat(depth),
+        "]}".repeat(depth)
+    );
+    let (rc, v) = rocannl(&["shapes", "-"], &doc);
+    assert_eq!(rc, 0, "{v}");
+    assert_eq!(v["shape"]["output"], json!([3]));
+    // Beyond the documented depth: a limit error, not a crash.
+    let depth = 100_001;
+    let doc = format!(
+        "{{\"expr\":{}{{\"leaf\":\"range\",\"n\":3}}{}}}",
+        "{\"op\":\"neg\",\"args\":[".repeat(depth),
+        "]}".repeat(depth)
+    );
+    let (rc, v) = rocannl(&["shapes", "-"], &doc);
+    assert_eq!((rc, kind(&v)), (1, "limit"), "{v}");
+}
+
+#[test]
+fn a_reader_that_goes_away_is_no_crash() {
+    let doc = json!({"expr": {"op": "einsum1", "spec": "i => i", "args": [{"leaf": "range", "n": 2000000}]}});
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocannl"))
+        .args(["eval", "--backend", "interp", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rocannl");
+    child.stdin.take().expect("stdin").write_all(doc.to_string().as_bytes()).expect("write");
+    let mut first = [0u8; 10];
+    child.stdout.take().expect("stdout").read_exact(&mut first).expect("the answer starts");
+    // Standard output is closed here, with most of the answer unwritten.
+    let out = child.wait_with_output().expect("rocannl finishes");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_leaf_as_root_is_evaluated() {
+    let backends: &[&str] =
+        if cfg!(feature = "gccjit") { &["interp", "gccjit"] } else { &["interp"] };
+    for be in backends {
+        let doc = json!({"expr": {"leaf": "ndarray", "output": [2], "values": [1, 2]}});
+        let (rc, v) = rocannl(&["eval", "--backend", be, "-"], &doc.to_string());
+        assert_eq!((rc, &v["values"]), (0, &json!([1.0, 2.0])), "{v}");
+        let doc = json!({"grad": true, "expr": {"leaf": "param", "name": "w", "input": [], "output": [2],
+            "init": {"values": [3, 4]}}});
+        let (rc, v) = rocannl(&["eval", "--backend", be, "-"], &doc.to_string());
+        assert_eq!((rc, &v["values"]), (0, &json!([3.0, 4.0])), "{v}");
+        assert_eq!(v["params"]["w"]["grad"], json!([1.0, 1.0]), "{v}");
+    }
+}
