@@ -1,5 +1,8 @@
-//! Compile latency of a routine of about 1000 statements (a chain of pointwise operations and
-//! small reductions, as in a training step) on gccjit at -O0, -O2 and -O3.
+//! Compile latency: lowering and optimization alone (interp, no code generation) of pointwise
+//! chains of 1k, 4k and 16k nodes — the time per node must stay flat, every pass being linear —
+//! and of a 2-layer transformer's whole training step; then a routine of about 1000 statements
+//! (a chain of pointwise operations and small reductions, as in a training step) on gccjit at
+//! -O0, -O2 and -O3.
 
 use std::sync::Arc;
 
@@ -76,6 +79,97 @@ fn routine(steps: usize) -> (Asgn, NodeTable) {
     (Asgn::Seq(seq), nodes)
 }
 
+/// A chain of `n` pointwise adds, every intermediate inlinable (as `gen_docs.py chain` without
+/// the named outputs), each node read by the next and by a balanced tree of adds at the end.
+fn chain(n: usize) -> (Asgn, NodeTable) {
+    let len = 4;
+    let mut nodes = NodeTable::default();
+    let mut g = SymbolGen::default();
+    let mut seq = Vec::new();
+    let add = |nodes: &mut NodeTable, seq: &mut Vec<Asgn>, g: &mut SymbolGen, a, b, mode| {
+        let out = nodes.add("t", &[len], Prec::F32, mode);
+        seq.push(Asgn::Accum {
+            lhs: out,
+            accum: None,
+            rhs: vec![a, b],
+            expr: ScalarExpr::bin(BinOp::Add, ScalarExpr::Arg(0), ScalarExpr::Arg(1)),
+            projections: Arc::new(Projections::identity(&[len], 2, g)),
+            initialize_neutral: false,
+        });
+        out
+    };
+    let one = nodes.add("one", &[len], Prec::F32, MemoryMode::HostVisible);
+    let mut prev = nodes.add("x", &[len], Prec::F32, MemoryMode::HostVisible);
+    let mut level = Vec::with_capacity(n);
+    for _ in 0..n {
+        // Every chain node is kept (it is read twice and is no cheap recomputation target once
+        // the tree reads it), the tree's nodes are inlined.
+        prev = add(&mut nodes, &mut seq, &mut g, prev, one, MemoryMode::OnDevice);
+        level.push(prev);
+    }
+    while level.len() > 1 {
+        let mut next = Vec::with_capacity(level.len() / 2 + 1);
+        for pair in level.chunks(2) {
+            next.push(match pair {
+                [a, b] => add(&mut nodes, &mut seq, &mut g, *a, *b, MemoryMode::Virtual),
+                [a] => *a,
+                _ => unreachable!(),
+            });
+        }
+        level = next;
+    }
+    // The result, read by the host.
+    add(&mut nodes, &mut seq, &mut g, level[0], one, MemoryMode::HostVisible);
+    (Asgn::Seq(seq), nodes)
+}
+
+/// Lowering and optimization of a 2-layer transformer's training step (forward, backprop and
+/// Adam update), the kind of program the compile-latency work is measured on.
+fn transformer_step() -> (rocannl::tensor::Session, rocannl::tensor::Tensor) {
+    use rocannl::tensor::nn::attention::{AttentionConfig, transformer_block};
+    use rocannl::tensor::nn::loss;
+    use rocannl::tensor::{Graph, Session, SessionOptions};
+    let g = Graph::with_seed(0);
+    let mut x = g.data("tokens", &[32, 16], &[], &[64]);
+    for l in 0..2 {
+        x = transformer_block(
+            &g,
+            &format!("layer{l}"),
+            &x,
+            AttentionConfig { heads: 4, head_dim: 16 },
+            256,
+        );
+    }
+    let y = g.data("targets", &[32, 16], &[], &[64]);
+    let l = loss::mse(&x, &y);
+    let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
+    (Session::with_options(&g, opts).expect("session"), l)
+}
+
+fn lowering(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lower_and_optimize");
+    group.sample_size(10);
+    for n in [1000usize, 4000, 16000] {
+        let (asgn, nodes) = chain(n);
+        group.bench_function(BenchmarkId::new("chain", n), |b| {
+            let opts = CompileOptions::default();
+            b.iter(|| {
+                rocannl::arrayjit::compile_program("chain", &asgn, &nodes, &opts).expect("lowered")
+            })
+        });
+    }
+    group.bench_function("transformer2_train_step", |b| {
+        b.iter_batched(
+            transformer_step,
+            |(mut s, l)| {
+                s.train_step(&l, &rocannl::tensor::Optimizer::adam(), &[]).expect("compiled")
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
 fn statements(text: &str) -> usize {
     text.lines().filter(|l| l.contains(":=")).count()
 }
@@ -96,5 +190,5 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, lowering, bench);
 criterion_main!(benches);

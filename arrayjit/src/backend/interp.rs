@@ -98,6 +98,7 @@ impl Interp {
 struct Resolver<'a> {
     prog: &'a Program,
     bufs: Vec<NodeId>,
+    buf_of: rustc_hash::FxHashMap<NodeId, usize>,
     sym_base: usize,
 }
 
@@ -114,13 +115,11 @@ impl Resolver<'_> {
     }
 
     fn access(&mut self, node: NodeId, idx: &[Index]) -> Access {
-        let buf = match self.bufs.iter().position(|b| *b == node) {
-            Some(p) => p,
-            None => {
-                self.bufs.push(node);
-                self.bufs.len() - 1
-            }
-        };
+        let next = self.bufs.len();
+        let buf = *self.buf_of.entry(node).or_insert(next);
+        if buf == next {
+            self.bufs.push(node);
+        }
         let dims = self.prog.nodes.get(&node).map_or_else(Vec::new, |n| n.dims.clone());
         let strides = row_major_strides(&dims);
         let mut flat = Index::fixed(0);
@@ -331,7 +330,7 @@ impl Backend for Interp {
 
     fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
         let sym_base = prog.next_var as usize;
-        let mut r = Resolver { prog, bufs: Vec::new(), sym_base };
+        let mut r = Resolver { prog, bufs: Vec::new(), buf_of: Default::default(), sym_base };
         let body = r.stmts(&prog.body);
         let bufs = r.bufs;
         let mut labels = Vec::with_capacity(bufs.len());

@@ -5,6 +5,10 @@
 //! into a fresh scalar local placed just before the statement (`t3 := add(a, b)`;
 //! `y := mul(t3, t3)`), largest first, until no subexpression repeats.
 
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::{FxHashMap, FxHasher};
+
 use super::{Expr, LocalId, Program, Stmt};
 use crate::ops::Prec;
 
@@ -56,20 +60,86 @@ fn worth_sharing(e: &Expr) -> bool {
         || matches!(e, Expr::Uniform { .. })
 }
 
+/// The repeated subexpression worth sharing with the largest cost; among equals, the one that
+/// occurs first (parents first). Subexpressions are compared through a structural hash computed
+/// bottom-up in one walk, so a statement of `k` nodes costs `O(k)` plus the equality checks of
+/// actual repeats, not `O(k²)` pairwise comparisons.
 fn largest_repeated(value: &Expr) -> Option<Expr> {
-    let mut subs: Vec<&Expr> = Vec::new();
-    value.visit(&mut |e| {
-        if worth_sharing(e) {
-            subs.push(e);
+    let mut nodes: Vec<(&Expr, u64, u32)> = Vec::new();
+    summarize(value, &mut nodes);
+    let mut first: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+    let mut best: Option<(usize, u32)> = None;
+    for (i, &(e, h, cost)) in nodes.iter().enumerate() {
+        if !worth_sharing(e) {
+            continue;
         }
-    });
-    let mut best: Option<&Expr> = None;
-    for (i, e) in subs.iter().enumerate() {
-        if subs[i + 1..].contains(e) && best.is_none_or(|b| e.cost() > b.cost()) {
-            best = Some(e);
+        let seen = first.entry(h).or_default();
+        match seen.iter().copied().find(|&j| nodes[j].0 == e) {
+            Some(j) => {
+                if best.is_none_or(|(bj, bc)| cost > bc || (cost == bc && j < bj)) {
+                    best = Some((j, cost));
+                }
+            }
+            None => seen.push(i),
         }
     }
-    best.cloned()
+    best.map(|(j, _)| nodes[j].0.clone())
+}
+
+/// Lists every subexpression parents first with its structural hash and its cost
+/// ([`Expr::cost`]); returns the expression's own hash and cost.
+fn summarize<'a>(e: &'a Expr, out: &mut Vec<(&'a Expr, u64, u32)>) -> (u64, u32) {
+    let slot = out.len();
+    out.push((e, 0, 0));
+    let mut h = FxHasher::default();
+    std::mem::discriminant(e).hash(&mut h);
+    let cost = match e {
+        Expr::Const(c) => {
+            c.to_bits().hash(&mut h);
+            0
+        }
+        Expr::Local(l) => {
+            l.hash(&mut h);
+            0
+        }
+        Expr::Get(n, idx) => {
+            (n, idx).hash(&mut h);
+            1
+        }
+        Expr::IndexValue(i) => {
+            i.hash(&mut h);
+            1
+        }
+        Expr::Uniform { seed, offset } => {
+            (seed, offset).hash(&mut h);
+            8
+        }
+        Expr::Unop(op, a) => {
+            op.hash(&mut h);
+            let (ha, ca) = summarize(a, out);
+            ha.hash(&mut h);
+            op.facts().cost + ca
+        }
+        Expr::Binop(op, a, b) => {
+            op.hash(&mut h);
+            let (ha, ca) = summarize(a, out);
+            let (hb, cb) = summarize(b, out);
+            (ha, hb).hash(&mut h);
+            op.facts().cost + ca + cb
+        }
+        Expr::Ternop(op, a, b, c) => {
+            op.hash(&mut h);
+            let (ha, ca) = summarize(a, out);
+            let (hb, cb) = summarize(b, out);
+            let (hc, cc) = summarize(c, out);
+            (ha, hb, hc).hash(&mut h);
+            op.facts().cost + ca + cb + cc
+        }
+    };
+    let hash = h.finish();
+    out[slot].1 = hash;
+    out[slot].2 = cost;
+    (hash, cost)
 }
 
 fn replace(value: Expr, target: &Expr, t: LocalId) -> Expr {

@@ -8,114 +8,298 @@
 //!   than a round trip through memory.
 //!
 //! Every read `n[idx]` becomes `expr` with the definition's loop variables replaced by `idx`;
-//! the definition disappears and the node is reported virtual. The pass repeats until nothing
-//! changes, so chains of pointwise operations collapse into their last consumer.
+//! the definition disappears and the node is reported virtual. Chains of pointwise operations
+//! collapse into their last consumer.
+//!
+//! The pass is linear in the program (plus the size of what it inlines): the program is walked
+//! once into a table of its statements — each with its place in the tree, its enclosing loops and
+//! its position in program order — and of every node's accesses. Definitions are then taken in
+//! program order from a queue; inlining one rewrites only the statements that read it, and the
+//! access counts are updated from those statements alone (subtracting what they read before,
+//! adding what they read after), instead of re-tracing the whole program after every inline.
+//! A node the inlined definition read is queued again, since its reads moved.
 
-use rustc_hash::FxHashMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
-use super::trace::{NodeUse, trace};
-use super::{Expr, Index, Program, Stmt, Var, prune_empty};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::trace::once_per_cell;
+use super::{Expr, Program, Stmt, Var, prune_empty};
 use crate::tnode::NodeId;
 
 /// Definitions costing at most this much are inlined at every read.
 pub const CHEAP: u32 = 4;
 
+/// A statement assigning a node or a local, in program order.
+struct Site {
+    /// Child indices from the program body down to the statement.
+    path: Vec<usize>,
+    /// The enclosing loops, outermost first.
+    loops: Vec<(Var, usize)>,
+}
+
+/// A pointwise definition `node[axis vars] := value`.
 struct Def {
+    /// The defining statement's position (an index into the site table).
     pos: usize,
     /// The loop variable indexing each axis (`None` for a size-1 axis indexed by 0).
     axis_vars: Vec<Option<Var>>,
-    value: Expr,
+}
+
+/// The accesses of one node, kept up to date as definitions are inlined.
+#[derive(Default)]
+struct Uses {
+    write_sites: usize,
+    /// Positions of the writing statements.
+    write_positions: Vec<usize>,
+    /// One entry per `Get` of the node: the position of the reading statement.
+    read_positions: Vec<usize>,
+    /// Read sites that may touch a cell more than once over their loops.
+    multi_reads: usize,
+}
+
+struct Table {
+    sites: Vec<Site>,
+    defs: FxHashMap<NodeId, Def>,
+    uses: FxHashMap<NodeId, Uses>,
 }
 
 /// Inlines every eligible node; returns the inlined nodes in the order they were removed.
 pub fn run(prog: &mut Program) -> Vec<NodeId> {
+    let mut table =
+        Table { sites: Vec::new(), defs: FxHashMap::default(), uses: FxHashMap::default() };
+    let mut loops = Vec::new();
+    let mut path = Vec::new();
+    for (k, s) in prog.body.iter().enumerate() {
+        path.push(k);
+        collect(prog, s, &mut path, &mut loops, false, &mut table);
+        path.pop();
+    }
+    let mut queue: BinaryHeap<Reverse<(usize, NodeId)>> =
+        table.defs.iter().map(|(n, d)| Reverse((d.pos, *n))).collect();
     let mut inlined = Vec::new();
-    loop {
-        let uses = trace(prog);
-        let defs = find_defs(prog);
-        let mut order: Vec<(&NodeId, &Def)> = defs.iter().collect();
-        order.sort_by_key(|(_, d)| d.pos);
-        let pick = order
-            .into_iter()
-            .find(|(n, d)| eligible(prog, **n, d, &uses))
-            .map(|(n, d)| (*n, d.axis_vars.clone(), d.value.clone()));
-        let Some((node, axis_vars, value)) = pick else { break };
-        let body = std::mem::take(&mut prog.body);
-        let body: Vec<Stmt> =
-            body.into_iter().map(|s| inline(s, node, &axis_vars, &value)).collect();
-        prog.body = prune_empty(remove_def(body, node));
+    let mut removed: FxHashSet<usize> = FxHashSet::default();
+    while let Some(Reverse((_, node))) = queue.pop() {
+        if !table.defs.contains_key(&node) || !eligible(prog, &table, node) {
+            continue;
+        }
+        let Some(def) = table.defs.remove(&node) else { continue };
+        for m in inline(prog, &mut table, node, &def) {
+            if let Some(d) = table.defs.get(&m) {
+                queue.push(Reverse((d.pos, m)));
+            }
+        }
+        removed.insert(def.pos);
         inlined.push(node);
         prog.virtual_nodes.push(node);
     }
+    if !removed.is_empty() {
+        let body = std::mem::take(&mut prog.body);
+        let mut pos = 0;
+        prog.body = prune_empty(drop_sites(body, &removed, &mut pos));
+    }
     inlined
-}
-
-fn eligible(prog: &Program, n: NodeId, d: &Def, uses: &FxHashMap<NodeId, NodeUse>) -> bool {
-    let Some(node) = prog.nodes.get(&n) else { return false };
-    let Some(u) = uses.get(&n) else { return false };
-    if !node.memory.may_virtualize() || u.write_sites != 1 || u.read_sites == 0 {
-        return false;
-    }
-    if u.read_positions.iter().any(|&p| p <= d.pos) || d.value.reads(n) {
-        return false;
-    }
-    let mut ok = true;
-    d.value.visit(&mut |e| match e {
-        Expr::Local(_) => ok = false,
-        Expr::Get(m, _) => {
-            if let Some(mu) = uses.get(m) {
-                ok &= mu.write_positions.iter().all(|&p| p < d.pos);
-            }
-        }
-        _ => {}
-    });
-    ok && ((u.read_sites == 1 && u.reads_once_per_cell) || d.value.cost() <= CHEAP)
-}
-
-fn find_defs(prog: &Program) -> FxHashMap<NodeId, Def> {
-    let mut defs = FxHashMap::default();
-    let mut pos = 0;
-    let mut loops = Vec::new();
-    for s in &prog.body {
-        collect(prog, s, &mut loops, false, &mut pos, &mut defs);
-    }
-    defs
 }
 
 fn collect(
     prog: &Program,
     s: &Stmt,
+    path: &mut Vec<usize>,
     loops: &mut Vec<(Var, usize)>,
     in_if: bool,
-    pos: &mut usize,
-    defs: &mut FxHashMap<NodeId, Def>,
+    t: &mut Table,
 ) {
     match s {
         Stmt::Comment(_) => {}
         Stmt::For { var, extent, body, .. } => {
             loops.push((*var, *extent));
-            body.iter().for_each(|s| collect(prog, s, loops, in_if, pos, defs));
+            for (k, s) in body.iter().enumerate() {
+                path.push(k);
+                collect(prog, s, path, loops, in_if, t);
+                path.pop();
+            }
             loops.pop();
         }
-        Stmt::If { body, .. } => body.iter().for_each(|s| collect(prog, s, loops, true, pos, defs)),
-        Stmt::SetLocal { .. } => *pos += 1,
+        Stmt::If { body, .. } => {
+            for (k, s) in body.iter().enumerate() {
+                path.push(k);
+                collect(prog, s, path, loops, true, t);
+                path.pop();
+            }
+        }
+        Stmt::SetLocal { value, .. } => {
+            let pos = t.sites.len();
+            t.sites.push(Site { path: path.clone(), loops: loops.clone() });
+            add_reads(&mut t.uses, value, &t.sites[pos].loops, pos);
+        }
         Stmt::Set { node, idx, value } => {
-            *pos += 1;
+            let pos = t.sites.len();
+            t.sites.push(Site { path: path.clone(), loops: loops.clone() });
+            add_reads(&mut t.uses, value, &t.sites[pos].loops, pos);
+            let u = t.uses.entry(*node).or_default();
+            u.write_sites += 1;
+            u.write_positions.push(pos);
             if in_if {
                 return;
             }
             if let Some(axis_vars) = pointwise_def(prog, *node, idx, loops) {
-                defs.insert(*node, Def { pos: *pos, axis_vars, value: value.clone() });
+                // A second write makes the node ineligible (`write_sites`); the first is kept.
+                t.defs.entry(*node).or_insert(Def { pos, axis_vars });
             }
         }
     }
+}
+
+/// Counts the reads of `value`, a statement at `pos` inside `loops`.
+fn add_reads(uses: &mut FxHashMap<NodeId, Uses>, value: &Expr, loops: &[(Var, usize)], pos: usize) {
+    value.visit(&mut |e| {
+        if let Expr::Get(n, idx) = e {
+            let u = uses.entry(*n).or_default();
+            u.read_positions.push(pos);
+            if !once_per_cell(idx, loops) {
+                u.multi_reads += 1;
+            }
+        }
+    });
+}
+
+/// Forgets the reads of `value`, a statement at `pos` inside `loops`.
+fn remove_reads(
+    uses: &mut FxHashMap<NodeId, Uses>,
+    value: &Expr,
+    loops: &[(Var, usize)],
+    pos: usize,
+) {
+    value.visit(&mut |e| {
+        if let Expr::Get(n, idx) = e
+            && let Some(u) = uses.get_mut(n)
+        {
+            if let Some(k) = u.read_positions.iter().position(|p| *p == pos) {
+                u.read_positions.swap_remove(k);
+            }
+            if !once_per_cell(idx, loops) {
+                u.multi_reads -= 1;
+            }
+        }
+    });
+}
+
+fn eligible(prog: &Program, t: &Table, n: NodeId) -> bool {
+    let (Some(node), Some(u), Some(d)) = (prog.nodes.get(&n), t.uses.get(&n), t.defs.get(&n))
+    else {
+        return false;
+    };
+    if !node.memory.may_virtualize() || u.write_sites != 1 || u.read_positions.is_empty() {
+        return false;
+    }
+    if u.read_positions.iter().any(|&p| p <= d.pos) {
+        return false;
+    }
+    let value = site_value(&prog.body, &t.sites[d.pos].path);
+    if value.reads(n) {
+        return false;
+    }
+    let mut ok = true;
+    value.visit(&mut |e| match e {
+        Expr::Local(_) => ok = false,
+        Expr::Get(m, _) => {
+            if let Some(mu) = t.uses.get(m) {
+                ok &= mu.write_positions.iter().all(|&p| p < d.pos);
+            }
+        }
+        _ => {}
+    });
+    ok && ((u.read_positions.len() == 1 && u.multi_reads == 0) || value.cost() <= CHEAP)
+}
+
+/// Replaces every read of `node` by its definition, updating the access counts from the
+/// rewritten statements; returns the nodes the definition read.
+fn inline(prog: &mut Program, t: &mut Table, node: NodeId, def: &Def) -> Vec<NodeId> {
+    let value = site_value(&prog.body, &t.sites[def.pos].path).clone();
+    remove_reads(&mut t.uses, &value, &t.sites[def.pos].loops, def.pos);
+    if let Some(u) = t.uses.get_mut(&node) {
+        u.write_sites = 0;
+        u.write_positions.clear();
+    }
+    let mut readers = t.uses.get(&node).map_or_else(Vec::new, |u| u.read_positions.clone());
+    readers.sort_unstable();
+    readers.dedup();
+    for r in readers {
+        let site = &t.sites[r];
+        let slot = site_value_mut(&mut prog.body, &site.path);
+        let old = std::mem::replace(slot, Expr::Const(0.0));
+        remove_reads(&mut t.uses, &old, &site.loops, r);
+        let axis_vars = &def.axis_vars;
+        let new = old.rewrite(&mut |e| match e {
+            Expr::Get(n, idx) if n == node => value
+                .clone()
+                .subst(&|v| axis_vars.iter().position(|av| *av == Some(v)).map(|a| idx[a].clone())),
+            e => e,
+        });
+        add_reads(&mut t.uses, &new, &site.loops, r);
+        *slot = new;
+    }
+    let mut read = Vec::new();
+    value.visit(&mut |e| {
+        if let Expr::Get(m, _) = e {
+            read.push(*m);
+        }
+    });
+    read.sort_unstable();
+    read.dedup();
+    read
+}
+
+fn site_stmt<'a>(body: &'a [Stmt], path: &[usize]) -> &'a Stmt {
+    let (first, rest) = path.split_first().expect("a site has a path");
+    let s = &body[*first];
+    match s {
+        Stmt::For { body, .. } | Stmt::If { body, .. } if !rest.is_empty() => site_stmt(body, rest),
+        s => s,
+    }
+}
+
+fn site_value<'a>(body: &'a [Stmt], path: &[usize]) -> &'a Expr {
+    match site_stmt(body, path) {
+        Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => value,
+        _ => unreachable!("a site is an assignment"),
+    }
+}
+
+fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
+    let (first, rest) = path.split_first().expect("a site has a path");
+    match &mut body[*first] {
+        Stmt::For { body, .. } | Stmt::If { body, .. } => site_value_mut(body, rest),
+        Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => value,
+        Stmt::Comment(_) => unreachable!("a site is an assignment"),
+    }
+}
+
+/// Drops the assignments at the given positions (counted as [`collect`] counts them).
+fn drop_sites(body: Vec<Stmt>, removed: &FxHashSet<usize>, pos: &mut usize) -> Vec<Stmt> {
+    body.into_iter()
+        .filter_map(|s| match s {
+            Stmt::For { var, extent, parallel, body } => {
+                Some(Stmt::For { var, extent, parallel, body: drop_sites(body, removed, pos) })
+            }
+            Stmt::If { guards, body } => {
+                Some(Stmt::If { guards, body: drop_sites(body, removed, pos) })
+            }
+            s @ (Stmt::Set { .. } | Stmt::SetLocal { .. }) => {
+                *pos += 1;
+                (!removed.contains(&(*pos - 1))).then_some(s)
+            }
+            s => Some(s),
+        })
+        .collect()
 }
 
 /// The loop variable of each axis when `node[idx]` inside `loops` visits every cell once.
 fn pointwise_def(
     prog: &Program,
     node: NodeId,
-    idx: &[Index],
+    idx: &[super::Index],
     loops: &[(Var, usize)],
 ) -> Option<Vec<Option<Var>>> {
     let dims = &prog.nodes.get(&node)?.dims;
@@ -135,32 +319,6 @@ fn pointwise_def(
     }
     let all_loops_used = loops.iter().all(|(v, _)| axis_vars.contains(&Some(*v)));
     all_loops_used.then_some(axis_vars)
-}
-
-fn inline(s: Stmt, node: NodeId, axis_vars: &[Option<Var>], def: &Expr) -> Stmt {
-    let sub = |e: Expr| -> Expr {
-        e.rewrite(&mut |e| match e {
-            Expr::Get(n, idx) if n == node => def
-                .clone()
-                .subst(&|v| axis_vars.iter().position(|av| *av == Some(v)).map(|a| idx[a].clone())),
-            e => e,
-        })
-    };
-    match s {
-        Stmt::For { var, extent, parallel, body } => Stmt::For {
-            var,
-            extent,
-            parallel,
-            body: body.into_iter().map(|s| inline(s, node, axis_vars, def)).collect(),
-        },
-        Stmt::If { guards, body } => Stmt::If {
-            guards,
-            body: body.into_iter().map(|s| inline(s, node, axis_vars, def)).collect(),
-        },
-        Stmt::Set { node: n, idx, value } => Stmt::Set { node: n, idx, value: sub(value) },
-        Stmt::SetLocal { local, value } => Stmt::SetLocal { local, value: sub(value) },
-        s => s,
-    }
 }
 
 /// Removes every statement writing `node`.

@@ -1,6 +1,8 @@
 //! Building a tensor graph from a document: one tensor per expression node, params shared by
 //! name, named nodes reusable through `ref`.
 
+use std::collections::HashMap;
+
 use rocannl::shape::{RowDecl, ShapeError};
 use rocannl::tensor::{Error, Graph, Init, ParamSpec, Tensor};
 
@@ -45,12 +47,22 @@ struct Builder {
     params: Vec<(String, Tensor, Rows, Option<DocInit>)>,
     /// Names of nodes being built (a ref to one of them is a ref to an incomplete node).
     open: Vec<String>,
+    /// Where each name is, in `nodes` or `params`: documents may name many thousands of nodes.
+    node_index: HashMap<String, usize>,
+    param_index: HashMap<String, usize>,
 }
 
 pub fn build(doc: &Document, strict: bool) -> Result<Built, CliError> {
     let graph = Graph::new();
     graph.set_strict(strict);
-    let mut b = Builder { graph: graph.clone(), nodes: vec![], params: vec![], open: vec![] };
+    let mut b = Builder {
+        graph: graph.clone(),
+        nodes: vec![],
+        params: vec![],
+        open: vec![],
+        node_index: HashMap::new(),
+        param_index: HashMap::new(),
+    };
     let root = b.expr(&doc.expr)?;
     Ok(Built {
         graph,
@@ -79,10 +91,10 @@ impl Builder {
         let g = self.graph.clone();
         match e {
             Expr::Ref(r) => {
-                if let Some((_, t)) = self.nodes.iter().find(|(n, _)| n == r) {
-                    return Ok(t.clone());
+                if let Some(&k) = self.node_index.get(r) {
+                    return Ok(self.nodes[k].1.clone());
                 }
-                if self.params.iter().any(|(n, ..)| n == r) {
+                if self.param_index.contains_key(r) {
                     return input_err(format!(
                         "ref \"{r}\" names a param: params are shared by their own name"
                     ));
@@ -93,7 +105,9 @@ impl Builder {
                 input_err(format!("ref \"{r}\" names no earlier node"))
             }
             Expr::Leaf { leaf: Leaf::Param { name, rows, init }, .. } => {
-                if let Some((_, t, rows0, init0)) = self.params.iter().find(|(n, ..)| n == name) {
+                if let Some((_, t, rows0, init0)) =
+                    self.param_index.get(name).map(|&k| &self.params[k])
+                {
                     let pairs = [
                         (&rows.batch, &rows0.batch),
                         (&rows.input, &rows0.input),
@@ -123,6 +137,7 @@ impl Builder {
                     init: init_of(init),
                 };
                 let t = g.param_with(name, spec);
+                self.param_index.insert(name.clone(), self.params.len());
                 self.params.push((name.clone(), t.clone(), rows.clone(), init.clone()));
                 Ok(t)
             }
@@ -196,10 +211,10 @@ impl Builder {
 
     fn check_new_name(&self, name: &Option<String>) -> Result<(), CliError> {
         if let Some(n) = name {
-            if self.nodes.iter().any(|(m, _)| m == n) || self.open.contains(n) {
+            if self.node_index.contains_key(n) || self.open.contains(n) {
                 return input_err(format!("two nodes are named \"{n}\""));
             }
-            if self.params.iter().any(|(m, ..)| m == n) {
+            if self.param_index.contains_key(n) {
                 return input_err(format!("the name \"{n}\" is used by a node and a param"));
             }
         }
@@ -210,6 +225,7 @@ impl Builder {
         match name {
             Some(n) => {
                 let t = t.named(n);
+                self.node_index.insert(n.clone(), self.nodes.len());
                 self.nodes.push((n.clone(), t.clone()));
                 t
             }
