@@ -20,6 +20,7 @@
 
 pub mod assignments;
 pub mod backend;
+pub mod cache;
 pub mod context;
 pub mod error;
 pub mod indexing;
@@ -31,6 +32,7 @@ pub mod tnode;
 
 pub use assignments::{Asgn, FetchOp, ScalarExpr};
 pub use backend::{Backend, BackendKind, CompileOptions};
+pub use cache::{CacheMode, CacheOutcome};
 pub use context::{Context, Routine};
 pub use error::Error;
 pub use ndarray::NdArray;

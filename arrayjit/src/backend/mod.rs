@@ -104,6 +104,8 @@ pub struct CompileOptions {
     pub virtualize: bool,
     /// Loop nests with fewer scalar operations than this run on the calling thread.
     pub min_parallel_work: usize,
+    /// The persistent compile cache (see [`crate::cache`]); from the environment by default.
+    pub cache: crate::cache::CacheMode,
 }
 
 impl Default for CompileOptions {
@@ -116,6 +118,7 @@ impl Default for CompileOptions {
             threads: None,
             virtualize: true,
             min_parallel_work: 1 << 15,
+            cache: crate::cache::CacheMode::FromEnv,
         }
     }
 }
@@ -137,6 +140,10 @@ pub trait Backend {
     fn render(&self, prog: &Program) -> Result<String, Error>;
     /// Compiles a program whose buffers are already allocated; returns its routine index.
     fn compile(&mut self, prog: &Program) -> Result<usize, Error>;
+    /// What the last [`Backend::compile`] found in the compile cache.
+    fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
+        crate::cache::CacheOutcome::Off
+    }
     /// Allocates a zeroed buffer for a node unless it already has one.
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error>;
     /// Whether the node has a buffer.

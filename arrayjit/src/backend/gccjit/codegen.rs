@@ -37,22 +37,48 @@ pub enum StepKind {
     },
 }
 
-/// The callback generated code calls when bounds-check mode finds a bad index.
+/// The callback generated code calls when bounds-check mode finds a bad index: `(run table,
+/// node, axis, index, bound)`.
 pub type ReportFn = unsafe extern "C" fn(*mut u8, i64, i64, i64, i64);
 
-/// Addresses of Rust helpers embedded into generated code.
-#[derive(Clone, Copy, Debug)]
-pub struct Helpers {
-    /// `f16 bits -> f32`.
-    pub f16_to_f32: usize,
-    /// `f32 -> f16 bits`.
-    pub f32_to_f16: usize,
-    /// `bf16 bits -> f32`.
-    pub bf16_to_f32: usize,
-    /// `f32 -> bf16 bits`.
-    pub f32_to_bf16: usize,
-    /// The bounds-check report.
-    pub report: usize,
+/// The table every step receives as its last argument: the addresses of the Rust helpers it
+/// calls, read at run time — machine code never holds an address of this process, so a
+/// compiled routine can be cached on disk and loaded by another process — and the slot where
+/// bounds-check mode reports.
+#[repr(C)]
+#[derive(Debug)]
+pub struct RunTable {
+    /// Indexed by the `HELPER_*` constants.
+    pub helpers: [usize; 5],
+    /// The bounds-check report slot (opaque to generated code).
+    pub slot: *const u8,
+}
+
+/// `f16 bits -> f32`.
+pub const HELPER_F16_TO_F32: usize = 0;
+/// `f32 -> f16 bits`.
+pub const HELPER_F32_TO_F16: usize = 1;
+/// `bf16 bits -> f32`.
+pub const HELPER_BF16_TO_F32: usize = 2;
+/// `f32 -> bf16 bits`.
+pub const HELPER_F32_TO_BF16: usize = 3;
+/// The bounds-check report ([`ReportFn`]).
+pub const HELPER_REPORT: usize = 4;
+
+/// Where a build goes.
+pub enum Output<'a> {
+    /// Compiled and loaded in memory.
+    Memory,
+    /// Written as a shared library to this path.
+    SharedLibrary(&'a std::path::Path),
+}
+
+/// A finished build.
+pub enum Built {
+    /// In memory.
+    Memory(gccjit::CompileResult),
+    /// On disk, at the path of [`Output::SharedLibrary`].
+    File,
 }
 
 /// Settings of one build.
@@ -74,10 +100,10 @@ pub fn build(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
     slots: &[NodeId],
-    helpers: Helpers,
     opts: &BuildOptions,
-) -> Result<gccjit::CompileResult, Error> {
-    let run = std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, helpers, opts));
+    output: Output<'_>,
+) -> Result<Built, Error> {
+    let run = std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, opts, output));
     std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         let log = panic
             .downcast_ref::<String>()
@@ -92,9 +118,9 @@ fn build_unchecked(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
     slots: &[NodeId],
-    helpers: Helpers,
     opts: &BuildOptions,
-) -> Result<gccjit::CompileResult, Error> {
+    output: Output<'_>,
+) -> Result<Built, Error> {
     let ctx = Context::default();
     ctx.set_optimization_level(match opts.opt_level {
         0 => OptimizationLevel::None,
@@ -115,7 +141,7 @@ fn build_unchecked(
     ctx.add_command_line_option("--param=vect-max-version-for-alias-checks=64");
     ctx.set_print_errors_to_stderr(false);
     for (k, (body, kind)) in steps.iter().enumerate() {
-        let mut g = Gen::new(&ctx, prog, slots, helpers, opts.bounds_check, &format!("step_{k}"));
+        let mut g = Gen::new(&ctx, prog, slots, opts.bounds_check, &format!("step_{k}"));
         g.function(body, kind);
     }
     if let Some(path) = &opts.dump {
@@ -125,7 +151,16 @@ fn build_unchecked(
     if let Ok(Some(e)) = ctx.get_first_error() {
         return Err(fail(e.to_string()));
     }
-    ctx.compile().map_err(fail)
+    match output {
+        Output::Memory => ctx.compile().map(Built::Memory).map_err(fail),
+        Output::SharedLibrary(path) => {
+            ctx.compile_to_file(gccjit::OutputKind::DynamicLibrary, path.display().to_string());
+            if let Ok(Some(e)) = ctx.get_first_error() {
+                return Err(fail(e.to_string()));
+            }
+            Ok(Built::File)
+        }
+    }
 }
 
 /// Code generation flags for the host CPU. libgccjit cannot expand `-march=native` (that is the
@@ -167,6 +202,10 @@ struct Gen<'c> {
     prog: &'c Program,
     t: Types<'c>,
     func: Function<'c>,
+    /// The function's first block: loads of helper addresses.
+    entry: Block<'c>,
+    /// Where the function's code begins.
+    start: Block<'c>,
     block: Block<'c>,
     bufs: RValue<'c>,
     syms: RValue<'c>,
@@ -177,7 +216,8 @@ struct Gen<'c> {
     ptrs: FxHashMap<NodeId, LValue<'c>>,
     vars: FxHashMap<Var, LValue<'c>>,
     locals: FxHashMap<LocalId, LValue<'c>>,
-    helpers: Helpers,
+    /// The run table's helper addresses, loaded once per function when first needed.
+    helper_ptrs: FxHashMap<usize, LValue<'c>>,
     bounds_check: bool,
     fresh: usize,
 }
@@ -187,7 +227,6 @@ impl<'c> Gen<'c> {
         ctx: &'c Context<'static>,
         prog: &'c Program,
         slots: &'c [NodeId],
-        helpers: Helpers,
         bounds_check: bool,
         name: &str,
     ) -> Gen<'c> {
@@ -216,8 +255,13 @@ impl<'c> Gen<'c> {
             name,
             false,
         );
-        let block = func.new_block("entry");
+        // Helper addresses are loaded in `entry`, which jumps to `start` once the function is
+        // complete; the code proper begins in `start`.
+        let entry = func.new_block("entry");
+        let block = func.new_block("start");
         Gen {
+            entry,
+            start: block,
             ctx,
             prog,
             t,
@@ -232,7 +276,7 @@ impl<'c> Gen<'c> {
             ptrs: FxHashMap::default(),
             vars: FxHashMap::default(),
             locals: FxHashMap::default(),
-            helpers,
+            helper_ptrs: FxHashMap::default(),
             bounds_check,
             fresh: 0,
         }
@@ -300,6 +344,7 @@ impl<'c> Gen<'c> {
             },
         }
         self.block.end_with_void_return(None);
+        self.entry.end_with_jump(None, self.start);
     }
 
     fn stmts(&mut self, body: &[Stmt]) {
@@ -378,7 +423,7 @@ impl<'c> Gen<'c> {
                 let ty = self.compute_type(expr_prec(self.prog, value, prec));
                 let v = self.expr(value, ty);
                 let cell = self.cell(*node, idx);
-                let stored = self.to_storage(v, prec);
+                let stored = self.storage_value(v, prec);
                 self.block.add_assignment(None, cell, stored);
             }
             Stmt::SetLocal { local, value } => {
@@ -473,7 +518,7 @@ impl<'c> Gen<'c> {
             &[self.err.get_type(), self.t.i64, self.t.i64, self.t.i64, self.t.i64],
             false,
         );
-        let f = self.ctx.new_rvalue_from_ptr(fty, self.helpers.report as *mut ());
+        let f = self.helper(HELPER_REPORT, fty);
         let args = [self.err, self.long(node.0 as i64), self.long(axis as i64), tmp.to_rvalue(), b];
         let call = self.ctx.new_call_through_ptr(None, f, &args);
         fail.add_eval(None, call);
@@ -481,25 +526,45 @@ impl<'c> Gen<'c> {
         self.block = ok;
     }
 
+    /// A helper's address from the run table, as a function pointer of type `fty`. It is loaded
+    /// into a local at the function's entry the first time it is needed, so loops call through
+    /// a register.
+    fn helper(&mut self, k: usize, fty: Type<'c>) -> RValue<'c> {
+        let p = match self.helper_ptrs.get(&k) {
+            Some(p) => *p,
+            None => {
+                let void_ptr = self.ctx.new_type::<()>().make_pointer();
+                let table = self.ctx.new_cast(None, self.err, void_ptr.make_pointer());
+                let slot = self.ctx.new_array_access(None, table, self.long(k as i64));
+                let p = self.func.new_local(None, void_ptr, format!("helper{k}"));
+                self.entry.add_assignment(None, p, slot.to_rvalue());
+                self.helper_ptrs.insert(k, p);
+                p
+            }
+        };
+        self.ctx.new_cast(None, p.to_rvalue(), fty)
+    }
+
     fn convert_call(
-        &self,
-        addr: usize,
+        &mut self,
+        k: usize,
         arg: RValue<'c>,
         from: Type<'c>,
         to: Type<'c>,
     ) -> RValue<'c> {
         let fty = self.ctx.new_function_pointer_type(None, to, &[from], false);
-        let f = self.ctx.new_rvalue_from_ptr(fty, addr as *mut ());
+        let f = self.helper(k, fty);
         self.ctx.new_call_through_ptr(None, f, &[arg])
     }
 
-    fn to_storage(&self, v: RValue<'c>, prec: Prec) -> RValue<'c> {
-        let (t, h) = (&self.t, &self.helpers);
-        let as_f32 = || if v.get_type() == t.f32 { v } else { self.ctx.new_cast(None, v, t.f32) };
+    fn storage_value(&mut self, v: RValue<'c>, prec: Prec) -> RValue<'c> {
+        let t = &self.t;
+        let as_f32 = if v.get_type() == t.f32 { v } else { self.ctx.new_cast(None, v, t.f32) };
+        let (f32t, u16t) = (t.f32, t.u16);
         match prec {
-            Prec::F16 => self.convert_call(h.f32_to_f16, as_f32(), t.f32, t.u16),
-            Prec::Bf16 => self.convert_call(h.f32_to_bf16, as_f32(), t.f32, t.u16),
-            Prec::F32 => as_f32(),
+            Prec::F16 => self.convert_call(HELPER_F32_TO_F16, as_f32, f32t, u16t),
+            Prec::Bf16 => self.convert_call(HELPER_F32_TO_BF16, as_f32, f32t, u16t),
+            Prec::F32 => as_f32,
             Prec::F64 => {
                 if v.get_type() == t.f64 {
                     v
@@ -573,11 +638,9 @@ impl<'c> Gen<'c> {
                 let prec = self.prog.nodes[n].prec;
                 let cell = self.cell(*n, idx).to_rvalue();
                 let v = match prec {
-                    Prec::F16 => {
-                        self.convert_call(self.helpers.f16_to_f32, cell, self.t.u16, self.t.f32)
-                    }
+                    Prec::F16 => self.convert_call(HELPER_F16_TO_F32, cell, self.t.u16, self.t.f32),
                     Prec::Bf16 => {
-                        self.convert_call(self.helpers.bf16_to_f32, cell, self.t.u16, self.t.f32)
+                        self.convert_call(HELPER_BF16_TO_F32, cell, self.t.u16, self.t.f32)
                     }
                     _ => cell,
                 };

@@ -14,12 +14,13 @@ pub mod pool;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
-use codegen::{BuildOptions, Helpers, StepKind};
+use codegen::{BuildOptions, Built, Output, RunTable, StepKind};
 use pool::{Pool, StepFn};
 
 use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
 use super::host::{HostBuffer, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
+use crate::cache::{Cache, CacheOutcome};
 use crate::error::Error;
 use crate::low_level::{Program, Stmt, cut_points, schedule};
 use crate::ndarray::NdArray;
@@ -31,9 +32,10 @@ struct OobSlot {
     first: Mutex<Option<(i64, i64, i64, i64)>>,
 }
 
-unsafe extern "C" fn report_oob(slot: *mut u8, node: i64, axis: i64, index: i64, bound: i64) {
-    // SAFETY: generated code passes the `OobSlot` given to the step, alive during the run.
-    let slot = unsafe { &*(slot as *const OobSlot) };
+unsafe extern "C" fn report_oob(table: *mut u8, node: i64, axis: i64, index: i64, bound: i64) {
+    // SAFETY: generated code passes the run table given to the step, whose slot is the routine's
+    // `OobSlot`; both live as long as the routine.
+    let slot = unsafe { &*((*(table as *const RunTable)).slot as *const OobSlot) };
     let mut first = slot.first.lock().unwrap_or_else(|e| e.into_inner());
     if first.is_none() {
         *first = Some((node, axis, index, bound));
@@ -56,25 +58,47 @@ extern "C" fn f32_to_bf16(x: f32) -> u16 {
     half::bf16::from_f32(x).to_bits()
 }
 
-fn helpers() -> Helpers {
-    Helpers {
-        f16_to_f32: f16_to_f32 as *const () as usize,
-        f32_to_f16: f32_to_f16 as *const () as usize,
-        bf16_to_f32: bf16_to_f32 as *const () as usize,
-        f32_to_bf16: f32_to_bf16 as *const () as usize,
-        report: report_oob as *const () as usize,
+/// The helper addresses of the run table, indexed by `codegen::HELPER_*`.
+fn helpers() -> [usize; 5] {
+    let mut h = [0usize; 5];
+    h[codegen::HELPER_F16_TO_F32] = f16_to_f32 as *const () as usize;
+    h[codegen::HELPER_F32_TO_F16] = f32_to_f16 as *const () as usize;
+    h[codegen::HELPER_BF16_TO_F32] = bf16_to_f32 as *const () as usize;
+    h[codegen::HELPER_F32_TO_BF16] = f32_to_bf16 as *const () as usize;
+    h[codegen::HELPER_REPORT] = report_oob as *const () as usize;
+    h
+}
+
+/// Keeps compiled machine code alive: in memory, or a shared library from the compile cache.
+enum Code {
+    Memory(gccjit::CompileResult),
+    Library(libloading::Library),
+}
+
+impl Code {
+    fn function(&self, name: &str) -> Option<*mut ()> {
+        match self {
+            Code::Memory(r) => r.get_function(name).map(|p| p.as_ptr()),
+            Code::Library(lib) => {
+                // SAFETY: the symbol is a step function of the library, used as `StepFn` only.
+                let sym = unsafe { lib.get::<*mut ()>(name.as_bytes()) }.ok()?;
+                Some(*sym)
+            }
+        }
     }
 }
 
 struct Compiled {
     /// Keeps the machine code alive.
-    _result: gccjit::CompileResult,
+    _code: Code,
     /// The routine's own buffers (packed operands of the CPU schedule), in `table`.
     _scratch: Vec<HostBuffer>,
     steps: Vec<(StepFn, StepKind)>,
     table: Vec<*mut u8>,
     labels: Vec<(NodeId, String)>,
     oob: Box<OobSlot>,
+    /// Passed to every step: helper addresses and the report slot (points into `oob`).
+    run_table: Box<RunTable>,
 }
 
 /// The gccjit backend.
@@ -83,6 +107,8 @@ pub struct Gccjit {
     routines: Vec<Compiled>,
     pool: Pool,
     opts: CompileOptions,
+    cache: Option<Cache>,
+    last_outcome: CacheOutcome,
 }
 
 impl std::fmt::Debug for Gccjit {
@@ -99,6 +125,8 @@ impl Gccjit {
             routines: Vec::new(),
             pool: Pool::new(opts.thread_count()),
             opts: opts.clone(),
+            cache: Cache::open(&opts.cache),
+            last_outcome: CacheOutcome::Off,
         }
     }
 
@@ -140,38 +168,89 @@ impl Gccjit {
         flush(&mut serial, &mut steps);
         (prog, steps)
     }
-}
 
-/// Top-level statements per serial step: GCC's optimization time grows faster than linearly
-/// with function size, so long runs of small nests are cut into several functions.
-pub const SERIAL_STEP_LEN: usize = 8;
-
-/// Scalar operations executed by a statement: iterations times expression cost.
-pub fn work(s: &Stmt) -> usize {
-    fn go(s: &Stmt, mult: usize) -> usize {
-        match s {
-            Stmt::For { extent, body, .. } => {
-                body.iter().map(|b| go(b, mult.saturating_mul(*extent))).sum()
+    /// Builds the machine code of a planned program, through the compile cache when there is
+    /// one: a valid entry is loaded; otherwise the code is compiled into a shared library in the
+    /// cache folder and loaded from there. Without a usable cache it is compiled in memory.
+    fn build_cached(
+        &mut self,
+        prog: &Program,
+        steps: &[(Vec<Stmt>, StepKind)],
+        slots: &[NodeId],
+        opts: &BuildOptions,
+    ) -> Result<Code, Error> {
+        self.last_outcome = CacheOutcome::Off;
+        let Some(cache) = self.cache.clone() else {
+            let built = codegen::build(prog, steps, slots, opts, Output::Memory)?;
+            return Ok(match built {
+                Built::Memory(r) => Code::Memory(r),
+                Built::File => unreachable!("an in-memory build"),
+            });
+        };
+        let key = self.cache_key(prog, steps, slots, opts);
+        if let Some(path) = cache.lookup(&key) {
+            // SAFETY: the library is a routine this code generator built (its digest matches);
+            // loading it runs no initializers of ours.
+            if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
+                self.last_outcome = CacheOutcome::Hit;
+                return Ok(Code::Library(lib));
             }
-            Stmt::If { body, .. } => body.iter().map(|b| go(b, mult)).sum(),
-            Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
-                mult.saturating_mul(1 + value.cost() as usize)
+        }
+        if let Some(temp) = cache.temp_path(&key) {
+            codegen::build(prog, steps, slots, opts, Output::SharedLibrary(&temp))?;
+            let loaded = cache.store(&key, &temp).and_then(|path| {
+                // SAFETY: as above: a library just built by this code generator.
+                unsafe { libloading::Library::new(path) }.ok()
+            });
+            if let Some(lib) = loaded {
+                self.last_outcome = CacheOutcome::Miss;
+                return Ok(Code::Library(lib));
             }
-            Stmt::Comment(_) => 0,
+        }
+        match codegen::build(prog, steps, slots, opts, Output::Memory)? {
+            Built::Memory(r) => Ok(Code::Memory(r)),
+            Built::File => unreachable!("an in-memory build"),
         }
     }
-    go(s, 1)
-}
 
-impl Backend for Gccjit {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Gccjit
+    /// Everything the machine code of a planned program depends on: the generated source
+    /// (every statement, buffer slot, size, precision, step and its kind), the low-level
+    /// program, the options, the code generator's and libgccjit's versions and the host's
+    /// target flags.
+    fn cache_key(
+        &self,
+        prog: &Program,
+        steps: &[(Vec<Stmt>, StepKind)],
+        slots: &[NodeId],
+        opts: &BuildOptions,
+    ) -> String {
+        let source = self.render_planned(prog, steps);
+        let ir = prog.to_string();
+        let nodes: String = slots
+            .iter()
+            .map(|n| {
+                let node = &prog.nodes[n];
+                format!("{n}:{:?}:{}:{:?};", node.dims, node.prec, prog.scratch_of(*n).is_some())
+            })
+            .collect();
+        let v = gccjit::Version::get();
+        let setup = format!(
+            "rocannl-gccjit {} codegen 2; libgccjit {}.{}.{}; O{} march_native={} {:?} bounds_check={}",
+            env!("CARGO_PKG_VERSION"),
+            v.major,
+            v.minor,
+            v.patch,
+            opts.opt_level,
+            opts.march_native,
+            codegen::host_arch_flags(),
+            opts.bounds_check,
+        );
+        Cache::key(&[setup.as_bytes(), source.as_bytes(), ir.as_bytes(), nodes.as_bytes()])
     }
 
-    fn render(&self, prog: &Program) -> Result<String, Error> {
-        let (prog, steps) = self.plan(prog);
-        let r =
-            CRenderer { prog: &prog, dialect: Dialect::C, bounds_check: self.opts.bounds_check };
+    /// The C source of a planned program: what `render` shows, and the compile cache's key.
+    fn render_planned(&self, prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> String {
+        let r = CRenderer { prog, dialect: Dialect::C, bounds_check: self.opts.bounds_check };
         let mut out = prelude(Dialect::C);
         if self.opts.bounds_check {
             out.push_str("extern void rc_report(void *err, long long node, long long axis, long long index, long long bound);\n");
@@ -209,7 +288,39 @@ impl Backend for Gccjit {
             }
             out.push_str("}\n");
         }
-        Ok(out)
+        out
+    }
+}
+
+/// Top-level statements per serial step: GCC's optimization time grows faster than linearly
+/// with function size, so long runs of small nests are cut into several functions.
+pub const SERIAL_STEP_LEN: usize = 8;
+
+/// Scalar operations executed by a statement: iterations times expression cost.
+pub fn work(s: &Stmt) -> usize {
+    fn go(s: &Stmt, mult: usize) -> usize {
+        match s {
+            Stmt::For { extent, body, .. } => {
+                body.iter().map(|b| go(b, mult.saturating_mul(*extent))).sum()
+            }
+            Stmt::If { body, .. } => body.iter().map(|b| go(b, mult)).sum(),
+            Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
+                mult.saturating_mul(1 + value.cost() as usize)
+            }
+            Stmt::Comment(_) => 0,
+        }
+    }
+    go(s, 1)
+}
+
+impl Backend for Gccjit {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Gccjit
+    }
+
+    fn render(&self, prog: &Program) -> Result<String, Error> {
+        let (prog, steps) = self.plan(prog);
+        Ok(self.render_planned(&prog, &steps))
     }
 
     fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
@@ -243,11 +354,11 @@ impl Backend for Gccjit {
             bounds_check: self.opts.bounds_check,
             dump,
         };
-        let result = codegen::build(&scheduled, &steps, &slots, helpers(), &opts)?;
+        let code = self.build_cached(&scheduled, &steps, &slots, &opts)?;
         let mut fns = Vec::with_capacity(steps.len());
         for (k, (_, kind)) in steps.iter().enumerate() {
             let name = format!("step_{k}");
-            let Some(ptr) = result.get_function(&name) else {
+            let Some(ptr) = code.function(&name) else {
                 return Err(Error::Compile {
                     backend: "gccjit",
                     routine: prog.name.clone(),
@@ -255,18 +366,26 @@ impl Backend for Gccjit {
                 });
             };
             // SAFETY: `step_k` was built with exactly the `StepFn` signature.
-            let f: StepFn = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr.as_ptr()) };
+            let f: StepFn = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr) };
             fns.push((f, kind.clone()));
         }
+        let oob: Box<OobSlot> = Box::default();
+        let run_table =
+            Box::new(RunTable { helpers: helpers(), slot: &*oob as *const OobSlot as *const u8 });
         self.routines.push(Compiled {
-            _result: result,
+            _code: code,
             _scratch: scratch,
             steps: fns,
             table,
             labels,
-            oob: Box::default(),
+            oob,
+            run_table,
         });
         Ok(self.routines.len() - 1)
+    }
+
+    fn last_cache_outcome(&self) -> CacheOutcome {
+        self.last_outcome
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
@@ -282,7 +401,7 @@ impl Backend for Gccjit {
             return Err(Error::ForeignRoutine(format!("#{routine}")));
         };
         let syms = if symbols.is_empty() { [0i64].as_ptr() } else { symbols.as_ptr() };
-        let err = &*r.oob as *const OobSlot as *mut u8;
+        let err = &*r.run_table as *const RunTable as *mut u8;
         for (f, kind) in &r.steps {
             match kind {
                 // SAFETY: the table points to live buffers of this backend, the symbols slice

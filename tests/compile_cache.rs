@@ -1,0 +1,139 @@
+//! The persistent compile cache through the command line: a second process is served from the
+//! cache with the same answer; a damaged entry, an unwritable folder and two processes racing
+//! to fill the same entry all give the right answer, never an error or a crash.
+#![cfg(feature = "gccjit")]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+fn doc() -> String {
+    json!({"grad": true, "expr": {"op": "tanh", "args": [{"op": "matmul", "args": [
+        {"leaf": "param", "name": "w", "input": [3], "output": [2], "init": {"values": [1, 2, 3, 4, 5, 6]}},
+        {"leaf": "ndarray", "output": [3], "values": [0.1, 0.2, 0.3]}]}]}})
+    .to_string()
+}
+
+/// Runs `rocannl eval` with the given environment; returns the answer and standard error.
+fn eval(env: &[(&str, &Path)], off: bool) -> (Value, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rocannl"));
+    cmd.args(["eval", "--backend", "gccjit", "-"])
+        .env_remove("ROCANNL_CACHE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if off {
+        cmd.env("ROCANNL_CACHE", "off");
+    }
+    let mut child = cmd.spawn().expect("run rocannl");
+    child.stdin.take().expect("stdin").write_all(doc().as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("rocannl finishes");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let v = serde_json::from_slice(&out.stdout).expect("one JSON answer");
+    (v, String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rocannl-test-cache-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_file(&d);
+    d
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "so"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_second_process_is_served_from_the_cache_with_the_same_answer() {
+    let dir = fresh_dir("warm");
+    let (reference, _) = eval(&[], true);
+    let (cold, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(cold, reference);
+    assert!(err.is_empty(), "{err}");
+    let stored = entries(&dir);
+    assert!(!stored.is_empty(), "the routine was stored");
+    let (warm, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(warm, reference);
+    assert!(err.is_empty(), "{err}");
+    assert_eq!(entries(&dir), stored, "nothing new was compiled");
+    // Disabled: nothing is written.
+    let off = fresh_dir("off");
+    let (v, _) = eval(&[("ROCANNL_CACHE_DIR", &off)], true);
+    assert_eq!(v, reference);
+    assert!(!off.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn damaged_entries_are_compiled_again() {
+    let dir = fresh_dir("damaged");
+    let (reference, _) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    for damage in [b"garbage, not a shared library".to_vec(), Vec::new()] {
+        for e in entries(&dir) {
+            let mut bytes = std::fs::read(&e).expect("entry");
+            if damage.is_empty() {
+                bytes.truncate(bytes.len() / 2);
+            } else {
+                bytes[..damage.len()].copy_from_slice(&damage);
+            }
+            std::fs::write(&e, bytes).expect("damage the entry");
+        }
+        let (v, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+        assert_eq!(v, reference);
+        assert_eq!(err.matches("warning").count(), 1, "one warning: {err}");
+        // Rewritten: the next process finds it valid.
+        let (v, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+        assert_eq!(v, reference);
+        assert!(err.is_empty(), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unusable_cache_folder_is_no_error() {
+    // A regular file where the folder should be: nothing can be created in it (this holds for
+    // every user, root included, unlike file permissions).
+    let file = fresh_dir("file");
+    std::fs::write(&file, b"a file").expect("file");
+    let (reference, _) = eval(&[], true);
+    let (v, err) = eval(&[("ROCANNL_CACHE_DIR", &file.join("cache"))], false);
+    assert_eq!(v, reference);
+    assert_eq!(err.matches("warning").count(), 1, "{err}");
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn processes_racing_to_fill_one_entry_all_succeed() {
+    let dir = fresh_dir("race");
+    let (reference, _) = eval(&[], true);
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let dir = dir.clone();
+            std::thread::spawn(move || eval(&[("ROCANNL_CACHE_DIR", &dir)], false))
+        })
+        .collect();
+    for h in handles {
+        let (v, err) = h.join().expect("a racing process");
+        assert_eq!(v, reference);
+        assert!(err.is_empty(), "{err}");
+    }
+    let (v, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(v, reference);
+    assert!(err.is_empty(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
