@@ -118,3 +118,39 @@ fn a_leaf_as_root_is_evaluated() {
         assert_eq!(v["params"]["w"]["grad"], json!([1.0, 1.0]), "{v}");
     }
 }
+
+/// `rocannl bench --json`: one run per backend in the contract's shape, with the document's
+/// floating-point operations (a multiply-add counts 2) and a warm compile served by the cache
+/// where the backend has one.
+#[test]
+fn bench_reports_compile_and_run_times() {
+    let doc = json!({"expr": {"op": "matmul", "args": [
+        {"leaf": "param", "name": "a", "input": [8], "output": [8], "init": {"constant": 1}},
+        {"leaf": "param", "name": "b", "input": [8], "output": [8], "init": {"constant": 2}}]}});
+    let backends: &[&str] =
+        if cfg!(feature = "gccjit") { &["interp", "gccjit"] } else { &["interp"] };
+    let mut args = vec!["bench", "--json", "--reps", "3"];
+    for b in backends {
+        args.extend(["--backend", b]);
+    }
+    args.push("-");
+    let (rc, v) = rocannl(&args, &doc.to_string());
+    assert_eq!(rc, 0, "{v}");
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), backends.len(), "{v}");
+    for (run, be) in runs.iter().zip(backends) {
+        assert_eq!(run["backend"], json!(be));
+        assert_eq!(run["precision"], json!("f32"));
+        assert_eq!(run["flops"], json!(2 * 8 * 8 * 8), "{run}");
+        assert_eq!(run["run_s"]["reps"], json!(3));
+        let t = |k: &str| run["run_s"][k].as_f64().expect("a time");
+        assert!(0.0 < t("min") && t("min") <= t("median") && t("median") <= t("max"), "{run}");
+        assert!(run["compile_s"]["cold"].as_f64().is_some_and(|c| c > 0.0), "{run}");
+        let warm = &run["compile_s"]["warm"];
+        if *be == "interp" {
+            assert!(warm.is_null(), "the interpreter has no compile cache: {run}");
+        } else {
+            assert!(warm.as_f64().is_some_and(|w| w > 0.0), "{run}");
+        }
+    }
+}

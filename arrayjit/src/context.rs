@@ -6,6 +6,10 @@
 //! routine and a training-step routine compiled on one context share their parameters.
 //! `run` binds runtime symbols, checks that they keep every index in range, and executes.
 
+use std::time::Instant;
+
+use crate::cache::CacheOutcome;
+use crate::low_level::optimize::{OptimizeOptions, optimize};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -31,9 +35,27 @@ pub struct Routine {
     virtual_nodes: Vec<NodeId>,
     runtime_symbols: Vec<Symbol>,
     runtime_checks: Vec<RuntimeCheck>,
+    report: CompileReport,
+}
+
+/// How a routine was compiled: where the time went and what the compile cache did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompileReport {
+    /// Seconds per phase, in order: `lowering`, `optimization`, `render`, then the backend's
+    /// own (gccjit: `schedule`, `cache`, `codegen`, `c compile`).
+    pub phases: Vec<(&'static str, f64)>,
+    /// What the compile cache did.
+    pub cache: CacheOutcome,
+    /// Floating-point operations of one run ([`crate::low_level::flops`]).
+    pub flops: u64,
 }
 
 impl Routine {
+    /// How the routine was compiled.
+    pub fn report(&self) -> &CompileReport {
+        &self.report
+    }
+
     /// The routine's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -143,7 +165,14 @@ impl Context {
         asgn: &Asgn,
         nodes: &NodeTable,
     ) -> Result<Routine, Error> {
-        let prog = crate::compile_program(name, asgn, nodes, &self.opts)?;
+        let started = Instant::now();
+        // Loop nests from projections, then the optimization pipeline.
+        let mut prog = crate::lower::lower(name, asgn, nodes)?;
+        let lowered = Instant::now();
+        let opt =
+            OptimizeOptions { virtualize: self.opts.virtualize, ..OptimizeOptions::default() };
+        optimize(&mut prog, &opt)?;
+        let optimized = Instant::now();
         for id in prog.materialized_nodes() {
             let node = &prog.nodes[&id];
             self.backend.alloc(node)?;
@@ -160,6 +189,7 @@ impl Context {
         }
         let low_level = prog.to_string();
         let source = self.backend.render(&prog)?;
+        let rendered = Instant::now();
         if let Some(dir) = &self.opts.debug_dir {
             let ext = match self.backend.kind() {
                 BackendKind::Interp => "interp.txt",
@@ -171,6 +201,17 @@ impl Context {
             write_debug(dir, &format!("{name}.{ext}"), &source)?;
         }
         let index = self.backend.compile(&prog)?;
+        let mut phases = vec![
+            ("lowering", (lowered - started).as_secs_f64()),
+            ("optimization", (optimized - lowered).as_secs_f64()),
+            ("render", (rendered - optimized).as_secs_f64()),
+        ];
+        phases.extend(self.backend.last_compile_phases());
+        let report = CompileReport {
+            phases,
+            cache: self.backend.last_cache_outcome(),
+            flops: crate::low_level::flops(&prog),
+        };
         for n in &prog.virtual_nodes {
             if let Some(node) = prog.nodes.get(n) {
                 self.nodes.entry(*n).or_insert_with(|| node.clone());
@@ -185,6 +226,7 @@ impl Context {
             virtual_nodes: prog.virtual_nodes,
             runtime_symbols: prog.runtime_symbols,
             runtime_checks: prog.runtime_checks,
+            report,
         })
     }
 

@@ -144,6 +144,10 @@ pub trait Backend {
     fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
         crate::cache::CacheOutcome::Off
     }
+    /// Seconds per phase of the last [`Backend::compile`], for reports.
+    fn last_compile_phases(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
     /// Allocates a zeroed buffer for a node unless it already has one.
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error>;
     /// Whether the node has a buffer.

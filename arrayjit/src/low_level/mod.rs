@@ -599,6 +599,41 @@ pub fn cut_points(body: &[Stmt]) -> Vec<bool> {
     cuts
 }
 
+/// Floating-point operations of one run of a program, as `rocannl bench` reports them: every
+/// arithmetic operation executed (`+ - * /`, `pow`, `max`, `min` and the unary functions: 1;
+/// `fma`: 2), times the iterations of its enclosing loops. Comparisons, selections, loads and
+/// stores are not counted.
+pub fn flops(prog: &Program) -> u64 {
+    fn expr_flops(e: &Expr) -> u64 {
+        let mut n = 0;
+        e.visit(&mut |e| {
+            n += match e {
+                Expr::Unop(UnOp::Identity | UnOp::Not, _) => 0,
+                Expr::Unop(..) => 1,
+                Expr::Binop(BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Eq | BinOp::Ne, ..) => 0,
+                Expr::Binop(BinOp::Second, ..) => 0,
+                Expr::Binop(..) => 1,
+                Expr::Ternop(TernOp::Fma, ..) => 2,
+                _ => 0,
+            }
+        });
+        n
+    }
+    fn go(s: &Stmt, mult: u64) -> u64 {
+        match s {
+            Stmt::For { extent, body, .. } => {
+                body.iter().map(|b| go(b, mult.saturating_mul(*extent as u64))).sum()
+            }
+            Stmt::If { body, .. } => body.iter().map(|b| go(b, mult)).sum(),
+            Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
+                mult.saturating_mul(expr_flops(value))
+            }
+            Stmt::Comment(_) => 0,
+        }
+    }
+    prog.body.iter().map(|s| go(s, 1)).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

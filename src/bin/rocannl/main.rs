@@ -11,6 +11,7 @@
 //! `{"error": {"kind": .., "message": ..}}` with exit status 1. The command never panics: a
 //! defect that would panic is caught and reported as an error object instead.
 
+mod bench;
 mod build;
 mod doc;
 mod explain;
@@ -60,6 +61,29 @@ enum Command {
     Eval(Common),
     /// Print each node's operation, shape and loop nest, for people.
     Explain(Common),
+    /// Compile cold and warm and run the document repeatedly on each backend.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct BenchArgs {
+    /// The document (`-` for standard input).
+    file: String,
+    /// A backend to benchmark (repeatable; default: every backend that can run here).
+    #[arg(long)]
+    backend: Vec<String>,
+    /// The precision: f32 (default) or f64.
+    #[arg(long)]
+    precision: Option<String>,
+    /// Timed runs per backend.
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    /// Print `{"runs": [..]}` instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Fail instead of warning when closing has to guess a param's size.
+    #[arg(long)]
+    strict: bool,
 }
 
 fn read_input(file: &str) -> Result<String, CliError> {
@@ -276,6 +300,35 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
         Command::Explain(c) => {
             let (_, built) = load(c)?;
             out.raw(&explain::explain(&built).map_err(tensor_error)?)?;
+            Ok(())
+        }
+        Command::Bench(b) => {
+            let common = Common {
+                file: b.file.clone(),
+                backend: None,
+                precision: b.precision.clone(),
+                strict: b.strict,
+            };
+            let prec = options(&common)?.prec;
+            let backends = bench::backends(&b.backend)?;
+            let started = std::time::Instant::now();
+            let (document, built) = load(&common)?;
+            let shape_s = started.elapsed().as_secs_f64();
+            let mut runs = Vec::new();
+            for (backend, named) in backends {
+                match bench::bench_backend(&document, &built, backend, prec, b.reps, shape_s) {
+                    Ok(r) => runs.push(r),
+                    // A backend that cannot run here is left out unless it was asked for.
+                    Err(e) if e.kind == ErrorKind::Backend && !named => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if b.json {
+                let v = json!({"runs": runs.iter().map(bench::Run::json).collect::<Vec<_>>()});
+                out.raw(&format!("{v}\n"))?;
+            } else {
+                out.raw(&bench::table(&runs))?;
+            }
             Ok(())
         }
     }

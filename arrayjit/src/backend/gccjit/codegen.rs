@@ -73,6 +73,15 @@ pub enum Output<'a> {
     SharedLibrary(&'a std::path::Path),
 }
 
+/// Seconds a build spent building libgccjit IR and compiling it.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct BuildTimes {
+    /// Building the IR.
+    pub codegen_s: f64,
+    /// GCC: optimization, code generation, assembly and linking.
+    pub compile_s: f64,
+}
+
 /// A finished build.
 pub enum Built {
     /// In memory.
@@ -102,7 +111,7 @@ pub fn build(
     slots: &[NodeId],
     opts: &BuildOptions,
     output: Output<'_>,
-) -> Result<Built, Error> {
+) -> Result<(Built, BuildTimes), Error> {
     let run = std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, opts, output));
     std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         let log = panic
@@ -120,7 +129,8 @@ fn build_unchecked(
     slots: &[NodeId],
     opts: &BuildOptions,
     output: Output<'_>,
-) -> Result<Built, Error> {
+) -> Result<(Built, BuildTimes), Error> {
+    let started = std::time::Instant::now();
     let ctx = Context::default();
     ctx.set_optimization_level(match opts.opt_level {
         0 => OptimizationLevel::None,
@@ -151,16 +161,22 @@ fn build_unchecked(
     if let Ok(Some(e)) = ctx.get_first_error() {
         return Err(fail(e.to_string()));
     }
-    match output {
-        Output::Memory => ctx.compile().map(Built::Memory).map_err(fail),
+    let built_ir = std::time::Instant::now();
+    let built = match output {
+        Output::Memory => ctx.compile().map(Built::Memory).map_err(fail)?,
         Output::SharedLibrary(path) => {
             ctx.compile_to_file(gccjit::OutputKind::DynamicLibrary, path.display().to_string());
             if let Ok(Some(e)) = ctx.get_first_error() {
                 return Err(fail(e.to_string()));
             }
-            Ok(Built::File)
+            Built::File
         }
-    }
+    };
+    let times = BuildTimes {
+        codegen_s: (built_ir - started).as_secs_f64(),
+        compile_s: built_ir.elapsed().as_secs_f64(),
+    };
+    Ok((built, times))
 }
 
 /// Code generation flags for the host CPU. libgccjit cannot expand `-march=native` (that is the

@@ -13,8 +13,9 @@ pub mod pool;
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::time::Instant;
 
-use codegen::{BuildOptions, Built, Output, RunTable, StepKind};
+use codegen::{BuildOptions, BuildTimes, Built, Output, RunTable, StepKind};
 use pool::{Pool, StepFn};
 
 use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
@@ -109,6 +110,7 @@ pub struct Gccjit {
     opts: CompileOptions,
     cache: Option<Cache>,
     last_outcome: CacheOutcome,
+    last_phases: Vec<(&'static str, f64)>,
 }
 
 impl std::fmt::Debug for Gccjit {
@@ -127,6 +129,7 @@ impl Gccjit {
             opts: opts.clone(),
             cache: Cache::open(&opts.cache),
             last_outcome: CacheOutcome::Off,
+            last_phases: Vec::new(),
         }
     }
 
@@ -180,13 +183,35 @@ impl Gccjit {
         opts: &BuildOptions,
     ) -> Result<Code, Error> {
         self.last_outcome = CacheOutcome::Off;
-        let Some(cache) = self.cache.clone() else {
-            let built = codegen::build(prog, steps, slots, opts, Output::Memory)?;
-            return Ok(match built {
-                Built::Memory(r) => Code::Memory(r),
+        let mut times = BuildTimes::default();
+        let started = Instant::now();
+        let code = self.build_through_cache(prog, steps, slots, opts, &mut times)?;
+        let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
+        self.last_phases.extend([
+            ("cache", cache_s.max(0.0)),
+            ("codegen", times.codegen_s),
+            ("c compile", times.compile_s),
+        ]);
+        Ok(code)
+    }
+
+    fn build_through_cache(
+        &mut self,
+        prog: &Program,
+        steps: &[(Vec<Stmt>, StepKind)],
+        slots: &[NodeId],
+        opts: &BuildOptions,
+        times: &mut BuildTimes,
+    ) -> Result<Code, Error> {
+        let in_memory = |times: &mut BuildTimes| -> Result<Code, Error> {
+            let (built, t) = codegen::build(prog, steps, slots, opts, Output::Memory)?;
+            *times = t;
+            match built {
+                Built::Memory(r) => Ok(Code::Memory(r)),
                 Built::File => unreachable!("an in-memory build"),
-            });
+            }
         };
+        let Some(cache) = self.cache.clone() else { return in_memory(times) };
         let key = self.cache_key(prog, steps, slots, opts);
         if let Some(path) = cache.lookup(&key) {
             // SAFETY: the library is a routine this code generator built (its digest matches);
@@ -197,7 +222,8 @@ impl Gccjit {
             }
         }
         if let Some(temp) = cache.temp_path(&key) {
-            codegen::build(prog, steps, slots, opts, Output::SharedLibrary(&temp))?;
+            let (_, t) = codegen::build(prog, steps, slots, opts, Output::SharedLibrary(&temp))?;
+            *times = t;
             let loaded = cache.store(&key, &temp).and_then(|path| {
                 // SAFETY: as above: a library just built by this code generator.
                 unsafe { libloading::Library::new(path) }.ok()
@@ -207,10 +233,7 @@ impl Gccjit {
                 return Ok(Code::Library(lib));
             }
         }
-        match codegen::build(prog, steps, slots, opts, Output::Memory)? {
-            Built::Memory(r) => Ok(Code::Memory(r)),
-            Built::File => unreachable!("an in-memory build"),
-        }
+        in_memory(times)
     }
 
     /// Everything the machine code of a planned program depends on: the generated source
@@ -324,7 +347,9 @@ impl Backend for Gccjit {
     }
 
     fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+        let started = Instant::now();
         let (scheduled, steps) = self.plan(prog);
+        self.last_phases = vec![("schedule", started.elapsed().as_secs_f64())];
         let slots: Vec<NodeId> = scheduled.materialized_nodes();
         let mut table = Vec::with_capacity(slots.len());
         let mut labels = Vec::with_capacity(slots.len());
@@ -386,6 +411,10 @@ impl Backend for Gccjit {
 
     fn last_cache_outcome(&self) -> CacheOutcome {
         self.last_outcome
+    }
+
+    fn last_compile_phases(&self) -> Vec<(&'static str, f64)> {
+        self.last_phases.clone()
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {

@@ -1,0 +1,183 @@
+//! `rocannl bench`: compile a document cold and warm and run it repeatedly on each backend.
+//!
+//! The instrument of the compile-latency and kernel work. For every backend: the compile of
+//! the document's routine (forward, and backprop with `"grad": true`) in a fresh, empty compile
+//! cache (*cold*), the same compile again served by that cache (*warm*, `null` where the backend
+//! has none), then `reps` timed runs after two untimed ones. The cache folder is a temporary one
+//! of this command, so a user's cache neither helps the cold figure nor is filled by it. The
+//! table for people breaks the cold compile down by phase; `--json` prints the contract's
+//! `{"runs": [..]}`.
+
+use std::time::Instant;
+
+use rocannl::arrayjit::{BackendKind, CacheMode, CacheOutcome, Prec};
+use rocannl::tensor::{Plan, Session, SessionOptions};
+use serde_json::{Value, json};
+
+use crate::build::{Built, tensor_error};
+use crate::doc::{CliError, Document, ErrorKind};
+
+/// One backend's figures.
+pub struct Run {
+    backend: BackendKind,
+    prec: Prec,
+    cold_s: f64,
+    warm_s: Option<f64>,
+    runs_s: Vec<f64>,
+    flops: u64,
+    /// Seconds per phase of the cold compile, shape inference first.
+    phases: Vec<(&'static str, f64)>,
+}
+
+fn plan(document: &Document, built: &Built) -> Plan {
+    if document.grad {
+        Plan {
+            outputs: vec![built.root.clone()],
+            backprop_from: Some(built.root.clone()),
+            grads: built.params.iter().map(|(_, t)| t.clone()).collect(),
+        }
+    } else {
+        Plan { outputs: vec![built.root.clone()], ..Plan::default() }
+    }
+}
+
+/// A temporary cache folder, removed when dropped.
+struct TempCache(std::path::PathBuf);
+
+impl TempCache {
+    fn new(backend: BackendKind) -> TempCache {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        TempCache(std::env::temp_dir().join(format!(
+            "rocannl-bench-{}-{}-{nanos}",
+            backend.name(),
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for TempCache {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Benchmarks one backend; `shape_s` is the document's shape inference time.
+pub fn bench_backend(
+    document: &Document,
+    built: &Built,
+    backend: BackendKind,
+    prec: Prec,
+    reps: usize,
+    shape_s: f64,
+) -> Result<Run, CliError> {
+    let cache = TempCache::new(backend);
+    let mut opts = SessionOptions { backend, prec, ..SessionOptions::default() };
+    opts.compile.cache = CacheMode::Dir(cache.0.clone());
+    let plan = plan(document, built);
+    let mut session = Session::with_options(&built.graph, opts.clone()).map_err(tensor_error)?;
+    let started = Instant::now();
+    let routine = session.compile("bench", &plan).map_err(tensor_error)?;
+    let cold_s = started.elapsed().as_secs_f64();
+    let report = routine.report().clone();
+    let warm_s = if report.cache == CacheOutcome::Miss {
+        let mut again = Session::with_options(&built.graph, opts).map_err(tensor_error)?;
+        let started = Instant::now();
+        let r = again.compile("bench", &plan).map_err(tensor_error)?;
+        let warm = started.elapsed().as_secs_f64();
+        (r.report().cache == CacheOutcome::Hit).then_some(warm)
+    } else {
+        None
+    };
+    for _ in 0..2 {
+        session.run(&routine).map_err(tensor_error)?;
+    }
+    let mut runs_s = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let started = Instant::now();
+        session.run(&routine).map_err(tensor_error)?;
+        runs_s.push(started.elapsed().as_secs_f64());
+    }
+    runs_s.sort_by(f64::total_cmp);
+    let mut phases = vec![("shape inference", shape_s)];
+    phases.extend(report.phases.iter().copied());
+    Ok(Run { backend, prec, cold_s, warm_s, runs_s, flops: report.flops, phases })
+}
+
+impl Run {
+    fn median(&self) -> f64 {
+        let n = self.runs_s.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        if n % 2 == 1 {
+            self.runs_s[n / 2]
+        } else {
+            (self.runs_s[n / 2 - 1] + self.runs_s[n / 2]) / 2.0
+        }
+    }
+
+    /// The contract's `RUN` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "backend": self.backend.name(),
+            "precision": self.prec.name(),
+            "compile_s": {"cold": self.cold_s, "warm": self.warm_s},
+            "run_s": {
+                "median": self.median(),
+                "min": self.runs_s.first(),
+                "max": self.runs_s.last(),
+                "reps": self.runs_s.len(),
+            },
+            "flops": self.flops,
+        })
+    }
+}
+
+/// The table for people: one block per backend.
+pub fn table(runs: &[Run]) -> String {
+    let mut out = String::new();
+    for r in runs {
+        let warm = r.warm_s.map_or_else(|| "no cache".to_string(), |w| format!("{w:.3} s"));
+        out.push_str(&format!(
+            "{} ({}): compile cold {:.3} s, warm {warm}\n",
+            r.backend.name(),
+            r.prec.name(),
+            r.cold_s
+        ));
+        for (phase, s) in &r.phases {
+            out.push_str(&format!("    {phase:<16} {s:>9.4} s\n"));
+        }
+        let median = r.median();
+        let rate = if median > 0.0 && r.flops > 0 {
+            format!(", {:.2} GFLOP/s", r.flops as f64 / median / 1e9)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "  run: median {:.6} s (min {:.6}, max {:.6}, {} reps){rate}\n",
+            median,
+            r.runs_s.first().copied().unwrap_or(f64::NAN),
+            r.runs_s.last().copied().unwrap_or(f64::NAN),
+            r.runs_s.len()
+        ));
+    }
+    out
+}
+
+/// The backends to benchmark: the named ones (each must run here), else every backend the
+/// build has that can run here.
+pub fn backends(named: &[String]) -> Result<Vec<(BackendKind, bool)>, CliError> {
+    if named.is_empty() {
+        return Ok(BackendKind::available().into_iter().map(|b| (b, false)).collect());
+    }
+    named
+        .iter()
+        .map(|b| {
+            BackendKind::from_name(b)
+                .map(|k| (k, true))
+                .map_err(|e| CliError { kind: ErrorKind::Backend, message: e.to_string() })
+        })
+        .collect()
+}
