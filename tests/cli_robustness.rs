@@ -154,3 +154,30 @@ fn bench_reports_compile_and_run_times() {
         }
     }
 }
+
+/// Work and memory are estimated before anything runs: a 100-byte document asking for 10¹²
+/// iterations or more memory than allowed is refused at once with kind `limit`, naming the flag
+/// that raises the limit.
+#[test]
+fn work_and_memory_beyond_the_limits_are_refused_before_running() {
+    let endless = json!({"expr": {"op": "einsum1", "spec": "i => 0", "args": [{"leaf": "range", "n": 1000000000000u64}]}});
+    let started = std::time::Instant::now();
+    let (rc, v) = rocannl(&["eval", "-"], &endless.to_string());
+    assert_eq!((rc, kind(&v)), (1, "limit"), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("--max-work")), "{v}");
+    assert!(started.elapsed().as_secs() < 30, "refused before running");
+    let big = json!({"grad": true, "expr": {"leaf": "param", "name": "w", "input": [], "output": [1000000],
+        "init": {"constant": 1}}});
+    let (rc, v) = rocannl(&["eval", "--max-memory", "1000000", "-"], &big.to_string());
+    assert_eq!((rc, kind(&v)), (1, "limit"), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("--max-memory")), "{v}");
+    // Raised limits, or none: the same documents' small cousins run.
+    let small = json!({"expr": {"op": "einsum1", "spec": "i => 0", "args": [{"leaf": "range", "n": 1000}]}});
+    let (rc, v) =
+        rocannl(&["eval", "--max-work", "none", "--max-memory", "none", "-"], &small.to_string());
+    assert_eq!((rc, &v["values"]), (0, &json!([499500.0])), "{v}");
+    let (rc, v) = rocannl(&["eval", "--max-work", "999", "-"], &small.to_string());
+    assert_eq!((rc, kind(&v)), (1, "limit"), "{v}");
+    let (rc, v) = rocannl(&["eval", "--max-work", "lots", "-"], &small.to_string());
+    assert_eq!((rc, kind(&v)), (2, "usage"), "{v}");
+}

@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use crate::cache::CacheOutcome;
+use crate::low_level::estimate::estimate;
 use crate::low_level::optimize::{OptimizeOptions, optimize};
 use std::path::Path;
 use std::sync::Arc;
@@ -173,6 +174,20 @@ impl Context {
             OptimizeOptions { virtualize: self.opts.virtualize, ..OptimizeOptions::default() };
         optimize(&mut prog, &opt)?;
         let optimized = Instant::now();
+        let need = estimate(&prog, |n| self.backend.has_buffer(n));
+        let limits = self.opts.limits;
+        for (resource, value, limit) in
+            [("memory", need.memory_bytes, limits.max_memory), ("work", need.work, limits.max_work)]
+        {
+            if let Some(limit) = limit.filter(|l| value > *l) {
+                return Err(Error::LimitExceeded {
+                    routine: name.to_string(),
+                    resource,
+                    estimate: value,
+                    limit,
+                });
+            }
+        }
         for id in prog.materialized_nodes() {
             let node = &prog.nodes[&id];
             self.backend.alloc(node)?;

@@ -128,6 +128,23 @@ pub enum Error {
         /// The requested size.
         bytes: usize,
     },
+    /// A routine needs more memory or work than the limits allow
+    /// ([`crate::low_level::estimate::Limits`]).
+    #[error(
+        "routine `{routine}` needs {} of {resource}, above the limit of {}",
+        show(resource, *estimate),
+        show(resource, *limit)
+    )]
+    LimitExceeded {
+        /// The routine.
+        routine: String,
+        /// `"memory"` or `"work"`.
+        resource: &'static str,
+        /// What it needs: bytes, or statement executions.
+        estimate: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A routine run on a context other than the one that compiled it.
     #[error("routine `{0}` was compiled by another context")]
     ForeignRoutine(String),
@@ -147,4 +164,13 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
+}
+
+/// A figure of a limit error for people.
+fn show(resource: &str, x: u64) -> String {
+    if resource == "memory" {
+        crate::low_level::estimate::human_bytes(x)
+    } else {
+        format!("{x} operations")
+    }
 }

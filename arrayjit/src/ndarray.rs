@@ -110,6 +110,20 @@ impl NdArray {
     }
 
     /// The values, converted exactly to `f64`.
+    /// Cell `i` (in memory order) as an `f64`.
+    ///
+    /// # Panics
+    /// When `i` is out of range.
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match &self.storage {
+            Storage::F16(v) => v[i].to_f64(),
+            Storage::Bf16(v) => v[i].to_f64(),
+            Storage::F32(v) => v[i] as f64,
+            Storage::F64(v) => v[i],
+        }
+    }
+
+    /// Every cell as an `f64`, in memory order.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match &self.storage {
             Storage::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
@@ -147,31 +161,41 @@ impl NdArray {
             return Err(Error::DataLength { dims: dims.to_vec(), expected: n, got });
         }
         let storage = match prec {
-            Prec::F16 => Storage::F16(
-                bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]])).collect(),
-            ),
-            Prec::Bf16 => Storage::Bf16(
-                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect(),
-            ),
-            Prec::F32 => Storage::F32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            Prec::F64 => Storage::F64(
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| {
-                        let mut a = [0u8; 8];
-                        a.copy_from_slice(c);
-                        f64::from_le_bytes(a)
-                    })
-                    .collect(),
-            ),
+            Prec::F16 => Storage::F16(try_collect(
+                n,
+                bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]])),
+            )?),
+            Prec::Bf16 => Storage::Bf16(try_collect(
+                n,
+                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])),
+            )?),
+            Prec::F32 => Storage::F32(try_collect(
+                n,
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            )?),
+            Prec::F64 => Storage::F64(try_collect(
+                n,
+                bytes.chunks_exact(8).map(|c| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(c);
+                    f64::from_le_bytes(a)
+                }),
+            )?),
         };
         Ok(NdArray { dims: dims.to_vec(), storage })
     }
+}
+
+/// Collects `n` items into a vector allocated fallibly: an array too large for memory is an
+/// [`Error::Alloc`], not an abort.
+fn try_collect<T>(n: usize, items: impl Iterator<Item = T>) -> Result<Vec<T>, Error> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Alloc {
+        id: u32::MAX,
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    v.extend(items);
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -390,8 +390,11 @@ impl Session {
         visible: &FxHashSet<NodeId>,
     ) -> Result<Routine> {
         let table = self.node_table(&code, visible)?;
+        // Compiling checks the routine's limits and allocates its buffers before any leaf is
+        // initialized: a routine too big for them is refused before anything large is built.
+        let routine = self.ctx.compile(name, &code, &table)?;
         self.prepare_leaves(&table)?;
-        Ok(self.ctx.compile(name, &code, &table)?)
+        Ok(routine)
     }
 
     /// Compiles the forward pass computing `outputs`.
@@ -526,6 +529,23 @@ impl Session {
             Error::usage(format!("'{}' was not computed by this session", t.label()))
         })?;
         Ok(self.ctx.read(*n)?.to_f64_vec())
+    }
+
+    /// Reads a tensor's values in the session's precision, without converting them (a copy of
+    /// the buffer, allocated fallibly).
+    pub fn read_array(&self, t: &Tensor) -> Result<NdArray> {
+        let n = self.value.get(&t.id).ok_or_else(|| {
+            Error::usage(format!("'{}' was not computed by this session", t.label()))
+        })?;
+        Ok(self.ctx.read(*n)?)
+    }
+
+    /// Reads a tensor's gradient in the session's precision, without converting it.
+    pub fn read_grad_array(&self, t: &Tensor) -> Result<NdArray> {
+        let n = self.grad.get(&t.id).ok_or_else(|| {
+            Error::usage(format!("'{}' has no gradient in this session", t.label()))
+        })?;
+        Ok(self.ctx.read(*n)?)
     }
 
     /// Reads a tensor's gradient (after a routine that backpropagates and keeps it).

@@ -106,6 +106,9 @@ pub struct CompileOptions {
     pub min_parallel_work: usize,
     /// The persistent compile cache (see [`crate::cache`]); from the environment by default.
     pub cache: crate::cache::CacheMode,
+    /// What one routine may need: new buffers' bytes and statement executions per run,
+    /// checked before anything is allocated or run.
+    pub limits: crate::low_level::estimate::Limits,
 }
 
 impl Default for CompileOptions {
@@ -119,6 +122,7 @@ impl Default for CompileOptions {
             virtualize: true,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
+            limits: crate::low_level::estimate::Limits::default(),
         }
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod cse;
 pub mod dse;
+pub mod estimate;
 pub mod optimize;
 pub mod schedule;
 pub mod simplify;

@@ -34,6 +34,14 @@ pub fn tensor_error(e: Error) -> CliError {
             | J::Cuda(_),
         ) => ErrorKind::Backend,
         Error::Compile(J::SymbolOutOfRange { .. } | J::OutOfBounds { .. }) => ErrorKind::Shape,
+        Error::Compile(J::LimitExceeded { resource, .. }) => {
+            let flag = if *resource == "memory" { "--max-memory BYTES" } else { "--max-work OPS" };
+            return CliError {
+                kind: ErrorKind::Limit,
+                message: format!("{e}; raise the limit with {flag} (or none)"),
+            };
+        }
+        Error::Compile(J::Alloc { .. }) => ErrorKind::Limit,
         Error::Compile(_) | Error::Usage(_) | Error::Persist(_) | Error::Io { .. } => {
             ErrorKind::Input
         }

@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rocannl::arrayjit::{BackendKind, Prec};
+use rocannl::arrayjit::{BackendKind, NdArray, Prec};
 use rocannl::tensor::{Plan, Session, SessionOptions, Tensor};
 use serde_json::json;
 
@@ -51,6 +51,34 @@ struct Common {
     /// Fail instead of warning when closing has to guess a param's size.
     #[arg(long)]
     strict: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// The limits of `eval` and `bench` (the contract's defaults when not given).
+#[derive(clap::Args, Clone, Default)]
+struct LimitArgs {
+    /// The most bytes of buffers a document may need (a number, or `none`; default: the
+    /// smaller of 16 GiB and the memory available).
+    #[arg(long, value_parser = parse_limit)]
+    max_memory: Option<Limit>,
+    /// The most scalar operations (loop iterations) one run may take (a number, or `none`;
+    /// default 10^11).
+    #[arg(long, value_parser = parse_limit)]
+    max_work: Option<Limit>,
+}
+
+/// A limit given on the command line: a number, or `none` for no limit.
+#[derive(Copy, Clone, Debug)]
+struct Limit(Option<u64>);
+
+fn parse_limit(s: &str) -> Result<Limit, String> {
+    if s == "none" {
+        return Ok(Limit(None));
+    }
+    s.parse::<u64>()
+        .map(|n| Limit(Some(n)))
+        .map_err(|_| format!("\"{s}\" is not a whole number or none"))
 }
 
 #[derive(Subcommand)]
@@ -81,9 +109,14 @@ struct BenchArgs {
     /// Print `{"runs": [..]}` instead of a table.
     #[arg(long)]
     json: bool,
+    /// The optimization level of native code, 0 to 3 (default 3).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    opt_level: Option<u8>,
     /// Fail instead of warning when closing has to guess a param's size.
     #[arg(long)]
     strict: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 fn read_input(file: &str) -> Result<String, CliError> {
@@ -137,9 +170,10 @@ impl<W: Write> Answer<W> {
     }
 
     /// Numbers as JSON, non-finite ones as the strings "inf", "-inf", "nan".
-    fn values(&mut self, vs: &[f64]) -> io::Result<()> {
+    fn values(&mut self, vs: &NdArray) -> io::Result<()> {
         self.raw("[")?;
-        for (k, v) in vs.iter().enumerate() {
+        for k in 0..vs.len() {
+            let v = &vs.get_f64(k);
             if k > 0 {
                 self.raw(",")?;
             }
@@ -180,12 +214,28 @@ struct Evaluated {
 }
 
 impl Evaluated {
-    fn values(&self, t: &Tensor) -> Result<Vec<f64>, CliError> {
-        self.session.read(t).map_err(tensor_error)
+    fn values(&self, t: &Tensor) -> Result<NdArray, CliError> {
+        self.session.read_array(t).map_err(tensor_error)
     }
 
-    fn grad(&self, t: &Tensor) -> Result<Vec<f64>, CliError> {
-        self.session.read_grad(t).map_err(tensor_error)
+    fn grad(&self, t: &Tensor) -> Result<NdArray, CliError> {
+        self.session.read_grad_array(t).map_err(tensor_error)
+    }
+
+    /// Checks, before the answer starts, that the largest tensor it prints can be copied out:
+    /// an answer is one JSON object, never a partial one followed by an error.
+    fn check_readable(&self, built: &Built) -> Result<(), CliError> {
+        let cells = |t: &Tensor| t.rows().map(|rows| rows.iter().flatten().product::<usize>());
+        let mut largest = cells(&built.root).map_err(tensor_error)?;
+        for (_, t) in built.nodes.iter().chain(&built.params) {
+            largest = largest.max(cells(t).map_err(tensor_error)?);
+        }
+        let bytes = largest.saturating_mul(self.session.prec().size_in_bytes());
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(bytes).map_err(|_| CliError {
+            kind: ErrorKind::Limit,
+            message: format!("cannot allocate {bytes} bytes to print the values of a tensor"),
+        })
     }
 }
 
@@ -256,6 +306,12 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
         }
     };
     let mut opts = SessionOptions { backend, prec, ..SessionOptions::default() };
+    if let Some(Limit(m)) = c.limits.max_memory {
+        opts.compile.limits.max_memory = m;
+    }
+    if let Some(Limit(w)) = c.limits.max_work {
+        opts.compile.limits.max_work = w;
+    }
     // For people debugging a document: every compiled routine's assignments, low-level IR and
     // generated source are written to this folder.
     if let Some(dir) = std::env::var_os("ROCANNL_DEBUG_DIR") {
@@ -295,6 +351,7 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
             options(c)?;
             let (document, built) = load(c)?;
             let evaluated = evaluate(c, &document, &built)?;
+            evaluated.check_readable(&built)?;
             write_answer(out, &built, Some(&evaluated))
         }
         Command::Explain(c) => {
@@ -308,15 +365,24 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
                 backend: None,
                 precision: b.precision.clone(),
                 strict: b.strict,
+                limits: b.limits.clone(),
             };
-            let prec = options(&common)?.prec;
+            let session_opts = options(&common)?;
+            let prec = session_opts.prec;
             let backends = bench::backends(&b.backend)?;
             let started = std::time::Instant::now();
             let (document, built) = load(&common)?;
             let shape_s = started.elapsed().as_secs_f64();
             let mut runs = Vec::new();
             for (backend, named) in backends {
-                match bench::bench_backend(&document, &built, backend, prec, b.reps, shape_s) {
+                let setup = bench::Setup {
+                    prec,
+                    reps: b.reps,
+                    opt_level: b.opt_level,
+                    shape_s,
+                    limits: session_opts.compile.limits,
+                };
+                match bench::bench_backend(&document, &built, backend, &setup) {
                     Ok(r) => runs.push(r),
                     // A backend that cannot run here is left out unless it was asked for.
                     Err(e) if e.kind == ErrorKind::Backend && !named => {}

@@ -1,0 +1,103 @@
+//! Work and memory estimates of a program, computed before anything is allocated or run.
+//!
+//! A document of 100 bytes can ask for a loop of 10¹² iterations or a buffer of 2⁶⁰ bytes;
+//! compiling and running it would tie up the machine or end in an abort. The estimates here are
+//! exact counts on the optimized low-level program — every statement execution (loop iterations
+//! of the lowered code, guards counted as taken) and every buffer the program materializes — so
+//! a caller can refuse it with a typed error naming the limit instead ([`Limits`]).
+
+use super::{Program, Stmt};
+use crate::tnode::NodeId;
+
+/// What one run of a program needs.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Estimate {
+    /// Bytes of the buffers the program materializes that do not exist yet.
+    pub memory_bytes: u64,
+    /// Statement executions: loop iterations of the lowered code.
+    pub work: u64,
+}
+
+/// Limits on what one routine may need; `None` is no limit.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of new buffers.
+    pub max_memory: Option<u64>,
+    /// Statement executions per run.
+    pub max_work: Option<u64>,
+}
+
+/// The default work limit: 10¹¹ statement executions per run.
+pub const DEFAULT_MAX_WORK: u64 = 100_000_000_000;
+
+/// The largest default memory limit, 16 GiB.
+pub const DEFAULT_MAX_MEMORY: u64 = 16 << 30;
+
+impl Default for Limits {
+    /// The smaller of 16 GiB and the memory available, and 10¹¹ operations.
+    fn default() -> Self {
+        Limits { max_memory: Some(default_max_memory()), max_work: Some(DEFAULT_MAX_WORK) }
+    }
+}
+
+impl Limits {
+    /// No limits.
+    pub const NONE: Limits = Limits { max_memory: None, max_work: None };
+}
+
+/// The smaller of 16 GiB and the memory the system reports available (`MemAvailable` in
+/// `/proc/meminfo`; 16 GiB where that cannot be read).
+pub fn default_max_memory() -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    available.map_or(DEFAULT_MAX_MEMORY, |a| a.min(DEFAULT_MAX_MEMORY))
+}
+
+/// Estimates a program; `exists` tells which nodes already have a buffer.
+pub fn estimate(prog: &Program, exists: impl Fn(NodeId) -> bool) -> Estimate {
+    let mut memory_bytes = 0u64;
+    for n in prog.materialized_nodes() {
+        if exists(n) {
+            continue;
+        }
+        if let Some(node) = prog.nodes.get(&n) {
+            let cells = node
+                .dims
+                .iter()
+                .try_fold(1u64, |a, d| a.checked_mul(*d as u64))
+                .unwrap_or(u64::MAX);
+            let bytes = cells.saturating_mul(node.prec.size_in_bytes() as u64);
+            memory_bytes = memory_bytes.saturating_add(bytes);
+        }
+    }
+    fn go(s: &Stmt, mult: u64) -> u64 {
+        match s {
+            Stmt::For { extent, body, .. } => {
+                let inner = mult.saturating_mul(*extent as u64);
+                body.iter().fold(0u64, |acc, b| acc.saturating_add(go(b, inner)))
+            }
+            Stmt::If { body, .. } => {
+                body.iter().fold(0u64, |acc, b| acc.saturating_add(go(b, mult)))
+            }
+            Stmt::Set { .. } | Stmt::SetLocal { .. } => mult,
+            Stmt::Comment(_) => 0,
+        }
+    }
+    let work = prog.body.iter().fold(0u64, |acc, s| acc.saturating_add(go(s, 1)));
+    Estimate { memory_bytes, work }
+}
+
+/// Bytes for people: `1.5 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} bytes") } else { format!("{x:.1} {}", UNITS[u]) }
+}
