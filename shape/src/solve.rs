@@ -4,10 +4,10 @@
 //! those that cannot make progress remain: equations are unified ([`crate::unify`]),
 //! inequalities are turned into bounds and least upper bounds ([`crate::ineq`]), row
 //! constraints are propagated ([`crate::row_constraint`]) and, from stage 2 on, variables are
-//! closed ([`crate::stage`]). Solving a constraint can derive more constraints (breadth first);
-//! a constraint that cannot make progress yet is *deferred* and retried once the environment has
-//! changed: propagation constraints whenever the queue runs dry, closing constraints when no
-//! other closing constraint is left to act.
+//! closed ([`crate::close`], as the [`Stage`] allows). Solving a constraint can derive more
+//! constraints (breadth first); a constraint that cannot make progress yet is *deferred* and
+//! retried once the environment has changed: propagation constraints whenever the queue runs
+//! dry, closing constraints when no other closing constraint is left to act.
 
 use rustc_hash::FxHashSet;
 
