@@ -28,6 +28,19 @@ fn kind(v: &Value) -> &str {
     v["error"]["kind"].as_str().unwrap_or("")
 }
 
+/// `eval` on the `interp` and `gccjit` backends (in f64): both must succeed with the same
+/// answer, which is returned.
+fn eval_both(doc: &Value) -> Value {
+    let mut answers = ["interp", "gccjit"].map(|b| {
+        let (rc, v, stderr) =
+            rocannl(&["eval", "--backend", b, "--precision", "f64"], &doc.to_string());
+        assert_eq!(rc, 0, "{b}: {doc} -> {v} {stderr}");
+        v
+    });
+    assert_eq!(answers[0], answers[1], "interp and gccjit disagree on {doc}");
+    std::mem::take(&mut answers[0])
+}
+
 #[test]
 fn shapes_and_values() {
     let doc = json!({"expr": {"op": "add", "args": [
@@ -187,4 +200,30 @@ fn mutated_documents_never_panic() {
             }
         }
     }
+}
+
+#[test]
+fn a_repeated_param_may_state_the_empty_batch_row_it_omitted() {
+    let w = |rows: Value| {
+        let mut p = json!({"leaf": "param", "name": "w"});
+        p.as_object_mut().expect("object").extend(rows.as_object().expect("object").clone());
+        p
+    };
+    let init = json!({"values": [1, 2]});
+    // The first occurrence omits the batch row and a later one states it as [], or the other
+    // way round: one param either way.
+    for args in [
+        [w(json!({"output": [2], "init": init})), w(json!({"batch": []}))],
+        [w(json!({"batch": [], "output": [2], "init": init})), w(json!({}))],
+    ] {
+        let doc = json!({"expr": {"op": "add", "args": args}});
+        let v = eval_both(&doc);
+        assert_eq!(v["values"], json!([2.0, 4.0]), "{doc}");
+        assert_eq!(v["params"]["w"]["shape"], json!({"batch": [], "input": [], "output": [2]}));
+    }
+    // A batch row other than the omitted (empty) one is still a conflict.
+    let doc = json!({"expr": {"op": "add", "args": [
+        w(json!({"output": [2]})), w(json!({"batch": [3]}))]}});
+    let (rc, v, _) = rocannl(&["shapes"], &doc.to_string());
+    assert_eq!((rc, kind(&v)), (1, "input"), "{v}");
 }
