@@ -227,3 +227,59 @@ fn a_repeated_param_may_state_the_empty_batch_row_it_omitted() {
     let (rc, v, _) = rocannl(&["shapes"], &doc.to_string());
     assert_eq!((rc, kind(&v)), (1, "input"), "{v}");
 }
+
+fn range(n: usize) -> Value {
+    json!({"leaf": "range", "n": n})
+}
+
+fn ndarray(output: &[usize], values: &[f64]) -> Value {
+    json!({"leaf": "ndarray", "output": output, "values": values})
+}
+
+fn einsum(spec: &str, args: &[Value]) -> Value {
+    let op = if args.len() == 1 { "einsum1" } else { "einsum" };
+    json!({"op": op, "spec": spec, "args": args})
+}
+
+/// Evaluates an expression on both backends: its output row and values.
+fn output_and_values(expr: Value) -> (Value, Value) {
+    let v = eval_both(&json!({ "expr": expr }));
+    assert_eq!(v["shape"]["batch"], json!([]), "{v}");
+    assert_eq!(v["shape"]["input"], json!([]), "{v}");
+    (v["shape"]["output"].clone(), v["values"].clone())
+}
+
+#[test]
+fn a_convolution_kernel_of_size_one_is_one_tap() {
+    let (shape, values) =
+        output_and_values(einsum("2*o+k; k => o", &[range(5), ndarray(&[1], &[1.0])]));
+    assert_eq!((shape, values), (json!([3]), json!([0.0, 2.0, 4.0])));
+    let x = json!({"leaf": "range_of_shape", "output": [2, 1]});
+    let (shape, values) =
+        output_and_values(einsum("o+2*k, c; k => o, c", &[x, ndarray(&[1], &[1.0])]));
+    assert_eq!((shape, values), (json!([2, 1]), json!([0.0, 1.0])));
+    // A scalar kernel lacks the kernel axis: one tap.
+    let two = json!({"leaf": "number", "value": 2});
+    let (shape, values) = output_and_values(einsum("o+k; k => o", &[range(4), two]));
+    assert_eq!((shape, values), (json!([4]), json!([0.0, 2.0, 4.0, 6.0])));
+}
+
+#[test]
+fn a_convolution_kernel_of_size_zero_has_no_window() {
+    for spec in ["o+k; k => o", "2*o+3*k; k => o"] {
+        let (shape, values) = output_and_values(einsum(spec, &[range(7), ndarray(&[0], &[])]));
+        assert_eq!((shape, values), (json!([0]), json!([])), "{spec}");
+    }
+}
+
+#[test]
+fn a_pure_stride_axis_over_an_empty_axis_is_empty() {
+    let (shape, values) = output_and_values(einsum("2*o => o", &[range(0)]));
+    assert_eq!((shape, values), (json!([0]), json!([])));
+}
+
+#[test]
+fn a_stride_of_one_reads_every_position() {
+    let (shape, values) = output_and_values(einsum("1*o => o", &[range(4)]));
+    assert_eq!((shape, values), (json!([4]), json!([0.0, 1.0, 2.0, 3.0])));
+}

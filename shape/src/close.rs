@@ -102,8 +102,15 @@ impl Solver {
         let var_row = Row::of_var(v, r.id);
         match (&b.lub, total_elems) {
             (Some((lub, o)), t) if self.stage >= Stage::TerminalsToLub && t != Some(1) => {
-                // The leaf takes its least upper bound, whose axes become leaf axes.
-                let lub = self.env.subst_row_arc(lub);
+                // The leaf takes its least upper bound, whose axes become leaf axes; the input of
+                // a convolution without window bounds nothing, so that axis is a fresh one.
+                let mut lub = self.env.subst_row_arc(lub);
+                if lub.all_dims().iter().any(is_windowless) {
+                    let vars = &mut self.vars;
+                    let fresh =
+                        |d: &Dim| if is_windowless(d) { Dim::Var(vars.dim()) } else { d.clone() };
+                    lub = Arc::new(lub.map_dims(&mut { fresh }));
+                }
                 out.extend(self.bind_row(v, lub, &o.join(origin))?);
                 out.push(Constraint::TerminalRow(r).at(origin));
             }
@@ -217,4 +224,10 @@ fn mark_below<'a, V: Copy + Eq + Hash + 'a>(
             stack.extend_from_slice(subr(v));
         }
     }
+}
+
+/// Whether `d` is the input axis of a convolution without window (see
+/// [`crate::dim::ConvDim::is_windowless`]).
+fn is_windowless(d: &Dim) -> bool {
+    matches!(d, Dim::Conv(c) if c.is_windowless())
 }

@@ -69,8 +69,18 @@ impl Row {
 impl Solver {
     /// Solves `cur ≥ subr` for dimensions.
     pub fn solve_dim_ineq(&mut self, cur: &Dim, subr: &Dim, origin: &Origin) -> Derived {
+        let kernel = |s: &Self, d: &Dim| matches!(d, Dim::Var(v) if s.is_kernel_dim(*v));
+        if kernel(self, cur) {
+            // A kernel's axis is the kernel: it does not broadcast against the kernel's label.
+            let eq = Constraint::DimEq { d1: cur.clone(), d2: subr.clone() };
+            return Ok(self.derive_one(eq.at(origin)));
+        }
         let cur = self.env.subst_dim_cow(cur);
         let subr = self.env.subst_dim_cow(subr);
+        if kernel(self, &cur) {
+            let eq = Constraint::DimEq { d1: cur.into_owned(), d2: subr.into_owned() };
+            return Ok(self.derive_one(eq.at(origin)));
+        }
         let (cur, subr) = (cur.as_ref(), subr.as_ref());
         if same_dim(cur, subr) {
             return Ok(vec![]);
@@ -218,7 +228,7 @@ impl Solver {
         if let Some(out) = self.solve_known_pattern(cur, subr, origin) {
             return out;
         }
-        let cur = self.env.subst_row_arc(cur);
+        let cur = self.keep_kernel_dims(cur, self.env.subst_row_arc(cur));
         let subr = self.env.subst_row_arc(subr);
         if same_row(&cur, &subr) {
             return Ok(vec![]);
@@ -260,6 +270,9 @@ impl Solver {
                 let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
                 out.extend(expanded);
                 out.push(Constraint::RowIneq { cur, subr }.at(origin));
+            } else {
+                let unpaired = cb[j..].iter().chain(&cd[..cd.len() - k]);
+                out.extend(self.missing_kernel_axes(unpaired, origin));
             }
             return Ok(out);
         }
@@ -284,7 +297,10 @@ impl Solver {
                         origin,
                     ));
                 }
-                let Some(sv) = subr.var() else { return Ok(out) };
+                let Some(sv) = subr.var() else {
+                    out.extend(self.missing_kernel_axes(cd2.iter(), origin));
+                    return Ok(out);
+                };
                 // subr's leading axes are fixed at the start of the row.
                 if sb2.len() > cd2.len() {
                     return Err(conflict(format!("[{subr}] has more axes than [{cur}]"), origin));
@@ -325,6 +341,47 @@ impl Solver {
                 Ok(out)
             }
         }
+    }
+
+    /// A kernel's axis the argument lacks is a kernel of one tap (a missing axis broadcasts
+    /// like an axis of 1, and a kernel's axis of 1 is one tap).
+    fn missing_kernel_axes<'d>(
+        &self,
+        unpaired: impl Iterator<Item = &'d Dim>,
+        origin: &Origin,
+    ) -> Vec<Constr> {
+        unpaired
+            .filter(|d| matches!(d, Dim::Var(v) if self.is_kernel_dim(*v)))
+            .map(|d| Constraint::DimEq { d1: d.clone(), d2: Dim::of(1) }.at(origin))
+            .collect()
+    }
+
+    /// `subst`, the substitution of `raw`, with the kernel labels among `raw`'s own axes left as
+    /// variables: the inequalities derived from pairing its axes must see that they are kernels
+    /// even when another operand has already solved them. (Substitution keeps a row's own
+    /// leading axes first and its own trailing axes last.)
+    fn keep_kernel_dims(&self, raw: &Row, subst: Arc<Row>) -> Arc<Row> {
+        let is_kernel = |d: &Dim| matches!(d, Dim::Var(v) if self.is_kernel_dim(*v));
+        if self.kernel_dims.is_empty() || !raw.beg_dims().iter().chain(&raw.dims).any(is_kernel) {
+            return subst;
+        }
+        let mut row = Arc::unwrap_or_clone(subst);
+        let open = row.var().is_some();
+        for (i, d) in raw.beg_dims().iter().enumerate() {
+            if is_kernel(d) {
+                match &mut row.bcast {
+                    Bcast::Var { beg_dims, .. } if open => beg_dims[i] = d.clone(),
+                    _ => row.dims[i] = d.clone(),
+                }
+            }
+        }
+        let off = row.dims.len() - raw.dims.len();
+        for (j, d) in raw.dims.iter().enumerate() {
+            if is_kernel(d) {
+                row.dims[off + j] = d.clone();
+            }
+        }
+        Arc::new(row)
     }
 
     /// An inequality that cannot make progress yet: before stage 6 it waits; from stage 6 on,
@@ -377,8 +434,13 @@ impl Solver {
             return None;
         };
         let v = pattern.var()?;
-        let beg: Vec<Dim> = pattern.beg_dims().iter().map(|d| self.env.subst_dim(d)).collect();
-        let end: Vec<Dim> = pattern.dims.iter().map(|d| self.env.subst_dim(d)).collect();
+        // Kernel labels stay variables, as in `keep_kernel_dims`.
+        let subst = |d: &Dim| match d {
+            Dim::Var(v) if self.is_kernel_dim(*v) => d.clone(),
+            _ => self.env.subst_dim(d),
+        };
+        let beg: Vec<Dim> = pattern.beg_dims().iter().map(subst).collect();
+        let end: Vec<Dim> = pattern.dims.iter().map(subst).collect();
         let o = self.env.subst_row(other);
         let (ob, od) = (o.beg_dims(), &o.dims);
         let (pairs, rest): (Vec<(&Dim, &Dim)>, Row) = match o.var() {

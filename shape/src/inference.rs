@@ -222,6 +222,7 @@ impl Inference {
         self.finished = false;
         let deriv = self.derive(shape, &logic)?;
         deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
+        deriv.kernel_dims.iter().for_each(|v| self.solver.mark_kernel_dim(*v));
         self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone() });
         let origin = Origin::step(step);
         let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
@@ -335,6 +336,7 @@ impl Inference {
             let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
             let deriv = self.derive(shape, &logic)?;
             deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
+            deriv.kernel_dims.iter().for_each(|v| self.solver.mark_kernel_dim(*v));
             let origin = Origin::step(StepId(i as u32));
             let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
             let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;

@@ -48,6 +48,10 @@ impl Solver {
             return Ok(vec![]);
         }
         let Dim::Var(v) = d else {
+            if matches!(&d, Dim::Conv(c) if c.is_windowless()) {
+                // Its input is not the convolution's to size (see `ConvDim::is_windowless`).
+                return Ok(vec![]);
+            }
             // An arithmetic dimension: check once its size is known.
             self.defer(Constraint::DimConstr { d, constr: constr.clone() }.at(origin));
             return Ok(vec![]);

@@ -41,6 +41,9 @@ pub struct Solver {
     /// expanding one (a pattern's leading axes anchor at the start of the row it is matched
     /// with; see [`crate::ineq`]).
     pub(crate) template_rows: Vec<bool>,
+    /// Indexed by dimension variable: whether it is the label of a convolution kernel (an
+    /// inequality with it on the upper side is an equation; see [`crate::ineq`]).
+    pub(crate) kernel_dims: Vec<bool>,
     /// Propagation constraints waiting for the environment to change.
     pub(crate) deferred: Vec<Constr>,
     /// Closing constraints waiting for the environment to change.
@@ -71,6 +74,21 @@ impl Solver {
             self.template_rows.resize(i + 1, false);
         }
         self.template_rows[i] = true;
+    }
+
+    /// Whether `v` is the label of a convolution kernel.
+    pub fn is_kernel_dim(&self, v: DimVar) -> bool {
+        self.kernel_dims.get(v.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// Records that `v` is the label of a convolution kernel: the argument axes matched with it
+    /// are the kernel's, equal to it rather than broadcast against it.
+    pub fn mark_kernel_dim(&mut self, v: DimVar) {
+        let i = v.0 as usize;
+        if self.kernel_dims.len() <= i {
+            self.kernel_dims.resize(i + 1, false);
+        }
+        self.kernel_dims[i] = true;
     }
 
     /// An empty list for derived constraints: one the solver has finished with, if any.

@@ -459,10 +459,10 @@ impl<'a> Parser<'a> {
                         kernel: Some(kernel),
                     }))
                 }
-                None if stride > 1 => {
+                // A pure stride axis (any stride, 1 included).
+                None => {
                     Ok(Item::Axis(AxisSpec::Conv { stride, output, dilation: 0, kernel: None }))
                 }
-                None => self.err(pos, "a stride axis needs a stride above 1 (as in '2*i')"),
             };
         }
         Ok(Item::Axis(AxisSpec::Label(self.ident(tok, pos)?)))
@@ -504,7 +504,8 @@ impl fmt::Display for AxisSpec {
             AxisSpec::Anonymous => write!(f, "_"),
             AxisSpec::Concat(parts) => write!(f, "{}", parts.join("^")),
             AxisSpec::Conv { stride, output, dilation, kernel } => {
-                if *stride != 1 {
+                // A pure stride axis always shows its stride (`1*i` is not the label `i`).
+                if *stride != 1 || kernel.is_none() {
                     write!(f, "{stride}*")?;
                 }
                 write!(f, "{output}")?;
@@ -580,6 +581,8 @@ mod tests {
         expect!["...|->2*oh+wh,2*ow+ww,..c..; |->wh,ww => ...|->oh,ow,..c.."]
             .assert_eq(&show("... | 2*oh+wh, 2*ow+ww, ..c..; wh, ww => ... | oh, ow, ..c.."));
         expect!["|->2*i => |->i"].assert_eq(&show("2*i => i"));
+        // Any stride, 1 included: `1*i` reads every position, and does not broadcast.
+        expect!["|->1*i => |->i"].assert_eq(&show("1*i => i"));
         expect!["|->a,j,k; |->b,j,k => |->a^b,j,k"]
             .assert_eq(&show("a, j, k; b, j, k => a^b, j, k"));
         expect!["|->o+2*k; |->k => |->o"].assert_eq(&show("o+2*k; k => o"));

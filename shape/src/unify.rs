@@ -88,6 +88,12 @@ impl Solver {
     /// Records `v = value` and re-checks v's former bounds against the value.
     pub(crate) fn bind_dim(&mut self, v: DimVar, value: Dim, origin: &Origin) -> Derived {
         if let Dim::Conv(c) = &value {
+            if c.is_windowless() {
+                // A convolution without window reads nothing and does not constrain its input:
+                // v stays free. Its kernel and output are both 0.
+                let zero = |d: &Dim| Constraint::DimEq { d1: d.clone(), d2: Dim::of(0) }.at(origin);
+                return Ok(vec![zero(&c.output), zero(&c.kernel)]);
+            }
             if c.stride == 1 && c.output.mentions(v) {
                 // v = v' + dilation·(k - 1) with v' containing v: only a kernel of 1 (or no
                 // kernel) keeps it finite, and then v equals the convolution's output.
@@ -139,8 +145,14 @@ impl Solver {
         for c in old.cur {
             out.push(Constraint::DimIneq { cur: Dim::Var(c), subr: value.clone() }.at(origin));
         }
+        let kernel = self.is_kernel_dim(v);
         for s in old.subr {
-            out.push(Constraint::DimIneq { cur: value.clone(), subr: Dim::Var(s) }.at(origin));
+            out.push(if kernel {
+                // A kernel's axes equal it (see `solve_dim_ineq`).
+                Constraint::DimEq { d1: value.clone(), d2: Dim::Var(s) }.at(origin)
+            } else {
+                Constraint::DimIneq { cur: value.clone(), subr: Dim::Var(s) }.at(origin)
+            });
         }
         if let Some((lub, o)) = old.lub {
             out.push(Constraint::DimIneq { cur: lub, subr: value.clone() }.at(&o.join(origin)));

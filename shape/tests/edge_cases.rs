@@ -1,0 +1,143 @@
+//! Sizes and alignments at the edges of the notation, through the public pipeline: kernels of
+//! one tap and of none, empty axes, a stride of 1, fixed indices feeding convolutions,
+//! concatenations that repeat a label, row variables after a label, and batch slices of
+//! composite tensors. Each test was a wrong answer or a spurious error before.
+
+use std::sync::Arc;
+
+use expect_test::expect;
+use rocannl_arrayjit::indexing::SymbolGen;
+use rocannl_shape::inference::{Inference, RowDecl, ShapeDecl};
+use rocannl_shape::logic::{Logic, Terminal, TerminalData};
+use rocannl_shape::spec::EinsumSpec;
+use rocannl_shape::var::{ShapeId, StepId};
+
+fn spec(s: &str) -> Arc<EinsumSpec> {
+    Arc::new(EinsumSpec::parse(s).unwrap())
+}
+
+/// A leaf with the given rows; `param` for a learnable parameter.
+fn leaf(inf: &mut Inference, name: &str, decl: &ShapeDecl, param: bool) -> ShapeId {
+    let id = inf.new_shape(name, decl);
+    let t = Terminal { param, data: TerminalData::Rows, input_equals_output: false };
+    inf.add_step(id, Logic::Terminal(t)).unwrap();
+    id
+}
+
+/// Data with only output axes.
+fn vector(inf: &mut Inference, name: &str, output: &[usize]) -> ShapeId {
+    leaf(inf, name, &ShapeDecl::given(&[], &[], output), false)
+}
+
+/// A parameter with no batch axes whose other rows are inferred.
+fn param(inf: &mut Inference, name: &str) -> ShapeId {
+    let decl = ShapeDecl { batch: RowDecl::Given(vec![]), ..ShapeDecl::inferred() };
+    leaf(inf, name, &decl, true)
+}
+
+fn op(inf: &mut Inference, name: &str, logic: Logic) -> (ShapeId, StepId) {
+    let id = inf.new_shape(name, &ShapeDecl::inferred());
+    let step = inf.add_step(id, logic).unwrap();
+    (id, step)
+}
+
+fn projections(inf: &Inference, step: StepId) -> String {
+    inf.derive_projections(step, &mut SymbolGen::default()).unwrap().to_string()
+}
+
+/// A kernel argument of size 1 is a kernel of one tap: it fixes the kernel label to 1 instead
+/// of broadcasting against it (which left the label open, and closing then made the window as
+/// wide as the input and the output 1).
+#[test]
+fn a_kernel_of_size_one_is_one_tap() {
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[5]);
+    let k = vector(&mut inf, "k", &[1]);
+    let (y, step) = op(&mut inf, "y", Logic::Einsum(spec("2*o+k; k => o"), vec![x, k]));
+    inf.finish().unwrap();
+    // 5 = 2*(o-1) + 1.
+    assert_eq!(inf.shape(y).to_string(), "|->3");
+    expect!["[i0:3] lhs[i0] <- rhs0[2*i0], rhs1[0]"].assert_eq(&projections(&inf, step));
+
+    // A dilated kernel of one tap beside a channel axis: 2 = (o-1) + 2*(1-1) + 1.
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[2, 1]);
+    let k = vector(&mut inf, "k", &[1]);
+    let (y, _) = op(&mut inf, "y", Logic::Einsum(spec("o+2*k, c; k => o, c"), vec![x, k]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->2,1");
+
+    // A kernel lacking the kernel axis (a scalar) is one tap too, as a missing axis
+    // broadcasts like an axis of 1.
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[4]);
+    let k = vector(&mut inf, "k", &[]);
+    let (y, _) = op(&mut inf, "y", Logic::Einsum(spec("o+k; k => o"), vec![x, k]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->4");
+}
+
+/// A kernel label is the same kernel in every operand: two kernels of 3 and 1 taps disagree
+/// whichever comes first (the second used to broadcast when the first had fixed the label).
+#[test]
+fn two_kernels_of_different_sizes_disagree_in_either_order() {
+    for sizes in [[3, 1], [1, 3]] {
+        let mut inf = Inference::new();
+        let x = vector(&mut inf, "x", &[6]);
+        let k1 = vector(&mut inf, "k1", &[sizes[0]]);
+        let k2 = vector(&mut inf, "k2", &[sizes[1]]);
+        let y = inf.new_shape("y", &ShapeDecl::inferred());
+        let r = inf.add_step(y, Logic::Einsum(spec("o+k; k; k => o"), vec![x, k1, k2]));
+        let r = r.map_err(|e| e.to_string()).and_then(|_| inf.finish().map_err(|e| e.to_string()));
+        let msg = r.expect_err("a kernel of 3 and one of 1");
+        assert!(msg.contains("o+k; k; k => o"), "{msg}");
+    }
+}
+
+/// A kernel of size 0 has no taps, so no window: the output is empty, whatever the input, and
+/// the input is not sized by the convolution (a parameter there is sized like one nothing
+/// bounds). No window also means no taps when the kernel is what is inferred.
+#[test]
+fn a_kernel_of_size_zero_has_no_window() {
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[7]);
+    let k = vector(&mut inf, "k", &[0]);
+    let (y, step) = op(&mut inf, "y", Logic::Einsum(spec("2*o+3*k; k => o"), vec![x, k]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->0");
+    // Both loops are empty.
+    expect!["[i0:0, i1:0] lhs[i0] <- rhs0[2*i0 + 3*i1], rhs1[i1]"]
+        .assert_eq(&projections(&inf, step));
+
+    let mut inf = Inference::new();
+    let x = param(&mut inf, "x");
+    let k = vector(&mut inf, "k", &[0]);
+    let (y, _) = op(&mut inf, "y", Logic::Einsum(spec("o+k; k => o"), vec![x, k]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->0");
+    assert_eq!(inf.shape(x).to_string(), "|->1");
+    assert_eq!(inf.warnings().len(), 1, "{:?}", inf.warnings());
+}
+
+/// A pure stride axis over an empty axis: 0 = 2*0, so the output is empty (it was "not a whole
+/// number of strides").
+#[test]
+fn a_pure_stride_axis_may_be_empty() {
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[0]);
+    let (y, _) = op(&mut inf, "y", Logic::Einsum(spec("2*o => o"), vec![x]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->0");
+}
+
+/// The grammar allows any stride: `1*o` reads every position (and, being a stride axis, does
+/// not broadcast).
+#[test]
+fn a_stride_of_one_is_accepted() {
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[4]);
+    let (y, step) = op(&mut inf, "y", Logic::Einsum(spec("1*o => o"), vec![x]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->4");
+    expect!["[i0:4] lhs[i0] <- rhs0[i0]"].assert_eq(&projections(&inf, step));
+}
