@@ -283,3 +283,11 @@ fn a_stride_of_one_reads_every_position() {
     let (shape, values) = output_and_values(einsum("1*o => o", &[range(4)]));
     assert_eq!((shape, values), (json!([4]), json!([0.0, 1.0, 2.0, 3.0])));
 }
+
+#[test]
+fn a_fixed_index_placement_feeds_a_convolution() {
+    let placed = einsum("e => 3", &[ndarray(&[1], &[5.0])]);
+    let (shape, values) =
+        output_and_values(einsum("o+k ; k => o", &[placed, ndarray(&[2], &[1.0, 10.0])]));
+    assert_eq!((shape, values), (json!([3]), json!([0.0, 0.0, 50.0])));
+}

@@ -52,9 +52,18 @@ impl Solver {
                 // Its input is not the convolution's to size (see `ConvDim::is_windowless`).
                 return Ok(vec![]);
             }
-            // An arithmetic dimension: check once its size is known.
+            // An arithmetic dimension: check once its size is known. Meanwhile, a single
+            // unknown part learns how large it must at least be, so that closing it to its
+            // lower bound gives the axis its positions.
+            let out = arithmetic_part_lower_bound(&d, n)
+                .filter(|(_, m)| *m > 1)
+                .map(|(part, m)| {
+                    Constraint::DimConstr { d: part, constr: DimConstraint::AtLeast(m) }.at(origin)
+                })
+                .into_iter()
+                .collect();
             self.defer(Constraint::DimConstr { d, constr: constr.clone() }.at(origin));
-            return Ok(vec![]);
+            return Ok(out);
         };
         let mut b = self.env.dim_bounds(v).clone();
         let old = b.constr.as_ref().map(|(c, _)| c.clone()).unwrap_or(DimConstraint::Unconstrained);
@@ -461,4 +470,42 @@ pub(crate) fn slot_then(slot: &Dim, row: &Row) -> Row {
 /// The conflict of an element count that does not fit in `usize`.
 fn too_many(origin: &Origin) -> Conflict {
     conflict("the number of elements is too large to represent", origin)
+}
+
+/// For an arithmetic dimension that must have at least `n` positions and has exactly one unknown
+/// part: that part and the smallest size that gives the dimension `n` positions.
+fn arithmetic_part_lower_bound(d: &Dim, n: usize) -> Option<(Dim, usize)> {
+    match d {
+        Dim::Conv(c) => {
+            let (out, kernel) = (c.output.size(), c.kernel.size());
+            if !c.kernel_counts() {
+                // stride*output >= n.
+                return out.is_none().then(|| (c.output.clone(), n.div_ceil(c.stride)));
+            }
+            match (out, kernel) {
+                // stride*(output-1) + dilation*(kernel-1) + 1 >= n.
+                (None, Some(k)) if k > 0 => {
+                    let span = c.dilation.checked_mul(k - 1)?.checked_add(1)?;
+                    let more = n.saturating_sub(span).div_ceil(c.stride);
+                    Some((c.output.clone(), more.checked_add(1)?))
+                }
+                (Some(o), None) if o > 0 => {
+                    let covered = c.stride.checked_mul(o - 1)?.checked_add(1)?;
+                    let more = n.saturating_sub(covered).div_ceil(c.dilation);
+                    Some((c.kernel.clone(), more.checked_add(1)?))
+                }
+                _ => None,
+            }
+        }
+        Dim::Concat(parts) => {
+            let mut unknown = parts.iter().filter(|p| p.size().is_none());
+            let part = unknown.next()?;
+            if unknown.next().is_some() {
+                return None;
+            }
+            let known = parts.iter().filter_map(Dim::size).try_fold(0usize, usize::checked_add)?;
+            Some((part.clone(), n.saturating_sub(known)))
+        }
+        Dim::Var(_) | Dim::Solved(_) => None,
+    }
 }

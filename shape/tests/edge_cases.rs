@@ -141,3 +141,32 @@ fn a_stride_of_one_is_accepted() {
     assert_eq!(inf.shape(y).to_string(), "|->4");
     expect!["[i0:4] lhs[i0] <- rhs0[i0]"].assert_eq(&projections(&inf, step));
 }
+
+/// A fixed index placing a value at position 3 makes its axis at least 4 long; fed to a
+/// convolution with a kernel of 2, the convolution's output must be at least 3 (it was closed
+/// to 1, and the axis to 2: "fixed index out of range").
+#[test]
+fn a_fixed_index_placement_sizes_the_convolution_it_feeds() {
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[1]);
+    let (placed, _) = op(&mut inf, "placed", Logic::Einsum(spec("e => 3"), vec![x]));
+    let k = vector(&mut inf, "k", &[2]);
+    let (y, step) = op(&mut inf, "y", Logic::Einsum(spec("o+k ; k => o"), vec![placed, k]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(placed).to_string(), "|->4");
+    assert_eq!(inf.shape(y).to_string(), "|->3");
+    expect!["[i0:3, i1:2] lhs[i0] <- rhs0[i0 + i1], rhs1[i1]"].assert_eq(&projections(&inf, step));
+
+    // The same with a concatenation: the placed axis is added to a^b with b = 2, so the part a
+    // closes to at least 2 positions (its lower bound, rather than 1).
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[1]);
+    let (placed, _) = op(&mut inf, "placed", Logic::Einsum(spec("e => 3"), vec![x]));
+    let a = param(&mut inf, "a");
+    let b = vector(&mut inf, "b", &[2]);
+    let (cat, _) = op(&mut inf, "cat", Logic::Einsum(spec("a; b => a^b"), vec![a, b]));
+    let (sum, _) = op(&mut inf, "sum", Logic::Pointwise(vec![placed, cat]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(cat).to_string(), "|->4");
+    assert_eq!(inf.shape(sum).to_string(), "|->4");
+}
