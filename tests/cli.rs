@@ -291,3 +291,42 @@ fn a_fixed_index_placement_feeds_a_convolution() {
         output_and_values(einsum("o+k ; k => o", &[placed, ndarray(&[2], &[1.0, 10.0])]));
     assert_eq!((shape, values), (json!([3]), json!([0.0, 0.0, 50.0])));
 }
+
+fn concat(spec: &str, args: &[Value]) -> Value {
+    json!({"op": "concat", "spec": spec, "args": args})
+}
+
+#[test]
+fn a_label_repeated_in_a_concatenation_writes_each_part_at_its_offset() {
+    let (shape, values) = output_and_values(concat("a; a => a^a", &[range(2), range(2)]));
+    assert_eq!((shape, values), (json!([4]), json!([0.0, 1.0, 0.0, 1.0])));
+    let b = ndarray(&[3], &[10.0, 11.0, 12.0]);
+    let c = ndarray(&[2], &[20.0, 21.0]);
+    let (shape, values) = output_and_values(concat("a; b; a => a^b^a", &[range(2), b, c]));
+    let want = json!([0.0, 1.0, 10.0, 11.0, 12.0, 20.0, 21.0]);
+    assert_eq!((shape, values), (json!([7]), want));
+    let b = ndarray(&[3], &[10.0, 11.0, 12.0]);
+    let (shape, values) = output_and_values(concat("a; b => b^a", &[range(2), b]));
+    assert_eq!((shape, values), (json!([5]), json!([10.0, 11.0, 12.0, 0.0, 1.0])));
+}
+
+/// A concatenated axis whose parts cannot be filled is a spec error already when only shapes
+/// are asked for (it used to pass `shapes` and fail `eval` as an input error), naming the spec.
+#[test]
+fn a_concatenation_that_cannot_be_filled_is_a_spec_error_at_shapes_time() {
+    let cases = [
+        (einsum("a^b => a", &[range(3)]), "a^b => a"),
+        (concat("a; c => a^b", &[range(2), range(3)]), "a; c => a^b"),
+        (concat("a; b => a^a", &[range(2), range(3)]), "a; b => a^a"),
+        (einsum("a; b => a^b", &[range(2), range(3)]), "a; b => a^b"),
+    ];
+    for (expr, spec) in cases {
+        let doc = json!({ "expr": expr }).to_string();
+        for cmd in ["shapes", "eval"] {
+            let (rc, v, _) = rocannl(&[cmd], &doc);
+            assert_eq!((rc, kind(&v)), (1, "spec"), "{cmd} {doc}: {v}");
+            let msg = v["error"]["message"].as_str().unwrap_or("");
+            assert!(msg.contains(&format!("\"{spec}\"")), "{msg}");
+        }
+    }
+}

@@ -170,3 +170,43 @@ fn a_fixed_index_placement_sizes_the_convolution_it_feeds() {
     assert_eq!(inf.shape(cat).to_string(), "|->4");
     assert_eq!(inf.shape(sum).to_string(), "|->4");
 }
+
+/// The parts of a concatenation are filled in the order of the arguments naming their labels:
+/// with one label used for two parts, the second argument fills the second part, at its offset
+/// (both used to fill the first).
+#[test]
+fn a_label_repeated_in_a_concatenation_fills_each_part_in_turn() {
+    let mut inf = Inference::new();
+    let a = vector(&mut inf, "a", &[2]);
+    let b = vector(&mut inf, "b", &[2]);
+    let (y, step) = op(&mut inf, "y", Logic::Einsum(spec("a; a => a^a"), vec![a, b]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->4");
+    let ps = inf.derive_concat_projections(step, &mut SymbolGen::default()).unwrap();
+    let shown: Vec<String> = ps.iter().map(|p| p.to_string()).collect();
+    expect![[r#"
+        [
+            "[i0:2] lhs[i0] <- rhs0[i0]",
+            "[i1:2] lhs[i1 + 2] <- rhs0[i1]",
+        ]
+    "#]]
+    .assert_debug_eq(&shown);
+
+    let mut inf = Inference::new();
+    let a = vector(&mut inf, "a", &[2]);
+    let b = vector(&mut inf, "b", &[3]);
+    let c = vector(&mut inf, "c", &[2]);
+    let (y, step) = op(&mut inf, "y", Logic::Einsum(spec("a; b; a => a^b^a"), vec![a, b, c]));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(y).to_string(), "|->7");
+    let ps = inf.derive_concat_projections(step, &mut SymbolGen::default()).unwrap();
+    let shown: Vec<String> = ps.iter().map(|p| p.to_string()).collect();
+    expect![[r#"
+        [
+            "[i0:2] lhs[i0] <- rhs0[i0]",
+            "[i1:3] lhs[i1 + 2] <- rhs0[i1]",
+            "[i2:2] lhs[i2 + 5] <- rhs0[i2]",
+        ]
+    "#]]
+    .assert_debug_eq(&shown);
+}
