@@ -330,3 +330,12 @@ fn a_concatenation_that_cannot_be_filled_is_a_spec_error_at_shapes_time() {
         }
     }
 }
+
+#[test]
+fn a_batch_slice_of_a_composite_with_two_batch_axes() {
+    let x = json!({"leaf": "ndarray", "batch": [2, 3], "values": [1, 2, 3, 4, 5, 6]});
+    let expr = json!({"op": "batch_slice", "index": 1, "args": [{"op": "neg", "args": [x]}]});
+    let v = eval_both(&json!({ "expr": expr }));
+    assert_eq!(v["shape"], json!({"batch": [3], "input": [], "output": []}));
+    assert_eq!(v["values"], json!([-4.0, -5.0, -6.0]));
+}

@@ -99,8 +99,10 @@ impl Solver {
 
     /// A batch slice: `arg = slot ++ cur`, once one of the two rows has a known number of axes.
     /// Until then the argument gets one trailing axis (it has at least one, and a trailing axis
-    /// lines up like any other); from stage 6 on, when neither row is known yet, the result's
-    /// row closes to no further axes first (a result closes to the smallest shape).
+    /// lines up like any other); from stage 6 on, when neither row is known yet, the smallest
+    /// solution is taken: the argument closes to its known axes when it has more of them than
+    /// the result (an argument of `[..r.., 2, 3]` slices to `[3]`), otherwise the result closes
+    /// to its known axes.
     pub fn solve_batch_slice(
         &mut self,
         cur: &Arc<Row>,
@@ -119,7 +121,11 @@ impl Solver {
                 self.defer(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
                 return Ok(out);
             }
-            let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+            // The smallest rows: `arg` has at least its known axes and one more than `cur`'s
+            // known axes. Whichever of the two needs more axes closes its variable to no
+            // further axes, and determines the other.
+            let (w, closed) = if arg.num_fixed() > cur.num_fixed() { (w, &arg) } else { (v, &cur) };
+            let mut out = self.bind_row(w, Row::empty(closed.id), origin)?;
             out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
             return Ok(out);
         }

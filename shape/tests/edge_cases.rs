@@ -8,7 +8,7 @@ use std::sync::Arc;
 use expect_test::expect;
 use rocannl_arrayjit::indexing::SymbolGen;
 use rocannl_shape::inference::{Inference, RowDecl, ShapeDecl};
-use rocannl_shape::logic::{Logic, Terminal, TerminalData};
+use rocannl_shape::logic::{Logic, SliceIndex, Terminal, TerminalData};
 use rocannl_shape::spec::EinsumSpec;
 use rocannl_shape::var::{ShapeId, StepId};
 
@@ -209,4 +209,19 @@ fn a_label_repeated_in_a_concatenation_fills_each_part_in_turn() {
         ]
     "#]]
     .assert_debug_eq(&shown);
+}
+
+/// A batch slice of a composite tensor whose argument has two batch axes: the composite's
+/// batch row is `[..r.., 2, 3]`, and the slice's row is `[3]` (the slice's row used to close to
+/// no axes first, leaving the argument one axis short).
+#[test]
+fn a_batch_slice_of_a_composite_keeps_the_other_batch_axes() {
+    let mut inf = Inference::new();
+    let x = leaf(&mut inf, "x", &ShapeDecl::given(&[2, 3], &[], &[]), false);
+    let (n, _) = op(&mut inf, "n", Logic::Pointwise(vec![x]));
+    let (s, step) = op(&mut inf, "s", Logic::BatchSlice(n, SliceIndex::Fixed(1)));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(n).to_string(), "2,3|->");
+    assert_eq!(inf.shape(s).to_string(), "3|->");
+    expect!["[i0:3] lhs[i0] <- rhs0[1, i0]"].assert_eq(&projections(&inf, step));
 }
