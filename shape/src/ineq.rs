@@ -69,18 +69,16 @@ impl Row {
 impl Solver {
     /// Solves `cur ≥ subr` for dimensions.
     pub fn solve_dim_ineq(&mut self, cur: &Dim, subr: &Dim, origin: &Origin) -> Derived {
-        let kernel = |s: &Self, d: &Dim| matches!(d, Dim::Var(v) if s.is_kernel_dim(*v));
-        if kernel(self, cur) {
-            // A kernel's axis is the kernel: it does not broadcast against the kernel's label.
+        if matches!(cur, Dim::Var(v) if self.is_kernel_dim(*v)) {
+            // A kernel label paired with an argument's axis: that axis is the kernel, it does
+            // not broadcast against the label. (Only the label itself, as the pairing of a
+            // pattern's row left it: whatever else the label is equated with keeps its own
+            // relations.)
             let eq = Constraint::DimEq { d1: cur.clone(), d2: subr.clone() };
             return Ok(self.derive_one(eq.at(origin)));
         }
         let cur = self.env.subst_dim_cow(cur);
         let subr = self.env.subst_dim_cow(subr);
-        if kernel(self, &cur) {
-            let eq = Constraint::DimEq { d1: cur.into_owned(), d2: subr.into_owned() };
-            return Ok(self.derive_one(eq.at(origin)));
-        }
         let (cur, subr) = (cur.as_ref(), subr.as_ref());
         if same_dim(cur, subr) {
             return Ok(vec![]);

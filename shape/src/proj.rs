@@ -431,7 +431,8 @@ impl Inference {
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
         deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
-        deriv.kernel_dims.iter().for_each(|v| local.mark_kernel_dim(*v));
+        // Kernel labels are not marked: whether an argument's axis is the kernel or broadcasts
+        // against it was decided by inference, and the labels take the sizes it found.
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };

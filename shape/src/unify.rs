@@ -145,14 +145,8 @@ impl Solver {
         for c in old.cur {
             out.push(Constraint::DimIneq { cur: Dim::Var(c), subr: value.clone() }.at(origin));
         }
-        let kernel = self.is_kernel_dim(v);
         for s in old.subr {
-            out.push(if kernel {
-                // A kernel's axes equal it (see `solve_dim_ineq`).
-                Constraint::DimEq { d1: value.clone(), d2: Dim::Var(s) }.at(origin)
-            } else {
-                Constraint::DimIneq { cur: value.clone(), subr: Dim::Var(s) }.at(origin)
-            });
+            out.push(Constraint::DimIneq { cur: value.clone(), subr: Dim::Var(s) }.at(origin));
         }
         if let Some((lub, o)) = old.lub {
             out.push(Constraint::DimIneq { cur: lub, subr: value.clone() }.at(&o.join(origin)));

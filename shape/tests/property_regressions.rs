@@ -240,3 +240,19 @@ fn batch_slices_wait_for_the_batch_rows() {
     };
     assert_eq!(shapes(&build_checked(&g))[4..], ["2,2|->1,1", "2|->1,1", "|->1,1"]);
 }
+
+/// One parameter as both the input and the kernel of a convolution: the two instantiations of
+/// the spec (first and second propagation pass) met in the parameter's upper bound through
+/// fresh variables, and a kernel label bound to such a variable passed its "does not
+/// broadcast" marking on to it; the projections' local solve, marking the labels again, then
+/// disagreed with the sizes inference had found ("dimensions 2 and 1 must be equal").
+#[test]
+fn a_parameter_that_is_its_own_kernel_has_projections() {
+    let g = Graph {
+        nodes: vec![
+            Node::Param { input: None, output: None },
+            Node::Einsum("b+a, 1; ..., 1, a => ..., a, b".into(), vec![0, 0]),
+        ],
+    };
+    build_checked(&g);
+}
