@@ -339,3 +339,27 @@ fn a_batch_slice_of_a_composite_with_two_batch_axes() {
     assert_eq!(v["shape"], json!({"batch": [3], "input": [], "output": []}));
     assert_eq!(v["values"], json!([-4.0, -5.0, -6.0]));
 }
+
+/// A row variable after a label on an einsum's result side, added to a param of more axes:
+/// the results NumPy's broadcasting gives, whichever argument comes first.
+#[test]
+fn a_result_row_variable_after_a_label_broadcasts_like_numpy() {
+    let param = |name: &str, output: &[usize], values: &[f64]| json!({"leaf": "param", "name": name, "output": output, "init": {"values": values}});
+    let tens = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0];
+    let x = param("x", &[2], &[1.0, 2.0]);
+    let y = param("y", &[3, 2], &tens);
+    let e = einsum("m => m...", &[x]);
+    for args in [[e.clone(), y.clone()], [y, e]] {
+        let (shape, values) = output_and_values(json!({"op": "add", "args": args}));
+        assert_eq!(shape, json!([3, 2]));
+        assert_eq!(values, json!([11.0, 22.0, 31.0, 42.0, 51.0, 62.0]));
+    }
+    let x = param("x", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = param("y", &[2, 3], &tens);
+    let e = einsum("i... => i...", &[json!({"op": "neg", "args": [x]})]);
+    for args in [[y.clone(), e.clone()], [e, y]] {
+        let (shape, values) = output_and_values(json!({"op": "add", "args": args}));
+        assert_eq!(shape, json!([2, 3]));
+        assert_eq!(values, json!([9.0, 18.0, 27.0, 36.0, 45.0, 54.0]));
+    }
+}

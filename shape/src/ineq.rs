@@ -8,8 +8,8 @@
 //! the conflict.) Between two variables the relation is stored as bounds; a cycle of `≥` means
 //! equality.
 //!
-//! For rows, leading axes pair from the left and trailing axes from the right, and the rest is
-//! absorbed by row variables: the `cur` side is expanded with a variables-only template when
+//! For rows, trailing axes pair from the right (and leading axes from the left when one side is
+//! an einsum pattern, see below), and the rest is absorbed by row variables: the `cur` side is expanded with a variables-only template when
 //! `subr` has more axes than `cur` can show (so `cur` has at least `subr`'s axes), and the part
 //! of `cur` left over becomes `subr`'s least upper bound. Row upper bounds meet dimension-wise;
 //! where a meet of two bounds cannot be written down yet (both end in unknown row variables),
@@ -19,7 +19,11 @@
 //! is matched with, its trailing axes at the end, and the row variable takes the middle. That
 //! holds even when another operand has already fixed the row variable: such a pattern is not
 //! substituted into an ordinary row (`solve_known_pattern`). At stage 6 a tensor's row variable
-//! closes before a pattern's for the same reason.
+//! closes before a pattern's for the same reason. Between two tensors' rows broadcasting is
+//! NumPy's, from the right: a tensor's leading axes (taken from a pattern) are its first axes,
+//! but where they fall in a longer row is known only once its row variable is, so that waits.
+//! At stage 6 a constraint stuck on an ambiguity closes a row variable only when it gets the
+//! solver's closing turn (one at a time, see `Solver::take_closing_turn`).
 //!
 //! Convolution and concatenation axes do not broadcast: compared with an unknown axis they are
 //! equated. A known size above one whose parts may still make it 1 waits instead, since then
@@ -235,6 +239,10 @@ impl Solver {
             |c: &Dim, s: &Dim| Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin);
         let (cb, cd) = (cur.beg_dims(), &cur.dims[..]);
         let (sb, sd) = (subr.beg_dims(), &subr.dims[..]);
+        // Between two tensors' rows (no einsum pattern on either side) broadcasting lines the
+        // rows up from the right: a tensor's known first axes are its first, but where they
+        // fall in a longer row depends on how many axes its row variable turns out to hold.
+        let anchored = self.is_pattern_row(&cur) || self.is_pattern_row(&subr);
         if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
             if cv == sv {
                 // The same row variable on both sides: its axes line up only if the trailing
@@ -261,6 +269,12 @@ impl Solver {
             let mut out: Vec<Constr> =
                 cd[cd.len() - k..].iter().zip(&sd[n - k..]).map(|(c, s)| ineq(c, s)).collect();
             let middle = &sd[..n - k];
+            if !anchored && !cb.is_empty() && !middle.is_empty() {
+                // Whether subr's first axes fall on cur's first axes or inside cur's row
+                // variable depends on the variable.
+                out.extend(self.wait_or_close(cur, subr, origin)?);
+                return Ok(out);
+            }
             let j = cb.len().min(middle.len());
             out.extend(cb[..j].iter().zip(&middle[..j]).map(|(c, s)| ineq(c, s)));
             let rest = &middle[j..];
@@ -274,7 +288,7 @@ impl Solver {
             }
             return Ok(out);
         }
-        let j = cb.len().min(sb.len());
+        let j = if anchored { cb.len().min(sb.len()) } else { 0 };
         let k = cd.len().min(sd.len());
         // Room for the pairs and what relating the rest usually adds.
         let mut out = self.derived_list();
@@ -303,6 +317,12 @@ impl Solver {
                 if sb2.len() > cd2.len() {
                     return Err(conflict(format!("[{subr}] has more axes than [{cur}]"), origin));
                 }
+                if !anchored && !sb2.is_empty() && sb2.len() < cd2.len() {
+                    // subr is a tensor that may be shorter than cur: where its first axes fall
+                    // depends on its row variable.
+                    out.extend(self.wait_or_close(cur, subr, origin)?);
+                    return Ok(out);
+                }
                 out.extend(cd2.iter().zip(sb2).map(|(c, s)| ineq(c, s)));
                 let rest = Row::fixed(cd2[sb2.len()..].to_vec(), cur.id);
                 let more = self.add_row_lub(sv, rest, origin)?;
@@ -313,7 +333,8 @@ impl Solver {
                 if !sb2.is_empty() || !sd2.is_empty() {
                     // subr has axes cur does not show yet: cur's row variable must supply them,
                     // unless cur's own leftover axes could (then wait).
-                    if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
+                    if (!sd2.is_empty() && !cb2.is_empty())
+                        || (!sb2.is_empty() && (!cd2.is_empty() || !anchored))
                     {
                         out.extend(self.wait_or_close(cur, subr, origin)?);
                         return Ok(out);
@@ -339,6 +360,12 @@ impl Solver {
                 Ok(out)
             }
         }
+    }
+
+    /// Whether `r` is an einsum pattern's row (its row variable is a pattern's, or was made by
+    /// expanding one): its leading axes anchor at the start of the row it is matched with.
+    fn is_pattern_row(&self, r: &Row) -> bool {
+        r.var().is_some_and(|v| self.is_template_row(v))
     }
 
     /// A kernel's axis the argument lacks is a kernel of one tap (a missing axis broadcasts
@@ -388,7 +415,7 @@ impl Solver {
     /// A tensor's row variable closes before an einsum pattern's: closing the pattern's first
     /// would make it an ordinary row and lose the anchoring of its leading axes.
     fn wait_or_close(&mut self, cur: Arc<Row>, subr: Arc<Row>, origin: &Origin) -> Derived {
-        if self.stage < Stage::RowsToNoMoreAxes {
+        if self.stage < Stage::RowsToNoMoreAxes || !self.take_closing_turn() {
             self.defer(Constraint::RowIneq { cur, subr }.at(origin));
             return Ok(vec![]);
         }

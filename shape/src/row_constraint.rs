@@ -113,7 +113,7 @@ impl Solver {
         let cur = self.env.subst_row_arc(cur);
         let arg = self.env.subst_row_arc(arg);
         if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
-            if self.stage < Stage::RowsToNoMoreAxes {
+            if self.stage < Stage::RowsToNoMoreAxes || !self.take_closing_turn() {
                 let mut out = Vec::new();
                 if arg.num_fixed() == 0 {
                     out = self.expand_row_var(w, 0, 1, &arg, origin)?;

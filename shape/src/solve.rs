@@ -9,11 +9,14 @@
 //! retried once the environment has changed: propagation constraints whenever the queue runs
 //! dry, closing constraints when no other closing constraint is left to act.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint};
 use crate::env::Environment;
 use crate::error::{Conflict, conflict};
+use crate::row::Row;
 use crate::stage::Stage;
 use crate::var::{DimVar, RowVar, VarGen};
 
@@ -51,6 +54,11 @@ pub struct Solver {
     /// The environment version when the first of `deferred` was deferred (none of them can
     /// progress before the environment changes).
     deferred_at: u64,
+    /// From stage 6 on: whether a constraint stuck on an ambiguity may close a row variable now
+    /// (one at a time, each followed by full propagation; see [`Solver::take_closing_turn`]).
+    closing_turn: bool,
+    /// The environment version when the deferred constraints were last offered a closing turn.
+    turn_offered_at: Option<u64>,
     /// The same for `deferred_closers`.
     closers_deferred_at: u64,
     /// An optional trace of processed constraints, for debugging and snapshots.
@@ -163,11 +171,27 @@ impl Solver {
             let which = if !queues.regular.is_empty() {
                 Which::Regular
             } else {
+                // A closing turn lasts one round of retried constraints and what they derive.
+                self.closing_turn = false;
                 let version = self.env.version;
                 if !self.deferred.is_empty() && self.deferred_at != version {
                     // Propagation reached a fixed point, but the environment changed since
                     // these were deferred: they may progress now.
                     queues.regular.append(&mut self.deferred);
+                    continue;
+                }
+                if late && !self.deferred.is_empty() && self.turn_offered_at != Some(version) {
+                    // Stuck, from stage 6 on: one of the constraints waiting on an ambiguity
+                    // may close a row variable, the one deepest in the graph first (the rows of
+                    // the tensors built first), and everything it implies propagates before
+                    // the next closes. Closing several at once, in whatever order they were
+                    // deferred, could close a result's row before the argument it is forced
+                    // from.
+                    self.turn_offered_at = Some(version);
+                    self.closing_turn = true;
+                    let mut stuck = std::mem::take(&mut self.deferred);
+                    stuck.sort_by_cached_key(|c| self.closing_order(c));
+                    queues.regular.append(&mut stuck);
                     continue;
                 }
                 if !queues.closers.is_empty() {
@@ -201,6 +225,30 @@ impl Solver {
             queues.route_all(&mut derived);
             self.recycle(derived);
         }
+    }
+
+    /// From stage 6 on, whether a constraint stuck on an ambiguity may close a row variable
+    /// now: the first to ask in a round of retried constraints may (and the others wait for the
+    /// next round).
+    pub(crate) fn take_closing_turn(&mut self) -> bool {
+        std::mem::take(&mut self.closing_turn)
+    }
+
+    /// The order in which stuck constraints get a closing turn: those with a tensor's row
+    /// variable before those with only einsum patterns', then by the shape the row belongs to
+    /// (shapes are numbered as they are built, arguments before results).
+    fn closing_order(&self, c: &Constr) -> (bool, u32) {
+        let rows: Vec<&Arc<Row>> = match &c.c {
+            Constraint::RowIneq { cur, subr } => vec![subr, cur],
+            Constraint::RowEq { r1, r2 } => vec![r1, r2],
+            Constraint::BatchSlice { cur, arg, .. } => vec![arg, cur],
+            _ => vec![],
+        };
+        rows.into_iter()
+            .map(|r| self.env.subst_row_cow(r))
+            .filter_map(|r| r.var().map(|v| (self.is_template_row(v), r.id.shape.0)))
+            .min()
+            .unwrap_or((true, u32::MAX))
     }
 
     /// Solves one constraint, returning what it derives (deferring it if it cannot progress).

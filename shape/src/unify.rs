@@ -316,7 +316,7 @@ impl Solver {
                 } else if bb2.is_empty() && bd2.is_empty() {
                     let more = self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?;
                     self.absorb(&mut out, more);
-                } else if self.stage >= Stage::RowsToNoMoreAxes {
+                } else if self.stage >= Stage::RowsToNoMoreAxes && self.take_closing_turn() {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
                     let more = self.bind_row(va, Row::empty(a.id), origin)?;

@@ -225,3 +225,34 @@ fn a_batch_slice_of_a_composite_keeps_the_other_batch_axes() {
     assert_eq!(inf.shape(s).to_string(), "3|->");
     expect!["[i0:3] lhs[i0] <- rhs0[1, i0]"].assert_eq(&projections(&inf, step));
 }
+
+/// A row variable after a label on an einsum's result side: the result's first axis is the
+/// label's, but added to a tensor of more axes it lines up from the right as broadcasting
+/// does, whichever argument comes first (it used to take its first axis from the other
+/// argument, or lose its axes when bound through a non-leaf argument).
+#[test]
+fn a_result_row_variable_after_a_label_broadcasts_like_numpy_in_either_order() {
+    for swap in [false, true] {
+        let mut inf = Inference::new();
+        let x = vector(&mut inf, "x", &[2]);
+        let (e, _) = op(&mut inf, "e", Logic::Einsum(spec("m => m..."), vec![x]));
+        let y = vector(&mut inf, "y", &[3, 2]);
+        let args = if swap { vec![y, e] } else { vec![e, y] };
+        let (sum, _) = op(&mut inf, "sum", Logic::Pointwise(args));
+        inf.finish().unwrap();
+        assert_eq!(inf.shape(e).to_string(), "|->2", "swap {swap}");
+        assert_eq!(inf.shape(sum).to_string(), "|->3,2", "swap {swap}");
+    }
+    for swap in [false, true] {
+        let mut inf = Inference::new();
+        let x = vector(&mut inf, "x", &[2, 3]);
+        let (n, _) = op(&mut inf, "n", Logic::Pointwise(vec![x]));
+        let (e, _) = op(&mut inf, "e", Logic::Einsum(spec("i... => i..."), vec![n]));
+        let y = vector(&mut inf, "y", &[2, 3]);
+        let args = if swap { vec![e, y] } else { vec![y, e] };
+        let (sum, _) = op(&mut inf, "sum", Logic::Pointwise(args));
+        inf.finish().unwrap();
+        assert_eq!(inf.shape(e).to_string(), "|->2,3", "swap {swap}");
+        assert_eq!(inf.shape(sum).to_string(), "|->2,3", "swap {swap}");
+    }
+}
