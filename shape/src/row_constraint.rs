@@ -97,12 +97,13 @@ impl Solver {
         Ok(out)
     }
 
-    /// A batch slice: `arg = slot ++ cur`, once one of the two rows has a known number of axes.
-    /// Until then the argument gets one trailing axis (it has at least one, and a trailing axis
-    /// lines up like any other); from stage 6 on, when neither row is known yet, the smallest
-    /// solution is taken: the argument closes to its known axes when it has more of them than
-    /// the result (an argument of `[..r.., 2, 3]` slices to `[3]`), otherwise the result closes
-    /// to its known axes.
+    /// A batch slice: `arg = slot ++ cur`, an equation once one of the two rows has a known
+    /// number of axes. Until then the two rows keep their known trailing axes in step: the
+    /// argument has at least one axis more than the result shows, the result at least one
+    /// fewer than the argument shows, and their last axes are the same (a trailing axis lines
+    /// up like any other). From stage 6 on, when neither row is known yet, the smallest
+    /// solution is taken: the row with more known axes (counting the sliced one) closes its
+    /// variable to no further axes, and determines the other.
     pub fn solve_batch_slice(
         &mut self,
         cur: &Arc<Row>,
@@ -112,24 +113,42 @@ impl Solver {
     ) -> Derived {
         let cur = self.env.subst_row_arc(cur);
         let arg = self.env.subst_row_arc(arg);
-        if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
-            if self.stage < Stage::RowsToNoMoreAxes || !self.take_closing_turn() {
-                let mut out = Vec::new();
-                if arg.num_fixed() == 0 {
-                    out = self.expand_row_var(w, 0, 1, &arg, origin)?;
-                }
-                self.defer(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
+        let (Some(v), Some(w)) = (cur.var(), arg.var()) else {
+            let eq = Constraint::RowEq { r1: Arc::new(slot_then(slot, &cur)), r2: arg };
+            return Ok(vec![eq.at(origin)]);
+        };
+        if self.stage < Stage::RowsToNoMoreAxes || !self.take_closing_turn() {
+            let (a, c) = (arg.num_fixed(), cur.num_fixed());
+            let trailing_only = arg.beg_dims().is_empty() && cur.beg_dims().is_empty();
+            let again =
+                Constraint::BatchSlice { cur: cur.clone(), arg: arg.clone(), slot: slot.clone() };
+            if a < c + 1 && (trailing_only || a == 0) {
+                let mut out = self.expand_row_var(w, 0, c + 1 - a, &arg, origin)?;
+                out.push(again.at(origin));
                 return Ok(out);
             }
-            // The smallest rows: `arg` has at least its known axes and one more than `cur`'s
-            // known axes. Whichever of the two needs more axes closes its variable to no
-            // further axes, and determines the other.
-            let (w, closed) = if arg.num_fixed() > cur.num_fixed() { (w, &arg) } else { (v, &cur) };
-            let mut out = self.bind_row(w, Row::empty(closed.id), origin)?;
-            out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
+            if trailing_only && c + 1 < a {
+                let mut out = self.expand_row_var(v, 0, a - 1 - c, &cur, origin)?;
+                out.push(again.at(origin));
+                return Ok(out);
+            }
+            let mut out = Vec::new();
+            if trailing_only {
+                // Both show their last axes: those are the same axes.
+                let k = a.min(c);
+                out.extend(
+                    arg.dims[a - k..].iter().zip(&cur.dims[c - k..]).map(|(x, y)| {
+                        Constraint::DimEq { d1: x.clone(), d2: y.clone() }.at(origin)
+                    }),
+                );
+            }
+            self.defer(again.at(origin));
             return Ok(out);
         }
-        Ok(vec![Constraint::RowEq { r1: Arc::new(slot_then(slot, &cur)), r2: arg }.at(origin)])
+        let (w, closed) = if arg.num_fixed() > cur.num_fixed() { (w, &arg) } else { (v, &cur) };
+        let mut out = self.bind_row(w, Row::empty(closed.id), origin)?;
+        out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
+        Ok(out)
     }
 
     /// Applies a constraint on rows concatenated in memory order.

@@ -845,7 +845,7 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
             s.env
         ),
         expect![[r#"
-            [..$r1..] = $d0, [..$r0..]
+            [..$r2..,$d1] = $d0, [..$r0..]
             --
             $r1 = [..$r2..,$d1]
         "#]],
