@@ -453,7 +453,7 @@ impl Inference {
                 }
             }
             for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
-                pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
+                pending = local.solve(stage, pending).map_err(|c| self.report_local(c))?;
             }
         }
         let mut ps = ProjSolver {

@@ -90,7 +90,7 @@ fn two_kernels_of_different_sizes_disagree_in_either_order() {
         let r = inf.add_step(y, Logic::Einsum(spec("o+k; k; k => o"), vec![x, k1, k2]));
         let r = r.map_err(|e| e.to_string()).and_then(|_| inf.finish().map_err(|e| e.to_string()));
         let msg = r.expect_err("a kernel of 3 and one of 1");
-        assert!(msg.contains("o+k; k; k => o"), "{msg}");
+        assert!(msg.contains("o+k; k; k => o") && !msg.contains('$'), "{msg}");
     }
 }
 
@@ -255,4 +255,17 @@ fn a_result_row_variable_after_a_label_broadcasts_like_numpy_in_either_order() {
         assert_eq!(inf.shape(e).to_string(), "|->2,3", "swap {swap}");
         assert_eq!(inf.shape(sum).to_string(), "|->2,3", "swap {swap}");
     }
+}
+
+/// Shape errors name einsum labels and write other unknown axes as `_` and row variables as
+/// `...`, never the solver's variables (`$d3`, `..$r628..`).
+#[test]
+fn shape_errors_show_labels_not_solver_variables() {
+    let mut inf = Inference::new();
+    let x = vector(&mut inf, "x", &[6]);
+    let k = vector(&mut inf, "k", &[1]);
+    let y = inf.new_shape("y", &ShapeDecl::inferred());
+    let e = inf.add_step(y, Logic::Einsum(spec("2*o+k; k => o"), vec![x, k])).unwrap_err();
+    expect![[r#"shape error: convolution axis 2*o+1 cannot have size 6: 6 = 2*(output-1) + 1 has no whole-number solution; in einsum "2*o+k; k => o" 'y': result ...|...->...,_ from |->6, |->1"#]]
+        .assert_eq(&e.to_string());
 }
