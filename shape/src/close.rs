@@ -121,7 +121,8 @@ impl Solver {
             (None, None)
                 if self.stage >= Stage::TerminalRowsClosed
                     && b.subr.is_empty()
-                    && b.cur.is_empty() =>
+                    && b.cur.is_empty()
+                    && !self.waits_with(v) =>
             {
                 self.mark_row_guess(v);
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
@@ -195,6 +196,19 @@ impl Solver {
 }
 
 impl Solver {
+    /// Whether row variable `v` is in a row of a deferred constraint between rows (one waiting
+    /// for an alignment to be known): that relates it to other variables as much as a bound
+    /// does, so closing it early would decide their sizes.
+    fn waits_with(&self, v: RowVar) -> bool {
+        let has = |r: &Arc<Row>| self.env.subst_row_cow(r).var() == Some(v);
+        self.deferred.iter().any(|c| match &c.c {
+            Constraint::RowIneq { cur: a, subr: b }
+            | Constraint::RowEq { r1: a, r2: b }
+            | Constraint::BatchSlice { cur: a, arg: b, .. } => has(a) || has(b),
+            _ => false,
+        })
+    }
+
     /// Records that `v` is closed by a guess, with every dimension variable known to be below it.
     fn mark_dim_guess(&mut self, v: DimVar) {
         let env = &self.env;

@@ -35,7 +35,7 @@ use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
 use crate::dim::Dim;
 use crate::env::RowEntry;
 use crate::error::{Conflict, conflict};
-use crate::row::{Bcast, Row};
+use crate::row::{Bcast, Row, RowId};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::unify::labels_agree;
@@ -419,14 +419,21 @@ impl Solver {
             self.defer(Constraint::RowIneq { cur, subr }.at(origin));
             return Ok(vec![]);
         }
-        let tensor_var =
-            [subr.var(), cur.var()].into_iter().flatten().find(|v| !self.is_template_row(*v));
-        let Some(v) = tensor_var.or(subr.var()).or(cur.var()) else {
+        let Some((v, id)) = self.row_to_close(&cur, &subr) else {
             return Ok(vec![Constraint::RowIneq { cur, subr }.at(origin)]);
         };
-        let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+        let mut out = self.bind_row(v, Row::empty(id), origin)?;
         out.push(Constraint::RowIneq { cur, subr }.at(origin));
         Ok(out)
+    }
+
+    /// The row variable an ambiguous `cur ≥ subr` closes (with the row it belongs to): a
+    /// tensor's before a pattern's, the sub-tensor's first.
+    pub(crate) fn row_to_close(&self, cur: &Row, subr: &Row) -> Option<(RowVar, RowId)> {
+        let var = |r: &Row| r.var().map(|v| (v, r.id));
+        let tensor =
+            [var(subr), var(cur)].into_iter().flatten().find(|(v, _)| !self.is_template_row(*v));
+        tensor.or(var(subr)).or(var(cur))
     }
 
     /// `cur ≥ subr` where one side is an einsum pattern `beg ++ ..v.. ++ end` with leading axes

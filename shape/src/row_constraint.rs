@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::{Conflict, conflict};
-use crate::row::{Bcast, Kind, Row};
+use crate::row::{Bcast, Kind, Row, RowId};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::RowVar;
@@ -145,10 +145,18 @@ impl Solver {
             self.defer(again.at(origin));
             return Ok(out);
         }
-        let (w, closed) = if arg.num_fixed() > cur.num_fixed() { (w, &arg) } else { (v, &cur) };
-        let mut out = self.bind_row(w, Row::empty(closed.id), origin)?;
+        let (w, id) = self.slice_row_to_close(&cur, &arg).unwrap_or((v, cur.id));
+        let mut out = self.bind_row(w, Row::empty(id), origin)?;
         out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
         Ok(out)
+    }
+
+    /// The row variable a batch slice whose rows both have one closes at stage 6 (with the row
+    /// it belongs to): the argument's when it shows more axes than the result, else the
+    /// result's.
+    pub(crate) fn slice_row_to_close(&self, cur: &Row, arg: &Row) -> Option<(RowVar, RowId)> {
+        let (v, w) = (cur.var()?, arg.var()?);
+        Some(if arg.num_fixed() > cur.num_fixed() { (w, arg.id) } else { (v, cur.id) })
     }
 
     /// Applies a constraint on rows concatenated in memory order.

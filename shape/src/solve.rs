@@ -234,21 +234,23 @@ impl Solver {
         std::mem::take(&mut self.closing_turn)
     }
 
-    /// The order in which stuck constraints get a closing turn: those with a tensor's row
-    /// variable before those with only einsum patterns', then by the shape the row belongs to
+    /// The order in which stuck constraints get a closing turn, by the row variable each would
+    /// close: a tensor's before an einsum pattern's, then by the shape its row belongs to
     /// (shapes are numbered as they are built, arguments before results).
     fn closing_order(&self, c: &Constr) -> (bool, u32) {
-        let rows: Vec<&Arc<Row>> = match &c.c {
-            Constraint::RowIneq { cur, subr } => vec![subr, cur],
-            Constraint::RowEq { r1, r2 } => vec![r1, r2],
-            Constraint::BatchSlice { cur, arg, .. } => vec![arg, cur],
-            _ => vec![],
+        let subst = |r: &Arc<Row>| self.env.subst_row_cow(r).into_owned();
+        let pick = match &c.c {
+            Constraint::RowIneq { cur, subr } => self.row_to_close(&subst(cur), &subst(subr)),
+            Constraint::RowEq { r1, .. } => {
+                let r = subst(r1);
+                r.var().map(|v| (v, r.id))
+            }
+            Constraint::BatchSlice { cur, arg, .. } => {
+                self.slice_row_to_close(&subst(cur), &subst(arg))
+            }
+            _ => None,
         };
-        rows.into_iter()
-            .map(|r| self.env.subst_row_cow(r))
-            .filter_map(|r| r.var().map(|v| (self.is_template_row(v), r.id.shape.0)))
-            .min()
-            .unwrap_or((true, u32::MAX))
+        pick.map_or((true, u32::MAX), |(v, id)| (self.is_template_row(v), id.shape.0))
     }
 
     /// Solves one constraint, returning what it derives (deferring it if it cannot progress).

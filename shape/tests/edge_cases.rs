@@ -31,8 +31,12 @@ fn vector(inf: &mut Inference, name: &str, output: &[usize]) -> ShapeId {
 
 /// A parameter with no batch axes whose other rows are inferred.
 fn param(inf: &mut Inference, name: &str) -> ShapeId {
-    let decl = ShapeDecl { batch: RowDecl::Given(vec![]), ..ShapeDecl::inferred() };
-    leaf(inf, name, &decl, true)
+    leaf(inf, name, &param_decl(), true)
+}
+
+/// A parameter's declaration: no batch axes, the rest inferred from use.
+fn param_decl() -> ShapeDecl {
+    ShapeDecl { batch: RowDecl::Given(vec![]), ..ShapeDecl::inferred() }
 }
 
 fn op(inf: &mut Inference, name: &str, logic: Logic) -> (ShapeId, StepId) {
@@ -268,4 +272,37 @@ fn shape_errors_show_labels_not_solver_variables() {
     let e = inf.add_step(y, Logic::Einsum(spec("2*o+k; k => o"), vec![x, k])).unwrap_err();
     expect![[r#"shape error: convolution axis 2*o+1 cannot have size 6: 6 = 2*(output-1) + 1 has no whole-number solution; in einsum "2*o+k; k => o" 'y': result ...|...->...,_ from |->6, |->1"#]]
         .assert_eq(&e.to_string());
+}
+
+/// A dense layer after a pooling: the pooled rows are `[oh, ow, ..c..]` (the pooling's result
+/// pattern), and the layer's weight, a parameter whose input row is inferred, must hold all of
+/// them. Lined up from the right that waits until `c` is known, and meanwhile the waiting
+/// inequality relates the weight's row, so it is not closed as unbounded at stage 4; at stage 6
+/// the convolution's leftover batch axes close first (the row deepest in the graph), then the
+/// pooled row, then the weight takes it.
+#[test]
+fn a_parameter_above_a_pooled_row_waits_for_its_channels() {
+    let mut inf = Inference::new();
+    let x = leaf(&mut inf, "x", &ShapeDecl::given(&[4], &[], &[8, 8, 1]), false);
+    let kernel_decl = ShapeDecl {
+        batch: RowDecl::Given(vec![]),
+        input: RowDecl::Partial(vec![Some(3), Some(3), None]),
+        output: RowDecl::Given(vec![16]),
+    };
+    let k = leaf(&mut inf, "k", &kernel_decl, true);
+    let w_decl = ShapeDecl { output: RowDecl::Given(vec![10]), ..param_decl() };
+    let w = leaf(&mut inf, "w", &w_decl, true);
+    let conv = Arc::new(
+        EinsumSpec::parse_padded("... | h+i, w+j, c; i, j, c -> d => ... | h, w, d").unwrap(),
+    );
+    let (y, _) = op(&mut inf, "y", Logic::Einsum(conv, vec![x, k]));
+    let (r, _) = op(&mut inf, "r", Logic::Pointwise(vec![y]));
+    let window = vector(&mut inf, "window", &[2, 2]);
+    let pool = spec("... | 2*oh+wh, 2*ow+ww, ..c..; wh, ww => ... | oh, ow, ..c..");
+    let (p, _) = op(&mut inf, "p", Logic::Einsum(pool, vec![r, window]));
+    let (logits, _) = op(&mut inf, "logits", Logic::Compose(w, p));
+    inf.finish().unwrap();
+    assert_eq!(inf.shape(p).to_string(), "4|->4,4,16");
+    assert_eq!(inf.shape(w).to_string(), "|4,4,16->10");
+    assert_eq!(inf.shape(logits).to_string(), "4|->10");
 }
