@@ -9,9 +9,10 @@
 //! equality.
 //!
 //! For rows, trailing axes pair from the right (and leading axes from the left when one side is
-//! an einsum pattern, see below), and the rest is absorbed by row variables: the `cur` side is expanded with a variables-only template when
-//! `subr` has more axes than `cur` can show (so `cur` has at least `subr`'s axes), and the part
-//! of `cur` left over becomes `subr`'s least upper bound. Row upper bounds meet dimension-wise;
+//! an einsum pattern, see below), and the rest is absorbed by row variables: the `cur` side is
+//! expanded with a variables-only template when `subr` has more axes than `cur` can show (so
+//! `cur` has at least `subr`'s axes), and the part of `cur` left over becomes `subr`'s least
+//! upper bound. Row upper bounds meet dimension-wise;
 //! where a meet of two bounds cannot be written down yet (both end in unknown row variables),
 //! the second bound waits for a later pass.
 //!

@@ -45,7 +45,7 @@ pub struct Solver {
     /// with; see [`crate::ineq`]).
     pub(crate) template_rows: Vec<bool>,
     /// Indexed by dimension variable: whether it is the label of a convolution kernel (an
-    /// inequality with it on the upper side is an equation; see [`crate::ineq`]).
+    /// inequality whose upper side is the label itself is an equation; see [`crate::ineq`]).
     pub(crate) kernel_dims: Vec<bool>,
     /// Propagation constraints waiting for the environment to change.
     pub(crate) deferred: Vec<Constr>,
@@ -54,13 +54,13 @@ pub struct Solver {
     /// The environment version when the first of `deferred` was deferred (none of them can
     /// progress before the environment changes).
     deferred_at: u64,
+    /// The same for `deferred_closers`.
+    closers_deferred_at: u64,
     /// From stage 6 on: whether a constraint stuck on an ambiguity may close a row variable now
     /// (one at a time, each followed by full propagation; see [`Solver::take_closing_turn`]).
     closing_turn: bool,
     /// The environment version when the deferred constraints were last offered a closing turn.
     turn_offered_at: Option<u64>,
-    /// The same for `deferred_closers`.
-    closers_deferred_at: u64,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
     /// The queues of [`Solver::solve`], empty between calls (kept for their capacity).

@@ -8,7 +8,7 @@
 //! | 1 `Online` | nothing: unification and propagation only |
 //! | 2 `TerminalDimsToOne` | dimension variables of leaf (terminal) shapes with no upper bound and no other constraint (not related to any other variable either), to 1 |
 //! | 3 `TerminalsToLub` | dimension and row variables of leaf shapes to their least upper bounds (rows only without a `TotalElems 1` constraint); a leaf row without an upper bound whose constraint needs one axis gets it |
-//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound (and not related to other row variables) to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
+//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound (and not related to other row variables, by a bound or by a constraint waiting for an alignment) to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
 //! | 5 `RowConstraints` | `TotalElems` and `Exact` constraints with unknown row variables: one row variable gets the remaining axes (one axis, or none when one element is left); with several, the output row's variable does |
 //! | 6 `RowsToNoMoreAxes` | every remaining row variable to no further axes |
 //! | 7 `DimsToLowerBound` | every remaining dimension variable to its lower bound, or 1 |
