@@ -13,7 +13,8 @@
 //! | form | input size |
 //! |---|---|
 //! | unpadded, `dilation > 0` | `stride*(output-1) + dilation*(kernel-1) + 1` |
-//! | pure stride (`dilation = 0`) | `stride*output` |
+//! | unpadded, kernel or output 0 | none: no window, the input is not sized by it ([`ConvDim::is_windowless`]) |
+//! | pure stride (`dilation = 0`, any stride ≥ 1) | `stride*output` |
 //! | padded (`use_padding`) | `stride*output` (padding is found by projection inference) |
 
 use std::fmt;
@@ -236,6 +237,8 @@ impl ConvDim {
         }
         let k = size(&self.kernel)?;
         if out == 0 || k == 0 {
+            // No window: the input is not determined by the convolution (see
+            // `ConvDim::is_windowless`).
             return None;
         }
         self.stride
@@ -247,6 +250,16 @@ impl ConvDim {
     /// Whether the kernel contributes to the input size.
     pub fn kernel_counts(&self) -> bool {
         self.dilation > 0 && !self.padded
+    }
+
+    /// Whether this valid convolution is known to have no window: a kernel of size 0 has no
+    /// taps, so no window can be placed, and the output has size 0 (and an output of size 0 has
+    /// a kernel of 0: a kernel that does not fit its input is an error, not an empty output).
+    /// Such a convolution reads nothing, so it does not constrain its input axis: it has no
+    /// input size of its own, and an input axis sized by nothing else is sized like any axis
+    /// nothing bounds.
+    pub fn is_windowless(&self) -> bool {
+        self.kernel_counts() && (self.kernel.size() == Some(0) || self.output.size() == Some(0))
     }
 
     /// Solves the output size from the input size and the kernel size (ignored when the kernel
@@ -261,7 +274,7 @@ impl ConvDim {
     pub fn solve_output(&self, input: usize, kernel: usize) -> Result<usize, NoSolution> {
         let fail = |why: String| Err(NoSolution(why));
         if self.padded || self.dilation == 0 {
-            if input % self.stride != 0 || input == 0 {
+            if input % self.stride != 0 {
                 return fail(format!(
                     "an axis of {input} is not a whole number of strides {}",
                     self.stride
@@ -269,7 +282,11 @@ impl ConvDim {
             }
             return Ok(input / self.stride);
         }
-        let span = self.dilation.checked_mul(kernel.max(1) - 1).and_then(|x| x.checked_add(1));
+        if kernel == 0 {
+            // No taps, no window (whatever the input).
+            return Ok(0);
+        }
+        let span = self.dilation.checked_mul(kernel - 1).and_then(|x| x.checked_add(1));
         let Some(span) = span.filter(|s| *s <= input) else {
             return fail(format!(
                 "a kernel of {kernel} with dilation {} does not fit in an axis of {input}",
@@ -287,8 +304,12 @@ impl ConvDim {
     }
 
     /// Solves the kernel size from the input and output sizes (unpadded, dilated convolutions).
+    /// No window (an output of 0) means a kernel of 0: a kernel that does not fit is no solution.
     pub fn solve_kernel(&self, input: usize, output: usize) -> Result<usize, NoSolution> {
-        let covered = self.stride.checked_mul(output.max(1) - 1).and_then(|x| x.checked_add(1));
+        if output == 0 {
+            return Ok(0);
+        }
+        let covered = self.stride.checked_mul(output - 1).and_then(|x| x.checked_add(1));
         let fits = covered.filter(|c| *c <= input && (input - c) % self.dilation == 0);
         let Some(covered) = fits else {
             return Err(NoSolution(format!(
@@ -321,7 +342,7 @@ impl fmt::Display for Dim {
             Dim::Var(v) => write!(f, "{v}"),
             Dim::Solved(s) => write!(f, "{s}"),
             Dim::Conv(c) => {
-                if c.stride != 1 {
+                if c.stride != 1 || c.dilation == 0 {
                     write!(f, "{}*", c.stride)?;
                 }
                 write!(f, "{}", c.output)?;
@@ -372,12 +393,32 @@ mod tests {
         let stride_only = conv(2, Dim::of(0), 0, Dim::of(0), false);
         assert_eq!(stride_only.solve_output(18, 0), Ok(9));
         assert!(stride_only.solve_output(7, 0).is_err());
+        // An empty axis is a whole number (0) of strides.
+        assert_eq!(stride_only.solve_output(0, 0), Ok(0));
         let c = conv(1, Dim::of(0), 1, Dim::of(0), false);
         assert_eq!(c.solve_output(5, 2), Ok(4));
         assert!(c.solve_output(3, 5).is_err());
         assert_eq!(c.solve_kernel(5, 4), Ok(2));
         let d = conv(2, Dim::of(0), 2, Dim::of(0), false);
         assert!(d.solve_kernel(8, 3).is_err()); // 8 - 5 = 3 is odd
+    }
+
+    #[test]
+    fn a_kernel_of_zero_has_no_window() {
+        let c = conv(2, Dim::of(0), 1, Dim::of(0), false);
+        // Whatever the input: no taps, no window.
+        assert_eq!(c.solve_output(5, 0), Ok(0));
+        assert_eq!(c.solve_output(0, 0), Ok(0));
+        // No window means no taps (a kernel that does not fit is an error, not an empty output).
+        assert_eq!(c.solve_kernel(5, 0), Ok(0));
+        assert!(c.solve_output(2, 3).is_err());
+        // The convolution does not determine its input.
+        let windowless = conv(2, Dim::of(0), 1, Dim::of(0), false);
+        assert!(windowless.is_windowless());
+        assert_eq!(windowless.input_size(), None);
+        assert!(!conv(2, Dim::of(3), 1, Dim::of(1), false).is_windowless());
+        // A kernel of 1 is one tap: the input has stride*(out-1) + 1 positions.
+        assert_eq!(conv(2, Dim::of(3), 1, Dim::of(1), false).input_size(), Some(5));
     }
 
     #[test]

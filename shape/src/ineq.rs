@@ -8,10 +8,11 @@
 //! the conflict.) Between two variables the relation is stored as bounds; a cycle of `≥` means
 //! equality.
 //!
-//! For rows, leading axes pair from the left and trailing axes from the right, and the rest is
-//! absorbed by row variables: the `cur` side is expanded with a variables-only template when
-//! `subr` has more axes than `cur` can show (so `cur` has at least `subr`'s axes), and the part
-//! of `cur` left over becomes `subr`'s least upper bound. Row upper bounds meet dimension-wise;
+//! For rows, trailing axes pair from the right (and leading axes from the left when one side is
+//! an einsum pattern, see below), and the rest is absorbed by row variables: the `cur` side is
+//! expanded with a variables-only template when `subr` has more axes than `cur` can show (so
+//! `cur` has at least `subr`'s axes), and the part of `cur` left over becomes `subr`'s least
+//! upper bound. Row upper bounds meet dimension-wise;
 //! where a meet of two bounds cannot be written down yet (both end in unknown row variables),
 //! the second bound waits for a later pass.
 //!
@@ -19,7 +20,11 @@
 //! is matched with, its trailing axes at the end, and the row variable takes the middle. That
 //! holds even when another operand has already fixed the row variable: such a pattern is not
 //! substituted into an ordinary row (`solve_known_pattern`). At stage 6 a tensor's row variable
-//! closes before a pattern's for the same reason.
+//! closes before a pattern's for the same reason. Between two tensors' rows broadcasting is
+//! NumPy's, from the right: a tensor's leading axes (taken from a pattern) are its first axes,
+//! but where they fall in a longer row is known only once its row variable is, so that waits.
+//! At stage 6 a constraint stuck on an ambiguity closes a row variable only when it gets the
+//! solver's closing turn (one at a time, see `Solver::take_closing_turn`).
 //!
 //! Convolution and concatenation axes do not broadcast: compared with an unknown axis they are
 //! equated. A known size above one whose parts may still make it 1 waits instead, since then
@@ -31,7 +36,7 @@ use crate::constraint::{Constr, Constraint, DimConstraint, Origin};
 use crate::dim::Dim;
 use crate::env::RowEntry;
 use crate::error::{Conflict, conflict};
-use crate::row::{Bcast, Row};
+use crate::row::{Bcast, Row, RowId};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::unify::labels_agree;
@@ -69,6 +74,14 @@ impl Row {
 impl Solver {
     /// Solves `cur ≥ subr` for dimensions.
     pub fn solve_dim_ineq(&mut self, cur: &Dim, subr: &Dim, origin: &Origin) -> Derived {
+        if matches!(cur, Dim::Var(v) if self.is_kernel_dim(*v)) {
+            // A kernel label paired with an argument's axis: that axis is the kernel, it does
+            // not broadcast against the label. (Only the label itself, as the pairing of a
+            // pattern's row left it: whatever else the label is equated with keeps its own
+            // relations.)
+            let eq = Constraint::DimEq { d1: cur.clone(), d2: subr.clone() };
+            return Ok(self.derive_one(eq.at(origin)));
+        }
         let cur = self.env.subst_dim_cow(cur);
         let subr = self.env.subst_dim_cow(subr);
         let (cur, subr) = (cur.as_ref(), subr.as_ref());
@@ -218,7 +231,7 @@ impl Solver {
         if let Some(out) = self.solve_known_pattern(cur, subr, origin) {
             return out;
         }
-        let cur = self.env.subst_row_arc(cur);
+        let cur = self.keep_kernel_dims(cur, self.env.subst_row_arc(cur));
         let subr = self.env.subst_row_arc(subr);
         if same_row(&cur, &subr) {
             return Ok(vec![]);
@@ -227,6 +240,10 @@ impl Solver {
             |c: &Dim, s: &Dim| Constraint::DimIneq { cur: c.clone(), subr: s.clone() }.at(origin);
         let (cb, cd) = (cur.beg_dims(), &cur.dims[..]);
         let (sb, sd) = (subr.beg_dims(), &subr.dims[..]);
+        // Between two tensors' rows (no einsum pattern on either side) broadcasting lines the
+        // rows up from the right: a tensor's known first axes are its first, but where they
+        // fall in a longer row depends on how many axes its row variable turns out to hold.
+        let anchored = self.is_pattern_row(&cur) || self.is_pattern_row(&subr);
         if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
             if cv == sv {
                 // The same row variable on both sides: its axes line up only if the trailing
@@ -253,6 +270,12 @@ impl Solver {
             let mut out: Vec<Constr> =
                 cd[cd.len() - k..].iter().zip(&sd[n - k..]).map(|(c, s)| ineq(c, s)).collect();
             let middle = &sd[..n - k];
+            if !anchored && !cb.is_empty() && !middle.is_empty() {
+                // Whether subr's first axes fall on cur's first axes or inside cur's row
+                // variable depends on the variable.
+                out.extend(self.wait_or_close(cur, subr, origin)?);
+                return Ok(out);
+            }
             let j = cb.len().min(middle.len());
             out.extend(cb[..j].iter().zip(&middle[..j]).map(|(c, s)| ineq(c, s)));
             let rest = &middle[j..];
@@ -260,10 +283,13 @@ impl Solver {
                 let expanded = self.expand_row_var(cv, 0, rest.len(), &cur, origin)?;
                 out.extend(expanded);
                 out.push(Constraint::RowIneq { cur, subr }.at(origin));
+            } else {
+                let unpaired = cb[j..].iter().chain(&cd[..cd.len() - k]);
+                out.extend(self.missing_kernel_axes(unpaired, origin));
             }
             return Ok(out);
         }
-        let j = cb.len().min(sb.len());
+        let j = if anchored { cb.len().min(sb.len()) } else { 0 };
         let k = cd.len().min(sd.len());
         // Room for the pairs and what relating the rest usually adds.
         let mut out = self.derived_list();
@@ -284,10 +310,19 @@ impl Solver {
                         origin,
                     ));
                 }
-                let Some(sv) = subr.var() else { return Ok(out) };
+                let Some(sv) = subr.var() else {
+                    out.extend(self.missing_kernel_axes(cd2.iter(), origin));
+                    return Ok(out);
+                };
                 // subr's leading axes are fixed at the start of the row.
                 if sb2.len() > cd2.len() {
                     return Err(conflict(format!("[{subr}] has more axes than [{cur}]"), origin));
+                }
+                if !anchored && !sb2.is_empty() && sb2.len() < cd2.len() {
+                    // subr is a tensor that may be shorter than cur: where its first axes fall
+                    // depends on its row variable.
+                    out.extend(self.wait_or_close(cur, subr, origin)?);
+                    return Ok(out);
                 }
                 out.extend(cd2.iter().zip(sb2).map(|(c, s)| ineq(c, s)));
                 let rest = Row::fixed(cd2[sb2.len()..].to_vec(), cur.id);
@@ -299,7 +334,8 @@ impl Solver {
                 if !sb2.is_empty() || !sd2.is_empty() {
                     // subr has axes cur does not show yet: cur's row variable must supply them,
                     // unless cur's own leftover axes could (then wait).
-                    if (!sd2.is_empty() && !cb2.is_empty()) || (!sb2.is_empty() && !cd2.is_empty())
+                    if (!sd2.is_empty() && !cb2.is_empty())
+                        || (!sb2.is_empty() && (!cd2.is_empty() || !anchored))
                     {
                         out.extend(self.wait_or_close(cur, subr, origin)?);
                         return Ok(out);
@@ -327,24 +363,78 @@ impl Solver {
         }
     }
 
+    /// Whether `r` is an einsum pattern's row (its row variable is a pattern's, or was made by
+    /// expanding one): its leading axes anchor at the start of the row it is matched with.
+    fn is_pattern_row(&self, r: &Row) -> bool {
+        r.var().is_some_and(|v| self.is_template_row(v))
+    }
+
+    /// A kernel's axis the argument lacks is a kernel of one tap (a missing axis broadcasts
+    /// like an axis of 1, and a kernel's axis of 1 is one tap).
+    fn missing_kernel_axes<'d>(
+        &self,
+        unpaired: impl Iterator<Item = &'d Dim>,
+        origin: &Origin,
+    ) -> Vec<Constr> {
+        unpaired
+            .filter(|d| matches!(d, Dim::Var(v) if self.is_kernel_dim(*v)))
+            .map(|d| Constraint::DimEq { d1: d.clone(), d2: Dim::of(1) }.at(origin))
+            .collect()
+    }
+
+    /// `subst`, the substitution of `raw`, with the kernel labels among `raw`'s own axes left as
+    /// variables: the inequalities derived from pairing its axes must see that they are kernels
+    /// even when another operand has already solved them. (Substitution keeps a row's own
+    /// leading axes first and its own trailing axes last.)
+    fn keep_kernel_dims(&self, raw: &Row, subst: Arc<Row>) -> Arc<Row> {
+        let is_kernel = |d: &Dim| matches!(d, Dim::Var(v) if self.is_kernel_dim(*v));
+        if self.kernel_dims.is_empty() || !raw.beg_dims().iter().chain(&raw.dims).any(is_kernel) {
+            return subst;
+        }
+        let mut row = Arc::unwrap_or_clone(subst);
+        let open = row.var().is_some();
+        for (i, d) in raw.beg_dims().iter().enumerate() {
+            if is_kernel(d) {
+                match &mut row.bcast {
+                    Bcast::Var { beg_dims, .. } if open => beg_dims[i] = d.clone(),
+                    _ => row.dims[i] = d.clone(),
+                }
+            }
+        }
+        let off = row.dims.len() - raw.dims.len();
+        for (j, d) in raw.dims.iter().enumerate() {
+            if is_kernel(d) {
+                row.dims[off + j] = d.clone();
+            }
+        }
+        Arc::new(row)
+    }
+
     /// An inequality that cannot make progress yet: before stage 6 it waits; from stage 6 on,
     /// a row variable closes to no further axes — the sub-tensor's first, since shrinking
     /// `subr` keeps `cur ≥ subr` satisfiable while shrinking `cur` may not — and it is retried.
     /// A tensor's row variable closes before an einsum pattern's: closing the pattern's first
     /// would make it an ordinary row and lose the anchoring of its leading axes.
     fn wait_or_close(&mut self, cur: Arc<Row>, subr: Arc<Row>, origin: &Origin) -> Derived {
-        if self.stage < Stage::RowsToNoMoreAxes {
+        if self.stage < Stage::RowsToNoMoreAxes || !self.take_closing_turn() {
             self.defer(Constraint::RowIneq { cur, subr }.at(origin));
             return Ok(vec![]);
         }
-        let tensor_var =
-            [subr.var(), cur.var()].into_iter().flatten().find(|v| !self.is_template_row(*v));
-        let Some(v) = tensor_var.or(subr.var()).or(cur.var()) else {
+        let Some((v, id)) = self.row_to_close(&cur, &subr) else {
             return Ok(vec![Constraint::RowIneq { cur, subr }.at(origin)]);
         };
-        let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
+        let mut out = self.bind_row(v, Row::empty(id), origin)?;
         out.push(Constraint::RowIneq { cur, subr }.at(origin));
         Ok(out)
+    }
+
+    /// The row variable an ambiguous `cur ≥ subr` closes (with the row it belongs to): a
+    /// tensor's before a pattern's, the sub-tensor's first.
+    pub(crate) fn row_to_close(&self, cur: &Row, subr: &Row) -> Option<(RowVar, RowId)> {
+        let var = |r: &Row| r.var().map(|v| (v, r.id));
+        let tensor =
+            [var(subr), var(cur)].into_iter().flatten().find(|(v, _)| !self.is_template_row(*v));
+        tensor.or(var(subr)).or(var(cur))
     }
 
     /// `cur ≥ subr` where one side is an einsum pattern `beg ++ ..v.. ++ end` with leading axes
@@ -377,8 +467,13 @@ impl Solver {
             return None;
         };
         let v = pattern.var()?;
-        let beg: Vec<Dim> = pattern.beg_dims().iter().map(|d| self.env.subst_dim(d)).collect();
-        let end: Vec<Dim> = pattern.dims.iter().map(|d| self.env.subst_dim(d)).collect();
+        // Kernel labels stay variables, as in `keep_kernel_dims`.
+        let subst = |d: &Dim| match d {
+            Dim::Var(v) if self.is_kernel_dim(*v) => d.clone(),
+            _ => self.env.subst_dim(d),
+        };
+        let beg: Vec<Dim> = pattern.beg_dims().iter().map(subst).collect();
+        let end: Vec<Dim> = pattern.dims.iter().map(subst).collect();
         let o = self.env.subst_row(other);
         let (ob, od) = (o.beg_dims(), &o.dims);
         let (pairs, rest): (Vec<(&Dim, &Dim)>, Row) = match o.var() {

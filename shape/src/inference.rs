@@ -110,6 +110,9 @@ pub struct Inference {
     finished: bool,
     warnings: Vec<Warning>,
     strict: bool,
+    /// The einsum label each label variable stands for (indexed by variable; every derivation
+    /// of a step makes its own), so that messages can name them.
+    label_names: Vec<Option<Arc<str>>>,
 }
 
 impl Inference {
@@ -225,6 +228,8 @@ impl Inference {
         self.finished = false;
         let deriv = self.derive(shape, &logic)?;
         deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
+        deriv.kernel_dims.iter().for_each(|v| self.solver.mark_kernel_dim(*v));
+        self.name_labels(&deriv.labels);
         self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone() });
         let origin = Origin::step(step);
         let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
@@ -309,7 +314,11 @@ impl Inference {
         if let Some(sh) =
             self.shapes.iter().find(|s| !s.memory_rows().iter().all(|r| r.is_ground()))
         {
-            let msg = format!("shape of '{}' is not fully inferred: {sh}", sh.debug_name);
+            let msg = format!(
+                "shape of '{}' is not fully inferred: {}",
+                sh.debug_name,
+                self.readable(&sh.to_string(), true)
+            );
             return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
                 message: msg,
                 ops: vec![],
@@ -361,6 +370,8 @@ impl Inference {
             let (shape, logic) = (self.steps[i].shape, self.steps[i].logic.clone());
             let deriv = self.derive(shape, &logic)?;
             deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
+            deriv.kernel_dims.iter().for_each(|v| self.solver.mark_kernel_dim(*v));
+            self.name_labels(&deriv.labels);
             let origin = Origin::step(StepId(i as u32));
             let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
             let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
@@ -444,16 +455,82 @@ impl Inference {
 
     /// Turns a solver conflict into an error naming the operations involved.
     pub(crate) fn report(&self, c: Conflict) -> ShapeError {
-        let steps: Vec<StepId> = c.origin.steps().iter().rev().copied().collect();
+        let message = self.readable(&c.message, true);
+        self.report_message(message, &c.origin)
+    }
+
+    /// [`Inference::report`] of a conflict of a local solve (projection inference), whose
+    /// variables are not the graph's.
+    pub(crate) fn report_local(&self, c: Conflict) -> ShapeError {
+        let message = self.readable(&c.message, false);
+        self.report_message(message, &c.origin)
+    }
+
+    fn report_message(&self, message: String, origin: &Origin) -> ShapeError {
+        let steps: Vec<StepId> = origin.steps().iter().rev().copied().collect();
         let ops = self.op_contexts(&steps);
-        ShapeError::Mismatch(Box::new(ShapeMismatch { message: c.message, ops, steps }))
+        ShapeError::Mismatch(Box::new(ShapeMismatch { message, ops, steps }))
+    }
+
+    /// Records the labels of a derivation's variables.
+    fn name_labels(&mut self, labels: &[(String, DimVar)]) {
+        for (label, v) in labels {
+            let i = v.0 as usize;
+            if self.label_names.len() <= i {
+                self.label_names.resize(i + 1, None);
+            }
+            self.label_names[i] = Some(Arc::from(label.as_str()));
+        }
+    }
+
+    /// `text` (rows, dimensions, constraints as the solver prints them) without the solver's
+    /// variables: a label's variable is written as the label (with `labels`), any other unknown
+    /// dimension as `_`, and a row variable as `...` (the notation's anonymous axis and row
+    /// variable).
+    fn readable(&self, text: &str, labels: bool) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(i) = rest.find('$') {
+            let (before, from) = rest.split_at(i);
+            let digits = from[2.min(from.len())..].chars().take_while(char::is_ascii_digit).count();
+            let number = from.get(2..2 + digits).and_then(|d| d.parse::<usize>().ok());
+            match (from.as_bytes().get(1), number) {
+                (Some(b'd'), Some(n)) => {
+                    out.push_str(before);
+                    match self.label_names.get(n).filter(|_| labels).and_then(Option::as_ref) {
+                        Some(label) => out.push_str(label),
+                        None => out.push('_'),
+                    }
+                }
+                (Some(b'r'), Some(_)) => {
+                    // `..$r3..` in a row, or `$r3` alone: both are a row variable, `...`.
+                    let before = before.strip_suffix("..").unwrap_or(before);
+                    out.push_str(before);
+                    out.push_str("...");
+                    let after = &from[2 + digits..];
+                    rest = after.strip_prefix("..").unwrap_or(after);
+                    continue;
+                }
+                _ => {
+                    out.push_str(before);
+                    out.push('$');
+                    rest = &from[1..];
+                    continue;
+                }
+            }
+            rest = &from[2 + digits..];
+        }
+        out.push_str(rest);
+        out
     }
 
     fn op_contexts(&self, steps: &[StepId]) -> Vec<OpContext> {
         let mut ops = Vec::new();
         for s in steps {
             let Some(st) = self.steps.get(s.0 as usize) else { continue };
-            let show = |id: ShapeId| self.solver.env.subst_shape(self.shape(id)).to_string();
+            let show = |id: ShapeId| {
+                self.readable(&self.solver.env.subst_shape(self.shape(id)).to_string(), true)
+            };
             let mut shapes = vec![show(st.shape)];
             shapes.extend(st.logic.args().into_iter().map(show));
             ops.push(OpContext {

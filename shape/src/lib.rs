@@ -12,12 +12,13 @@
 //!    derives the step's constraints and [`solve::Solver::solve`] simplifies them at stage 1
 //!    ([`unify`], [`ineq`], [`row_constraint`]).
 //! 3. [`inference::Inference::finish`] — `finish_inference`: a second pass over all steps in
-//!    reverse order, then the closing stages 2–7 ([`stage`]).
+//!    reverse order, then the closing stages 2–7 ([`stage`], [`close`]).
 //! 4. [`inference::Inference::derive_projections`] — per step, fresh projection ids, a local
 //!    re-solve and union-find ([`proj`]) give the `Projections` of its assignment.
 //!
 //! The einsum notation is parsed by [`spec::EinsumSpec::parse`].
 
+pub mod close;
 pub mod constraint;
 pub mod dim;
 pub mod env;

@@ -171,6 +171,10 @@ pub struct Derivation {
     /// The row variables of einsum patterns (their leading axes anchor at the start of the row
     /// they are matched with; see [`crate::ineq`]).
     pub template_rows: Vec<RowVar>,
+    /// The variables of convolution kernel labels: an argument axis matched with one is the
+    /// kernel, so it is equal to it rather than broadcast against it (a kernel of size 1 is a
+    /// kernel of one tap).
+    pub kernel_dims: Vec<DimVar>,
 }
 
 fn ineq(cur: &Arc<Row>, subr: &Arc<Row>) -> Constraint {
@@ -324,6 +328,9 @@ pub fn get_inequalities(
             d.proj_env = t.proj_env;
             d.template_rows = t.row_vars.iter().map(|(_, v)| *v).collect();
             d.template_rows.sort();
+            d.kernel_dims = kernel_labels(spec)
+                .filter_map(|k| t.labels.iter().find(|(l, _)| *l == k).map(|(_, v)| *v))
+                .collect();
             *cs = t.extra;
         }
     }
@@ -449,4 +456,16 @@ impl<'s> Templates<'_, 's> {
 
 fn kernel_is_dummy(a: &AxisSpec) -> bool {
     matches!(a, AxisSpec::Conv { kernel: None, .. })
+}
+
+/// The labels a spec uses as convolution kernels.
+fn kernel_labels(spec: &EinsumSpec) -> impl Iterator<Item = &str> {
+    spec.operands.iter().chain(std::iter::once(&spec.result)).flat_map(|p| {
+        p.rows().into_iter().flat_map(|r| {
+            r.axes().filter_map(|a| match a {
+                AxisSpec::Conv { kernel: Some(k), .. } => Some(k.as_str()),
+                _ => None,
+            })
+        })
+    })
 }

@@ -12,7 +12,9 @@
 //! - a fixed index from the einsum spec or a batch slice fixes its class;
 //! - a convolution axis is `stride*output + dilation*kernel` (minus the left padding when
 //!   padded), an affine index over the classes of its output and kernel;
-//! - a concatenated axis, for the operand that fills part `i`, is `offset_i + part_i`;
+//! - a concatenated axis, for the operand that fills part `i` (by the spec's
+//!   [`EinsumSpec::concat_fills`](crate::spec::EinsumSpec::concat_fills)), is
+//!   `offset_i + part_i`;
 //! - every other class of size > 1 is a product-space iterator, in order of first appearance
 //!   (result axes first, so reductions are innermost).
 
@@ -30,14 +32,21 @@ use crate::logic::{Logic, Shape, get_inequalities};
 use crate::row::Row;
 use crate::row_constraint::slot_then;
 use crate::solve::Solver;
-use crate::spec::AxisSpec;
 use crate::stage::Stage;
 use crate::var::{DimVar, StepId};
 
 #[derive(Clone, Debug)]
 enum Def {
-    Conv { stride: usize, output: usize, dilation: usize, kernel: usize, padded: bool },
-    Concat(Vec<usize>),
+    Conv {
+        stride: usize,
+        output: usize,
+        dilation: usize,
+        kernel: usize,
+        padded: bool,
+    },
+    /// The nodes of the parts, and the parts' label variables (which concatenated axis of the
+    /// spec this is).
+    Concat(Vec<usize>, Vec<Option<DimVar>>),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -162,8 +171,15 @@ impl<'a> ProjSolver<'a> {
             }
             Dim::Concat(parts) => {
                 let ns = parts.iter().map(|p| self.node(p)).collect::<Result<Vec<_>, _>>()?;
+                let vars = parts
+                    .iter()
+                    .map(|p| match p {
+                        Dim::Var(v) => Some(*v),
+                        _ => None,
+                    })
+                    .collect();
                 let size = self.local.env.dim_size(d);
-                Ok(self.new_node(Class { size, fixed: None, def: Some(Def::Concat(ns)) }))
+                Ok(self.new_node(Class { size, fixed: None, def: Some(Def::Concat(ns, vars)) }))
             }
         }
     }
@@ -261,8 +277,9 @@ struct Resolver<'s, 'a> {
     /// The index of each class, by its root node.
     index: Vec<Option<AxisIndex>>,
     product: Vec<(Symbol, usize)>,
-    /// For a concatenation operand: the nodes of the parts it fills.
-    active_parts: Vec<usize>,
+    /// For a concatenation operand: for each concatenated axis (by its parts' label variables),
+    /// the part the operand fills.
+    fills: Vec<(Vec<Option<DimVar>>, usize)>,
 }
 
 impl Resolver<'_, '_> {
@@ -300,11 +317,9 @@ impl Resolver<'_, '_> {
                     }
                     AxisIndex::affine(terms, offset)
                 }
-                Def::Concat(parts) => {
+                Def::Concat(parts, vars) => {
                     let roots: Vec<usize> = parts.iter().map(|p| self.ps.find(*p)).collect();
-                    let active: Vec<usize> =
-                        self.active_parts.iter().map(|p| self.ps.find(*p)).collect();
-                    let Some(pos) = roots.iter().position(|r| active.contains(r)) else {
+                    let Some(&(_, pos)) = self.fills.iter().find(|(v, _)| *v == vars) else {
                         return Err(
                             "a concatenated axis is read without knowing which part it fills"
                                 .into(),
@@ -416,6 +431,8 @@ impl Inference {
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
         deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
+        // Kernel labels are not marked: whether an argument's axis is the kernel or broadcasts
+        // against it was decided by inference, and the labels take the sizes it found.
         let fail = |msg: String| {
             ShapeError::Arity(format!("projection inference for step {}: {msg}", step.0))
         };
@@ -436,7 +453,7 @@ impl Inference {
                 }
             }
             for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
-                pending = local.solve(stage, pending).map_err(|c| self.report(c))?;
+                pending = local.solve(stage, pending).map_err(|c| self.report_local(c))?;
             }
         }
         let mut ps = ProjSolver {
@@ -460,23 +477,18 @@ impl Inference {
             };
             r.map_err(&fail)?;
         }
-        // Which parts of concatenated axes the operand fills: the labels of its pattern.
-        let mut active_parts = Vec::new();
+        // Which part of each concatenated axis the operand fills (the spec says, by the order of
+        // the arguments naming each label: `a; a => a^a` fills the first part, then the second).
+        let mut fills = Vec::new();
         if let (Some(i), Logic::Einsum(spec, _)) = (operand, &logic) {
-            let pattern = &spec.operands[i];
-            for row in pattern.rows() {
-                for a in row.axes() {
-                    if let AxisSpec::Label(l) = a {
-                        if let Some((_, v)) = deriv.labels.iter().find(|(n, _)| n == l) {
-                            active_parts.push(ps.node(&Dim::Var(*v)).map_err(&fail)?);
-                        }
-                    }
-                }
+            for axis in spec.concat_fills().map_err(ShapeError::Spec)? {
+                let var = |l: &String| deriv.labels.iter().find(|(n, _)| n == l).map(|(_, v)| *v);
+                fills.push((axis.parts.iter().map(var).collect(), axis.fills[i]));
             }
         }
         // Room for the index of every node so far, and of the few resolving may add.
         let index = vec![None; ps.parent.len() + 16];
-        let mut res = Resolver { ps: &mut ps, symbols, index, product: vec![], active_parts };
+        let mut res = Resolver { ps: &mut ps, symbols, index, product: vec![], fills };
         let indices =
             |sh: &Shape, res: &mut Resolver| -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
                 let mut dims = Vec::new();

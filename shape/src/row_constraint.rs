@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::constraint::{Constr, Constraint, DimConstraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
 use crate::error::{Conflict, conflict};
-use crate::row::{Bcast, Kind, Row};
+use crate::row::{Bcast, Kind, Row, RowId};
 use crate::solve::Solver;
 use crate::stage::Stage;
 use crate::var::RowVar;
@@ -48,9 +48,22 @@ impl Solver {
             return Ok(vec![]);
         }
         let Dim::Var(v) = d else {
-            // An arithmetic dimension: check once its size is known.
+            if matches!(&d, Dim::Conv(c) if c.is_windowless()) {
+                // Its input is not the convolution's to size (see `ConvDim::is_windowless`).
+                return Ok(vec![]);
+            }
+            // An arithmetic dimension: check once its size is known. Meanwhile, a single
+            // unknown part learns how large it must at least be, so that closing it to its
+            // lower bound gives the axis its positions.
+            let out = arithmetic_part_lower_bound(&d, n)
+                .filter(|(_, m)| *m > 1)
+                .map(|(part, m)| {
+                    Constraint::DimConstr { d: part, constr: DimConstraint::AtLeast(m) }.at(origin)
+                })
+                .into_iter()
+                .collect();
             self.defer(Constraint::DimConstr { d, constr: constr.clone() }.at(origin));
-            return Ok(vec![]);
+            return Ok(out);
         };
         let mut b = self.env.dim_bounds(v).clone();
         let old = b.constr.as_ref().map(|(c, _)| c.clone()).unwrap_or(DimConstraint::Unconstrained);
@@ -84,10 +97,13 @@ impl Solver {
         Ok(out)
     }
 
-    /// A batch slice: `arg = slot ++ cur`, once one of the two rows has a known number of axes.
-    /// Until then the argument gets one trailing axis (it has at least one, and a trailing axis
-    /// lines up like any other); from stage 6 on, when neither row is known yet, the result's
-    /// row closes to no further axes first (a result closes to the smallest shape).
+    /// A batch slice: `arg = slot ++ cur`, an equation once one of the two rows has a known
+    /// number of axes. Until then the two rows keep their known trailing axes in step: the
+    /// argument has at least one axis more than the result shows, the result at least one
+    /// fewer than the argument shows, and their last axes are the same (a trailing axis lines
+    /// up like any other). From stage 6 on, when neither row is known yet, the smallest
+    /// solution is taken: the row with more known axes (counting the sliced one) closes its
+    /// variable to no further axes, and determines the other.
     pub fn solve_batch_slice(
         &mut self,
         cur: &Arc<Row>,
@@ -97,20 +113,50 @@ impl Solver {
     ) -> Derived {
         let cur = self.env.subst_row_arc(cur);
         let arg = self.env.subst_row_arc(arg);
-        if let (Some(v), Some(w)) = (cur.var(), arg.var()) {
-            if self.stage < Stage::RowsToNoMoreAxes {
-                let mut out = Vec::new();
-                if arg.num_fixed() == 0 {
-                    out = self.expand_row_var(w, 0, 1, &arg, origin)?;
-                }
-                self.defer(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
+        let (Some(v), Some(w)) = (cur.var(), arg.var()) else {
+            let eq = Constraint::RowEq { r1: Arc::new(slot_then(slot, &cur)), r2: arg };
+            return Ok(vec![eq.at(origin)]);
+        };
+        if self.stage < Stage::RowsToNoMoreAxes || !self.take_closing_turn() {
+            let (a, c) = (arg.num_fixed(), cur.num_fixed());
+            let trailing_only = arg.beg_dims().is_empty() && cur.beg_dims().is_empty();
+            let again =
+                Constraint::BatchSlice { cur: cur.clone(), arg: arg.clone(), slot: slot.clone() };
+            if a < c + 1 && (trailing_only || a == 0) {
+                let mut out = self.expand_row_var(w, 0, c + 1 - a, &arg, origin)?;
+                out.push(again.at(origin));
                 return Ok(out);
             }
-            let mut out = self.bind_row(v, Row::empty(cur.id), origin)?;
-            out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
+            if trailing_only && c + 1 < a {
+                let mut out = self.expand_row_var(v, 0, a - 1 - c, &cur, origin)?;
+                out.push(again.at(origin));
+                return Ok(out);
+            }
+            let mut out = Vec::new();
+            if trailing_only {
+                // Both show their last axes: those are the same axes.
+                let k = a.min(c);
+                out.extend(
+                    arg.dims[a - k..].iter().zip(&cur.dims[c - k..]).map(|(x, y)| {
+                        Constraint::DimEq { d1: x.clone(), d2: y.clone() }.at(origin)
+                    }),
+                );
+            }
+            self.defer(again.at(origin));
             return Ok(out);
         }
-        Ok(vec![Constraint::RowEq { r1: Arc::new(slot_then(slot, &cur)), r2: arg }.at(origin)])
+        let (w, id) = self.slice_row_to_close(&cur, &arg).unwrap_or((v, cur.id));
+        let mut out = self.bind_row(w, Row::empty(id), origin)?;
+        out.push(Constraint::BatchSlice { cur, arg, slot: slot.clone() }.at(origin));
+        Ok(out)
+    }
+
+    /// The row variable a batch slice whose rows both have one closes at stage 6 (with the row
+    /// it belongs to): the argument's when it shows more axes than the result, else the
+    /// result's.
+    pub(crate) fn slice_row_to_close(&self, cur: &Row, arg: &Row) -> Option<(RowVar, RowId)> {
+        let (v, w) = (cur.var()?, arg.var()?);
+        Some(if arg.num_fixed() > cur.num_fixed() { (w, arg.id) } else { (v, cur.id) })
     }
 
     /// Applies a constraint on rows concatenated in memory order.
@@ -457,4 +503,42 @@ pub(crate) fn slot_then(slot: &Dim, row: &Row) -> Row {
 /// The conflict of an element count that does not fit in `usize`.
 fn too_many(origin: &Origin) -> Conflict {
     conflict("the number of elements is too large to represent", origin)
+}
+
+/// For an arithmetic dimension that must have at least `n` positions and has exactly one unknown
+/// part: that part and the smallest size that gives the dimension `n` positions.
+fn arithmetic_part_lower_bound(d: &Dim, n: usize) -> Option<(Dim, usize)> {
+    match d {
+        Dim::Conv(c) => {
+            let (out, kernel) = (c.output.size(), c.kernel.size());
+            if !c.kernel_counts() {
+                // stride*output >= n.
+                return out.is_none().then(|| (c.output.clone(), n.div_ceil(c.stride)));
+            }
+            match (out, kernel) {
+                // stride*(output-1) + dilation*(kernel-1) + 1 >= n.
+                (None, Some(k)) if k > 0 => {
+                    let span = c.dilation.checked_mul(k - 1)?.checked_add(1)?;
+                    let more = n.saturating_sub(span).div_ceil(c.stride);
+                    Some((c.output.clone(), more.checked_add(1)?))
+                }
+                (Some(o), None) if o > 0 => {
+                    let covered = c.stride.checked_mul(o - 1)?.checked_add(1)?;
+                    let more = n.saturating_sub(covered).div_ceil(c.dilation);
+                    Some((c.kernel.clone(), more.checked_add(1)?))
+                }
+                _ => None,
+            }
+        }
+        Dim::Concat(parts) => {
+            let mut unknown = parts.iter().filter(|p| p.size().is_none());
+            let part = unknown.next()?;
+            if unknown.next().is_some() {
+                return None;
+            }
+            let known = parts.iter().filter_map(Dim::size).try_fold(0usize, usize::checked_add)?;
+            Some((part.clone(), n.saturating_sub(known)))
+        }
+        Dim::Var(_) | Dim::Solved(_) => None,
+    }
 }

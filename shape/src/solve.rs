@@ -4,16 +4,19 @@
 //! those that cannot make progress remain: equations are unified ([`crate::unify`]),
 //! inequalities are turned into bounds and least upper bounds ([`crate::ineq`]), row
 //! constraints are propagated ([`crate::row_constraint`]) and, from stage 2 on, variables are
-//! closed ([`crate::stage`]). Solving a constraint can derive more constraints (breadth first);
-//! a constraint that cannot make progress yet is *deferred* and retried once the environment has
-//! changed: propagation constraints whenever the queue runs dry, closing constraints when no
-//! other closing constraint is left to act.
+//! closed ([`crate::close`], as the [`Stage`] allows). Solving a constraint can derive more
+//! constraints (breadth first); a constraint that cannot make progress yet is *deferred* and
+//! retried once the environment has changed: propagation constraints whenever the queue runs
+//! dry, closing constraints when no other closing constraint is left to act.
+
+use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint};
 use crate::env::Environment;
 use crate::error::{Conflict, conflict};
+use crate::row::Row;
 use crate::stage::Stage;
 use crate::var::{DimVar, RowVar, VarGen};
 
@@ -41,6 +44,9 @@ pub struct Solver {
     /// expanding one (a pattern's leading axes anchor at the start of the row it is matched
     /// with; see [`crate::ineq`]).
     pub(crate) template_rows: Vec<bool>,
+    /// Indexed by dimension variable: whether it is the label of a convolution kernel (an
+    /// inequality whose upper side is the label itself is an equation; see [`crate::ineq`]).
+    pub(crate) kernel_dims: Vec<bool>,
     /// Propagation constraints waiting for the environment to change.
     pub(crate) deferred: Vec<Constr>,
     /// Closing constraints waiting for the environment to change.
@@ -50,6 +56,11 @@ pub struct Solver {
     deferred_at: u64,
     /// The same for `deferred_closers`.
     closers_deferred_at: u64,
+    /// From stage 6 on: whether a constraint stuck on an ambiguity may close a row variable now
+    /// (one at a time, each followed by full propagation; see [`Solver::take_closing_turn`]).
+    closing_turn: bool,
+    /// The environment version when the deferred constraints were last offered a closing turn.
+    turn_offered_at: Option<u64>,
     /// An optional trace of processed constraints, for debugging and snapshots.
     pub trace: Option<Vec<String>>,
     /// The queues of [`Solver::solve`], empty between calls (kept for their capacity).
@@ -71,6 +82,21 @@ impl Solver {
             self.template_rows.resize(i + 1, false);
         }
         self.template_rows[i] = true;
+    }
+
+    /// Whether `v` is the label of a convolution kernel.
+    pub fn is_kernel_dim(&self, v: DimVar) -> bool {
+        self.kernel_dims.get(v.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// Records that `v` is the label of a convolution kernel: the argument axes matched with it
+    /// are the kernel's, equal to it rather than broadcast against it.
+    pub fn mark_kernel_dim(&mut self, v: DimVar) {
+        let i = v.0 as usize;
+        if self.kernel_dims.len() <= i {
+            self.kernel_dims.resize(i + 1, false);
+        }
+        self.kernel_dims[i] = true;
     }
 
     /// An empty list for derived constraints: one the solver has finished with, if any.
@@ -145,11 +171,27 @@ impl Solver {
             let which = if !queues.regular.is_empty() {
                 Which::Regular
             } else {
+                // A closing turn lasts one round of retried constraints and what they derive.
+                self.closing_turn = false;
                 let version = self.env.version;
                 if !self.deferred.is_empty() && self.deferred_at != version {
                     // Propagation reached a fixed point, but the environment changed since
                     // these were deferred: they may progress now.
                     queues.regular.append(&mut self.deferred);
+                    continue;
+                }
+                if late && !self.deferred.is_empty() && self.turn_offered_at != Some(version) {
+                    // Stuck, from stage 6 on: one of the constraints waiting on an ambiguity
+                    // may close a row variable, the one deepest in the graph first (the rows of
+                    // the tensors built first), and everything it implies propagates before
+                    // the next closes. Closing several at once, in whatever order they were
+                    // deferred, could close a result's row before the argument it is forced
+                    // from.
+                    self.turn_offered_at = Some(version);
+                    self.closing_turn = true;
+                    let mut stuck = std::mem::take(&mut self.deferred);
+                    stuck.sort_by_cached_key(|c| self.closing_order(c));
+                    queues.regular.append(&mut stuck);
                     continue;
                 }
                 if !queues.closers.is_empty() {
@@ -183,6 +225,32 @@ impl Solver {
             queues.route_all(&mut derived);
             self.recycle(derived);
         }
+    }
+
+    /// From stage 6 on, whether a constraint stuck on an ambiguity may close a row variable
+    /// now: the first to ask in a round of retried constraints may (and the others wait for the
+    /// next round).
+    pub(crate) fn take_closing_turn(&mut self) -> bool {
+        std::mem::take(&mut self.closing_turn)
+    }
+
+    /// The order in which stuck constraints get a closing turn, by the row variable each would
+    /// close: a tensor's before an einsum pattern's, then by the shape its row belongs to
+    /// (shapes are numbered as they are built, arguments before results).
+    fn closing_order(&self, c: &Constr) -> (bool, u32) {
+        let subst = |r: &Arc<Row>| self.env.subst_row_cow(r).into_owned();
+        let pick = match &c.c {
+            Constraint::RowIneq { cur, subr } => self.row_to_close(&subst(cur), &subst(subr)),
+            Constraint::RowEq { r1, .. } => {
+                let r = subst(r1);
+                r.var().map(|v| (v, r.id))
+            }
+            Constraint::BatchSlice { cur, arg, .. } => {
+                self.slice_row_to_close(&subst(cur), &subst(arg))
+            }
+            _ => None,
+        };
+        pick.map_or((true, u32::MAX), |(v, id)| (self.is_template_row(v), id.shape.0))
     }
 
     /// Solves one constraint, returning what it derives (deferring it if it cannot progress).

@@ -190,6 +190,182 @@ impl EinsumSpec {
     }
 }
 
+/// One concatenated axis of a concatenation's result, and which of its parts each argument
+/// fills ([`EinsumSpec::concat_fills`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConcatAxis {
+    /// The labels of the parts, in order (a label may name several parts: `a^a`).
+    pub parts: Vec<String>,
+    /// For each argument, the index of the part it fills.
+    pub fills: Vec<usize>,
+}
+
+impl EinsumSpec {
+    /// For a concatenation: which part of each concatenated axis of the result each argument
+    /// fills, the axes in the order they are written. The `k`-th argument whose pattern names a
+    /// label fills the `k`-th part of that name (`a; a => a^a`: the first argument the first
+    /// part, the second the second). Every part must be filled by one argument and every
+    /// argument must fill one part of each concatenated axis; a concatenated axis in an
+    /// argument's pattern cannot be filled (its parts cannot be told apart), and several
+    /// arguments need a concatenated axis to be joined along.
+    ///
+    /// ```
+    /// use rocannl_shape::spec::EinsumSpec;
+    /// let s = EinsumSpec::parse("a; b; a => a^b^a").unwrap();
+    /// assert_eq!(s.concat_fills().unwrap()[0].fills, vec![0, 1, 2]);
+    /// let unfilled = EinsumSpec::parse("a; c => a^b").unwrap().concat_fills().unwrap_err();
+    /// assert!(unfilled.message.contains("'b'"));
+    /// ```
+    pub fn concat_fills(&self) -> Result<Vec<ConcatAxis>, SpecError> {
+        let err = |pos: usize, message: String| SpecError { spec: self.text.clone(), pos, message };
+        let arrow = self.text.find("=>").map_or(0, |b| self.text[..b].chars().count());
+        if let Some(axis) = self.operands.iter().find_map(concat_axis) {
+            return Err(err(
+                self.position_of(&axis.to_string(), 0),
+                format!(
+                    "'{axis}' is a concatenated axis in an argument: only the result of a \
+                     concatenation has one, whose parts the arguments fill"
+                ),
+            ));
+        }
+        let pattern_labels: Vec<Vec<&str>> = self.operands.iter().map(labels_of).collect();
+        let mut out = Vec::new();
+        for row in self.result.rows() {
+            for axis in row.axes() {
+                let AxisSpec::Concat(parts) = axis else { continue };
+                let at = self.position_of(&axis.to_string(), arrow);
+                let mut fills: Vec<Option<usize>> = vec![None; self.operands.len()];
+                let mut done: Vec<&str> = Vec::new();
+                for label in parts {
+                    if done.contains(&label.as_str()) {
+                        continue;
+                    }
+                    done.push(label);
+                    let named: Vec<usize> =
+                        (0..parts.len()).filter(|&i| parts[i] == *label).collect();
+                    let by: Vec<usize> = (0..self.operands.len())
+                        .filter(|&i| pattern_labels[i].contains(&label.as_str()))
+                        .collect();
+                    // The position of part `i` in the text.
+                    let part_at = |i: usize| {
+                        at + parts[..i].iter().map(|p| p.chars().count() + 1).sum::<usize>()
+                    };
+                    if by.len() < named.len() {
+                        let which = if named.len() > 1 {
+                            format!("part {} of '{axis}'", named[by.len()] + 1)
+                        } else {
+                            format!("part '{label}' of '{axis}'")
+                        };
+                        return Err(err(
+                            part_at(named[by.len()]),
+                            format!(
+                                "{which} is filled by no argument: each part is filled by an \
+                                 argument whose pattern names its label, and {}",
+                                match by.len() {
+                                    0 => format!("no argument names '{label}'"),
+                                    1 => format!("only one argument names '{label}'"),
+                                    n => format!("only {n} arguments name '{label}'"),
+                                }
+                            ),
+                        ));
+                    }
+                    if by.len() > named.len() {
+                        return Err(err(
+                            part_at(named[0]),
+                            format!(
+                                "'{label}' is named by {} arguments but by only {} part(s) of \
+                                 '{axis}': each argument fills one part",
+                                by.len(),
+                                named.len()
+                            ),
+                        ));
+                    }
+                    for (arg, part) in by.into_iter().zip(named) {
+                        if let Some(other) = fills[arg] {
+                            return Err(err(
+                                at,
+                                format!(
+                                    "argument {} names two parts of '{axis}' ('{}' and '{label}'); \
+                                     an argument fills one part",
+                                    arg + 1,
+                                    parts[other]
+                                ),
+                            ));
+                        }
+                        fills[arg] = Some(part);
+                    }
+                }
+                let fills = fills
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, f)| {
+                        f.ok_or_else(|| {
+                            err(at, format!("argument {} fills no part of '{axis}'", i + 1))
+                        })
+                    })
+                    .collect::<Result<Vec<usize>, SpecError>>()?;
+                out.push(ConcatAxis { parts: parts.clone(), fills });
+            }
+        }
+        if out.is_empty() && self.operands.len() > 1 {
+            return Err(err(
+                arrow,
+                format!(
+                    "a concatenation of {} arguments joins them along an axis 'a^b' of the result",
+                    self.operands.len()
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// For an operation other than a concatenation: a concatenated axis anywhere is an error,
+    /// since only a concatenation writes (and reads) its parts separately.
+    pub fn check_no_concat(&self) -> Result<(), SpecError> {
+        let patterns = self.operands.iter().chain(std::iter::once(&self.result));
+        match patterns.into_iter().find_map(concat_axis) {
+            Some(axis) => Err(SpecError {
+                spec: self.text.clone(),
+                pos: self.position_of(&axis.to_string(), 0),
+                message: format!(
+                    "'{axis}' is a concatenated axis: only `concat` fills the parts of one"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The character position of `token` in the text, searching from character `from`.
+    fn position_of(&self, token: &str, from: usize) -> usize {
+        let start: usize = self.text.chars().take(from).map(char::len_utf8).sum();
+        self.text[start..]
+            .find(token)
+            .map_or(from, |b| from + self.text[start..start + b].chars().count())
+    }
+}
+
+/// The first concatenated axis of a pattern.
+fn concat_axis(p: &ShapePattern) -> Option<&AxisSpec> {
+    p.rows().into_iter().flat_map(|r| r.axes()).find(|a| matches!(a, AxisSpec::Concat(_)))
+}
+
+/// The labels a pattern names (of plain, convolution and concatenated axes).
+fn labels_of(p: &ShapePattern) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for a in p.rows().into_iter().flat_map(|r| r.axes()) {
+        match a {
+            AxisSpec::Label(l) => out.push(l),
+            AxisSpec::Conv { output, kernel, .. } => {
+                out.push(output);
+                out.extend(kernel.as_deref());
+            }
+            AxisSpec::Concat(parts) => out.extend(parts.iter().map(String::as_str)),
+            AxisSpec::Fixed(_) | AxisSpec::Anonymous => {}
+        }
+    }
+    out
+}
+
 struct Parser<'a> {
     text: &'a str,
     chars: Vec<char>,
@@ -459,10 +635,10 @@ impl<'a> Parser<'a> {
                         kernel: Some(kernel),
                     }))
                 }
-                None if stride > 1 => {
+                // A pure stride axis (any stride, 1 included).
+                None => {
                     Ok(Item::Axis(AxisSpec::Conv { stride, output, dilation: 0, kernel: None }))
                 }
-                None => self.err(pos, "a stride axis needs a stride above 1 (as in '2*i')"),
             };
         }
         Ok(Item::Axis(AxisSpec::Label(self.ident(tok, pos)?)))
@@ -504,7 +680,8 @@ impl fmt::Display for AxisSpec {
             AxisSpec::Anonymous => write!(f, "_"),
             AxisSpec::Concat(parts) => write!(f, "{}", parts.join("^")),
             AxisSpec::Conv { stride, output, dilation, kernel } => {
-                if *stride != 1 {
+                // A pure stride axis always shows its stride (`1*i` is not the label `i`).
+                if *stride != 1 || kernel.is_none() {
                     write!(f, "{stride}*")?;
                 }
                 write!(f, "{output}")?;
@@ -580,9 +757,39 @@ mod tests {
         expect!["...|->2*oh+wh,2*ow+ww,..c..; |->wh,ww => ...|->oh,ow,..c.."]
             .assert_eq(&show("... | 2*oh+wh, 2*ow+ww, ..c..; wh, ww => ... | oh, ow, ..c.."));
         expect!["|->2*i => |->i"].assert_eq(&show("2*i => i"));
+        // Any stride, 1 included: `1*i` reads every position, and does not broadcast.
+        expect!["|->1*i => |->i"].assert_eq(&show("1*i => i"));
         expect!["|->a,j,k; |->b,j,k => |->a^b,j,k"]
             .assert_eq(&show("a, j, k; b, j, k => a^b, j, k"));
         expect!["|->o+2*k; |->k => |->o"].assert_eq(&show("o+2*k; k => o"));
+    }
+
+    #[test]
+    fn concatenation_parts_are_filled_in_argument_order() {
+        let fills = |s: &str| match EinsumSpec::parse(s).unwrap().concat_fills() {
+            Ok(axes) => axes.iter().map(|a| format!("{:?}", a.fills)).collect::<Vec<_>>().join(" "),
+            Err(e) => format!("error at {}: {}", e.pos, e.message),
+        };
+        expect!["[0, 1]"].assert_eq(&fills("a; b => a^b"));
+        expect!["[1, 0]"].assert_eq(&fills("a; b => b^a"));
+        expect!["[0, 1]"].assert_eq(&fills("a; a => a^a"));
+        expect!["[0, 1, 2]"].assert_eq(&fills("a; b; a => a^b^a"));
+        expect!["[0, 1] [0, 1]"].assert_eq(&fills("a, c; b, d => a^b, c^d"));
+        expect!["error at 10: part 'b' of 'a^b' is filled by no argument: each part is filled by an argument whose pattern names its label, and no argument names 'b'"]
+            .assert_eq(&fills("a; c => a^b"));
+        expect!["error at 10: part 2 of 'a^a' is filled by no argument: each part is filled by an argument whose pattern names its label, and only one argument names 'a'"]
+            .assert_eq(&fills("a; b => a^a"));
+        expect!["error at 0: 'a^b' is a concatenated axis in an argument: only the result of a concatenation has one, whose parts the arguments fill"]
+            .assert_eq(&fills("a^b; b => a^b"));
+        expect!["error at 5: a concatenation of 2 arguments joins them along an axis 'a^b' of the result"]
+            .assert_eq(&fills("a; b => a, b"));
+        let no_concat = |s: &str| match EinsumSpec::parse(s).unwrap().check_no_concat() {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error at {}: {}", e.pos, e.message),
+        };
+        expect!["error at 0: 'a^b' is a concatenated axis: only `concat` fills the parts of one"]
+            .assert_eq(&no_concat("a^b => a"));
+        expect!["ok"].assert_eq(&no_concat("a, b => a"));
     }
 
     #[test]

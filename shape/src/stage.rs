@@ -1,4 +1,4 @@
-//! The stages of shape inference and how each closes variables.
+//! The stages of shape inference, in order, and what each closes.
 //!
 //! Stage 1 runs online while tensors are built. The later stages run in `finish_inference`,
 //! in order, each solving all remaining constraints to a fixed point before the next starts:
@@ -8,37 +8,13 @@
 //! | 1 `Online` | nothing: unification and propagation only |
 //! | 2 `TerminalDimsToOne` | dimension variables of leaf (terminal) shapes with no upper bound and no other constraint (not related to any other variable either), to 1 |
 //! | 3 `TerminalsToLub` | dimension and row variables of leaf shapes to their least upper bounds (rows only without a `TotalElems 1` constraint); a leaf row without an upper bound whose constraint needs one axis gets it |
-//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound (and not related to other row variables) to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
+//! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound (and not related to other row variables, by a bound or by a constraint waiting for an alignment) to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
 //! | 5 `RowConstraints` | `TotalElems` and `Exact` constraints with unknown row variables: one row variable gets the remaining axes (one axis, or none when one element is left); with several, the output row's variable does |
 //! | 6 `RowsToNoMoreAxes` | every remaining row variable to no further axes |
 //! | 7 `DimsToLowerBound` | every remaining dimension variable to its lower bound, or 1 |
 //!
-//! Leaf shapes close to their least upper bounds because a leaf can always be broadcast: its
-//! only shape information comes from its uses. Everything else closes to the smallest shape,
-//! since composite tensors get their shapes forced from below by their components. When a leaf
-//! row closes to an upper bound, the axes of that bound become part of the leaf and close as
-//! leaf axes too.
-//!
-//! Closing a leaf's dimension to 1, or a leaf's row to no axes, without any upper bound is a
-//! *guess* (the classic forgotten hidden dimension); the guessed variables are recorded so the
-//! driver can warn, or fail in strict mode. A guess also decides every variable known to be below
-//! the guessed one (their only upper bound was that variable), so those count as guessed too:
-//! otherwise whether a parameter is warned about would depend on which of two related leaves
-//! happened to be closed first.
-
-use std::hash::Hash;
-use std::sync::Arc;
-
-use rustc_hash::FxHashSet;
-
-use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
-use crate::dim::Dim;
-use crate::error::Conflict;
-use crate::row::Row;
-use crate::solve::Solver;
-use crate::var::{DimVar, RowVar};
-
-type Derived = Result<Vec<Constr>, Conflict>;
+//! The solver's driver runs one stage at a time; how each stage closes variables is in
+//! `close.rs`.
 
 /// The stages of shape inference, in order.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,190 +46,4 @@ impl Stage {
         Stage::RowsToNoMoreAxes,
         Stage::DimsToLowerBound,
     ];
-}
-
-impl Solver {
-    /// Closes a dimension of a leaf shape according to the stage.
-    pub fn close_dim_terminal(&mut self, d: &Dim, origin: &Origin) -> Derived {
-        let d = self.env.subst_dim(d);
-        let v = match &d {
-            Dim::Var(v) => *v,
-            Dim::Solved(_) => return Ok(vec![]),
-            Dim::Conv(_) | Dim::Concat(_) => {
-                // A leaf's convolution or concatenated axis is as large as its parts allow:
-                // the parts close like leaf axes.
-                let mut vs = Vec::new();
-                d.vars(&mut vs);
-                return Ok(vs
-                    .into_iter()
-                    .map(|v| Constraint::TerminalDim(Dim::Var(v)).at(origin))
-                    .collect());
-            }
-        };
-        let b = self.env.dim_bounds(v);
-        let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
-        // A variable related to other variables (bounded above or below by them) waits for
-        // them: closing it early would decide their sizes before their own constraints are
-        // known. It closes at the latest with every other dimension in stage 7.
-        let unrelated = b.subr.is_empty() && b.cur.is_empty();
-        match (&b.lub, lower) {
-            (None, None) if self.stage >= Stage::TerminalDimsToOne && unrelated => {
-                self.mark_dim_guess(v);
-                Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(1) }.at(origin)])
-            }
-            (Some((lub, o)), _) if self.stage >= Stage::TerminalsToLub => {
-                Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))])
-            }
-            (None, lower) if self.stage >= Stage::DimsToLowerBound => {
-                if lower.is_none() {
-                    self.mark_dim_guess(v);
-                }
-                Ok(vec![
-                    Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
-                        .at(origin),
-                ])
-            }
-            _ => {
-                self.defer(Constraint::TerminalDim(d).at(origin));
-                Ok(vec![])
-            }
-        }
-    }
-
-    /// Closes a row of a leaf shape according to the stage.
-    pub fn close_row_terminal(&mut self, r: &Arc<Row>, origin: &Origin) -> Derived {
-        let r = self.env.subst_row_arc(r);
-        if self.stage == Stage::Online {
-            self.defer(Constraint::TerminalRow(r).at(origin));
-            return Ok(vec![]);
-        }
-        let mut out: Vec<Constr> =
-            r.all_dims().into_iter().map(|d| Constraint::TerminalDim(d).at(origin)).collect();
-        let Some(v) = r.var() else { return Ok(out) };
-        let b = self.env.row_bounds(v);
-        let total_elems = match &b.constr {
-            Some((
-                RowConstraint::TotalElems { numerator: TotalElems::NumElems(m), divided_by },
-                _,
-            )) if divided_by.is_empty() => Some(*m),
-            _ => None,
-        };
-        let var_row = Row::of_var(v, r.id);
-        match (&b.lub, total_elems) {
-            (Some((lub, o)), t) if self.stage >= Stage::TerminalsToLub && t != Some(1) => {
-                // The leaf takes its least upper bound, whose axes become leaf axes.
-                let lub = self.env.subst_row_arc(lub);
-                out.extend(self.bind_row(v, lub, &o.join(origin))?);
-                out.push(Constraint::TerminalRow(r).at(origin));
-            }
-            (None, Some(m)) if self.stage >= Stage::TerminalsToLub => {
-                let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
-                out.extend(self.bind_row(v, Row::fixed(value, r.id), origin)?);
-            }
-            (None, None)
-                if self.stage >= Stage::TerminalRowsClosed
-                    && b.subr.is_empty()
-                    && b.cur.is_empty() =>
-            {
-                self.mark_row_guess(v);
-                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-            }
-            (lub, _) if self.stage >= Stage::RowsToNoMoreAxes => {
-                if lub.is_none() {
-                    self.mark_row_guess(v);
-                }
-                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-            }
-            _ => self.defer(Constraint::TerminalRow(Arc::new(var_row)).at(origin)),
-        }
-        Ok(out)
-    }
-
-    /// Closes the variables of a row of some shape of the graph (from stage 4 on).
-    pub fn close_shape_row(&mut self, r: &Arc<Row>, origin: &Origin) -> Derived {
-        let r = self.env.subst_row_arc(r);
-        let mut keep = false;
-        // One variable at a time, the rest of the row after that closing has propagated: the
-        // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
-        // to 1 at once misses its one solution, b = 1 and d = 2).
-        let mut vs = Vec::new();
-        let mut close = None;
-        'dims: for d in r.beg_dims().iter().chain(&r.dims) {
-            vs.clear();
-            d.vars(&mut vs);
-            for &v in &vs {
-                let b = self.env.dim_bounds(v);
-                let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
-                let c = match (&b.lub, lower) {
-                    (Some((lub, o)), Some(_)) if self.stage >= Stage::TerminalRowsClosed => {
-                        Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))
-                    }
-                    (_, lower) if self.stage >= Stage::DimsToLowerBound => {
-                        if b.lub.is_none() && lower.is_none() {
-                            self.mark_dim_guess(v);
-                        }
-                        Constraint::DimEq { d1: Dim::Var(v), d2: Dim::of(lower.unwrap_or(1)) }
-                            .at(origin)
-                    }
-                    _ => {
-                        keep = true;
-                        continue;
-                    }
-                };
-                close = Some(c);
-                break 'dims;
-            }
-        }
-        if let Some(c) = close {
-            return Ok(vec![c, Constraint::ShapeRow(r).at(origin)]);
-        }
-        let mut out = Vec::new();
-        if let Some(v) = r.var() {
-            if self.stage >= Stage::RowsToNoMoreAxes {
-                if self.env.row_bounds(v).lub.is_none() {
-                    self.mark_row_guess(v);
-                }
-                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-                out.push(Constraint::ShapeRow(Arc::clone(&r)).at(origin));
-            } else {
-                keep = true;
-            }
-        }
-        if keep {
-            self.defer(Constraint::ShapeRow(r).at(origin));
-        }
-        Ok(out)
-    }
-}
-
-impl Solver {
-    /// Records that `v` is closed by a guess, with every dimension variable known to be below it.
-    fn mark_dim_guess(&mut self, v: DimVar) {
-        let env = &self.env;
-        mark_below(&mut self.guessed_dims, v, |v| &env.dim_bounds(v).subr);
-    }
-
-    /// Records that `v` is closed by a guess, with every row variable known to be below it.
-    fn mark_row_guess(&mut self, v: RowVar) {
-        let env = &self.env;
-        mark_below(&mut self.guessed_rows, v, |v| &env.row_bounds(v).subr);
-    }
-}
-
-/// Adds `v` and every variable below it (following `subr` edges) to `marked`.
-fn mark_below<'a, V: Copy + Eq + Hash + 'a>(
-    marked: &mut FxHashSet<V>,
-    v: V,
-    subr: impl Fn(V) -> &'a [V],
-) {
-    if subr(v).is_empty() {
-        marked.insert(v);
-        return;
-    }
-    let mut stack = vec![v];
-    while let Some(v) = stack.pop() {
-        if marked.insert(v) {
-            stack.extend_from_slice(subr(v));
-        }
-    }
 }

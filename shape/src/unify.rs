@@ -88,6 +88,12 @@ impl Solver {
     /// Records `v = value` and re-checks v's former bounds against the value.
     pub(crate) fn bind_dim(&mut self, v: DimVar, value: Dim, origin: &Origin) -> Derived {
         if let Dim::Conv(c) = &value {
+            if c.is_windowless() {
+                // A convolution without window reads nothing and does not constrain its input:
+                // v stays free. Its kernel and output are both 0.
+                let zero = |d: &Dim| Constraint::DimEq { d1: d.clone(), d2: Dim::of(0) }.at(origin);
+                return Ok(vec![zero(&c.output), zero(&c.kernel)]);
+            }
             if c.stride == 1 && c.output.mentions(v) {
                 // v = v' + dilation·(k - 1) with v' containing v: only a kernel of 1 (or no
                 // kernel) keeps it finite, and then v equals the convolution's output.
@@ -310,7 +316,7 @@ impl Solver {
                 } else if bb2.is_empty() && bd2.is_empty() {
                     let more = self.bind_row(vb, row_with_var(ab2, va, ad2, &a), origin)?;
                     self.absorb(&mut out, more);
-                } else if self.stage >= Stage::RowsToNoMoreAxes {
+                } else if self.stage >= Stage::RowsToNoMoreAxes && self.take_closing_turn() {
                     // [x.., ..va..] = [..vb.., y..] has several unrelated solutions; closing
                     // picks the smallest: va gets no further axes.
                     let more = self.bind_row(va, Row::empty(a.id), origin)?;

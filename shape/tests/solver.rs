@@ -525,9 +525,11 @@ fn row_ineq_between_row_variables_keeps_bounds_and_meets_lubs() {
 
 #[test]
 fn row_ineq_with_leading_axes_broadcasts_in_the_middle() {
-    // [7, ..r0.., 5] >= [7, 2, 5]: the given leading and trailing axes stay fixed, r0 must
-    // supply the middle axis.
+    // [7, ..r0.., 5] >= [7, 2, 5] where the first row is an einsum pattern: its leading and
+    // trailing axes stay fixed (anchored at the start and the end of the row it is matched
+    // with), r0 must supply the middle axis.
     let (mut s, _, r) = solver(0, 1);
+    s.mark_template_row(r[0]);
     let cs = vec![Constraint::RowIneq {
         cur: open(vec![n(7)], r[0], vec![n(5)]).into(),
         subr: fixed(vec![n(7), n(2), n(5)]).into(),
@@ -539,6 +541,49 @@ fn row_ineq_with_leading_axes_broadcasts_in_the_middle() {
             --
             $d0 = 2
             $r0 = [..$r1..,$d0]
+        "#]],
+    );
+}
+
+#[test]
+fn row_ineq_between_tensors_lines_up_from_the_right() {
+    // The same between two tensors' rows: broadcasting lines rows up from the right, and where
+    // the 7 of [7, 2, 5] falls in [7, ..r0.., 5] depends on r0 ([7, x, 5] puts it on the first
+    // 7, [7, x, y, 5] on x), so it waits.
+    let (mut s, _, r) = solver(0, 1);
+    let cs = vec![Constraint::RowIneq {
+        cur: open(vec![n(7)], r[0], vec![n(5)]).into(),
+        subr: fixed(vec![n(7), n(2), n(5)]).into(),
+    }];
+    check(
+        solve_at(&mut s, Stage::Online, cs),
+        expect![[r#"
+            remains [7,..$r0..,5] >= [7,2,5]
+            --
+        "#]],
+    );
+    // A tensor known to start with 2 (its row variable after it), added to [3, 2]: the 2 is its
+    // last axis once the variable closes, as NumPy lines up [2] with [3, 2].
+    let (mut s, _, r) = solver(0, 2);
+    let cs = vec![
+        Constraint::RowIneq {
+            cur: Row::of_var(r[1], id()).into(),
+            subr: open(vec![n(2)], r[0], vec![]).into(),
+        },
+        Constraint::RowIneq {
+            cur: Row::of_var(r[1], id()).into(),
+            subr: fixed(vec![n(3), n(2)]).into(),
+        },
+    ];
+    check(
+        solve_at(&mut s, Stage::RowsToNoMoreAxes, cs),
+        expect![[r#"
+            solved
+            --
+            $d0 = 3
+            $d1 = 2
+            $r0 = []
+            $r1 = [..$r2..,$d0,$d1]
         "#]],
     );
 }
@@ -800,7 +845,7 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
             s.env
         ),
         expect![[r#"
-            [..$r1..] = $d0, [..$r0..]
+            [..$r2..,$d1] = $d0, [..$r0..]
             --
             $r1 = [..$r2..,$d1]
         "#]],
@@ -825,7 +870,8 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
             $r2 = [4,2]
         "#]],
     );
-    // With neither known, stage 6 closes the result's row first.
+    // With neither known, stage 6 closes the row with more known axes: the argument's (with
+    // the one axis it is known to have), and the result has none.
     let (mut s, d, r) = solver(1, 2);
     let slice = Constraint::BatchSlice {
         cur: Row::of_var(r[0], id()).into(),
@@ -837,8 +883,10 @@ fn batch_slice_waits_for_a_batch_row_with_a_known_number_of_axes() {
         expect![[r#"
             solved
             --
+            $d0 = $d1
             $r0 = []
-            $r1 = [$d0]
+            $r1 = [..$r2..,$d1]
+            $r2 = []
         "#]],
     );
 }

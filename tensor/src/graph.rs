@@ -144,8 +144,9 @@ impl Graph {
         }
     }
 
-    /// The parsed einsum spec (`padded`: convolution axes preserve dimensions), parsed once
-    /// per graph.
+    /// The parsed spec of an einsum-like operation (`padded`: convolution axes preserve
+    /// dimensions), parsed once per graph. A concatenated axis is an error here: only a
+    /// concatenation fills the parts of one.
     pub(crate) fn spec(
         &self,
         text: &str,
@@ -157,6 +158,7 @@ impl Graph {
         }
         let parsed = if padded { EinsumSpec::parse_padded(text) } else { EinsumSpec::parse(text) };
         let spec = Arc::new(parsed?);
+        spec.check_no_concat()?;
         self.borrow_mut().specs.insert(key, spec.clone());
         Ok(spec)
     }

@@ -116,8 +116,11 @@ impl Builder {
                 if let Some((_, t, rows0, init0)) =
                     self.param_index.get(name).map(|&k| &self.params[k])
                 {
+                    // An omitted batch row is the empty row, not an inferred one: `"batch": []`
+                    // repeats an occurrence that omitted it.
+                    let batch = |r: &Rows| Some(r.batch.clone().unwrap_or_default());
                     let pairs = [
-                        (&rows.batch, &rows0.batch),
+                        (&batch(rows), &batch(rows0)),
                         (&rows.input, &rows0.input),
                         (&rows.output, &rows0.output),
                     ];

@@ -20,8 +20,8 @@ pub enum Padding {
 }
 
 /// The spec of a convolution: per spatial axis `s*h+i` when the kernel spans it, or just `h`
-/// (`s*h` with a stride) when it is 1 wide — a size-1 kernel axis would broadcast and leave the
-/// window label undetermined. The kernel's input row holds the spanned axes and the channels.
+/// (`s*h` with a stride) when it is 1 wide, so that the kernel's input row holds only the spanned
+/// axes and the channels.
 fn window_spec(kernel: (usize, usize), stride: usize) -> String {
     let axis = |out: &str, k: usize, win: &str| match (stride, k) {
         (1, 1) => out.to_string(),

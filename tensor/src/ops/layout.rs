@@ -129,7 +129,15 @@ impl Tensor {
         parts.extend_from_slice(others);
         let g = self.graph.clone();
         let spec = match EinsumSpec::parse(spec) {
-            Ok(s) if s.operands.len() == parts.len() => Arc::new(s),
+            // Each argument must fill one part of each concatenated axis (a spec error, found
+            // from the spec alone).
+            Ok(s) if s.operands.len() == parts.len() => match s.concat_fills() {
+                Ok(_) => Arc::new(s),
+                Err(e) => {
+                    g.record(Error::Shape(e.into()));
+                    return self.clone();
+                }
+            },
             Ok(s) => {
                 g.record(Error::usage(format!(
                     "concat spec \"{spec}\" has {} operand(s) but joins {} tensor(s)",
