@@ -116,11 +116,13 @@ impl Builder {
                 if let Some((_, t, rows0, init0)) =
                     self.param_index.get(name).map(|&k| &self.params[k])
                 {
-                    // An omitted batch row is the empty row, not an inferred one: `"batch": []`
-                    // repeats an occurrence that omitted it.
-                    let batch = |r: &Rows| Some(r.batch.clone().unwrap_or_default());
+                    // A later occurrence that omits a row says nothing about it; one that
+                    // gives the batch row must repeat the first occurrence's, where an omitted
+                    // batch row is the empty row (not an inferred one): `"batch": []` repeats
+                    // an occurrence that omitted it.
+                    let batch0 = Some(rows0.batch.clone().unwrap_or_default());
                     let pairs = [
-                        (&batch(rows), &batch(rows0)),
+                        (&rows.batch, &batch0),
                         (&rows.input, &rows0.input),
                         (&rows.output, &rows0.output),
                     ];
@@ -134,7 +136,7 @@ impl Builder {
                     }
                     return Ok(t.clone());
                 }
-                if self.nodes.iter().any(|(n, _)| n == name) {
+                if self.node_index.contains_key(name) {
                     return input_err(format!("the name \"{name}\" is used by a node and a param"));
                 }
                 let decl = |r: &Option<Vec<usize>>, inferred: RowDecl| match r {
