@@ -181,3 +181,18 @@ fn work_and_memory_beyond_the_limits_are_refused_before_running() {
     let (rc, v) = rocannl(&["eval", "--max-work", "lots", "-"], &small.to_string());
     assert_eq!((rc, kind(&v)), (2, "usage"), "{v}");
 }
+
+/// A param's explicit init values that do not fill its inferred shape are an `input` error
+/// naming the param, found by `shapes` already.
+#[test]
+fn init_values_that_do_not_fill_the_inferred_shape_name_the_param() {
+    let doc = json!({"expr": {"op": "matmul", "args": [
+        {"leaf": "param", "name": "w", "init": {"values": [1, 2, 3]}},
+        {"leaf": "ndarray", "output": [2], "values": [1, 2]}]}});
+    for cmd in ["shapes", "eval"] {
+        let (rc, v) = rocannl(&[cmd, "-"], &doc.to_string());
+        assert_eq!((rc, kind(&v)), (1, "input"), "{cmd}: {v}");
+        let m = v["error"]["message"].as_str().unwrap_or("");
+        assert!(m.contains("param w") && m.contains("3 values"), "{m}");
+    }
+}

@@ -16,6 +16,27 @@ pub struct Built {
     pub nodes: Vec<(String, Tensor)>,
     /// Params, in order of first occurrence.
     pub params: Vec<(String, Tensor)>,
+    /// The number of explicit init values of each param that has them.
+    pub init_counts: Vec<(String, usize)>,
+}
+
+impl Built {
+    /// After shape inference: every param's explicit init values must fill its inferred shape
+    /// (an `input` error naming the param, found by `shapes` as well as by `eval`).
+    pub fn check_init_counts(&self) -> Result<(), CliError> {
+        for (name, count) in &self.init_counts {
+            let Some((_, t)) = self.params.iter().find(|(n, _)| n == name) else { continue };
+            let rows = t.rows().map_err(tensor_error)?;
+            let cells: usize = rows.iter().flatten().product();
+            if cells != *count {
+                return input_err(format!(
+                    "param {name}: init has {count} values but its inferred shape {} holds {cells}",
+                    t.shape_string()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Maps a tensor-layer error to the contract's error kinds.
@@ -76,6 +97,14 @@ pub fn build(doc: &Document, strict: bool) -> Result<Built, CliError> {
         graph,
         root,
         nodes: b.nodes,
+        init_counts: b
+            .params
+            .iter()
+            .filter_map(|(n, _, _, init)| match init {
+                Some(DocInit::Values(vs)) => Some((n.clone(), vs.len())),
+                _ => None,
+            })
+            .collect(),
         params: b.params.into_iter().map(|(n, t, _, _)| (n, t)).collect(),
     })
 }

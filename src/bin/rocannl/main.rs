@@ -145,6 +145,7 @@ fn load(c: &Common) -> Result<(doc::Document, Built), CliError> {
         eprintln!("{line}");
     }
     finished.map_err(tensor_error)?;
+    built.check_init_counts()?;
     Ok((document, built))
 }
 
