@@ -852,6 +852,16 @@ class EinsumBuilder:
                         rv_holders[it[2]] = []
                     else:
                         rv_holders[it[2]] = self.pick_holders()
+        # Sometimes every label of operand 1 also comes from operand 0, so that operand 1 can be
+        # a param whose rows are inferred from operand 0.
+        subset = n == 2 and r.random() < 0.2
+        if subset:
+            for lab, hs in holders.items():
+                if hs == [1]:
+                    holders[lab] = [0, 1]
+            for key, hs in rv_holders.items():
+                if 1 in hs:
+                    rv_holders[key] = [0]
         # Reduced labels.
         for _ in range(r.choice([0, 0, 1, 1, 2])):
             lab = names.new()
@@ -867,7 +877,7 @@ class EinsumBuilder:
         for key, hs in rv_holders.items():
             for k in hs:
                 ops[k].append(("V", key[0] if isinstance(key, tuple) else key, key))
-        if r.random() < 0.15 and n >= 1:
+        if r.random() < 0.15 and not subset:
             # A row variable only in an operand: its axes are reduced.
             k = r.randrange(n)
             key = names.new()
@@ -876,18 +886,18 @@ class EinsumBuilder:
             out.n_reduced *= math.prod(rv_val[key])
             feats.append("reduced row variable")
         if r.random() < 0.2:
-            k = r.randrange(n)
+            k = 0 if subset else r.randrange(n)
             ops[k].append(("F", r.randint(0, 3)))
             feats.append("fixed index in operand")
         if r.random() < 0.1:
-            k = r.randrange(n)
+            k = 0 if subset else r.randrange(n)
             labs = [it for it in ops[k] if it[0] == "L"]
             if labs:
                 ops[k].append(r.choice(labs))
                 feats.append("diagonal in operand")
         # Convolution axes: a result label read as stride*o + dilation*k in operand 0.
         conv = None
-        if r.random() < 0.3:
+        if r.random() < 0.3 and not subset:
             cands = [lab for lab, hs in holders.items() if hs == [0] and size[lab] >= 1
                      and sum(1 for it in ops[0] if it == ("L", lab)) == 1]
             if cands:
@@ -990,7 +1000,7 @@ class EinsumBuilder:
         if total > MAX_ITER:
             return None
         # An operand whose labels all come from the other operand can be an inferred param.
-        if n == 2 and self.r.random() < 0.25:
+        if n == 2 and (subset or self.r.random() < 0.25):
             for k in (1, 0):
                 other = 1 - k
                 t = tmpls[k]
