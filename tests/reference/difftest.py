@@ -7,9 +7,12 @@ every named node, every param's values and shape, and every param gradient with 
 own gradients against central finite differences in f64, so that a wrong hand-derived rule shows
 up as a failure of the reference rather than of the tool.
 
-A mismatch is minimized (``minimize.py``), printed and saved under ``failures/``. Mismatches of
-documents listed in ``regressions/known.json`` (defects the team knows and is fixing) are counted
-as known; the exit status is 1 only for new ones (and for defects of the test itself).
+A mismatch is minimized (``minimize.py``), printed and saved under ``failures/``. Documents kept
+in ``regressions/`` (one file per failing document of a sample, with the defect it shows, see the
+README there) make their mismatches known: a known mismatch is reported but does not fail the run.
+The exit status is 1 only for new mismatches and for defects of the test itself (the reference
+rejecting a generated document, a finite-difference disagreement). ``--record`` writes the new
+mismatches of a run as regression files, for a person to review and describe.
 
     python3 tests/reference/difftest.py --bin target/release/rocannl --seed 1 --count 200 \\
         --backends interp,gccjit --precisions f32,f64
@@ -25,6 +28,7 @@ import math
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,7 +42,7 @@ import minimize  # noqa: E402
 import reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KNOWN = os.path.join(HERE, "regressions", "known.json")
+REGRESSIONS = os.path.join(HERE, "regressions")
 TOOL_CATEGORIES = ("rejected", "crash", "shape", "value", "grad")
 # Categories that are defects of this test, not of the tool.
 SELF_CATEGORIES = ("reference-error", "unsupported", "generator-shape", "reference-gradient",
@@ -58,9 +62,73 @@ def doc_id(doc):
 
 
 def load_known():
-    if not os.path.exists(KNOWN):
-        return []
-    return json.load(open(KNOWN))["known"]
+    """(document id, backend, precision, category) of every known mismatch: each regression file
+    names the sample document it came from and its own (minimized) document."""
+    known = {}
+    if not os.path.isdir(REGRESSIONS):
+        return known
+    for fn in sorted(os.listdir(REGRESSIONS)):
+        if not fn.endswith(".json"):
+            continue
+        reg = json.load(open(os.path.join(REGRESSIONS, fn)))
+        for f in reg["fails"]:
+            for i in (reg.get("sample_id"), doc_id(reg["doc"])):
+                if i:
+                    known[(i, f["backend"], f["precision"], f["category"])] = fn
+    return known
+
+
+def suggest_defect(doc, fails):
+    """A first guess at which known defect a mismatching document shows (for --record)."""
+    text = json.dumps(doc)
+    where = {(f["backend"], f["precision"]) for f in fails}
+    cats = {f["category"] for f in fails}
+    specs = [e.get("spec", "") for _, e in minimize.walk(doc["expr"]) if isinstance(e, dict)]
+    if "leaf" in doc["expr"]:
+        return "root-leaf"
+    for spec in specs:
+        for item in re.findall(r"\w+(?:\^\w+)+", spec):
+            if len(set(item.split("^"))) < item.count("^") + 1:
+                return "concat-repeat"
+    if "rejected" in cats and '"batch_slice"' in text:
+        return "slice-multi-batch"
+    if where == {("interp", "f32")}:
+        return "interp-f32-in-f64"
+    if where <= {("gccjit", "f32"), ("gccjit", "f64")} and cats == {"grad"} and \
+            ('"min"' in text or '"max"' in text):
+        return "gccjit-minmax-grad"
+    if any("+" in s for s in specs):
+        return "conv-kernel-1"
+    if "shape" in cats and any("^" in s for s in specs):
+        return "concat-bound-widening"
+    return "unclassified"
+
+
+def record(results, opts):
+    """Writes each document with new mismatches as a regression file; prints README lines."""
+    os.makedirs(REGRESSIONS, exist_ok=True)
+    lines = []
+    for r in results:
+        bad = [e for e in r["runs"] if e["category"] in TOOL_CATEGORIES and not e.get("known")]
+        if not bad:
+            continue
+        m = r.get("minimized")
+        small = m["doc"] if m else r["doc"]
+        fails = [{"backend": e["backend"], "precision": e["precision"],
+                  "category": e["category"]} for e in bad]
+        defect = suggest_defect(small, fails)
+        fn = f"{defect}-{r['id']}.json"
+        reg = {"defect": defect, "description": "", "sample": r["label"], "sample_id": r["id"],
+               "fails": fails, "doc": small}
+        with open(os.path.join(REGRESSIONS, fn), "w") as f:
+            json.dump(reg, f, indent=1)
+            f.write("\n")
+        where = ", ".join(sorted({f"{e['backend']}/{e['precision']}" for e in bad}))
+        cats = ", ".join(sorted({e["category"] for e in bad}))
+        lines.append(f"| `{fn}` | {defect} | {where} | {cats} |")
+    if lines:
+        print("\nrecorded regression files; README lines to complete:")
+        print("\n".join(lines))
 
 
 def fd_check(doc, ref64, rng, cells):
@@ -144,9 +212,7 @@ def process(opts, label, doc, intended_shape, known):
             entry = {"backend": b, "precision": p, "category": res.category,
                      "detail": res.detail}
             if res.category in TOOL_CATEGORIES:
-                entry["known"] = any(k["id"] == out["id"] and k["backend"] == b and
-                                     k["precision"] == p and k["category"] == res.category
-                                     for k in known)
+                entry["known"] = known.get((out["id"], b, p, res.category))
             elif res.category != "ok":
                 out["self"].append((res.category, res.detail))
             out["runs"].append(entry)
@@ -237,6 +303,8 @@ def main():
                     "; ".join(f"{k} ({v})" for k, v in generator.AVOIDABLE.items()))
     ap.add_argument("--replay", nargs="*", help="documents (or saved failures) to run instead")
     ap.add_argument("--json-out", help="write the summary as JSON")
+    ap.add_argument("--record", action="store_true",
+                    help="write documents with new mismatches into regressions/ (for review)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
     tmp = None
@@ -249,7 +317,8 @@ def main():
         tasks = []
         for fn in a.replay:
             d = json.load(open(fn))
-            d = d.get("minimized", {}).get("doc") or d.get("doc") or d if "expr" not in d else d
+            if "expr" not in d:  # a regression file or a saved failure
+                d = (d.get("minimized") or {}).get("doc") or d["doc"]
             tasks.append((opts, os.path.basename(fn), None, d, known))
     else:
         tasks = [(opts, f"{a.seed}/{i}", a.seed, i, known)
@@ -262,7 +331,9 @@ def main():
     else:
         results = [work(t) for t in tasks]
     elapsed = time.time() - t0
-    summary = summarize(results, opts, elapsed, a)
+    summary = summarize(results, opts, elapsed, a, known)
+    if a.record:
+        record(results, opts)
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(summary, f, indent=1)
@@ -271,7 +342,7 @@ def main():
     return 1 if summary["new"] or summary["self_defects"] else 0
 
 
-def summarize(results, opts, elapsed, a):
+def summarize(results, opts, elapsed, a, known):
     per = Counter()
     cats = Counter()
     features = Counter()
@@ -314,7 +385,15 @@ def summarize(results, opts, elapsed, a):
         if r.get("saved"):
             print("  saved:", os.path.relpath(r["saved"]))
     for r, e in known_hits:
-        print(f"known {r['label']} ({r['id']}) {e['backend']} {e['precision']} {e['category']}")
+        print(f"known {r['label']} ({r['id']}) {e['backend']} {e['precision']} {e['category']}: "
+              f"regressions/{e['known']}")
+    # Known mismatches of the documents run here that did not happen: a defect may be fixed.
+    seen = {(r["id"], e["backend"], e["precision"], e["category"]) for r in results
+            for e in r["runs"]}
+    ran = {r["id"]: r["label"] for r in results}
+    gone = sorted({(ran[k[0]], v) for k, v in known.items() if k[0] in ran and k not in seen})
+    for label, fn in gone:
+        print(f"no longer mismatching: {label} (regressions/{fn}): fixed? then remove that file")
     docs = len(results)
     runs = sum(cats.values())
     print()
@@ -332,6 +411,7 @@ def summarize(results, opts, elapsed, a):
             "fd_checked": fd_checked, "fd_skipped": fd_skipped,
             "per_backend": {f"{b}/{p}/{c}": n for (b, p, c), n in sorted(per.items())},
             "categories": dict(cats), "new": len(new), "known": len(known_hits),
+            "no_longer_mismatching": [fn for _, fn in gone],
             "self_defects": dict(self_defects),
             "new_mismatches": [{"label": r["label"], "id": r["id"], "backend": e["backend"],
                                 "precision": e["precision"], "category": e["category"],
