@@ -233,7 +233,7 @@ def process(opts, label, doc, intended_shape, known):
         e = bad[0]
         first = answers[(e["backend"], e["precision"])]
         m = minimize.Minimizer(opts.binary, e["backend"], e["precision"], e["category"], env,
-                               opts.max_runs, (first.error or {}).get("kind"))
+                               opts.max_runs, first.error)
         small = m.run(doc, answers[(e["backend"], e["precision"])])
         where = []
         for b in opts.backends:

@@ -9,6 +9,7 @@ reference after every step to check that the same kind of mismatch is still ther
 
 import copy
 import json
+import re
 
 import compare
 import reference
@@ -52,6 +53,15 @@ def constant(shape, ev, precision):
         if shape[r]:
             js[r] = list(shape[r])
     return js
+
+
+def error_signature(error):
+    """An error's kind and the first words of its message without numbers and variables, so
+    that a reduction keeps the same complaint rather than any error of the same kind."""
+    if not isinstance(error, dict):
+        return None
+    words = re.sub(r"[$]?\w*\d\w*", "", str(error.get("message", ""))).split()[:6]
+    return (error.get("kind"), " ".join(words))
 
 
 def normalize(doc, definitions):
@@ -98,10 +108,11 @@ class Minimizer:
     """Greedy reduction of ``doc`` for one backend and precision, keeping ``category``."""
 
     def __init__(self, binary, backend, precision, category, env=None, max_runs=250,
-                 error_kind=None):
+                 error=None):
         self.binary, self.backend, self.precision = binary, backend, precision
         self.category, self.env, self.max_runs = category, env, max_runs
-        self.error_kind = error_kind  # for "rejected": the kind of error that must persist
+        # For "rejected": the error that must persist (its kind and the gist of its message).
+        self.error = error_signature(error) if error else None
         self.runs = 0
 
     def outcome(self, doc):
@@ -117,7 +128,7 @@ class Minimizer:
         res, ans = self.outcome(doc)
         if res.category != self.category:
             return False
-        return self.error_kind is None or (ans.error or {}).get("kind") == self.error_kind
+        return self.error is None or error_signature(ans.error) == self.error
 
     def definitions(self, doc, ref):
         """Every param's first (full) occurrence, and every named node's constant."""
