@@ -1078,8 +1078,9 @@ class Evaluator:
         return make_shape(broadcast_rows([a["batch"], b["batch"]], "matmul batch"),
                           b["input"], a["output"])
 
-    def _matmul(self, a_node, b_node):
-        """Returns the result shape and value of a * b, and a backward function."""
+    def _matmul(self, a_node, b_node, addend=None):
+        """Returns the result shape and value of a * b (+ addend, accumulated into the same sum:
+        fma may start its sum from the addend), and a backward function."""
         a, b = a_node.shape, b_node.shape
         res = self._matmul_shape(a, b)
         nb, no, ni, nk = len(res["batch"]), len(res["output"]), len(res["input"]), len(a["input"])
@@ -1108,12 +1109,20 @@ class Evaluator:
             [(0, [(1, vi(j))]) for j in range(ni)]
         ia, ib, ir = proj.index(mem_dims(a), ea), proj.index(mem_dims(b), eb), \
             proj.index(mem_dims(res), er)
+        extra = None
+        if addend is not None:
+            c = addend.shape
+            if any(broadcast_rows([res[r], c[r]], "fma") != res[r] for r in ROWS):
+                raise Unsupported("an fma addend larger than the product")
+            _, (ic,), oc = pointwise_proj(res, [c])
+            extra = (addend, ic, oc)
         return res, self._contract(proj.count, [a_node, b_node], [ia, ib], ir, mem_dims(res),
-                                   "mul", "sum")
+                                   "mul", "sum", extra)
 
-    def _contract(self, count, args, idxs, out_idx, rdims, combine, reduce):
+    def _contract(self, count, args, idxs, out_idx, rdims, combine, reduce, extra=None):
         """Gather the arguments over the iteration space, combine (product, sum or identity),
-        reduce into the result (sum or max). Returns the value and a backward function."""
+        reduce into the result (sum or max). ``extra`` = (node, its index, result index) adds
+        that node's cells to the sums. Returns the value and a backward function."""
         ar = self.ar
         xs = [gather(a.value, i) for a, i in zip(args, idxs)]
         if combine == "mul":
@@ -1128,7 +1137,13 @@ class Evaluator:
             terms = xs[0]
         size = int(np.prod(rdims)) if rdims else 1
         if reduce == "sum":
-            value = ar.scatter_sum(terms, out_idx, size)
+            flat = out_idx
+            if extra is not None:
+                ct = gather(extra[0].value, extra[1])
+                terms = EV(np.concatenate([terms.v, ct.v]), np.concatenate([terms.e, ct.e]),
+                           np.concatenate([terms.amb, ct.amb]))
+                flat = np.concatenate([out_idx, extra[2]])
+            value = ar.scatter_sum(terms, flat, size)
             weight = route_amb = None
         else:
             value, weight, route_amb = ar.scatter_max(terms, out_idx, size)
@@ -1147,6 +1162,10 @@ class Evaluator:
                         if j != k:
                             local = ar.mul(local, x)
                 contribs.append((a, ar.scatter_sum(local, idx, int(np.prod(mem_dims(a.shape))))))
+            if extra is not None and extra[0].needs_grad:
+                cn, ic, oc = extra
+                contribs.append((cn, ar.scatter_sum(gather(g, oc), ic,
+                                                    int(np.prod(mem_dims(cn.shape))))))
             return contribs
 
         return value.reshape(rdims), backward
@@ -1157,26 +1176,8 @@ class Evaluator:
 
     def op_fma(self, node):
         a, b, c = node.args
-        inner = Node("matmul", None)
-        inner.args = [a, b]
-        inner.needs_grad = a.needs_grad or b.needs_grad
-        inner.shape, (inner.value, inner.backward) = self._matmul(a, b)
-        add = Node("add", None)
-        add.args = [inner, c]
-        add.needs_grad = inner.needs_grad or c.needs_grad
-        self.op_pointwise(add)
-        node.shape = add.shape
-
-        def backward(g):
-            out = []
-            for arg, ga in add.backward(g):
-                if arg is inner:
-                    out.extend(inner.backward(ga))
-                else:
-                    out.append((arg, ga))
-            return out
-
-        self._attach(node, add.value, backward)
+        node.shape, (value, bw) = self._matmul(a, b, addend=c)
+        self._attach(node, value, bw)
 
     def op_transpose(self, node):
         s = node.args[0].shape
