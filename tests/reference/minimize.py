@@ -47,7 +47,8 @@ def constant(shape, ev, precision):
     for v, a in zip(ev.v, ev.amb):
         if a or v != v or v in (float("inf"), float("-inf")):
             return None
-        vals.append(float(v))
+        # Few digits: long decimals would also test the tool's number parsing.
+        vals.append(float(f"{v:.{9 if precision == 'f32' else 15}g}"))
     js = {"leaf": "ndarray", "values": vals}
     for r in reference.ROWS:
         if shape[r]:
