@@ -83,6 +83,7 @@ def suggest_defect(doc, fails):
     text = json.dumps(doc)
     where = {(f["backend"], f["precision"]) for f in fails}
     cats = {f["category"] for f in fails}
+    details = " ".join(f.get("detail", "") for f in fails)
     specs = [e.get("spec", "") for _, e in minimize.walk(doc["expr"]) if isinstance(e, dict)]
     if "leaf" in doc["expr"]:
         return "root-leaf"
@@ -90,10 +91,16 @@ def suggest_defect(doc, fails):
         for item in re.findall(r"\w+(?:\^\w+)+", spec):
             if len(set(item.split("^"))) < item.count("^") + 1:
                 return "concat-repeat"
-    if "rejected" in cats and '"batch_slice"' in text:
+    if "rejected" in cats and "batch slice" in details:
         return "slice-multi-batch"
+    if "rejected" in cats and "fixed index" in details and any("*" in s for s in specs):
+        return "stride-over-placement"
+    if "rejected" in cats and "needs" in details and "elements" in details:
+        return "param-bound-by-placement"
     if where == {("interp", "f32")}:
         return "interp-f32-in-f64"
+    if where <= {("gccjit", "f32"), ("gccjit", "f64")} and '"where"' in text:
+        return "gccjit-where"
     if where <= {("gccjit", "f32"), ("gccjit", "f64")} and cats == {"grad"} and \
             ('"min"' in text or '"max"' in text):
         return "gccjit-minmax-grad"
@@ -116,7 +123,7 @@ def record(results, opts):
         small = m["doc"] if m else r["doc"]
         fails = [{"backend": e["backend"], "precision": e["precision"],
                   "category": e["category"]} for e in bad]
-        defect = suggest_defect(small, fails)
+        defect = suggest_defect(small, [dict(f, detail=e["detail"]) for f, e in zip(fails, bad)])
         fn = f"{defect}-{r['id']}.json"
         reg = {"defect": defect, "description": "", "sample": r["label"], "sample_id": r["id"],
                "fails": fails, "doc": small}

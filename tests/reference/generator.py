@@ -625,7 +625,7 @@ class Generator:
         comp = []
         for s in sizes:
             same = [c for c, cs in comp if cs == s]
-            if same and r.random() < 0.5 and "concat-repeat" not in self.avoid:
+            if same and r.random() < 0.3 and "concat-repeat" not in self.avoid:
                 comp.append((same[0], s))
                 self.features["concat repeated label a^a"] += 1
             else:
