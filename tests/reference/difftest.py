@@ -312,7 +312,8 @@ def main():
     ap.add_argument("--json-out", help="write the summary as JSON")
     ap.add_argument("--record", action="store_true",
                     help="write documents with new mismatches into regressions/ (for review)")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true",
+                    help="print neither whole documents nor each known mismatch")
     a = ap.parse_args()
     tmp = None
     if a.cache_dir is None:
@@ -391,7 +392,7 @@ def summarize(results, opts, elapsed, a, known):
             print("  document:", json.dumps(r.get("doc")))
         if r.get("saved"):
             print("  saved:", os.path.relpath(r["saved"]))
-    for r, e in known_hits:
+    for r, e in known_hits if not a.quiet else []:
         print(f"known {r['label']} ({r['id']}) {e['backend']} {e['precision']} {e['category']}: "
               f"regressions/{e['known']}")
     # Known mismatches of the documents run here that did not happen: a defect may be fixed.
