@@ -223,6 +223,17 @@ def process(opts, label, doc, intended_shape, known):
             elif res.category != "ok":
                 out["self"].append((res.category, res.detail))
             out["runs"].append(entry)
+    # Inferred params: the shapes command must agree too.
+    if ref64 is not None and compare.has_inferred_params(doc):
+        ans = compare.run_tool(opts.binary, doc, "shapes", env=env)
+        res = compare.compare(doc, ans, "f64", ref64)
+        entry = {"backend": "shapes", "precision": "-", "category": res.category,
+                 "detail": res.detail}
+        if res.category in TOOL_CATEGORIES:
+            entry["known"] = known.get((out["id"], "shapes", "-", res.category))
+        elif res.category != "ok":
+            out["self"].append((res.category, res.detail))
+        out["runs"].append(entry)
     # The reference's gradients against finite differences (with the tool's random inits).
     if ref64 is not None and doc.get("grad") and opts.fd_cells > 0:
         ans64 = next((a for (b, p), a in answers.items() if p == "f64"), None) or \
@@ -236,8 +247,9 @@ def process(opts, label, doc, intended_shape, known):
                 out["self"].append(("reference-gradient", f))
     # Minimize the first new mismatch, then see where the small document fails.
     bad = [e for e in out["runs"] if e["category"] in TOOL_CATEGORIES and not e.get("known")]
-    if bad and opts.minimize:
-        e = bad[0]
+    evals = [e for e in bad if e["backend"] != "shapes"]
+    if evals and opts.minimize:
+        e = evals[0]
         first = answers[(e["backend"], e["precision"])]
         m = minimize.Minimizer(opts.binary, e["backend"], e["precision"], e["category"], env,
                                opts.max_runs, first.error)
@@ -408,10 +420,10 @@ def summarize(results, opts, elapsed, a, known):
     print(f"{docs} documents, {runs} tool runs in {elapsed:.1f} s on {machine()}")
     print(f"cells compared: {cells}, ambiguous (not compared): {amb}; finite-difference checks "
           f"of the reference: {fd_checked} cells, {fd_skipped} skipped at discontinuities")
-    for b in opts.backends:
-        for p in opts.precisions:
-            row = {c: per[(b, p, c)] for c in ("ok",) + TOOL_CATEGORIES if per[(b, p, c)]}
-            print(f"  {b:7s} {p}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    for b, p in [(b, p) for b in opts.backends for p in opts.precisions] + [("shapes", "-")]:
+        row = {c: per[(b, p, c)] for c in ("ok",) + TOOL_CATEGORIES if per[(b, p, c)]}
+        if row:
+            print(f"  {b:7s} {p:3s}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     print(f"mismatches: {len(new)} new, {len(known_hits)} known; test defects: "
           f"{sum(self_defects.values())}")
     return {"documents": docs, "tool_runs": runs, "seconds": round(elapsed, 1),
