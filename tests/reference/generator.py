@@ -904,11 +904,8 @@ class EinsumBuilder:
                 o = r.choice(cands)
                 stride = r.choice([1, 1, 2, 3])
                 if n == 2 and r.random() < 0.85:
-                    kname = names.new() if multi else None
-                    if kname is None:
-                        multi = True
-                        names.multi = True
-                        kname = names.new()
+                    multi = names.multi = True  # convolutions need multi-character mode
+                    kname = names.new()
                     ks = r.choice([1, 2, 2, 3])
                     dil = r.choice([1, 1, 2])
                     span = stride * (size[o] - 1) + dil * (ks - 1) + 1
