@@ -95,22 +95,68 @@ def suggest_defect(doc, fails):
                 return "concat-repeat"
     if "rejected" in cats and "batch slice" in details:
         return "slice-multi-batch"
-    if "rejected" in cats and "fixed index" in details and any("*" in s for s in specs):
-        return "stride-over-placement"
+    if "rejected" in cats and any("*" in s for s in specs) and \
+            ("fixed index" in details or "concatenated axis" in details):
+        return "stride-over-open-size"
+    if "rejected" in cats and "has more axes than []" in details:
+        return "row-variable-chain"
     if "rejected" in cats and "needs" in details and "elements" in details:
         return "param-bound-by-placement"
     if where == {("interp", "f32")}:
         return "interp-f32-in-f64"
     if where <= {("gccjit", "f32"), ("gccjit", "f64")} and '"where"' in text:
         return "gccjit-where"
+    if where <= {("gccjit", "f32"), ("gccjit", "f64")} and cats == {"value"}:
+        return "gccjit-inline-compare"
     if where <= {("gccjit", "f32"), ("gccjit", "f64")} and cats == {"grad"} and \
             ('"min"' in text or '"max"' in text):
         return "gccjit-minmax-grad"
     if any("+" in s for s in specs):
         return "conv-kernel-1"
-    if "shape" in cats and any("^" in s for s in specs):
+    if cats <= {"shape", "value"} and len(where) >= 4 and any("^" in s for s in specs):
         return "concat-bound-widening"
     return "unclassified"
+
+
+def md_cell(text):
+    return str(text).replace("|", "\\|")
+
+
+def update_readme():
+    """Rewrites the tables of regressions/README.md (defects, then one line per document) from
+    the files; the text before them is kept."""
+    path = os.path.join(REGRESSIONS, "README.md")
+    head = open(path).read().split("## Defects")[0]
+    regs = []
+    for fn in sorted(os.listdir(REGRESSIONS)):
+        if fn.endswith(".json"):
+            reg = json.load(open(os.path.join(REGRESSIONS, fn)))
+            reg["file"] = fn
+            regs.append(reg)
+    defects = {}
+    for reg in regs:
+        defects.setdefault(reg["defect"], reg)
+    lines = ["## Defects", "", "| defect | status | what goes wrong |", "|---|---|---|"]
+    for key, reg in sorted(defects.items(), key=lambda kv: (kv[1].get("status") != "known, "
+                                                               "being fixed", kv[0])):
+        lines.append(f"| `{key}` | {reg.get('status', '')} | {md_cell(reg['description'])} |")
+    lines += ["", "## Documents", "", "| file | defect | fails on | sample |", "|---|---|---|---|"]
+    for reg in sorted(regs, key=lambda r: (r["defect"], r["sample"] == "", r["file"])):
+        evals = [f for f in reg["fails"] if f["backend"] != "shapes"]
+        cats = {}
+        for f in evals:
+            cats.setdefault(f["category"], []).append(f"{f['backend']}/{f['precision']}")
+        if len(evals) == 4 and len(cats) == 1:
+            where = f"{next(iter(cats))}: all four"
+        else:
+            where = "; ".join(f"{c}: {', '.join(sorted(v))}" for c, v in sorted(cats.items()))
+        shapes = [f for f in reg["fails"] if f["backend"] == "shapes"]
+        if shapes:
+            where += f"; `shapes`: {shapes[0]['category']}"
+        lines.append(f"| `{reg['file']}` | {md_cell(reg.get('summary', reg['defect']))} | {where} "
+                     f"| {reg['sample'] or 'reduced by hand'} |")
+    with open(path, "w") as f:
+        f.write(head + "\n".join(lines) + "\n")
 
 
 def record(results, opts):
@@ -127,8 +173,8 @@ def record(results, opts):
                   "category": e["category"]} for e in bad]
         defect = suggest_defect(small, [dict(f, detail=e["detail"]) for f, e in zip(fails, bad)])
         fn = f"{defect}-{r['id']}.json"
-        reg = {"defect": defect, "description": "", "sample": r["label"], "sample_id": r["id"],
-               "fails": fails, "doc": small}
+        reg = {"defect": defect, "status": "", "summary": "", "description": "",
+               "sample": r["label"], "sample_id": r["id"], "fails": fails, "doc": small}
         with open(os.path.join(REGRESSIONS, fn), "w") as f:
             json.dump(reg, f, indent=1)
             f.write("\n")
@@ -328,9 +374,14 @@ def main():
     ap.add_argument("--json-out", help="write the summary as JSON")
     ap.add_argument("--record", action="store_true",
                     help="write documents with new mismatches into regressions/ (for review)")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="rewrite the tables of regressions/README.md from its files and exit")
     ap.add_argument("--quiet", action="store_true",
                     help="print neither whole documents nor each known mismatch")
     a = ap.parse_args()
+    if a.update_readme:
+        update_readme()
+        return 0
     tmp = None
     if a.cache_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="difftest-cache-")
