@@ -44,9 +44,6 @@ import reference  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGRESSIONS = os.path.join(HERE, "regressions")
 TOOL_CATEGORIES = ("rejected", "crash", "shape", "value", "grad")
-# Categories that are defects of this test, not of the tool.
-SELF_CATEGORIES = ("reference-error", "unsupported", "generator-shape", "reference-gradient",
-                   "generator-crash")
 
 # Finite differences of the reference in f64: central differences D(h) and D(h/2) with
 # h = 1e-5·max(1, |x|), extrapolated (Richardson) to fd = (4·D(h/2) - D(h))/3, which cancels the
