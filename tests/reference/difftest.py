@@ -463,7 +463,8 @@ def summarize(results, opts, elapsed, a, known):
     seen = {(r["id"], e["backend"], e["precision"], e["category"]) for r in results
             for e in r["runs"]}
     ran = {r["id"]: r["label"] for r in results}
-    gone = sorted({(ran[k[0]], v) for k, v in known.items() if k[0] in ran and k not in seen})
+    pairs = {(r["id"], e["backend"], e["precision"]) for r in results for e in r["runs"]}
+    gone = sorted({(ran[k[0]], v) for k, v in known.items() if k[:3] in pairs and k not in seen})
     for label, fn in gone:
         print(f"no longer mismatching: {label} (regressions/{fn}): fixed? then remove that file")
     docs = len(results)
