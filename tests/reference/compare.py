@@ -108,7 +108,8 @@ def compare_cells(what, ref, got, precision, stats):
     if not bad:
         return None
     j, g, rv, why = bad[0]
-    return f"{what}: cell {j} is {g}, reference {rv!r} ({why}; {len(bad)} of {len(got)} cells)"
+    return (f"{what}: cell {j} is {g}, reference {float(rv)!r} ({why}; {len(bad)} of {len(got)} "
+            "cells)")
 
 
 def uniform_values(doc, answer):
