@@ -5,7 +5,8 @@
 #  1. libgccjit (Debian's libgccjit-12-dev) for the native gccjit backend;
 #  2. NVRTC (the Python package nvidia-cuda-nvrtc-cu12) unpacked into .nv/ of this workspace,
 #     where the CUDA backend finds it (after ROCANNL_NVRTC_DIR and before the system's paths).
-#     The NVIDIA files are never committed (.nv/ is ignored by git).
+#     The NVIDIA files are never committed (.nv/ is ignored by git);
+#  3. numpy (with pip) for the differential test against the reference in tests/reference/.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -49,5 +50,17 @@ fi
 # The wheel ships alternative builds next to the ones that are loaded; they are never used.
 removed=$(find "$nv" -name '*.alt.so*' -print -delete | wc -l)
 [ "$removed" -gt 0 ] && say "removed $removed unused *.alt.so* files"
+
+# --- 3. numpy for the differential test (tests/reference/) ---------------------------------
+if python3 -c 'import numpy' >/dev/null 2>&1; then
+  say "numpy is already installed ($(python3 -c 'import numpy; print(numpy.__version__)'))"
+else
+  python3 -m pip --version >/dev/null 2>&1 || fail "pip for python3 not found: it is needed to install numpy"
+  say "installing numpy with pip"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore numpy \
+    || fail "pip could not install numpy"
+  python3 -c 'import numpy' >/dev/null 2>&1 || fail "numpy was installed but python3 cannot import it"
+  say "installed numpy"
+fi
 
 say "done"
