@@ -5,7 +5,8 @@
 //! - [`shape`]: shape inference, the extended einsum notation and projection inference;
 //! - [`tensor`]: differentiable tensors, operations, optimizers and nn blocks;
 //!
-//! and [`datasets`], the small datasets of the examples.
+//! and [`datasets`], the small datasets of the examples, and [`document`], the tensor-expression
+//! JSON documents of the command line.
 //!
 //! A parameter's shape comes from how it is used; the whole training step compiles into one
 //! routine:
@@ -35,6 +36,7 @@
 //! ```
 
 pub mod datasets;
+pub mod document;
 
 pub use rocannl_arrayjit as arrayjit;
 pub use rocannl_shape as shape;

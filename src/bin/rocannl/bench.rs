@@ -14,8 +14,8 @@ use rocannl::arrayjit::{BackendKind, CacheMode, CacheOutcome, Prec};
 use rocannl::tensor::{Plan, Session, SessionOptions};
 use serde_json::{Value, json};
 
-use crate::build::{Built, tensor_error};
-use crate::doc::{CliError, Document, ErrorKind};
+use rocannl::document::build::{Built, tensor_error};
+use rocannl::document::doc::{CliError, Document, ErrorKind};
 
 /// One backend's figures.
 pub struct Run {

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use rocannl::arrayjit::indexing::{AxisIndex, Projections};
 use rocannl::tensor::{Result, Tensor};
 
-use crate::build::Built;
+use rocannl::document::build::Built;
 
 fn idx(ix: &[AxisIndex]) -> String {
     ix.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")

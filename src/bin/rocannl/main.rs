@@ -12,8 +12,6 @@
 //! defect that would panic is caught and reported as an error object instead.
 
 mod bench;
-mod build;
-mod doc;
 mod explain;
 
 use std::io::{self, Read, Write};
@@ -24,8 +22,8 @@ use rocannl::arrayjit::{BackendKind, NdArray, Prec};
 use rocannl::tensor::{Plan, Session, SessionOptions, Tensor};
 use serde_json::json;
 
-use crate::build::{Built, tensor_error};
-use crate::doc::{CliError, ErrorKind};
+use rocannl::document::build::{self, Built, tensor_error};
+use rocannl::document::doc::{self, CliError, ErrorKind};
 
 #[derive(Parser)]
 #[command(

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use rocannl::shape::inference::MAX_SIZE;
-use rocannl::shape::spec::EinsumSpec;
+use crate::shape::inference::MAX_SIZE;
+use crate::shape::spec::EinsumSpec;
 use serde_json::{Map, Value};
 
 /// The kinds of errors of the contract.

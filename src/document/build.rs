@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 
-use rocannl::shape::{RowDecl, ShapeError};
-use rocannl::tensor::{Error, Graph, Init, ParamSpec, Tensor};
+use crate::shape::{RowDecl, ShapeError};
+use crate::tensor::{Error, Graph, Init, ParamSpec, Tensor};
 
-use crate::doc::{CliError, Document, ErrorKind, Expr, Init as DocInit, Leaf, Rows, input_err};
+use crate::document::doc::{
+    CliError, Document, ErrorKind, Expr, Init as DocInit, Leaf, Rows, input_err,
+};
 
 /// The graph of a document.
 pub struct Built {
@@ -41,7 +43,7 @@ impl Built {
 
 /// Maps a tensor-layer error to the contract's error kinds.
 pub fn tensor_error(e: Error) -> CliError {
-    use rocannl::arrayjit::Error as J;
+    use crate::arrayjit::Error as J;
     let kind = match &e {
         Error::Shape(ShapeError::Spec(_)) => ErrorKind::Spec,
         Error::Shape(ShapeError::Arity(_)) => ErrorKind::Input,
