@@ -1,27 +1,17 @@
 //! The `rocannl` command against its JSON contract: answers, error kinds, strict mode, and a
 //! sweep of mutated documents that must always get one JSON object and never a panic.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
 fn rocannl(args: &[&str], doc: &str) -> (i32, Value, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocannl"))
-        .args(args)
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rocannl");
-    // The command may answer (e.g. an unknown backend) before reading the document.
-    let _ = child.stdin.take().expect("stdin").write_all(doc.as_bytes());
-    let out = child.wait_with_output().expect("rocannl finishes");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v, stderr)
+    let mut all = args.to_vec();
+    all.push("-");
+    common::rocannl(&all, doc)
 }
 
 fn kind(v: &Value) -> &str {

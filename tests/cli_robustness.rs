@@ -1,23 +1,16 @@
 //! The command line under hostile or unusual input: usage errors as JSON, sizes that do not fit
 //! in 63 bits, deeply nested documents, a reader that goes away, documents whose root is a leaf.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
 fn rocannl(args: &[&str], doc: &str) -> (i32, Value) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocannl"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rocannl");
-    let _ = child.stdin.take().expect("stdin").write_all(doc.as_bytes());
-    let out = child.wait_with_output().expect("rocannl finishes");
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v)
+    let (rc, v, _) = common::rocannl(args, doc);
+    (rc, v)
 }
 
 fn kind(v: &Value) -> &str {

@@ -3,9 +3,9 @@
 //! to fill the same entry all give the right answer, never an error or a crash.
 #![cfg(feature = "gccjit")]
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
@@ -18,24 +18,18 @@ fn doc() -> String {
 
 /// Runs `rocannl eval` with the given environment; returns the answer and standard error.
 fn eval(env: &[(&str, &Path)], off: bool) -> (Value, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rocannl"));
-    cmd.args(["eval", "--backend", "gccjit", "-"])
-        .env_remove("ROCANNL_CACHE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    if off {
-        cmd.env("ROCANNL_CACHE", "off");
-    }
-    let mut child = cmd.spawn().expect("run rocannl");
-    child.stdin.take().expect("stdin").write_all(doc().as_bytes()).expect("write");
-    let out = child.wait_with_output().expect("rocannl finishes");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    let v = serde_json::from_slice(&out.stdout).expect("one JSON answer");
-    (v, String::from_utf8_lossy(&out.stderr).to_string())
+    let (rc, v, err) = common::rocannl_with(&["eval", "--backend", "gccjit", "-"], &doc(), |cmd| {
+        cmd.env_remove("ROCANNL_CACHE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        if off {
+            cmd.env("ROCANNL_CACHE", "off");
+        }
+    });
+    assert_eq!(rc, 0, "{v}");
+    assert!(!v.is_null(), "one JSON answer: {err}");
+    (v, err)
 }
 
 fn fresh_dir(name: &str) -> PathBuf {

@@ -2,23 +2,13 @@
 //! every CPU backend and precision: the regressions of wrong answers found by differential and
 //! adversarial testing, each named after what it checks.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod common;
 
 use serde_json::{Value, json};
 
 /// Runs `rocannl eval` on a document and returns its JSON answer.
 fn eval(doc: &Value, backend: &str, prec: &str) -> Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocannl"))
-        .args(["eval", "--backend", backend, "--precision", prec, "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rocannl");
-    let _ = child.stdin.take().expect("stdin").write_all(doc.to_string().as_bytes());
-    let out = child.wait_with_output().expect("rocannl finishes");
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    common::rocannl(&["eval", "--backend", backend, "--precision", prec, "-"], &doc.to_string()).1
 }
 
 /// The CPU backends this build has.

@@ -209,30 +209,7 @@ impl UnOp {
     /// assert_eq!(UnOp::Not.apply(0.0), 1.0);
     /// ```
     pub fn apply(self, x: f64) -> f64 {
-        match self {
-            UnOp::Identity => x,
-            UnOp::Neg => -x,
-            UnOp::Relu => {
-                if x < 0.0 {
-                    0.0
-                } else {
-                    x
-                }
-            }
-            UnOp::Sat01 => x.clamp(0.0, 1.0),
-            UnOp::Exp => x.exp(),
-            UnOp::Log => x.ln(),
-            UnOp::Exp2 => x.exp2(),
-            UnOp::Log2 => x.log2(),
-            UnOp::Sqrt => x.sqrt(),
-            UnOp::Recip => 1.0 / x,
-            UnOp::Sin => x.sin(),
-            UnOp::Cos => x.cos(),
-            UnOp::Tanh => x.tanh(),
-            UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnOp::Abs => x.abs(),
-            UnOp::Not => bool_to_f64(x == 0.0),
-        }
+        self.compute(x)
     }
 
     /// The operation computed in `f32`, as compiled `f32` code computes it (the same formula,
@@ -243,29 +220,34 @@ impl UnOp {
     /// assert_eq!(UnOp::Exp.apply_f32(100.0), f32::INFINITY);
     /// ```
     pub fn apply_f32(self, x: f32) -> f32 {
+        self.compute(x)
+    }
+
+    /// The one definition of the operation, in either precision.
+    fn compute<T: Real>(self, x: T) -> T {
         match self {
             UnOp::Identity => x,
             UnOp::Neg => -x,
             UnOp::Relu => {
-                if x < 0.0 {
-                    0.0
+                if x < T::ZERO {
+                    T::ZERO
                 } else {
                     x
                 }
             }
-            UnOp::Sat01 => x.clamp(0.0, 1.0),
+            UnOp::Sat01 => x.clamp01(),
             UnOp::Exp => x.exp(),
             UnOp::Log => x.ln(),
             UnOp::Exp2 => x.exp2(),
             UnOp::Log2 => x.log2(),
             UnOp::Sqrt => x.sqrt(),
-            UnOp::Recip => 1.0 / x,
+            UnOp::Recip => T::ONE / x,
             UnOp::Sin => x.sin(),
             UnOp::Cos => x.cos(),
             UnOp::Tanh => x.tanh(),
-            UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnOp::Sigmoid => T::ONE / (T::ONE + (-x).exp()),
             UnOp::Abs => x.abs(),
-            UnOp::Not => bool_to_f32(x == 0.0),
+            UnOp::Not => T::of_bool(x == T::ZERO),
         }
     }
 }
@@ -372,33 +354,7 @@ impl BinOp {
     /// assert_eq!(BinOp::Div.apply(1.0, 0.0), f64::INFINITY);
     /// ```
     pub fn apply(self, a: f64, b: f64) -> f64 {
-        match self {
-            BinOp::Add => a + b,
-            BinOp::Sub => a - b,
-            BinOp::Mul => a * b,
-            BinOp::Div => a / b,
-            BinOp::Pow => a.powf(b),
-            BinOp::Max => {
-                if a > b || a.is_nan() {
-                    a
-                } else {
-                    b
-                }
-            }
-            BinOp::Min => {
-                if a < b || a.is_nan() {
-                    a
-                } else {
-                    b
-                }
-            }
-            BinOp::Lt => bool_to_f64(a < b),
-            BinOp::Le => bool_to_f64(a <= b),
-            BinOp::Gt => bool_to_f64(a > b),
-            BinOp::Eq => bool_to_f64(a == b),
-            BinOp::Ne => bool_to_f64(a != b),
-            BinOp::Second => b,
-        }
+        self.compute(a, b)
     }
 
     /// The operation computed in `f32`, as compiled `f32` code computes it.
@@ -408,6 +364,11 @@ impl BinOp {
     /// assert_eq!(BinOp::Mul.apply_f32(3e38, 10.0), f32::INFINITY);
     /// ```
     pub fn apply_f32(self, a: f32, b: f32) -> f32 {
+        self.compute(a, b)
+    }
+
+    /// The one definition of the operation, in either precision.
+    fn compute<T: Real>(self, a: T, b: T) -> T {
         match self {
             BinOp::Add => a + b,
             BinOp::Sub => a - b,
@@ -428,11 +389,11 @@ impl BinOp {
                     b
                 }
             }
-            BinOp::Lt => bool_to_f32(a < b),
-            BinOp::Le => bool_to_f32(a <= b),
-            BinOp::Gt => bool_to_f32(a > b),
-            BinOp::Eq => bool_to_f32(a == b),
-            BinOp::Ne => bool_to_f32(a != b),
+            BinOp::Lt => T::of_bool(a < b),
+            BinOp::Le => T::of_bool(a <= b),
+            BinOp::Gt => T::of_bool(a > b),
+            BinOp::Eq => T::of_bool(a == b),
+            BinOp::Ne => T::of_bool(a != b),
             BinOp::Second => b,
         }
     }
@@ -476,16 +437,7 @@ impl TernOp {
     /// assert_eq!(TernOp::Fma.apply(2.0, 3.0, 1.0), 7.0);
     /// ```
     pub fn apply(self, a: f64, b: f64, c: f64) -> f64 {
-        match self {
-            TernOp::Where => {
-                if a != 0.0 {
-                    b
-                } else {
-                    c
-                }
-            }
-            TernOp::Fma => a.mul_add(b, c),
-        }
+        self.compute(a, b, c)
     }
 
     /// The operation computed in `f32`, as compiled `f32` code computes it.
@@ -495,9 +447,14 @@ impl TernOp {
     /// assert_eq!(TernOp::Fma.apply_f32(2.0, 3.0, 1.0), 7.0);
     /// ```
     pub fn apply_f32(self, a: f32, b: f32, c: f32) -> f32 {
+        self.compute(a, b, c)
+    }
+
+    /// The one definition of the operation, in either precision.
+    fn compute<T: Real>(self, a: T, b: T, c: T) -> T {
         match self {
             TernOp::Where => {
-                if a != 0.0 {
+                if a != T::ZERO {
                     b
                 } else {
                     c
@@ -508,13 +465,87 @@ impl TernOp {
     }
 }
 
-fn bool_to_f64(b: bool) -> f64 {
-    if b { 1.0 } else { 0.0 }
+/// The arithmetic the op table is defined with, in `f64` (the reference semantics) and `f32`
+/// (what compiled `f32` code computes: the same formulas, the C library's `f32` functions).
+trait Real:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    fn of_bool(b: bool) -> Self {
+        if b { Self::ONE } else { Self::ZERO }
+    }
+    fn clamp01(self) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn exp2(self) -> Self;
+    fn log2(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn sin(self) -> Self;
+    fn cos(self) -> Self;
+    fn tanh(self) -> Self;
+    fn abs(self) -> Self;
+    fn powf(self, b: Self) -> Self;
+    fn mul_add(self, b: Self, c: Self) -> Self;
+    fn is_nan(self) -> bool;
 }
 
-fn bool_to_f32(b: bool) -> f32 {
-    if b { 1.0 } else { 0.0 }
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            fn clamp01(self) -> Self {
+                self.clamp(0.0, 1.0)
+            }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn exp2(self) -> Self {
+                <$t>::exp2(self)
+            }
+            fn log2(self) -> Self {
+                <$t>::log2(self)
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn sin(self) -> Self {
+                <$t>::sin(self)
+            }
+            fn cos(self) -> Self {
+                <$t>::cos(self)
+            }
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            fn powf(self, b: Self) -> Self {
+                <$t>::powf(self, b)
+            }
+            fn mul_add(self, b: Self, c: Self) -> Self {
+                <$t>::mul_add(self, b, c)
+            }
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+        }
+    };
 }
+
+real!(f32);
+real!(f64);
 
 /// The counter-based generator behind `FetchOp::Uniform`: SplitMix64's finalizer applied to
 /// `seed + (offset + 1) · γ` (γ the golden-ratio constant), keeping the top 24 bits, so the

@@ -72,31 +72,23 @@ pub struct Solver {
 impl Solver {
     /// Whether `v` is the row variable of an einsum pattern (or made by expanding one).
     pub fn is_template_row(&self, v: RowVar) -> bool {
-        self.template_rows.get(v.0 as usize).copied().unwrap_or(false)
+        flag(&self.template_rows, v.0)
     }
 
     /// Records that `v` is the row variable of an einsum pattern.
     pub fn mark_template_row(&mut self, v: RowVar) {
-        let i = v.0 as usize;
-        if self.template_rows.len() <= i {
-            self.template_rows.resize(i + 1, false);
-        }
-        self.template_rows[i] = true;
+        set_flag(&mut self.template_rows, v.0);
     }
 
     /// Whether `v` is the label of a convolution kernel.
     pub fn is_kernel_dim(&self, v: DimVar) -> bool {
-        self.kernel_dims.get(v.0 as usize).copied().unwrap_or(false)
+        flag(&self.kernel_dims, v.0)
     }
 
     /// Records that `v` is the label of a convolution kernel: the argument axes matched with it
     /// are the kernel's, equal to it rather than broadcast against it.
     pub fn mark_kernel_dim(&mut self, v: DimVar) {
-        let i = v.0 as usize;
-        if self.kernel_dims.len() <= i {
-            self.kernel_dims.resize(i + 1, false);
-        }
-        self.kernel_dims[i] = true;
+        set_flag(&mut self.kernel_dims, v.0);
     }
 
     /// An empty list for derived constraints: one the solver has finished with, if any.
@@ -396,4 +388,18 @@ fn dedup(cs: Vec<Constr>) -> Vec<Constr> {
         cs.iter().map(|c| seen.insert(c)).collect()
     };
     cs.into_iter().zip(keep).filter_map(|(c, k)| k.then_some(c)).collect()
+}
+
+/// A flag of a table indexed by variable number (unset beyond its end).
+fn flag(table: &[bool], v: u32) -> bool {
+    table.get(v as usize).copied().unwrap_or(false)
+}
+
+/// Sets a flag of a table indexed by variable number, growing it as needed.
+fn set_flag(table: &mut Vec<bool>, v: u32) {
+    let i = v as usize;
+    if table.len() <= i {
+        table.resize(i + 1, false);
+    }
+    table[i] = true;
 }

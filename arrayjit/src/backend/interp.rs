@@ -266,8 +266,10 @@ impl Machine<'_> {
         let single = p == Prec::F32;
         Ok(match e {
             IExpr::Const(c) => p.round(*c),
-            IExpr::Load(a) => p.round(self.load(a, env)?),
-            IExpr::Local(l) => p.round(locals[*l]),
+            // A statement computes in f32 only when it reads no f64 tensor or local, so loads and
+            // locals are exact in its precision already.
+            IExpr::Load(a) => self.load(a, env)?,
+            IExpr::Local(l) => locals[*l],
             IExpr::IndexValue(i) => p.round(i.eval(env) as f64),
             IExpr::Uniform(seed, i) => p.round(uniform(*seed, i.eval(env) as u64)),
             IExpr::Un(op, a) => {

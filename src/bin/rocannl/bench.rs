@@ -65,15 +65,13 @@ impl Drop for TempCache {
 
 /// What every backend is benchmarked with.
 pub struct Setup {
-    pub prec: Prec,
+    /// The session options (precision, limits, optimization level); the backend and the
+    /// compile cache are set per run.
+    pub base: SessionOptions,
     /// Timed runs.
     pub reps: usize,
-    /// The native optimization level, when not the default.
-    pub opt_level: Option<u8>,
     /// The document's shape inference time.
     pub shape_s: f64,
-    /// Work and memory limits.
-    pub limits: rocannl::arrayjit::low_level::estimate::Limits,
 }
 
 /// Benchmarks one backend.
@@ -83,14 +81,10 @@ pub fn bench_backend(
     backend: BackendKind,
     setup: &Setup,
 ) -> Result<Run, CliError> {
-    let (prec, reps, shape_s) = (setup.prec, setup.reps, setup.shape_s);
+    let (prec, reps, shape_s) = (setup.base.prec, setup.reps, setup.shape_s);
     let cache = TempCache::new(backend);
-    let mut opts = SessionOptions { backend, prec, ..SessionOptions::default() };
+    let mut opts = SessionOptions { backend, ..setup.base.clone() };
     opts.compile.cache = CacheMode::Dir(cache.0.clone());
-    opts.compile.limits = setup.limits;
-    if let Some(l) = setup.opt_level {
-        opts.compile.opt_level = l;
-    }
     let plan = plan(document, built);
     let mut session = Session::with_options(&built.graph, opts.clone()).map_err(tensor_error)?;
     let started = Instant::now();

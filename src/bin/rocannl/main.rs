@@ -240,13 +240,15 @@ impl Evaluated {
 
 /// Writes `{"nodes": .., "params": .., "shape": .., "values": .., "warnings": ..}`; values and
 /// gradients only when evaluated.
-fn write_answer<W: Write>(
+/// `"name": {"shape": .., "values": .., "grad": ..}` for each tensor, comma-separated; values
+/// when evaluated, gradients when also asked for (`params`) and computed.
+fn write_entries<W: Write>(
     out: &mut Answer<W>,
-    built: &Built,
+    entries: &[(String, Tensor)],
     eval: Option<&Evaluated>,
+    params: bool,
 ) -> Result<(), Failure> {
-    out.raw("{\"nodes\":{")?;
-    for (k, (name, t)) in built.nodes.iter().enumerate() {
+    for (k, (name, t)) in entries.iter().enumerate() {
         out.raw(if k > 0 { "," } else { "" })?;
         out.string(name)?;
         out.raw(":{\"shape\":")?;
@@ -254,25 +256,25 @@ fn write_answer<W: Write>(
         if let Some(e) = eval {
             out.raw(",\"values\":")?;
             out.values(&e.values(t)?)?;
-        }
-        out.raw("}")?;
-    }
-    out.raw("},\"params\":{")?;
-    for (k, (name, t)) in built.params.iter().enumerate() {
-        out.raw(if k > 0 { "," } else { "" })?;
-        out.string(name)?;
-        out.raw(":{\"shape\":")?;
-        out.shape(t)?;
-        if let Some(e) = eval {
-            out.raw(",\"values\":")?;
-            out.values(&e.values(t)?)?;
-            if e.grad {
+            if params && e.grad {
                 out.raw(",\"grad\":")?;
                 out.values(&e.grad(t)?)?;
             }
         }
         out.raw("}")?;
     }
+    Ok(())
+}
+
+fn write_answer<W: Write>(
+    out: &mut Answer<W>,
+    built: &Built,
+    eval: Option<&Evaluated>,
+) -> Result<(), Failure> {
+    out.raw("{\"nodes\":{")?;
+    write_entries(out, &built.nodes, eval, false)?;
+    out.raw("},\"params\":{")?;
+    write_entries(out, &built.params, eval, true)?;
     out.raw("},\"shape\":")?;
     out.shape(&built.root)?;
     if let Some(e) = eval {
@@ -319,8 +321,11 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
     Ok(opts)
 }
 
-fn evaluate(c: &Common, document: &doc::Document, built: &Built) -> Result<Evaluated, CliError> {
-    let opts = options(c)?;
+fn evaluate(
+    opts: SessionOptions,
+    document: &doc::Document,
+    built: &Built,
+) -> Result<Evaluated, CliError> {
     let mut session = Session::with_options(&built.graph, opts).map_err(tensor_error)?;
     let mut outputs = vec![built.root.clone()];
     outputs.extend(built.nodes.iter().map(|(_, t)| t.clone()));
@@ -347,9 +352,9 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
         }
         Command::Eval(c) => {
             // Options are checked before the document is read.
-            options(c)?;
+            let opts = options(c)?;
             let (document, built) = load(c)?;
-            let evaluated = evaluate(c, &document, &built)?;
+            let evaluated = evaluate(opts, &document, &built)?;
             evaluated.check_readable(&built)?;
             write_answer(out, &built, Some(&evaluated))
         }
@@ -366,21 +371,17 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
                 strict: b.strict,
                 limits: b.limits.clone(),
             };
-            let session_opts = options(&common)?;
-            let prec = session_opts.prec;
+            let mut base = options(&common)?;
+            if let Some(l) = b.opt_level {
+                base.compile.opt_level = l;
+            }
             let backends = bench::backends(&b.backend)?;
             let started = std::time::Instant::now();
             let (document, built) = load(&common)?;
-            let shape_s = started.elapsed().as_secs_f64();
+            let setup =
+                bench::Setup { base, reps: b.reps, shape_s: started.elapsed().as_secs_f64() };
             let mut runs = Vec::new();
             for (backend, named) in backends {
-                let setup = bench::Setup {
-                    prec,
-                    reps: b.reps,
-                    opt_level: b.opt_level,
-                    shape_s,
-                    limits: session_opts.compile.limits,
-                };
                 match bench::bench_backend(&document, &built, backend, &setup) {
                     Ok(r) => runs.push(r),
                     // A backend that cannot run here is left out unless it was asked for.
