@@ -42,8 +42,8 @@ pub struct Routine {
 /// How a routine was compiled: where the time went and what the compile cache did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompileReport {
-    /// Seconds per phase, in order: `lowering`, `optimization`, `render`, then the backend's
-    /// own (gccjit: `schedule`, `cache`, `codegen`, `c compile`).
+    /// Seconds per phase, in order: `lowering`, `optimization`, then the backend's own
+    /// (gccjit: `schedule`, `render`, `cache`, `codegen`, `c compile`).
     pub phases: Vec<(&'static str, f64)>,
     /// What the compile cache did.
     pub cache: CacheOutcome,
@@ -203,23 +203,26 @@ impl Context {
             }
         }
         let low_level = prog.to_string();
-        let source = self.backend.render(&prog)?;
-        let rendered = Instant::now();
+        let compiled = self.backend.compile(&prog);
         if let Some(dir) = &self.opts.debug_dir {
             let ext = match self.backend.kind() {
                 BackendKind::Interp => "interp.txt",
                 BackendKind::Gccjit => "c",
                 BackendKind::Cuda => "cu",
             };
+            // A compile that failed leaves its source too: that is when it is needed most.
+            let source = match &compiled {
+                Ok((_, source)) => source.clone(),
+                Err(_) => self.backend.render(&prog)?,
+            };
             write_debug(dir, &format!("{name}.asgn.txt"), &asgn.to_string())?;
             write_debug(dir, &format!("{name}.ll.txt"), &low_level)?;
             write_debug(dir, &format!("{name}.{ext}"), &source)?;
         }
-        let index = self.backend.compile(&prog)?;
+        let (index, source) = compiled?;
         let mut phases = vec![
             ("lowering", (lowered - started).as_secs_f64()),
             ("optimization", (optimized - lowered).as_secs_f64()),
-            ("render", (rendered - optimized).as_secs_f64()),
         ];
         phases.extend(self.backend.last_compile_phases());
         let report = CompileReport {

@@ -45,7 +45,7 @@ fn run_planted(backend: &mut dyn Backend) -> Result<(), Error> {
         let node = case.nodes.get(*id).unwrap();
         backend.write(*id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap())?;
     }
-    let r = backend.compile(&prog)?;
+    let (r, _) = backend.compile(&prog)?;
     backend.run(r, &[])
 }
 

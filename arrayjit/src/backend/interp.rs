@@ -330,7 +330,7 @@ impl Backend for Interp {
         Ok(prog.to_string())
     }
 
-    fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let sym_base = prog.next_var as usize;
         let mut r = Resolver { prog, bufs: Vec::new(), buf_of: Default::default(), sym_base };
         let body = r.stmts(&prog.body);
@@ -350,7 +350,7 @@ impl Backend for Interp {
             locals: vec![0.0; prog.locals.len()],
             sym_base,
         });
-        Ok(self.routines.len() - 1)
+        Ok((self.routines.len() - 1, prog.to_string()))
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {

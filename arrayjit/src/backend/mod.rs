@@ -142,8 +142,9 @@ pub trait Backend {
     fn kind(&self) -> BackendKind;
     /// The generated source of a program (pure; no compiler involved).
     fn render(&self, prog: &Program) -> Result<String, Error>;
-    /// Compiles a program whose buffers are already allocated; returns its routine index.
-    fn compile(&mut self, prog: &Program) -> Result<usize, Error>;
+    /// Compiles a program whose buffers are already allocated; returns its routine index and
+    /// the generated source it compiled (what [`Backend::render`] gives, rendered once).
+    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error>;
     /// What the last [`Backend::compile`] found in the compile cache.
     fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
         crate::cache::CacheOutcome::Off

@@ -86,7 +86,7 @@ impl Backend for Cuda {
         Ok(render::render(prog).source)
     }
 
-    fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let src = render::render(prog);
         let ptx = self.nvrtc.compile(&prog.name, &src.source, PTX_ARCH, false)?;
         let text = String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string();
@@ -98,7 +98,7 @@ impl Backend for Cuda {
             kernels.push((f, k));
         }
         self.routines.push(Compiled { kernels });
-        Ok(self.routines.len() - 1)
+        Ok((self.routines.len() - 1, src.source))
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {

@@ -181,11 +181,12 @@ impl Gccjit {
         steps: &[(Vec<Stmt>, StepKind)],
         slots: &[NodeId],
         opts: &BuildOptions,
+        source: &str,
     ) -> Result<Code, Error> {
         self.last_outcome = CacheOutcome::Off;
         let mut times = BuildTimes::default();
         let started = Instant::now();
-        let code = self.build_through_cache(prog, steps, slots, opts, &mut times)?;
+        let code = self.build_through_cache(prog, steps, slots, opts, source, &mut times)?;
         let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
         self.last_phases.extend([
             ("cache", cache_s.max(0.0)),
@@ -201,6 +202,7 @@ impl Gccjit {
         steps: &[(Vec<Stmt>, StepKind)],
         slots: &[NodeId],
         opts: &BuildOptions,
+        source: &str,
         times: &mut BuildTimes,
     ) -> Result<Code, Error> {
         let in_memory = |times: &mut BuildTimes| -> Result<Code, Error> {
@@ -212,7 +214,7 @@ impl Gccjit {
             }
         };
         let Some(cache) = self.cache.clone() else { return in_memory(times) };
-        let key = self.cache_key(prog, steps, slots, opts);
+        let key = self.cache_key(prog, source, slots, opts);
         if let Some(path) = cache.lookup(&key) {
             // SAFETY: the library is a routine this code generator built (its digest matches);
             // loading it runs no initializers of ours.
@@ -243,11 +245,10 @@ impl Gccjit {
     fn cache_key(
         &self,
         prog: &Program,
-        steps: &[(Vec<Stmt>, StepKind)],
+        source: &str,
         slots: &[NodeId],
         opts: &BuildOptions,
     ) -> String {
-        let source = self.render_planned(prog, steps);
         let ir = prog.to_string();
         let nodes: String = slots
             .iter()
@@ -346,10 +347,15 @@ impl Backend for Gccjit {
         Ok(self.render_planned(&prog, &steps))
     }
 
-    fn compile(&mut self, prog: &Program) -> Result<usize, Error> {
+    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let started = Instant::now();
         let (scheduled, steps) = self.plan(prog);
-        self.last_phases = vec![("schedule", started.elapsed().as_secs_f64())];
+        let planned = Instant::now();
+        let source = self.render_planned(&scheduled, &steps);
+        self.last_phases = vec![
+            ("schedule", (planned - started).as_secs_f64()),
+            ("render", planned.elapsed().as_secs_f64()),
+        ];
         let slots: Vec<NodeId> = scheduled.materialized_nodes();
         let mut table = Vec::with_capacity(slots.len());
         let mut labels = Vec::with_capacity(slots.len());
@@ -379,7 +385,7 @@ impl Backend for Gccjit {
             bounds_check: self.opts.bounds_check,
             dump,
         };
-        let code = self.build_cached(&scheduled, &steps, &slots, &opts)?;
+        let code = self.build_cached(&scheduled, &steps, &slots, &opts, &source)?;
         let mut fns = Vec::with_capacity(steps.len());
         for (k, (_, kind)) in steps.iter().enumerate() {
             let name = format!("step_{k}");
@@ -406,7 +412,7 @@ impl Backend for Gccjit {
             oob,
             run_table,
         });
-        Ok(self.routines.len() - 1)
+        Ok((self.routines.len() - 1, source))
     }
 
     fn last_cache_outcome(&self) -> CacheOutcome {
