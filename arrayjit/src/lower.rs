@@ -22,7 +22,7 @@
 //! Indices that depend on runtime symbols are not guarded; they become
 //! [`RuntimeCheck`]s verified when the routine runs.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::assignments::{Asgn, FetchOp, ScalarExpr};
 use crate::error::Error;
@@ -102,19 +102,31 @@ fn lower_into(prog: &mut Program, asgn: &Asgn, out: &mut Vec<Stmt>) -> Result<()
     }
 }
 
-/// Loops over every cell of `dims`, with the body built from the loop variables.
-fn fill_loops(prog: &mut Program, dims: &[usize], body: impl FnOnce(&[Var]) -> Stmt) -> Stmt {
-    let vars: Vec<Var> = dims.iter().map(|_| prog.fresh_var()).collect();
-    let mut stmt = body(&vars);
+/// Loops over every cell of `dims`, with the body built from the index of each axis: a loop
+/// variable, or the constant 0 for an axis of size 1 (which gets no loop: a tensor of a
+/// hundred thousand size-1 axes is one cell, not a nest of a hundred thousand loops).
+fn fill_loops(prog: &mut Program, dims: &[usize], body: impl FnOnce(&[Index]) -> Stmt) -> Stmt {
+    let vars: Vec<Option<Var>> = dims.iter().map(|&d| (d != 1).then(|| prog.fresh_var())).collect();
+    let idx: Vec<Index> =
+        vars.iter().map(|v| v.map_or_else(|| Index::fixed(0), Index::var)).collect();
+    let mut stmt = body(&idx);
     for (v, &d) in vars.iter().zip(dims).rev() {
-        stmt = Stmt::For { var: *v, extent: d, parallel: true, body: vec![stmt] };
+        if let Some(v) = v {
+            stmt = Stmt::For { var: *v, extent: d, parallel: true, body: vec![stmt] };
+        }
     }
     stmt
 }
 
-fn linear_offset(vars: &[Var], dims: &[usize]) -> Index {
+/// The row-major offset of the cell at `idx` (as made by [`fill_loops`]) in a tensor of `dims`.
+fn linear_offset(idx: &[Index], dims: &[usize]) -> Index {
     let strides = row_major_strides(dims);
-    Index::new(vars.iter().zip(strides).map(|(v, s)| (s as i64, IdxVar::Loop(*v))).collect(), 0)
+    let terms = idx
+        .iter()
+        .zip(strides)
+        .filter_map(|(i, s)| i.as_var().map(|v| (s as i64, IdxVar::Loop(v))))
+        .collect();
+    Index::new(terms, 0)
 }
 
 fn lower_fetch(prog: &mut Program, node: &TensorNode, fetch: &FetchOp, out: &mut Vec<Stmt>) {
@@ -145,7 +157,7 @@ fn lower_fetch(prog: &mut Program, node: &TensorNode, fetch: &FetchOp, out: &mut
                 Expr::Uniform { seed: *seed, offset }
             }
         };
-        Stmt::Set { node: id, idx: vars.iter().map(|v| Index::var(*v)).collect(), value }
+        Stmt::Set { node: id, idx: vars.to_vec(), value }
     }));
 }
 
@@ -315,7 +327,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         if a.init {
             out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
                 node: id,
-                idx: vars.iter().map(|v| Index::var(*v)).collect(),
+                idx: vars.to_vec(),
                 value: Expr::Const(neutral),
             }));
         }
@@ -324,11 +336,11 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     // Loop variables for iterators of extent > 1; extent-1 iterators are the constant 0.
     let mut loop_of: FxHashMap<Symbol, Var> = FxHashMap::default();
     let mut extents: FxHashMap<Var, usize> = FxHashMap::default();
-    let mut zero_iters = Vec::new();
+    let mut zero_iters = FxHashSet::default();
     let mut iter_vars = Vec::new();
     for (&s, &d) in p.product_iterators.iter().zip(&p.product_space) {
         if d == 1 {
-            zero_iters.push(s);
+            zero_iters.insert(s);
             continue;
         }
         let v = prog.fresh_var();
@@ -371,14 +383,14 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     if a.init && !p.is_surjective() {
         out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
             node: id,
-            idx: vars.iter().map(|v| Index::var(*v)).collect(),
+            idx: vars.to_vec(),
             value: Expr::Const(neutral),
         }));
     } else if a.init && self_reading {
         // The old values are read by the expression: initialize separately, then accumulate.
         out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
             node: id,
-            idx: vars.iter().map(|v| Index::var(*v)).collect(),
+            idx: vars.to_vec(),
             value: Expr::Const(neutral),
         }));
     }

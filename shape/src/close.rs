@@ -25,6 +25,7 @@ use rustc_hash::FxHashSet;
 
 use crate::constraint::{Constr, Constraint, Origin, RowConstraint, TotalElems};
 use crate::dim::Dim;
+use crate::env::RowEntry;
 use crate::error::Conflict;
 use crate::row::Row;
 use crate::solve::Solver;
@@ -64,6 +65,14 @@ impl Solver {
             }
             (Some((lub, o)), _) if self.stage >= Stage::TerminalsToLub => {
                 Ok(vec![Constraint::DimEq { d1: Dim::Var(v), d2: lub.clone() }.at(&o.join(origin))])
+            }
+            (None, None) if self.stage >= Stage::DimsToLowerBound && !unrelated => {
+                // Related to other variables and not bounded yet: the composite shapes close
+                // first (to their lower bounds, forced from below by their arguments), and this
+                // leaf axis then equals or broadcasts against what they became. What is left
+                // when nothing else can close is closed by the driver like any other variable.
+                self.defer(Constraint::TerminalDim(d).at(origin));
+                Ok(vec![])
             }
             (None, lower) if self.stage >= Stage::DimsToLowerBound => {
                 if lower.is_none() {
@@ -138,18 +147,25 @@ impl Solver {
         Ok(out)
     }
 
-    /// Closes the variables of a row of some shape of the graph (from stage 4 on).
-    pub fn close_shape_row(&mut self, r: &Arc<Row>, origin: &Origin) -> Derived {
-        let r = self.env.subst_row_arc(r);
-        let mut keep = false;
+    /// Closes the variables of a row of some shape of the graph (from stage 4 on), starting at
+    /// axis `from` (the axes before it are closed already).
+    pub fn close_shape_row(&mut self, r: &Arc<Row>, from: usize, origin: &Origin) -> Derived {
+        // A solved row variable splices axes into the row: substitute, and scan it whole.
+        let (r, from) = match r.var() {
+            Some(v) if matches!(self.env.row_entry(v), Some(RowEntry::Solved(..))) => {
+                (self.env.subst_row_arc(r), 0)
+            }
+            _ => (Arc::clone(r), from),
+        };
         // One variable at a time, the rest of the row after that closing has propagated: the
         // parts of an arithmetic axis depend on each other (closing both parts of `2*b+d = 2`
-        // to 1 at once misses its one solution, b = 1 and d = 2).
+        // to 1 at once misses its one solution, b = 1 and d = 2). Axes are looked up one by
+        // one, so closing a row of n axes costs O(n) in all, not O(n) per variable.
+        let mut first_kept = None;
         let mut vs = Vec::new();
-        let mut close = None;
-        'dims: for d in r.beg_dims().iter().chain(&r.dims) {
+        for (i, d) in r.beg_dims().iter().chain(&r.dims).enumerate().skip(from) {
             vs.clear();
-            d.vars(&mut vs);
+            self.env.subst_dim_cow(d).vars(&mut vs);
             for &v in &vs {
                 let b = self.env.dim_bounds(v);
                 let lower = b.constr.as_ref().and_then(|(c, _)| c.lower_bound());
@@ -165,31 +181,34 @@ impl Solver {
                             .at(origin)
                     }
                     _ => {
-                        keep = true;
+                        first_kept.get_or_insert(i);
                         continue;
                     }
                 };
-                close = Some(c);
-                break 'dims;
+                let from = first_kept.unwrap_or(i);
+                return Ok(vec![c, Constraint::ShapeRow { row: r, from }.at(origin)]);
             }
         }
-        if let Some(c) = close {
-            return Ok(vec![c, Constraint::ShapeRow(r).at(origin)]);
-        }
+        let n = r.beg_dims().len() + r.dims.len();
+        let resume = |first_kept: Option<usize>| first_kept.unwrap_or(n);
         let mut out = Vec::new();
+        let mut keep = first_kept.is_some();
         if let Some(v) = r.var() {
             if self.stage >= Stage::RowsToNoMoreAxes {
                 if self.env.row_bounds(v).lub.is_none() {
                     self.mark_row_guess(v);
                 }
                 out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-                out.push(Constraint::ShapeRow(Arc::clone(&r)).at(origin));
+                let from = resume(first_kept);
+                out.push(Constraint::ShapeRow { row: Arc::clone(&r), from }.at(origin));
+                keep = false;
             } else {
                 keep = true;
             }
         }
         if keep {
-            self.defer(Constraint::ShapeRow(r).at(origin));
+            let from = resume(first_kept).min(from);
+            self.defer(Constraint::ShapeRow { row: r, from }.at(origin));
         }
         Ok(out)
     }

@@ -195,8 +195,10 @@ pub enum Constraint {
     /// A row of a leaf tensor: closed to its least upper bound.
     TerminalRow(Arc<Row>),
     /// A row of some tensor of the graph, injected at the closing stages so that its
-    /// remaining variables get closed.
-    ShapeRow(Arc<Row>),
+    /// remaining variables get closed. `from` counts the leading axes (beginning axes first)
+    /// already known to be closed: closing a long row one variable at a time resumes there
+    /// instead of rescanning the row.
+    ShapeRow { row: Arc<Row>, from: usize },
 }
 
 /// A constraint with its origin.
@@ -269,7 +271,7 @@ impl fmt::Display for Constraint {
             Constraint::BatchSlice { cur, arg, slot } => write!(f, "[{arg}] = {slot}, [{cur}]"),
             Constraint::TerminalDim(d) => write!(f, "terminal {d}"),
             Constraint::TerminalRow(r) => write!(f, "terminal [{r}]"),
-            Constraint::ShapeRow(r) => write!(f, "shape row [{r}]"),
+            Constraint::ShapeRow { row, .. } => write!(f, "shape row [{row}]"),
         }
     }
 }

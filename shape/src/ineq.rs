@@ -125,6 +125,12 @@ impl Solver {
             self.defer(Constraint::DimIneq { cur: cur.clone(), subr: subr.clone() }.at(origin));
             return Ok(vec![]);
         }
+        let windowless = matches!(cur, Dim::Conv(c) if c.is_windowless());
+        if let (true, false, Dim::Var(s)) = (arithmetic(cur), windowless, subr) {
+            // An axis below a convolution or concatenation axis may still broadcast as 1: the
+            // arithmetic axis is an upper bound, like a known size.
+            return self.add_dim_lub(*s, cur.clone(), origin);
+        }
         if arithmetic(cur) || arithmetic(subr) {
             // Convolution and concatenation axes do not broadcast.
             return Ok(self.derive_one(eq(cur, subr)));
@@ -160,6 +166,20 @@ impl Solver {
                     );
                 }
                 b.lub = Some((lub, origin.clone()));
+            }
+            Some((old, _)) if old.size().is_none() || lub.size().is_none() => {
+                // An arithmetic bound whose size is not known yet: whether the two bounds are
+                // the same size (s may be either) or not (s is 1) is decided once it is.
+                let old = self.env.subst_dim(old);
+                if same_dim(&old, &lub) {
+                    return Ok(vec![]);
+                }
+                if old.size().is_some() && lub.size().is_some() {
+                    let again = Constraint::DimIneq { cur: lub, subr: Dim::Var(s) };
+                    return Ok(self.derive_one(again.at(origin)));
+                }
+                self.defer(Constraint::DimIneq { cur: lub, subr: Dim::Var(s) }.at(origin));
+                return Ok(vec![]);
             }
             Some((old, _)) if old.size() == lub.size() => {
                 if !labels_agree(old, &lub) {

@@ -292,8 +292,11 @@ impl Inference {
             for c in &pending {
                 for v in constraint_dim_vars(&self.solver, &c.c) {
                     close.push(
-                        Constraint::ShapeRow(Arc::new(Row::fixed(vec![Dim::Var(v)], any_row_id())))
-                            .at(&c.origin),
+                        Constraint::ShapeRow {
+                            row: Arc::new(Row::fixed(vec![Dim::Var(v)], any_row_id())),
+                            from: 0,
+                        }
+                        .at(&c.origin),
                     );
                 }
             }
@@ -397,7 +400,7 @@ impl Inference {
                 if seen.insert(sh) {
                     for kind in Kind::ALL {
                         let r = self.shape(sh).row(kind).clone();
-                        out.push(Constraint::ShapeRow(r).at(&origin));
+                        out.push(Constraint::ShapeRow { row: r, from: 0 }.at(&origin));
                     }
                 }
             }
@@ -406,7 +409,7 @@ impl Inference {
     }
 
     fn has_lower_bounded_dim(&self, c: &Constraint) -> bool {
-        let Constraint::ShapeRow(r) = c else { return false };
+        let Constraint::ShapeRow { row: r, .. } = c else { return false };
         self.solver.env.row_any_dim_var(r, &mut |v| {
             let b = self.solver.env.dim_bounds(v);
             b.constr.as_ref().is_some_and(|(c, _)| c.lower_bound().is_some())

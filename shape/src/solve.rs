@@ -21,8 +21,14 @@ use crate::stage::Stage;
 use crate::var::{DimVar, RowVar, VarGen};
 
 /// How many constraints one call of [`Solver::solve`] may process before it gives up with an
-/// error instead of looping forever on a pathological input.
+/// error instead of looping forever on a pathological input: this many, plus
+/// [`FUEL_PER_VAR`] for every variable of the graph (a graph of a million axes needs a few
+/// million steps; a diverging solution makes ever more variables and constraints, and stops
+/// once it has used up what the graph it started from allows).
 const FUEL: u64 = 1_000_000;
+
+/// See [`FUEL`].
+const FUEL_PER_VAR: u64 = 64;
 
 /// The solver: environment, variable generator and closing bookkeeping.
 #[derive(Clone, Debug, Default)]
@@ -158,7 +164,7 @@ impl Solver {
         queues.clear();
         queues.late = late;
         queues.route_all(&mut dedup(constraints));
-        let mut fuel = FUEL;
+        let mut fuel = FUEL + FUEL_PER_VAR * self.vars.count();
         loop {
             let which = if !queues.regular.is_empty() {
                 Which::Regular
@@ -213,7 +219,20 @@ impl Solver {
                 trace.push(format!("{:?}: {}", self.stage, c.c));
             }
             let mut derived = self.solve_one(c)?;
-            queues.queue(which).drop_front();
+            let again = match which {
+                // A composite shape's row closes one variable at a time; the row is finished
+                // before the next row starts, so the shapes built first (the arguments) are
+                // closed before the results they force from below.
+                Which::ShapeClosers => derived
+                    .iter()
+                    .position(|d| matches!(d.c, Constraint::ShapeRow { .. }))
+                    .map(|i| derived.swap_remove(i)),
+                _ => None,
+            };
+            match again {
+                Some(row) => queues.queue(which).replace_front(row),
+                None => queues.queue(which).drop_front(),
+            }
             queues.route_all(&mut derived);
             self.recycle(derived);
         }
@@ -262,7 +281,7 @@ impl Solver {
             }
             Constraint::TerminalDim(d) => self.close_dim_terminal(d, origin),
             Constraint::TerminalRow(r) => self.close_row_terminal(r, origin),
-            Constraint::ShapeRow(r) => self.close_shape_row(r, origin),
+            Constraint::ShapeRow { row, from } => self.close_shape_row(row, *from, origin),
         }
     }
 }
@@ -308,6 +327,11 @@ impl Fifo {
             self.items.drain(..self.head);
             self.head = 0;
         }
+    }
+
+    /// Puts `c` in place of the front constraint (taken next).
+    fn replace_front(&mut self, c: Constr) {
+        self.items[self.head] = c;
     }
 
     fn push(&mut self, c: Constr) {
@@ -361,7 +385,7 @@ impl Queues {
     }
 
     fn route(&mut self, c: Constr) {
-        if self.late && matches!(c.c, Constraint::ShapeRow(_)) {
+        if self.late && matches!(c.c, Constraint::ShapeRow { .. }) {
             self.shape_closers.push(c);
         } else if is_closer(&c) {
             self.closers.push(c);
@@ -374,7 +398,10 @@ impl Queues {
 /// Whether a constraint closes variables (rather than propagating information).
 #[inline]
 fn is_closer(c: &Constr) -> bool {
-    matches!(c.c, Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow(_))
+    matches!(
+        c.c,
+        Constraint::TerminalDim(_) | Constraint::TerminalRow(_) | Constraint::ShapeRow { .. }
+    )
 }
 
 /// Removes repeated constraints, keeping the first occurrence of each (short lists, as in

@@ -11,7 +11,7 @@
 //! | 4 `TerminalRowsClosed` | leaf row variables without an upper bound (and not related to other row variables, by a bound or by a constraint waiting for an alignment) to no further axes; dimensions with a lower bound > 1 (from fixed indexing) to their upper bounds |
 //! | 5 `RowConstraints` | `TotalElems` and `Exact` constraints with unknown row variables: one row variable gets the remaining axes (one axis, or none when one element is left); with several, the output row's variable does |
 //! | 6 `RowsToNoMoreAxes` | every remaining row variable to no further axes |
-//! | 7 `DimsToLowerBound` | every remaining dimension variable to its lower bound, or 1 |
+//! | 7 `DimsToLowerBound` | every remaining dimension variable to its lower bound, or 1: composite shapes' rows one whole row at a time, arguments before results; a leaf dimension below another variable waits for that one (and takes the upper bound it then has) |
 //!
 //! The solver's driver runs one stage at a time; how each stage closes variables is in
 //! `close.rs`.

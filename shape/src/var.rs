@@ -74,6 +74,11 @@ pub struct VarGen {
 }
 
 impl VarGen {
+    /// How many variables (dimension and row) were made so far: a measure of the graph's size.
+    pub fn count(&self) -> u64 {
+        u64::from(self.dims) + u64::from(self.rows)
+    }
+
     /// A fresh dimension variable.
     pub fn dim(&mut self) -> DimVar {
         self.dims += 1;

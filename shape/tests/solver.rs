@@ -960,7 +960,7 @@ fn stage_4_closes_unbounded_leaf_rows_and_lower_bounded_dims() {
     s.apply_dim_constraint(&d[0], &DimConstraint::AtLeast(3), &origin()).unwrap();
     s.solve_dim_ineq(&n(8), &d[0], &origin()).unwrap();
     let cs = vec![
-        Constraint::ShapeRow(fixed(vec![d[0].clone()]).into()),
+        Constraint::ShapeRow { row: fixed(vec![d[0].clone()]).into(), from: 0 },
         Constraint::TerminalRow((Row::of_var(r[0], id())).into()),
     ];
     check(
@@ -1013,8 +1013,8 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
             cur: open(vec![], r[0], vec![n(2)]).into(),
             subr: open(vec![], r[1], vec![n(2)]).into(),
         },
-        Constraint::ShapeRow((open(vec![], r[0], vec![n(2)])).into()),
-        Constraint::ShapeRow((open(vec![], r[1], vec![n(2)])).into()),
+        Constraint::ShapeRow { row: (open(vec![], r[0], vec![n(2)])).into(), from: 0 },
+        Constraint::ShapeRow { row: (open(vec![], r[1], vec![n(2)])).into(), from: 0 },
     ];
     check(
         solve_after(&mut s, Stage::RowConstraints, Stage::RowsToNoMoreAxes, cs),
@@ -1031,7 +1031,8 @@ fn stage_6_closes_every_row_variable_to_no_more_axes() {
 fn stage_7_closes_every_dim_to_its_lower_bound_or_one() {
     let (mut s, d, _) = solver(2, 0);
     s.apply_dim_constraint(&d[1], &DimConstraint::AtLeast(4), &origin()).unwrap();
-    let cs = vec![Constraint::ShapeRow(fixed(vec![d[0].clone(), d[1].clone()]).into())];
+    let cs =
+        vec![Constraint::ShapeRow { row: fixed(vec![d[0].clone(), d[1].clone()]).into(), from: 0 }];
     check(
         solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
         expect![[r#"
@@ -1094,7 +1095,7 @@ fn stage_7_closes_the_parts_of_an_arithmetic_axis_one_at_a_time() {
     let axis = conv(2, d[0].clone(), 1, d[1].clone());
     let cs = vec![
         Constraint::DimEq { d1: axis.clone(), d2: n(2) },
-        Constraint::ShapeRow(fixed(vec![axis]).into()),
+        Constraint::ShapeRow { row: fixed(vec![axis]).into(), from: 0 },
     ];
     check(
         solve_after(&mut s, Stage::RowsToNoMoreAxes, Stage::DimsToLowerBound, cs),
@@ -1193,8 +1194,8 @@ fn a_leaf_row_closed_without_an_upper_bound_is_a_guess() {
         Constraint::RowIneq { cur: var(h).into(), subr: var(w).into() },
         Constraint::TerminalRow((var(b)).into()),
         Constraint::TerminalRow((var(w)).into()),
-        Constraint::ShapeRow((var(sum)).into()),
-        Constraint::ShapeRow((var(h)).into()),
+        Constraint::ShapeRow { row: (var(sum)).into(), from: 0 },
+        Constraint::ShapeRow { row: (var(h)).into(), from: 0 },
     ];
     let mut rest = at(cs);
     for stage in [Stage::Online, Stage::TerminalRowsClosed, Stage::RowConstraints] {
