@@ -101,6 +101,8 @@ pub struct BuildOptions {
     pub bounds_check: bool,
     /// Where libgccjit writes its own C-like dump, if anywhere.
     pub dump: Option<std::path::PathBuf>,
+    /// Which of the planned steps this build compiles (by index; `step_k` keeps its index).
+    pub steps: Vec<usize>,
 }
 
 /// Builds one libgccjit context for `steps` and compiles it. The `gccjit` crate panics on
@@ -150,7 +152,8 @@ fn build_unchecked(
     ctx.add_command_line_option("-ffp-contract=off");
     ctx.add_command_line_option("--param=vect-max-version-for-alias-checks=64");
     ctx.set_print_errors_to_stderr(false);
-    for (k, (body, kind)) in steps.iter().enumerate() {
+    for &k in &opts.steps {
+        let (body, kind) = &steps[k];
         let mut g = Gen::new(&ctx, prog, slots, opts.bounds_check, &format!("step_{k}"));
         g.function(body, kind);
     }

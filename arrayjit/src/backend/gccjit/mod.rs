@@ -90,8 +90,8 @@ impl Code {
 }
 
 struct Compiled {
-    /// Keeps the machine code alive.
-    _code: Code,
+    /// Keeps the machine code alive (one per optimization level, see [`split_by_work`]).
+    _code: Vec<Code>,
     /// The routine's own buffers (packed operands of the CPU schedule), in `table`.
     _scratch: Vec<HostBuffer>,
     steps: Vec<(StepFn, StepKind)>,
@@ -172,30 +172,10 @@ impl Gccjit {
         (prog, steps)
     }
 
-    /// Builds the machine code of a planned program, through the compile cache when there is
-    /// one: a valid entry is loaded; otherwise the code is compiled into a shared library in the
-    /// cache folder and loaded from there. Without a usable cache it is compiled in memory.
-    fn build_cached(
-        &mut self,
-        prog: &Program,
-        steps: &[(Vec<Stmt>, StepKind)],
-        slots: &[NodeId],
-        opts: &BuildOptions,
-        source: &str,
-    ) -> Result<Code, Error> {
-        self.last_outcome = CacheOutcome::Off;
-        let mut times = BuildTimes::default();
-        let started = Instant::now();
-        let code = self.build_through_cache(prog, steps, slots, opts, source, &mut times)?;
-        let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
-        self.last_phases.extend([
-            ("cache", cache_s.max(0.0)),
-            ("codegen", times.codegen_s),
-            ("c compile", times.compile_s),
-        ]);
-        Ok(code)
-    }
-
+    /// Builds the machine code of some steps of a planned program, through the compile cache
+    /// when there is one: a valid entry is loaded; otherwise the code is compiled into a shared
+    /// library in the cache folder and loaded from there. Without a usable cache it is compiled
+    /// in memory. Sets `last_outcome`.
     fn build_through_cache(
         &mut self,
         prog: &Program,
@@ -203,39 +183,37 @@ impl Gccjit {
         slots: &[NodeId],
         opts: &BuildOptions,
         source: &str,
-        times: &mut BuildTimes,
-    ) -> Result<Code, Error> {
-        let in_memory = |times: &mut BuildTimes| -> Result<Code, Error> {
+    ) -> Result<(Code, BuildTimes), Error> {
+        self.last_outcome = CacheOutcome::Off;
+        let in_memory = || -> Result<(Code, BuildTimes), Error> {
             let (built, t) = codegen::build(prog, steps, slots, opts, Output::Memory)?;
-            *times = t;
             match built {
-                Built::Memory(r) => Ok(Code::Memory(r)),
+                Built::Memory(r) => Ok((Code::Memory(r), t)),
                 Built::File => unreachable!("an in-memory build"),
             }
         };
-        let Some(cache) = self.cache.clone() else { return in_memory(times) };
+        let Some(cache) = self.cache.clone() else { return in_memory() };
         let key = self.cache_key(prog, source, slots, opts);
         if let Some(path) = cache.lookup(&key) {
             // SAFETY: the library is a routine this code generator built (its digest matches);
             // loading it runs no initializers of ours.
             if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
                 self.last_outcome = CacheOutcome::Hit;
-                return Ok(Code::Library(lib));
+                return Ok((Code::Library(lib), BuildTimes::default()));
             }
         }
         if let Some(temp) = cache.temp_path(&key) {
             let (_, t) = codegen::build(prog, steps, slots, opts, Output::SharedLibrary(&temp))?;
-            *times = t;
             let loaded = cache.store(&key, &temp).and_then(|path| {
                 // SAFETY: as above: a library just built by this code generator.
                 unsafe { libloading::Library::new(path) }.ok()
             });
             if let Some(lib) = loaded {
                 self.last_outcome = CacheOutcome::Miss;
-                return Ok(Code::Library(lib));
+                return Ok((Code::Library(lib), t));
             }
         }
-        in_memory(times)
+        in_memory()
     }
 
     /// Everything the machine code of a planned program depends on: the generated source
@@ -259,7 +237,7 @@ impl Gccjit {
             .collect();
         let v = gccjit::Version::get();
         let setup = format!(
-            "rocannl-gccjit {} codegen 2; libgccjit {}.{}.{}; O{} march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 3; libgccjit {}.{}.{}; O{} march_native={} {:?} bounds_check={} steps={:?}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
@@ -268,6 +246,7 @@ impl Gccjit {
             opts.march_native,
             codegen::host_arch_flags(),
             opts.bounds_check,
+            opts.steps,
         );
         Cache::key(&[setup.as_bytes(), source.as_bytes(), ir.as_bytes(), nodes.as_bytes()])
     }
@@ -314,6 +293,48 @@ impl Gccjit {
         }
         out
     }
+}
+
+/// The share of a routine's work (scalar operations) that is compiled at the requested
+/// optimization level; the steps doing the rest are compiled at [`COLD_OPT_LEVEL`].
+pub const HOT_WORK_SHARE: f64 = 0.95;
+
+/// The optimization level of the steps outside [`HOT_WORK_SHARE`]: `-O2` still vectorizes
+/// (GCC's very cheap cost model), at about half of `-O3`'s compile time. Measured on the GPT,
+/// MLP and attention documents (docs/benchmarks.md): the rest at `-O1` made a routine up to 2×
+/// slower (an attention routine's remaining work, unvectorized); at `-O2` none was slower.
+pub const COLD_OPT_LEVEL: u8 = 2;
+
+/// Splits the planned steps into builds by optimization level: the fewest steps that do
+/// [`HOT_WORK_SHARE`] of the work (contractions, mostly) at `level`, the rest at
+/// [`COLD_OPT_LEVEL`]. GCC's time at `-O3` is mostly spent on the many small nests (pointwise
+/// maps, reductions of small tensors, copies) that run for a small part of a step. Returns
+/// `(level, step indices)` pairs; one pair when there is nothing to split.
+pub fn split_by_work(steps: &[(Vec<Stmt>, StepKind)], level: u8) -> Vec<(u8, Vec<usize>)> {
+    let all: Vec<usize> = (0..steps.len()).collect();
+    if level <= COLD_OPT_LEVEL || steps.len() < 2 {
+        return vec![(level, all)];
+    }
+    let works: Vec<f64> =
+        steps.iter().map(|(b, _)| b.iter().map(|s| work(s) as f64).sum()).collect();
+    let total: f64 = works.iter().sum();
+    let mut order = all.clone();
+    order.sort_by(|a, b| works[*b].total_cmp(&works[*a]).then(a.cmp(b)));
+    let mut hot = Vec::new();
+    let mut covered = 0.0;
+    for k in order {
+        if covered >= HOT_WORK_SHARE * total {
+            break;
+        }
+        covered += works[k];
+        hot.push(k);
+    }
+    if hot.len() == steps.len() {
+        return vec![(level, all)];
+    }
+    hot.sort_unstable();
+    let cold: Vec<usize> = all.into_iter().filter(|k| hot.binary_search(k).is_err()).collect();
+    vec![(level, hot), (COLD_OPT_LEVEL, cold)]
 }
 
 /// Top-level statements per serial step: GCC's optimization time grows faster than linearly
@@ -379,17 +400,45 @@ impl Backend for Gccjit {
         if let Some(d) = &self.opts.debug_dir {
             let _ = std::fs::create_dir_all(d);
         }
-        let opts = BuildOptions {
-            opt_level: self.opts.opt_level.min(3),
-            march_native: self.opts.march_native,
-            bounds_check: self.opts.bounds_check,
-            dump,
+        let level = self.opts.opt_level.min(3);
+        let mut parts = split_by_work(&steps, level);
+        let mut code = Vec::with_capacity(parts.len());
+        let mut owner = vec![0; steps.len()];
+        let mut times = BuildTimes::default();
+        let mut outcomes = Vec::new();
+        let started = Instant::now();
+        for (i, (level, part)) in parts.iter_mut().enumerate() {
+            part.iter().for_each(|k| owner[*k] = i);
+            let opts = BuildOptions {
+                opt_level: *level,
+                march_native: self.opts.march_native,
+                bounds_check: self.opts.bounds_check,
+                dump: dump.as_ref().map(|d| d.with_extension(format!("O{level}.c"))),
+                steps: std::mem::take(part),
+            };
+            let (c, t) = self.build_through_cache(&scheduled, &steps, &slots, &opts, &source)?;
+            times.codegen_s += t.codegen_s;
+            times.compile_s += t.compile_s;
+            outcomes.push(self.last_outcome);
+            code.push(c);
+        }
+        let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
+        self.last_phases.extend([
+            ("cache", cache_s.max(0.0)),
+            ("codegen", times.codegen_s),
+            ("c compile", times.compile_s),
+        ]);
+        self.last_outcome = if outcomes.contains(&CacheOutcome::Miss) {
+            CacheOutcome::Miss
+        } else if !outcomes.is_empty() && outcomes.iter().all(|o| *o == CacheOutcome::Hit) {
+            CacheOutcome::Hit
+        } else {
+            CacheOutcome::Off
         };
-        let code = self.build_cached(&scheduled, &steps, &slots, &opts, &source)?;
         let mut fns = Vec::with_capacity(steps.len());
         for (k, (_, kind)) in steps.iter().enumerate() {
             let name = format!("step_{k}");
-            let Some(ptr) = code.function(&name) else {
+            let Some(ptr) = code[owner[k]].function(&name) else {
                 return Err(Error::Compile {
                     backend: "gccjit",
                     routine: prog.name.clone(),
@@ -474,5 +523,37 @@ impl Backend for Gccjit {
 
     fn read(&self, node: NodeId) -> Result<NdArray, Error> {
         self.buffers.read(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::low_level::{Expr, Index, Var};
+
+    /// A serial step writing `extent` cells of node 0.
+    fn nest(extent: usize) -> (Vec<Stmt>, StepKind) {
+        let set =
+            Stmt::Set { node: NodeId(0), idx: vec![Index::var(Var(0))], value: Expr::Const(1.0) };
+        (
+            vec![Stmt::For { var: Var(0), extent, parallel: false, body: vec![set] }],
+            StepKind::Serial,
+        )
+    }
+
+    #[test]
+    fn the_steps_doing_most_of_the_work_keep_the_requested_level() {
+        // 1000 + 30 + 10 + 5 + 1 cells: 1000 alone is 96.1% of the work.
+        let steps: Vec<_> = [10, 1000, 1, 30, 5].into_iter().map(nest).collect();
+        assert_eq!(
+            split_by_work(&steps, 3),
+            vec![(3, vec![1]), (COLD_OPT_LEVEL, vec![0, 2, 3, 4])]
+        );
+        // Nothing to split at the cold level or below, nor with one step.
+        assert_eq!(split_by_work(&steps, 2), vec![(2, vec![0, 1, 2, 3, 4])]);
+        assert_eq!(split_by_work(&steps[1..2], 3), vec![(3, vec![0])]);
+        // Equal steps: each is needed for 95%.
+        let even: Vec<_> = [10, 10, 10].into_iter().map(nest).collect();
+        assert_eq!(split_by_work(&even, 3), vec![(3, vec![0, 1, 2])]);
     }
 }
