@@ -118,6 +118,15 @@ fn fill_loops(prog: &mut Program, dims: &[usize], body: impl FnOnce(&[Index]) ->
     stmt
 }
 
+/// Sets every cell of `node` to `value`.
+fn fill_const(prog: &mut Program, node: &TensorNode, value: f64) -> Stmt {
+    fill_loops(prog, &node.dims, |idx| Stmt::Set {
+        node: node.id,
+        idx: idx.to_vec(),
+        value: Expr::Const(value),
+    })
+}
+
 /// The row-major offset of the cell at `idx` (as made by [`fill_loops`]) in a tensor of `dims`.
 fn linear_offset(idx: &[Index], dims: &[usize]) -> Index {
     let strides = row_major_strides(dims);
@@ -325,11 +334,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     if p.product_space.contains(&0) {
         // No point to visit; only the initialization (if any) remains.
         if a.init {
-            out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
-                node: id,
-                idx: vars.to_vec(),
-                value: Expr::Const(neutral),
-            }));
+            out.push(fill_const(prog, &a.lhs, neutral));
         }
         return Ok(());
     }
@@ -380,19 +385,10 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     let self_reading = a.rhs.contains(&id);
     let start_neutral = a.init && injective_on_lhs_vars && !self_reading;
 
-    if a.init && !p.is_surjective() {
-        out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
-            node: id,
-            idx: vars.to_vec(),
-            value: Expr::Const(neutral),
-        }));
-    } else if a.init && self_reading {
-        // The old values are read by the expression: initialize separately, then accumulate.
-        out.push(fill_loops(prog, &a.lhs.dims.clone(), |vars| Stmt::Set {
-            node: id,
-            idx: vars.to_vec(),
-            value: Expr::Const(neutral),
-        }));
+    // Cells the loops do not all reach, or old values the expression reads: initialize
+    // separately, then accumulate.
+    if a.init && (!p.is_surjective() || self_reading) {
+        out.push(fill_const(prog, &a.lhs, neutral));
     }
 
     let args: Vec<Expr> =

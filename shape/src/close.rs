@@ -189,28 +189,23 @@ impl Solver {
                 return Ok(vec![c, Constraint::ShapeRow { row: r, from }.at(origin)]);
             }
         }
-        let n = r.beg_dims().len() + r.dims.len();
-        let resume = |first_kept: Option<usize>| first_kept.unwrap_or(n);
-        let mut out = Vec::new();
-        let mut keep = first_kept.is_some();
-        if let Some(v) = r.var() {
-            if self.stage >= Stage::RowsToNoMoreAxes {
+        // Every axis before `from` is closed now.
+        let from = first_kept.unwrap_or(r.beg_dims().len() + r.dims.len());
+        match r.var() {
+            Some(v) if self.stage >= Stage::RowsToNoMoreAxes => {
                 if self.env.row_bounds(v).lub.is_none() {
                     self.mark_row_guess(v);
                 }
-                out.extend(self.bind_row(v, Row::empty(r.id), origin)?);
-                let from = resume(first_kept);
-                out.push(Constraint::ShapeRow { row: Arc::clone(&r), from }.at(origin));
-                keep = false;
-            } else {
-                keep = true;
+                let mut out = self.bind_row(v, Row::empty(r.id), origin)?;
+                out.push(Constraint::ShapeRow { row: r, from }.at(origin));
+                Ok(out)
+            }
+            None if first_kept.is_none() => Ok(vec![]),
+            _ => {
+                self.defer(Constraint::ShapeRow { row: r, from }.at(origin));
+                Ok(vec![])
             }
         }
-        if keep {
-            let from = resume(first_kept).min(from);
-            self.defer(Constraint::ShapeRow { row: r, from }.at(origin));
-        }
-        Ok(out)
     }
 }
 

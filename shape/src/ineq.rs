@@ -146,6 +146,10 @@ impl Solver {
     /// `lub ≥ s` for a solved `lub > 1`.
     fn add_dim_lub(&mut self, s: DimVar, lub: Dim, origin: &Origin) -> Derived {
         let mut b = self.env.dim_bounds(s).clone();
+        if let Some((old, _)) = &mut b.lub {
+            // An arithmetic bound may have been solved since it was recorded.
+            *old = self.env.subst_dim(old);
+        }
         let mut out = self.derived_list();
         match &b.lub {
             None => {
@@ -170,15 +174,9 @@ impl Solver {
             Some((old, _)) if old.size().is_none() || lub.size().is_none() => {
                 // An arithmetic bound whose size is not known yet: whether the two bounds are
                 // the same size (s may be either) or not (s is 1) is decided once it is.
-                let old = self.env.subst_dim(old);
-                if same_dim(&old, &lub) {
-                    return Ok(vec![]);
+                if !same_dim(old, &lub) {
+                    self.defer(Constraint::DimIneq { cur: lub, subr: Dim::Var(s) }.at(origin));
                 }
-                if old.size().is_some() && lub.size().is_some() {
-                    let again = Constraint::DimIneq { cur: lub, subr: Dim::Var(s) };
-                    return Ok(self.derive_one(again.at(origin)));
-                }
-                self.defer(Constraint::DimIneq { cur: lub, subr: Dim::Var(s) }.at(origin));
                 return Ok(vec![]);
             }
             Some((old, _)) if old.size() == lub.size() => {

@@ -423,6 +423,30 @@ fn a_second_different_lub_forces_dimension_one() {
     assert!(s.solve_dim_ineq(&n(3), &d[0], &origin()).unwrap().is_empty());
 }
 
+/// A concatenation above a variable is its upper bound (the variable may still broadcast as
+/// 1). Once the concatenation's parts are solved, a second bound is compared with its size:
+/// the same size is no news, another size forces 1.
+#[test]
+fn an_arithmetic_upper_bound_is_compared_once_its_parts_are_known() {
+    let (mut s, d, _) = solver(3, 0);
+    let cat = Dim::Concat(vec![d[1].clone(), d[2].clone()]);
+    assert!(s.solve_dim_ineq(&cat, &d[0], &origin()).unwrap().is_empty());
+    let eq = |v: &Dim, k| Constraint::DimEq { d1: v.clone(), d2: n(k) };
+    solve_at(&mut s, Stage::Online, vec![eq(&d[1], 2), eq(&d[2], 3)]);
+    assert!(s.solve_dim_ineq(&n(5), &d[0], &origin()).unwrap().is_empty());
+    let r = s.solve_dim_ineq(&n(4), &d[0], &origin());
+    check(
+        show(&s, r),
+        expect![[r#"
+            derived $d0 = 1
+            --
+            $d0: lub 1
+            $d1 = 2
+            $d2 = 3
+        "#]],
+    );
+}
+
 #[test]
 fn dim_ineq_variable_above_a_known_size_equals_it() {
     // cur >= 5 with cur unknown: a super-tensor axis cannot be smaller, and 5 is not 1.
