@@ -2,8 +2,10 @@
 //!
 //! A [`Context`] is what the tensor layer talks to. `compile` runs the whole pipeline
 //! ([`crate::compile_program`], then the backend) for one assignment sequence and allocates a
-//! zeroed buffer for every node the routine touches that has none yet, so an initialization
-//! routine and a training-step routine compiled on one context share their parameters.
+//! zeroed buffer for every persistent node the routine touches that has none yet, so an
+//! initialization routine and a training-step routine compiled on one context share their
+//! parameters. The routine's intermediates live in its own arena instead, sized by the memory
+//! plan ([`crate::low_level::memory`]): they cannot be read after it has run.
 //! `run` binds runtime symbols, checks that they keep every index in range, and executes.
 
 use std::time::Instant;
@@ -173,6 +175,8 @@ impl Context {
         let opt =
             OptimizeOptions { virtualize: self.opts.virtualize, ..OptimizeOptions::default() };
         optimize(&mut prog, &opt)?;
+        // Intermediates without a buffer share one arena of the routine's own.
+        crate::low_level::memory::run(&mut prog, |n| self.backend.has_buffer(n));
         let optimized = Instant::now();
         let need = estimate(&prog, |n| self.backend.has_buffer(n));
         let limits = self.opts.limits;
@@ -190,7 +194,9 @@ impl Context {
         }
         for id in prog.materialized_nodes() {
             let node = &prog.nodes[&id];
-            self.backend.alloc(node)?;
+            if prog.arena.offset_of(id).is_none() {
+                self.backend.alloc(node)?;
+            }
             self.nodes.insert(id, node.clone());
         }
         // A node with no elements has no code touching it; it still gets its (empty) buffer so

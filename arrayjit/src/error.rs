@@ -121,10 +121,11 @@ pub enum Error {
         bound: usize,
     },
     /// A buffer that cannot be allocated.
-    #[error("cannot allocate {bytes} bytes for tensor node n{id}")]
+    #[error("cannot allocate {bytes} bytes for {what}")]
     Alloc {
-        /// The node.
-        id: u32,
+        /// What the memory was for: a tensor node (`tensor node n3 'h'`), a routine's
+        /// intermediates, a host array.
+        what: String,
         /// The requested size.
         bytes: usize,
     },

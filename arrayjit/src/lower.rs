@@ -68,6 +68,7 @@ pub fn lower(name: &str, asgn: &Asgn, nodes: &NodeTable) -> Result<Program, Erro
         runtime_symbols: Vec::new(),
         runtime_checks: Vec::new(),
         scratch: Vec::new(),
+        arena: Default::default(),
     };
     let mut body = Vec::new();
     lower_into(&mut prog, asgn, &mut body)?;
@@ -102,32 +103,7 @@ fn lower_into(prog: &mut Program, asgn: &Asgn, out: &mut Vec<Stmt>) -> Result<()
     }
 }
 
-/// Loops over every cell of `dims`, with the body built from the index of each axis: a loop
-/// variable, or the constant 0 for an axis of size 1 (which gets no loop: a tensor of a
-/// hundred thousand size-1 axes is one cell, not a nest of a hundred thousand loops).
-fn fill_loops(prog: &mut Program, dims: &[usize], body: impl FnOnce(&[Index]) -> Stmt) -> Stmt {
-    let vars: Vec<Option<Var>> = dims.iter().map(|&d| (d != 1).then(|| prog.fresh_var())).collect();
-    let idx: Vec<Index> =
-        vars.iter().map(|v| v.map_or_else(|| Index::fixed(0), Index::var)).collect();
-    let mut stmt = body(&idx);
-    for (v, &d) in vars.iter().zip(dims).rev() {
-        if let Some(v) = v {
-            stmt = Stmt::For { var: *v, extent: d, parallel: true, body: vec![stmt] };
-        }
-    }
-    stmt
-}
-
-/// Sets every cell of `node` to `value`.
-fn fill_const(prog: &mut Program, node: &TensorNode, value: f64) -> Stmt {
-    fill_loops(prog, &node.dims, |idx| Stmt::Set {
-        node: node.id,
-        idx: idx.to_vec(),
-        value: Expr::Const(value),
-    })
-}
-
-/// The row-major offset of the cell at `idx` (as made by [`fill_loops`]) in a tensor of `dims`.
+/// The row-major offset of the cell at `idx` (as made by [`Program::fill_loops`]) in a tensor of `dims`.
 fn linear_offset(idx: &[Index], dims: &[usize]) -> Index {
     let strides = row_major_strides(dims);
     let terms = idx
@@ -144,7 +120,7 @@ fn lower_fetch(prog: &mut Program, node: &TensorNode, fetch: &FetchOp, out: &mut
     }
     let dims = node.dims.clone();
     let id = node.id;
-    out.push(fill_loops(prog, &dims, |vars| {
+    out.push(prog.fill_loops(&dims, |vars| {
         let value = match fetch {
             FetchOp::Constant(c) => Expr::Const(*c),
             FetchOp::Iota => Expr::IndexValue(linear_offset(vars, &dims)),
@@ -334,7 +310,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     if p.product_space.contains(&0) {
         // No point to visit; only the initialization (if any) remains.
         if a.init {
-            out.push(fill_const(prog, &a.lhs, neutral));
+            out.push(prog.fill_const(&a.lhs, neutral));
         }
         return Ok(());
     }
@@ -388,7 +364,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     // Cells the loops do not all reach, or old values the expression reads: initialize
     // separately, then accumulate.
     if a.init && (!p.is_surjective() || self_reading) {
-        out.push(fill_const(prog, &a.lhs, neutral));
+        out.push(prog.fill_const(&a.lhs, neutral));
     }
 
     let args: Vec<Expr> =

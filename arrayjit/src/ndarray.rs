@@ -191,7 +191,7 @@ impl NdArray {
 fn try_collect<T>(n: usize, items: impl Iterator<Item = T>) -> Result<Vec<T>, Error> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| Error::Alloc {
-        id: u32::MAX,
+        what: "a host array".to_string(),
         bytes: n.saturating_mul(std::mem::size_of::<T>()),
     })?;
     v.extend(items);

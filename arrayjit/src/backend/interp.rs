@@ -12,7 +12,7 @@
 use half::{bf16, f16};
 
 use super::c_syntax::expr_prec;
-use super::host::HostBuffers;
+use super::host::{HostArena, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
 use crate::error::Error;
 use crate::low_level::{Expr, IdxVar, Index, Program, Stmt};
@@ -74,6 +74,7 @@ struct Compiled {
     env: Vec<i64>,
     locals: Vec<f64>,
     sym_base: usize,
+    arena: HostArena,
 }
 
 /// The interpreter backend.
@@ -336,8 +337,9 @@ impl Backend for Interp {
         let body = r.stmts(&prog.body);
         let bufs = r.bufs;
         let mut labels = Vec::with_capacity(bufs.len());
+        let arena = HostArena::new(prog)?;
         for b in &bufs {
-            if !self.buffers.contains(*b) {
+            if !self.buffers.contains(*b) && arena.slot(*b).is_none() {
                 return Err(Error::UnknownNode(b.0));
             }
             labels.push(prog.nodes.get(b).map_or_else(String::new, |n| n.label.clone()));
@@ -349,6 +351,7 @@ impl Backend for Interp {
             env: vec![0; sym_base + prog.runtime_symbols.len()],
             locals: vec![0.0; prog.locals.len()],
             sym_base,
+            arena,
         });
         Ok((self.routines.len() - 1, prog.to_string()))
     }
@@ -367,8 +370,14 @@ impl Backend for Interp {
         };
         let mut views = Vec::with_capacity(r.bufs.len());
         for b in &r.bufs {
-            let buf = self.buffers.get(*b).ok_or(Error::UnknownNode(b.0))?;
-            views.push(View { ptr: buf.as_ptr(), len: buf.len(), prec: buf.prec() });
+            // A routine's intermediates live in its arena, even where a later routine gave the
+            // node a buffer of its own.
+            let view = match (r.arena.slot(*b), self.buffers.get(*b)) {
+                (Some((ptr, node)), _) => View { ptr, len: node.num_elements(), prec: node.prec },
+                (None, Some(buf)) => View { ptr: buf.as_ptr(), len: buf.len(), prec: buf.prec() },
+                (None, None) => return Err(Error::UnknownNode(b.0)),
+            };
+            views.push(view);
         }
         for (k, v) in symbols.iter().enumerate() {
             if let Some(slot) = r.env.get_mut(r.sym_base + k) {

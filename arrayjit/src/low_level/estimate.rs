@@ -3,7 +3,8 @@
 //! A document of 100 bytes can ask for a loop of 10¹² iterations or a buffer of 2⁶⁰ bytes;
 //! compiling and running it would tie up the machine or end in an abort. The estimates here are
 //! exact counts on the optimized low-level program — every statement execution (loop iterations
-//! of the lowered code, guards counted as taken) and every buffer the program materializes — so
+//! of the lowered code, guards counted as taken), every buffer the program materializes and the
+//! peak of its intermediates (the arena the memory plan sized) — so
 //! a caller can refuse it with a typed error naming the limit instead ([`Limits`]).
 
 use super::{Program, Stmt};
@@ -12,7 +13,8 @@ use crate::tnode::NodeId;
 /// What one run of a program needs.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Estimate {
-    /// Bytes of the buffers the program materializes that do not exist yet.
+    /// Bytes of the buffers the program materializes that do not exist yet, plus its arena of
+    /// intermediates (their peak, see [`super::memory`]).
     pub memory_bytes: u64,
     /// Statement executions: loop iterations of the lowered code.
     pub work: u64,
@@ -58,9 +60,10 @@ pub fn default_max_memory() -> u64 {
 
 /// Estimates a program; `exists` tells which nodes already have a buffer.
 pub fn estimate(prog: &Program, exists: impl Fn(NodeId) -> bool) -> Estimate {
-    let mut memory_bytes = 0u64;
+    let in_arena: rustc_hash::FxHashSet<NodeId> = prog.arena.slots.iter().map(|s| s.node).collect();
+    let mut memory_bytes = prog.arena.bytes as u64;
     for n in prog.materialized_nodes() {
-        if exists(n) {
+        if exists(n) || in_arena.contains(&n) {
             continue;
         }
         if let Some(node) = prog.nodes.get(&n) {

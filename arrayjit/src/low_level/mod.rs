@@ -17,6 +17,7 @@
 pub mod cse;
 pub mod dse;
 pub mod estimate;
+pub mod memory;
 pub mod optimize;
 pub mod schedule;
 pub mod simplify;
@@ -419,6 +420,38 @@ pub struct Program {
     /// Buffers introduced by the CPU schedule ([`schedule`]): not tensors of the context, owned
     /// by the compiled routine. Empty before scheduling.
     pub scratch: Vec<Scratch>,
+    /// Where the materialized intermediates live: one arena per routine, shared by
+    /// intermediates whose lifetimes do not overlap ([`memory`]). Empty until planned.
+    pub arena: Arena,
+}
+
+/// The memory plan of a routine's intermediates: each occupies `bytes` of one arena from its
+/// offset, only between its first and last top-level statement.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Arena {
+    /// The arena's size: the peak of the intermediates' memory over the routine.
+    pub bytes: usize,
+    /// One slot per intermediate, sorted by node.
+    pub slots: Vec<ArenaSlot>,
+}
+
+/// Where one intermediate lives in its routine's arena.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ArenaSlot {
+    /// The node.
+    pub node: NodeId,
+    /// Its byte offset in the arena (a multiple of 64).
+    pub offset: usize,
+    /// Its lifetime: the first and the last top-level statement touching it.
+    pub live: (usize, usize),
+}
+
+impl Arena {
+    /// The byte offset of a node in the arena, if it lives there.
+    pub fn offset_of(&self, node: NodeId) -> Option<usize> {
+        let k = self.slots.binary_search_by_key(&node, |s| s.node).ok()?;
+        Some(self.slots[k].offset)
+    }
 }
 
 /// A buffer the CPU schedule introduced: a packed copy of an operand, or partial sums.
@@ -496,6 +529,32 @@ impl Program {
         NodeId(self.nodes.keys().map(|n| n.0 + 1).max().unwrap_or(0))
     }
 
+    /// Loops over every cell of `dims`, with the body built from the index of each axis: a
+    /// loop variable, or the constant 0 for an axis of size 1 (which gets no loop: a tensor of
+    /// a hundred thousand size-1 axes is one cell, not a nest of a hundred thousand loops).
+    pub fn fill_loops(&mut self, dims: &[usize], body: impl FnOnce(&[Index]) -> Stmt) -> Stmt {
+        let vars: Vec<Option<Var>> =
+            dims.iter().map(|&d| (d != 1).then(|| self.fresh_var())).collect();
+        let idx: Vec<Index> =
+            vars.iter().map(|v| v.map_or_else(|| Index::fixed(0), Index::var)).collect();
+        let mut stmt = body(&idx);
+        for (v, &d) in vars.iter().zip(dims).rev() {
+            if let Some(v) = v {
+                stmt = Stmt::For { var: *v, extent: d, parallel: true, body: vec![stmt] };
+            }
+        }
+        stmt
+    }
+
+    /// Sets every cell of `node` to `value`.
+    pub fn fill_const(&mut self, node: &TensorNode, value: f64) -> Stmt {
+        self.fill_loops(&node.dims, |idx| Stmt::Set {
+            node: node.id,
+            idx: idx.to_vec(),
+            value: Expr::Const(value),
+        })
+    }
+
     /// The slot of a runtime symbol.
     pub fn symbol_slot(&self, s: Symbol) -> Option<usize> {
         self.runtime_symbols.iter().position(|x| *x == s)
@@ -508,6 +567,14 @@ impl fmt::Display for Program {
         let mut out = String::new();
         for s in &self.body {
             print_stmt(&mut out, s, 0);
+        }
+        if !self.arena.slots.is_empty() {
+            let _ = writeln!(out, "# arena of {} bytes:", self.arena.bytes);
+            for a in &self.arena.slots {
+                let (first, last) = a.live;
+                let _ =
+                    writeln!(out, "#   {} at {} for statements {first}..={last}", a.node, a.offset);
+            }
         }
         f.write_str(&out)
     }

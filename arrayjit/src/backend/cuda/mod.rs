@@ -49,6 +49,10 @@ pub fn probe_device() -> Result<(), Error> {
 
 struct Compiled {
     kernels: Vec<(CudaFunction, render::Kernel)>,
+    /// The routine's intermediates ([`crate::low_level::memory`]) and where each lives in it
+    /// (byte offset and length).
+    arena: Option<CudaSlice<u8>>,
+    slots: FxHashMap<NodeId, (usize, usize)>,
 }
 
 /// The CUDA backend (one device, one stream).
@@ -97,7 +101,17 @@ impl Backend for Cuda {
             let f = module.load_function(&k.name).map_err(driver_err)?;
             kernels.push((f, k));
         }
-        self.routines.push(Compiled { kernels });
+        let mut slots = FxHashMap::default();
+        for a in &prog.arena.slots {
+            let node = prog.nodes.get(&a.node).ok_or(Error::UnknownNode(a.node.0))?;
+            slots.insert(a.node, (a.offset, node.num_elements() * node.prec.size_in_bytes()));
+        }
+        let arena = if prog.arena.bytes > 0 {
+            Some(self.stream.alloc_zeros::<u8>(prog.arena.bytes).map_err(driver_err)?)
+        } else {
+            None
+        };
+        self.routines.push(Compiled { kernels, arena, slots });
         Ok((self.routines.len() - 1, src.source))
     }
 
@@ -121,10 +135,26 @@ impl Backend for Cuda {
             .get(routine)
             .ok_or_else(|| Error::ForeignRoutine(format!("#{routine}")))?;
         for (f, k) in &r.kernels {
-            let mut args = self.stream.launch_builder(f);
+            // Intermediates are views into the routine's arena; everything else has a buffer.
+            let mut views = Vec::with_capacity(k.buffers.len());
             for n in &k.buffers {
-                let (_, buf) = self.buffers.get(n).ok_or(Error::UnknownNode(n.0))?;
-                args.arg(buf);
+                if let (Some(&(offset, len)), Some(arena)) = (r.slots.get(n), &r.arena) {
+                    views.push(Some(arena.slice(offset..offset + len)));
+                } else {
+                    views.push(None);
+                }
+            }
+            let mut args = self.stream.launch_builder(f);
+            for (n, view) in k.buffers.iter().zip(&views) {
+                match view {
+                    Some(v) => {
+                        args.arg(v);
+                    }
+                    None => {
+                        let (_, buf) = self.buffers.get(n).ok_or(Error::UnknownNode(n.0))?;
+                        args.arg(buf);
+                    }
+                }
             }
             for s in symbols {
                 args.arg(s);

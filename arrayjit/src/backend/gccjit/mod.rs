@@ -19,7 +19,7 @@ use codegen::{BuildOptions, BuildTimes, Built, Output, RunTable, StepKind};
 use pool::{Pool, StepFn};
 
 use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
-use super::host::{HostBuffer, HostBuffers};
+use super::host::{HostArena, HostBuffer, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
 use crate::cache::{Cache, CacheOutcome};
 use crate::error::Error;
@@ -94,6 +94,8 @@ struct Compiled {
     _code: Vec<Code>,
     /// The routine's own buffers (packed operands of the CPU schedule), in `table`.
     _scratch: Vec<HostBuffer>,
+    /// The routine's intermediates ([`crate::low_level::memory`]), in `table`.
+    _arena: HostArena,
     steps: Vec<(StepFn, StepKind)>,
     table: Vec<*mut u8>,
     labels: Vec<(NodeId, String)>,
@@ -381,6 +383,7 @@ impl Backend for Gccjit {
         let mut table = Vec::with_capacity(slots.len());
         let mut labels = Vec::with_capacity(slots.len());
         let mut scratch = Vec::new();
+        let arena = HostArena::new(&scheduled)?;
         for n in &slots {
             match scheduled.scratch_of(*n) {
                 Some(s) if s.per_thread => table.push(std::ptr::null_mut()),
@@ -389,11 +392,17 @@ impl Backend for Gccjit {
                     table.push(b.as_ptr());
                     scratch.push(b);
                 }
-                None => {
-                    let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
-                    table.push(b.as_ptr());
-                    labels.push((*n, b.node.label.clone()));
-                }
+                None => match arena.slot(*n) {
+                    Some((ptr, node)) => {
+                        table.push(ptr);
+                        labels.push((*n, node.label.clone()));
+                    }
+                    None => {
+                        let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
+                        table.push(b.as_ptr());
+                        labels.push((*n, b.node.label.clone()));
+                    }
+                },
             }
         }
         let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
@@ -455,6 +464,7 @@ impl Backend for Gccjit {
         self.routines.push(Compiled {
             _code: code,
             _scratch: scratch,
+            _arena: arena,
             steps: fns,
             table,
             labels,
