@@ -105,12 +105,25 @@ pub struct BuildOptions {
     pub steps: Vec<usize>,
 }
 
-/// Builds one libgccjit context for `steps` and compiles it. The `gccjit` crate panics on
-/// libgccjit errors in debug builds; such a panic is caught and returned as a typed error.
+/// Builds one libgccjit context for `steps` and compiles it, holding
+/// [`super::fork::GCC_LOCK`]. The `gccjit` crate panics on libgccjit errors in debug builds;
+/// such a panic is caught and returned as a typed error.
 pub fn build(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
-    slots: &[NodeId],
+    slots: &[Vec<NodeId>],
+    opts: &BuildOptions,
+    output: Output<'_>,
+) -> Result<(Built, BuildTimes), Error> {
+    let _guard = super::fork::gcc_lock();
+    build_unlocked(prog, steps, slots, opts, output)
+}
+
+/// [`build`] without taking the lock: for a forked child, which inherited it held.
+pub fn build_unlocked(
+    prog: &Program,
+    steps: &[(Vec<Stmt>, StepKind)],
+    slots: &[Vec<NodeId>],
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
@@ -128,7 +141,7 @@ pub fn build(
 fn build_unchecked(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
-    slots: &[NodeId],
+    slots: &[Vec<NodeId>],
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
@@ -154,7 +167,7 @@ fn build_unchecked(
     ctx.set_print_errors_to_stderr(false);
     for &k in &opts.steps {
         let (body, kind) = &steps[k];
-        let mut g = Gen::new(&ctx, prog, slots, opts.bounds_check, &format!("step_{k}"));
+        let mut g = Gen::new(&ctx, prog, &slots[k], opts.bounds_check, &format!("step_{k}"));
         g.function(body, kind);
     }
     if let Some(path) = &opts.dump {

@@ -9,9 +9,14 @@
 //! thread spawning, no lookups per run.
 
 pub mod codegen;
+pub mod dedup;
+pub mod fork;
 pub mod pool;
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use rustc_hash::FxHashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -96,9 +101,14 @@ struct Compiled {
     _scratch: Vec<HostBuffer>,
     /// The routine's intermediates ([`crate::low_level::memory`]), in `table`.
     _arena: HostArena,
+    /// The distinct steps' functions ([`dedup`]).
     steps: Vec<(StepFn, StepKind)>,
-    table: Vec<*mut u8>,
-    labels: Vec<(NodeId, String)>,
+    /// In run order: a distinct step and the buffer table of that call.
+    calls: Vec<(usize, Vec<*mut u8>)>,
+    /// Labels of the real nodes, for bounds-check reports.
+    labels: FxHashMap<NodeId, String>,
+    /// Which real node each call's canonical nodes stand for.
+    deduped: dedup::Deduped,
     oob: Box<OobSlot>,
     /// Passed to every step: helper addresses and the report slot (points into `oob`).
     run_table: Box<RunTable>,
@@ -149,6 +159,7 @@ impl Gccjit {
             }
             serial.clear();
         };
+        let (mut boundary, mut len) = (false, 0);
         for (i, s) in prog.body.iter().enumerate() {
             match s {
                 // A parallel step is a function of its own: it needs a cut on both sides.
@@ -160,11 +171,20 @@ impl Gccjit {
                         && work(s) >= self.opts.min_parallel_work =>
                 {
                     flush(&mut serial, &mut steps);
+                    (boundary, len) = (false, 0);
                     steps.push((vec![s.clone()], StepKind::Parallel { extent: *extent as i64 }));
                 }
                 s => {
-                    if serial.len() >= SERIAL_STEP_LEN && cuts[i] {
+                    // Serial steps end where the content says (see `SERIAL_STEP_LEN`), so that a
+                    // repeated run of statements is cut the same way wherever it occurs and its
+                    // steps are compiled once ([`dedup`]).
+                    if cuts[i] && (boundary || len >= 2 * SERIAL_STEP_LEN) {
                         flush(&mut serial, &mut steps);
+                        (boundary, len) = (false, 0);
+                    }
+                    if !matches!(s, Stmt::Comment(_)) {
+                        len += 1;
+                        boundary |= dedup::canonical_hash(&prog, s) % SERIAL_STEP_LEN as u64 == 0;
                     }
                     serial.push(s.clone());
                 }
@@ -174,64 +194,179 @@ impl Gccjit {
         (prog, steps)
     }
 
-    /// Builds the machine code of some steps of a planned program, through the compile cache
-    /// when there is one: a valid entry is loaded; otherwise the code is compiled into a shared
-    /// library in the cache folder and loaded from there. Without a usable cache it is compiled
-    /// in memory. Sets `last_outcome`.
-    fn build_through_cache(
+    /// Builds the machine code of a planned program's builds (each some of its steps at one
+    /// optimization level), through the compile cache when there is one: a valid entry is
+    /// loaded; every other build is compiled into a shared library — in the cache folder, else
+    /// a temporary file — and loaded from there, the builds of different bins (`bin_of`) in
+    /// parallel child processes ([`fork`]). Without anywhere to write, a build is compiled in
+    /// memory. Returns the code of each build, the times, and what the cache did.
+    fn build_all(
         &mut self,
         prog: &Program,
         steps: &[(Vec<Stmt>, StepKind)],
-        slots: &[NodeId],
-        opts: &BuildOptions,
+        slots: &[Vec<NodeId>],
         source: &str,
-    ) -> Result<(Code, BuildTimes), Error> {
-        self.last_outcome = CacheOutcome::Off;
-        let in_memory = || -> Result<(Code, BuildTimes), Error> {
-            let (built, t) = codegen::build(prog, steps, slots, opts, Output::Memory)?;
-            match built {
-                Built::Memory(r) => Ok((Code::Memory(r), t)),
-                Built::File => unreachable!("an in-memory build"),
+        builds: &[BuildOptions],
+        bin_of: &[usize],
+    ) -> Result<(Vec<Code>, BuildTimes, CacheOutcome), Error> {
+        let cache = self.cache.clone();
+        let keys: Vec<String> = match &cache {
+            Some(_) => {
+                builds.iter().map(|b| self.cache_key(prog, steps, source, slots, b)).collect()
             }
+            None => Vec::new(),
         };
-        let Some(cache) = self.cache.clone() else { return in_memory() };
-        let key = self.cache_key(prog, source, slots, opts);
-        if let Some(path) = cache.lookup(&key) {
-            // SAFETY: the library is a routine this code generator built (its digest matches);
-            // loading it runs no initializers of ours.
-            if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
-                self.last_outcome = CacheOutcome::Hit;
-                return Ok((Code::Library(lib), BuildTimes::default()));
+        let mut code: Vec<Option<Code>> = builds.iter().map(|_| None).collect();
+        if let Some(cache) = &cache {
+            for (i, key) in keys.iter().enumerate() {
+                let Some(path) = cache.lookup(key) else { continue };
+                // SAFETY: the library is a routine this code generator built (its digest
+                // matches); loading it runs no initializers of ours.
+                if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
+                    code[i] = Some(Code::Library(lib));
+                }
             }
         }
-        if let Some(temp) = cache.temp_path(&key) {
-            let (_, t) = codegen::build(prog, steps, slots, opts, Output::SharedLibrary(&temp))?;
-            let loaded = cache.store(&key, &temp).and_then(|path| {
-                // SAFETY: as above: a library just built by this code generator.
-                unsafe { libloading::Library::new(path) }.ok()
-            });
+        let hits = code.iter().filter(|c| c.is_some()).count();
+        // Where each missing build writes its library: the cache folder, else a temporary file.
+        let targets: Vec<Option<(PathBuf, bool)>> = (0..builds.len())
+            .map(|i| {
+                if code[i].is_some() {
+                    return None;
+                }
+                let in_cache = cache.as_ref().and_then(|c| c.temp_path(&keys[i]));
+                in_cache.map(|p| (p, true)).or_else(|| fork::temp_library().map(|p| (p, false)))
+            })
+            .collect();
+        let mut times = BuildTimes::default();
+        let started = Instant::now();
+        let to_file = |i: usize| targets[i].as_ref().map(|(p, _)| p.as_path());
+        // Builds by bin; the first bin with work is built here, the others in children.
+        let mut bins: Vec<Vec<usize>> = Vec::new();
+        for i in (0..builds.len()).filter(|i| to_file(*i).is_some()) {
+            match bins.iter_mut().find(|b| bin_of[b[0]] == bin_of[i]) {
+                Some(b) => b.push(i),
+                None => bins.push(vec![i]),
+            }
+        }
+        let build_here = |i: usize, times: &mut BuildTimes| -> Result<(), Error> {
+            let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
+            let (_, t) = codegen::build(prog, steps, slots, &builds[i], out)?;
+            times.codegen_s += t.codegen_s;
+            times.compile_s += t.compile_s;
+            Ok(())
+        };
+        let mut children = Vec::new();
+        let mut here: Vec<usize> = bins.first().cloned().unwrap_or_default();
+        if bins.len() > 1 {
+            let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins[1..]
+                .iter()
+                .map(|bin| {
+                    let bin = bin.clone();
+                    let job = move || {
+                        bin.iter().all(|&i| {
+                            let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
+                            codegen::build_unlocked(prog, steps, slots, &builds[i], out).is_ok()
+                        })
+                    };
+                    Box::new(job) as Box<dyn FnOnce() -> bool + '_>
+                })
+                .collect();
+            for (bin, child) in bins[1..].iter().zip(fork::spawn(jobs)) {
+                match child {
+                    Ok(child) => children.push((bin.clone(), child)),
+                    // No fork: built here.
+                    Err(_) => here.extend(bin),
+                }
+            }
+        }
+        let mut first_error = None;
+        for &i in &here {
+            if let Err(e) = build_here(i, &mut times) {
+                first_error.get_or_insert(e);
+            }
+        }
+        for (bin, child) in children {
+            if !child.wait() {
+                // Built again here, where a failure becomes a typed error.
+                for i in bin {
+                    if let Err(e) = build_here(i, &mut times) {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            for (path, _) in targets.iter().flatten() {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+        // Wall time of the builds, whatever ran where.
+        times.compile_s = started.elapsed().as_secs_f64() - times.codegen_s;
+        let mut built = 0;
+        for (i, target) in targets.iter().enumerate() {
+            let Some((path, in_cache)) = target else { continue };
+            let loaded = if *in_cache {
+                cache.as_ref().and_then(|c| c.store(&keys[i], path)).and_then(|entry| {
+                    // SAFETY: a library just built by this code generator.
+                    unsafe { libloading::Library::new(entry) }.ok()
+                })
+            } else {
+                // SAFETY: as above. The file can go once loaded: the mapping stays.
+                let lib = unsafe { libloading::Library::new(path) }.ok();
+                let _ = std::fs::remove_file(path);
+                lib
+            };
             if let Some(lib) = loaded {
-                self.last_outcome = CacheOutcome::Miss;
-                return Ok((Code::Library(lib), t));
+                code[i] = Some(Code::Library(lib));
+                built += usize::from(*in_cache);
             }
         }
-        in_memory()
+        // Anything still missing (nowhere to write, or a library that did not load) is compiled
+        // in memory.
+        for (i, c) in code.iter_mut().enumerate() {
+            if c.is_none() {
+                let (b, t) = codegen::build(prog, steps, slots, &builds[i], Output::Memory)?;
+                times.codegen_s += t.codegen_s;
+                times.compile_s += t.compile_s;
+                match b {
+                    Built::Memory(r) => *c = Some(Code::Memory(r)),
+                    Built::File => unreachable!("an in-memory build"),
+                }
+            }
+        }
+        let outcome = if built > 0 {
+            CacheOutcome::Miss
+        } else if cache.is_some() && hits == builds.len() {
+            CacheOutcome::Hit
+        } else {
+            CacheOutcome::Off
+        };
+        Ok((code.into_iter().flatten().collect(), times, outcome))
     }
 
     /// Everything the machine code of a planned program depends on: the generated source
-    /// (every statement, buffer slot, size, precision, step and its kind), the low-level
-    /// program, the options, the code generator's and libgccjit's versions and the host's
-    /// target flags.
+    /// (every statement, buffer slot, size, precision, step and its kind), the distinct steps'
+    /// low-level IR, the options, the code generator's and libgccjit's versions and the host's
+    /// target flags. Nothing in it names the routine's own nodes: the steps are canonical
+    /// ([`dedup`]), so routines with the same code share entries.
     fn cache_key(
         &self,
         prog: &Program,
+        steps: &[(Vec<Stmt>, StepKind)],
         source: &str,
-        slots: &[NodeId],
+        slots: &[Vec<NodeId>],
         opts: &BuildOptions,
     ) -> String {
-        let ir = prog.to_string();
+        let mut ir = String::new();
+        for (body, kind) in steps {
+            let step = Program { body: body.clone(), ..prog.clone() };
+            let _ = write!(ir, "{kind:?}\n{step}");
+        }
         let nodes: String = slots
             .iter()
+            .flatten()
             .map(|n| {
                 let node = &prog.nodes[n];
                 format!("{n}:{:?}:{}:{:?};", node.dims, node.prec, prog.scratch_of(*n).is_some())
@@ -239,7 +374,7 @@ impl Gccjit {
             .collect();
         let v = gccjit::Version::get();
         let setup = format!(
-            "rocannl-gccjit {} codegen 3; libgccjit {}.{}.{}; O{} march_native={} {:?} bounds_check={} steps={:?}",
+            "rocannl-gccjit {} codegen 4; libgccjit {}.{}.{}; O{} march_native={} {:?} bounds_check={} steps={:?}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
@@ -254,14 +389,16 @@ impl Gccjit {
     }
 
     /// The C source of a planned program: what `render` shows, and the compile cache's key.
-    fn render_planned(&self, prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> String {
+    fn render_planned(&self, deduped: &dedup::Deduped) -> String {
+        let prog = &deduped.prog;
+        let steps = &deduped.steps;
         let r = CRenderer { prog, dialect: Dialect::C, bounds_check: self.opts.bounds_check };
         let mut out = prelude(Dialect::C);
         if self.opts.bounds_check {
             out.push_str("extern void rc_report(void *err, long long node, long long axis, long long index, long long bound);\n");
         }
-        let slots: Vec<NodeId> = prog.materialized_nodes();
         for (k, (body, kind)) in steps.iter().enumerate() {
+            let slots = &deduped.slots[k];
             let _ = writeln!(
                 out,
                 "\n/* {} */\nvoid step_{k}(void **bufs, long long *syms, long long lo, long long hi, void *err) {{",
@@ -297,6 +434,18 @@ impl Gccjit {
     }
 }
 
+/// The order in which a routine calls its distinct steps and the nodes of each call, as a
+/// comment after the source: for people, not part of the cache key.
+fn calls_listing(deduped: &dedup::Deduped) -> String {
+    let mut out = String::from("\n/* calls, in order:\n");
+    for c in &deduped.calls {
+        let nodes: Vec<String> = c.nodes.iter().map(|n| n.to_string()).collect();
+        let _ = writeln!(out, "   step_{}({})", c.step, nodes.join(", "));
+    }
+    out.push_str("*/\n");
+    out
+}
+
 /// The share of a routine's work (scalar operations) that is compiled at the requested
 /// optimization level; the steps doing the rest are compiled at [`COLD_OPT_LEVEL`].
 pub const HOT_WORK_SHARE: f64 = 0.95;
@@ -309,16 +458,23 @@ pub const COLD_OPT_LEVEL: u8 = 2;
 
 /// Splits the planned steps into builds by optimization level: the fewest steps that do
 /// [`HOT_WORK_SHARE`] of the work (contractions, mostly) at `level`, the rest at
-/// [`COLD_OPT_LEVEL`]. GCC's time at `-O3` is mostly spent on the many small nests (pointwise
+/// [`COLD_OPT_LEVEL`]; a step's work counts once per call (`calls`). GCC's time at `-O3` is mostly spent on the many small nests (pointwise
 /// maps, reductions of small tensors, copies) that run for a small part of a step. Returns
 /// `(level, step indices)` pairs; one pair when there is nothing to split.
-pub fn split_by_work(steps: &[(Vec<Stmt>, StepKind)], level: u8) -> Vec<(u8, Vec<usize>)> {
+pub fn split_by_work(
+    steps: &[(Vec<Stmt>, StepKind)],
+    calls: &[usize],
+    level: u8,
+) -> Vec<(u8, Vec<usize>)> {
     let all: Vec<usize> = (0..steps.len()).collect();
     if level <= COLD_OPT_LEVEL || steps.len() < 2 {
         return vec![(level, all)];
     }
-    let works: Vec<f64> =
-        steps.iter().map(|(b, _)| b.iter().map(|s| work(s) as f64).sum()).collect();
+    let works: Vec<f64> = steps
+        .iter()
+        .zip(calls)
+        .map(|((b, _), n)| *n as f64 * b.iter().map(|s| work(s) as f64).sum::<f64>())
+        .collect();
     let total: f64 = works.iter().sum();
     let mut order = all.clone();
     order.sort_by(|a, b| works[*b].total_cmp(&works[*a]).then(a.cmp(b)));
@@ -339,8 +495,57 @@ pub fn split_by_work(steps: &[(Vec<Stmt>, StepKind)], level: u8) -> Vec<(u8, Vec
     vec![(level, hot), (COLD_OPT_LEVEL, cold)]
 }
 
-/// Top-level statements per serial step: GCC's optimization time grows faster than linearly
-/// with function size, so long runs of small nests are cut into several functions.
+/// Spreads the steps of `parts` (one `(level, steps)` pair per optimization level) over at most
+/// `workers` bins of about equal compile cost, longest first onto the least loaded bin; a bin
+/// holds at most one build per level and is built by one process ([`fork`]). GCC's cost is
+/// estimated from the statements of a step plus a fixed cost per function, scaled by level.
+pub fn balance(
+    steps: &[(Vec<Stmt>, StepKind)],
+    parts: Vec<(u8, Vec<usize>)>,
+    workers: usize,
+) -> Vec<Vec<(u8, Vec<usize>)>> {
+    if workers <= 1 {
+        return vec![parts];
+    }
+    let mut items: Vec<(f64, u8, usize)> = parts
+        .iter()
+        .flat_map(|(level, ks)| {
+            ks.iter().map(move |k| (compile_cost(&steps[*k].0, *level), *level, *k))
+        })
+        .collect();
+    items.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)));
+    let mut load = vec![0.0f64; workers];
+    let mut bins: Vec<Vec<(u8, Vec<usize>)>> = vec![Vec::new(); workers];
+    for (cost, level, k) in items {
+        let b = (0..workers).min_by(|x, y| load[*x].total_cmp(&load[*y])).unwrap_or(0);
+        load[b] += cost;
+        match bins[b].iter_mut().find(|(l, _)| *l == level) {
+            Some((_, ks)) => ks.push(k),
+            None => bins[b].push((level, vec![k])),
+        }
+    }
+    for bin in &mut bins {
+        bin.iter_mut().for_each(|(_, ks)| ks.sort_unstable());
+        bin.sort_by_key(|(level, _)| std::cmp::Reverse(*level));
+    }
+    bins.retain(|b| !b.is_empty());
+    bins
+}
+
+/// GCC's time on a step, in arbitrary units: a fixed cost per function plus one per statement,
+/// times a factor per optimization level (from the compile times of docs/benchmarks.md).
+fn compile_cost(body: &[Stmt], level: u8) -> f64 {
+    let mut stmts = 0usize;
+    body.iter().for_each(|s| s.visit(&mut |_| stmts += 1));
+    let factor = [0.3, 1.0, 1.6, 2.4][level.min(3) as usize];
+    (20 + stmts) as f64 * factor
+}
+
+/// Top-level statements per serial step, on average: GCC's optimization time grows faster than
+/// linearly with function size, so long runs of small nests are cut into several functions. A
+/// step ends after a statement whose canonical hash is a multiple of this (content-defined
+/// chunking: equal runs of statements get equal cuts wherever they occur, so their steps are
+/// deduplicated), or at twice this length.
 pub const SERIAL_STEP_LEN: usize = 8;
 
 /// Scalar operations executed by a statement: iterations times expression cost.
@@ -367,69 +572,88 @@ impl Backend for Gccjit {
 
     fn render(&self, prog: &Program) -> Result<String, Error> {
         let (prog, steps) = self.plan(prog);
-        Ok(self.render_planned(&prog, &steps))
+        let deduped = dedup::dedup(&prog, &steps);
+        Ok(self.render_planned(&deduped) + &calls_listing(&deduped))
     }
 
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let started = Instant::now();
-        let (scheduled, steps) = self.plan(prog);
+        let (scheduled, planned_steps) = self.plan(prog);
+        let deduped = dedup::dedup(&scheduled, &planned_steps);
         let planned = Instant::now();
-        let source = self.render_planned(&scheduled, &steps);
+        let source = self.render_planned(&deduped);
         self.last_phases = vec![
             ("schedule", (planned - started).as_secs_f64()),
             ("render", planned.elapsed().as_secs_f64()),
         ];
-        let slots: Vec<NodeId> = scheduled.materialized_nodes();
-        let mut table = Vec::with_capacity(slots.len());
-        let mut labels = Vec::with_capacity(slots.len());
-        let mut scratch = Vec::new();
+        // One buffer table per call, in its step's slot order.
         let arena = HostArena::new(&scheduled)?;
-        for n in &slots {
-            match scheduled.scratch_of(*n) {
-                Some(s) if s.per_thread => table.push(std::ptr::null_mut()),
-                Some(_) => {
-                    let b = HostBuffer::new(&scheduled.nodes[n])?;
-                    table.push(b.as_ptr());
-                    scratch.push(b);
-                }
-                None => match arena.slot(*n) {
-                    Some((ptr, node)) => {
-                        table.push(ptr);
-                        labels.push((*n, node.label.clone()));
-                    }
-                    None => {
-                        let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
-                        table.push(b.as_ptr());
-                        labels.push((*n, b.node.label.clone()));
-                    }
-                },
+        let mut scratch: FxHashMap<NodeId, HostBuffer> = FxHashMap::default();
+        let mut labels: FxHashMap<NodeId, String> = FxHashMap::default();
+        let mut tables = Vec::with_capacity(deduped.calls.len());
+        for call in &deduped.calls {
+            let mut table = Vec::with_capacity(call.nodes.len());
+            for n in &call.nodes {
+                let ptr = match scheduled.scratch_of(*n) {
+                    Some(s) if s.per_thread => std::ptr::null_mut(),
+                    Some(_) => match scratch.entry(*n) {
+                        std::collections::hash_map::Entry::Occupied(b) => b.get().as_ptr(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(HostBuffer::new(&scheduled.nodes[n])?).as_ptr()
+                        }
+                    },
+                    None => match arena.slot(*n) {
+                        Some((ptr, node)) => {
+                            labels.insert(*n, node.label.clone());
+                            ptr
+                        }
+                        None => {
+                            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
+                            labels.insert(*n, b.node.label.clone());
+                            b.as_ptr()
+                        }
+                    },
+                };
+                table.push(ptr);
             }
+            tables.push(table);
         }
+        let steps = &deduped.steps;
+        let slots = &deduped.slots;
+        let counts: Vec<usize> = (0..steps.len())
+            .map(|d| deduped.calls.iter().filter(|c| c.step == d).count())
+            .collect();
         let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
         if let Some(d) = &self.opts.debug_dir {
             let _ = std::fs::create_dir_all(d);
         }
         let level = self.opts.opt_level.min(3);
-        let mut parts = split_by_work(&steps, level);
-        let mut code = Vec::with_capacity(parts.len());
-        let mut owner = vec![0; steps.len()];
-        let mut times = BuildTimes::default();
-        let mut outcomes = Vec::new();
+        let workers = self.opts.thread_count();
+        let mut builds: Vec<BuildOptions> = Vec::new();
+        let mut bin_of = Vec::new();
+        for (bin, parts) in
+            balance(steps, split_by_work(steps, &counts, level), workers).into_iter().enumerate()
+        {
+            for (level, part) in parts {
+                let same = builds.iter().filter(|b| b.opt_level == level).count();
+                let ext =
+                    if same == 0 { format!("O{level}.c") } else { format!("O{level}-{same}.c") };
+                builds.push(BuildOptions {
+                    opt_level: level,
+                    march_native: self.opts.march_native,
+                    bounds_check: self.opts.bounds_check,
+                    dump: dump.as_ref().map(|d| d.with_extension(ext)),
+                    steps: part,
+                });
+                bin_of.push(bin);
+            }
+        }
         let started = Instant::now();
-        for (i, (level, part)) in parts.iter_mut().enumerate() {
-            part.iter().for_each(|k| owner[*k] = i);
-            let opts = BuildOptions {
-                opt_level: *level,
-                march_native: self.opts.march_native,
-                bounds_check: self.opts.bounds_check,
-                dump: dump.as_ref().map(|d| d.with_extension(format!("O{level}.c"))),
-                steps: std::mem::take(part),
-            };
-            let (c, t) = self.build_through_cache(&scheduled, &steps, &slots, &opts, &source)?;
-            times.codegen_s += t.codegen_s;
-            times.compile_s += t.compile_s;
-            outcomes.push(self.last_outcome);
-            code.push(c);
+        let (code, times, outcome) =
+            self.build_all(&deduped.prog, steps, slots, &source, &builds, &bin_of)?;
+        let mut owner = vec![0; steps.len()];
+        for (i, b) in builds.iter().enumerate() {
+            b.steps.iter().for_each(|k| owner[*k] = i);
         }
         let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
         self.last_phases.extend([
@@ -437,13 +661,7 @@ impl Backend for Gccjit {
             ("codegen", times.codegen_s),
             ("c compile", times.compile_s),
         ]);
-        self.last_outcome = if outcomes.contains(&CacheOutcome::Miss) {
-            CacheOutcome::Miss
-        } else if !outcomes.is_empty() && outcomes.iter().all(|o| *o == CacheOutcome::Hit) {
-            CacheOutcome::Hit
-        } else {
-            CacheOutcome::Off
-        };
+        self.last_outcome = outcome;
         let mut fns = Vec::with_capacity(steps.len());
         for (k, (_, kind)) in steps.iter().enumerate() {
             let name = format!("step_{k}");
@@ -461,17 +679,20 @@ impl Backend for Gccjit {
         let oob: Box<OobSlot> = Box::default();
         let run_table =
             Box::new(RunTable { helpers: helpers(), slot: &*oob as *const OobSlot as *const u8 });
+        let calls = deduped.calls.iter().zip(tables).map(|(c, table)| (c.step, table)).collect();
+        let listing = calls_listing(&deduped);
         self.routines.push(Compiled {
             _code: code,
-            _scratch: scratch,
+            _scratch: scratch.into_values().collect(),
             _arena: arena,
             steps: fns,
-            table,
+            calls,
             labels,
+            deduped,
             oob,
             run_table,
         });
-        Ok((self.routines.len() - 1, source))
+        Ok((self.routines.len() - 1, source + &listing))
     }
 
     fn last_cache_outcome(&self) -> CacheOutcome {
@@ -496,26 +717,29 @@ impl Backend for Gccjit {
         };
         let syms = if symbols.is_empty() { [0i64].as_ptr() } else { symbols.as_ptr() };
         let err = &*r.run_table as *const RunTable as *mut u8;
-        for (f, kind) in &r.steps {
+        for (k, (step, table)) in r.calls.iter().enumerate() {
+            let (f, kind) = &r.steps[*step];
             match kind {
                 // SAFETY: the table points to live buffers of this backend, the symbols slice
                 // outlives the call, and `err` points to this routine's report slot.
-                StepKind::Serial => unsafe { f(r.table.as_ptr(), syms, 0, 1, err) },
+                StepKind::Serial => unsafe { f(table.as_ptr(), syms, 0, 1, err) },
                 // SAFETY: as above; `Pool::run` returns only after every chunk finished.
                 StepKind::Parallel { extent } => unsafe {
-                    self.pool.run(*f, r.table.as_ptr(), syms, err, *extent)
+                    self.pool.run(*f, table.as_ptr(), syms, err, *extent)
                 },
             }
             if self.opts.bounds_check {
                 let hit = r.oob.first.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some((node, axis, index, bound)) = hit {
-                    let label = r
-                        .labels
-                        .iter()
-                        .find(|(n, _)| n.0 as i64 == node)
-                        .map_or_else(String::new, |(_, l)| l.clone());
+                if let Some((canon, axis, index, bound)) = hit {
+                    // The step's code names its canonical node; this call's table says which
+                    // real node that is.
+                    let node = r
+                        .deduped
+                        .real_node(k, NodeId(canon as u32))
+                        .unwrap_or(NodeId(canon as u32));
+                    let label = r.labels.get(&node).cloned().unwrap_or_default();
                     return Err(Error::OutOfBounds {
-                        node: node as u32,
+                        node: node.0,
                         label,
                         axis: axis as usize,
                         index,
@@ -556,14 +780,14 @@ mod tests {
         // 1000 + 30 + 10 + 5 + 1 cells: 1000 alone is 96.1% of the work.
         let steps: Vec<_> = [10, 1000, 1, 30, 5].into_iter().map(nest).collect();
         assert_eq!(
-            split_by_work(&steps, 3),
+            split_by_work(&steps, &[1; 5], 3),
             vec![(3, vec![1]), (COLD_OPT_LEVEL, vec![0, 2, 3, 4])]
         );
         // Nothing to split at the cold level or below, nor with one step.
-        assert_eq!(split_by_work(&steps, 2), vec![(2, vec![0, 1, 2, 3, 4])]);
-        assert_eq!(split_by_work(&steps[1..2], 3), vec![(3, vec![0])]);
+        assert_eq!(split_by_work(&steps, &[1; 5], 2), vec![(2, vec![0, 1, 2, 3, 4])]);
+        assert_eq!(split_by_work(&steps[1..2], &[1], 3), vec![(3, vec![0])]);
         // Equal steps: each is needed for 95%.
         let even: Vec<_> = [10, 10, 10].into_iter().map(nest).collect();
-        assert_eq!(split_by_work(&even, 3), vec![(3, vec![0, 1, 2])]);
+        assert_eq!(split_by_work(&even, &[1; 3], 3), vec![(3, vec![0, 1, 2])]);
     }
 }

@@ -1,0 +1,79 @@
+//! Builds in child processes: the only way to run GCC on several cores at once.
+//!
+//! libgccjit compiles one context at a time per process (GCC's global state sits behind a lock
+//! inside the library), and GCC's time dominates a routine's compile. A routine's builds are
+//! therefore spread over forked children, one per worker, each writing shared libraries that
+//! the parent then loads. A child inherits the whole address space (copy on write), so it
+//! builds from the same program in memory with no serialization; it runs only libgccjit and
+//! leaves with `_exit`, running no destructors and flushing nothing of the parent's.
+//!
+//! Forking while another thread of this process is inside libgccjit would leave the child a
+//! copy of GCC's lock, held by a thread that does not exist there. Every compile of this crate
+//! takes [`GCC_LOCK`], and so does every fork, which rules that out for this crate's builds.
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Held around every libgccjit compile of this process and around forking.
+pub static GCC_LOCK: Mutex<()> = Mutex::new(());
+
+/// Takes [`GCC_LOCK`] (a panic elsewhere while holding it leaves nothing to repair).
+pub fn gcc_lock() -> MutexGuard<'static, ()> {
+    GCC_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running child.
+#[derive(Debug)]
+pub struct Child(libc::pid_t);
+
+/// Starts one child per job; each runs its job and exits with status 0 when it returns true.
+/// A job whose fork failed is returned instead, for the caller to run itself.
+pub fn spawn<'a>(
+    jobs: Vec<Box<dyn FnOnce() -> bool + 'a>>,
+) -> Vec<Result<Child, Box<dyn FnOnce() -> bool + 'a>>> {
+    let _guard = gcc_lock();
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        // SAFETY: the child runs only the job (libgccjit and file writes, which need no lock
+        // another thread could hold: allocation is fork-safe in the C library, and GCC's own
+        // lock is free because `GCC_LOCK` is held) and then `_exit`.
+        match unsafe { libc::fork() } {
+            0 => {
+                let ok =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or(false);
+                // SAFETY: ends the child at once, as a child of `fork` must.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            pid if pid > 0 => out.push(Ok(Child(pid))),
+            _ => out.push(Err(job)),
+        }
+    }
+    out
+}
+
+impl Child {
+    /// Waits for the child; whether it exited with status 0.
+    pub fn wait(self) -> bool {
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for our own child, writing its status into a local.
+            let r = unsafe { libc::waitpid(self.0, &mut status, 0) };
+            if r == self.0 {
+                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+            }
+            if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return false;
+            }
+        }
+    }
+}
+
+/// A fresh temporary path for a library built without a compile cache (created, so that it is
+/// known to be writable); `None` where the temporary folder is not.
+pub fn temp_library() -> Option<std::path::PathBuf> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("rocannl-{}-{n}.so", std::process::id()));
+    std::fs::File::create(&path).ok()?;
+    Some(path)
+}

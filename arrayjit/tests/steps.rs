@@ -1,0 +1,76 @@
+//! gccjit compiles each distinct step once: steps that differ only in their tensors share
+//! machine code, and each call runs on its own tensors.
+#![cfg(feature = "gccjit")]
+
+mod common;
+
+use common::*;
+use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+use rocannl_arrayjit::indexing::{AxisIndex, Symbol};
+use rocannl_arrayjit::ops::{BinOp, Prec};
+use rocannl_arrayjit::tnode::NodeTable;
+use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
+
+#[test]
+fn identical_steps_on_different_tensors_compile_once_and_compute_their_own_values() {
+    let (m, k, n) = (24, 20, 32);
+    let mut nodes = NodeTable::default();
+    let mut layers = Vec::new();
+    for l in 0..3 {
+        let a = host(&mut nodes, &format!("a{l}"), &[m, k], Prec::F32);
+        let b = host(&mut nodes, &format!("b{l}"), &[k, n], Prec::F32);
+        let c = host(&mut nodes, &format!("c{l}"), &[m, n], Prec::F32);
+        layers.push((a, b, c));
+    }
+    let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
+    let p = || {
+        proj(
+            &[(i, m), (j, n), (kk, k)],
+            &[m, n],
+            vec![AxisIndex::Iterator(i), AxisIndex::Iterator(j)],
+            vec![
+                (vec![m, k], vec![AxisIndex::Iterator(i), AxisIndex::Iterator(kk)]),
+                (vec![k, n], vec![AxisIndex::Iterator(kk), AxisIndex::Iterator(j)]),
+            ],
+        )
+    };
+    let mul = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+    let asgn = Asgn::Seq(
+        layers
+            .iter()
+            .map(|&(a, b, c)| accum(c, Some(BinOp::Add), vec![a, b], mul.clone(), p(), true))
+            .collect(),
+    );
+    // Each matmul its own (parallel) step.
+    let opts = CompileOptions {
+        cache: rocannl_arrayjit::cache::CacheMode::Off,
+        threads: Some(2),
+        min_parallel_work: 1,
+        ..CompileOptions::default()
+    };
+    let mut ctx = Context::new(BackendKind::Gccjit, opts).unwrap();
+    let r = ctx.compile("three", &asgn, &nodes).unwrap();
+    let src = r.source_text();
+    let defined = src.matches("\nvoid step_").count();
+    let calls = src.split("/* calls, in order:").nth(1).unwrap().matches("   step_").count();
+    assert!(calls >= 3 && defined * 3 <= calls, "{defined} steps for {calls} calls:\n{src}");
+    let mut inputs = Vec::new();
+    for (l, &(a, b, _)) in layers.iter().enumerate() {
+        let av: Vec<f64> = data(m * k, 10 + l as u64, -1.0, 1.0);
+        let bv: Vec<f64> = data(k * n, 20 + l as u64, -1.0, 1.0);
+        ctx.write(a, &NdArray::from_f64(Prec::F32, &[m, k], &av).unwrap()).unwrap();
+        ctx.write(b, &NdArray::from_f64(Prec::F32, &[k, n], &bv).unwrap()).unwrap();
+        inputs.push((av, bv));
+    }
+    ctx.run(&r, &[]).unwrap();
+    for (l, &(_, _, c)) in layers.iter().enumerate() {
+        let (av, bv) = &inputs[l];
+        let want: Vec<f64> = (0..m * n)
+            .map(|cell| {
+                let (r, q) = (cell / n, cell % n);
+                (0..k).map(|t| (av[r * k + t] as f32 as f64) * (bv[t * n + q] as f32 as f64)).sum()
+            })
+            .collect();
+        assert_close(&format!("c{l}"), &ctx.read(c).unwrap().to_f64_vec(), &want, 1e-5);
+    }
+}
