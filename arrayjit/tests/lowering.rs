@@ -347,3 +347,64 @@ fn schedule_leaves_small_nests_alone() {
         assert_eq!(prog.to_string(), before);
     }
 }
+
+#[test]
+fn a_huge_sum_is_split_where_inlining_would_pass_the_cost_cap() {
+    use rocannl_arrayjit::low_level::Stmt;
+    use rocannl_arrayjit::low_level::virtualize::MAX_INLINED_COST;
+    let n = 4;
+    let mut nodes = NodeTable::default();
+    let leaves: Vec<_> =
+        (0..512).map(|k| host(&mut nodes, &format!("x{k}"), &[n], Prec::F32)).collect();
+    let mut g = SymbolGen::default();
+    let mut code = Vec::new();
+    let mut level = leaves.clone();
+    let mut root = None;
+    while level.len() > 1 {
+        let mut next = Vec::new();
+        for pair in level.chunks(2) {
+            let last = level.len() == 2;
+            let out = if last {
+                *root.insert(host(&mut nodes, "y", &[n], Prec::F32))
+            } else {
+                virt(&mut nodes, "s", &[n], Prec::F32)
+            };
+            let add = ScalarExpr::bin(BinOp::Add, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+            code.push(accum(
+                out,
+                None,
+                pair.to_vec(),
+                add,
+                Projections::identity(&[n], 2, &mut g),
+                false,
+            ));
+            next.push(out);
+        }
+        level = next;
+    }
+    let asgn = Asgn::Seq(code);
+    let prog = compile_program("sum", &asgn, &nodes, &CompileOptions::default()).unwrap();
+    let mut statements = 0;
+    for s in &prog.body {
+        s.visit(&mut |s| {
+            if let Stmt::Set { value, .. } = s {
+                statements += 1;
+                assert!(value.cost() <= MAX_INLINED_COST, "{}", value.cost());
+            }
+        });
+    }
+    // 511 adds: inlined into a few statements, not one.
+    assert!((2..=8).contains(&statements), "{statements} statements:\n{prog}");
+    let mut ctx = Context::new(BackendKind::Interp, CompileOptions::default()).unwrap();
+    let r = ctx.compile("sum", &asgn, &nodes).unwrap();
+    let mut want = vec![0.0f32; n];
+    for (k, x) in leaves.iter().enumerate() {
+        let xs = data(n, k as u64, -1.0, 1.0);
+        ctx.write(*x, &NdArray::from_f64(Prec::F32, &[n], &xs).unwrap()).unwrap();
+        want.iter_mut().zip(&xs).for_each(|(w, v)| *w += *v as f32);
+    }
+    ctx.run(&r, &[]).unwrap();
+    let got = ctx.read(root.unwrap()).unwrap().to_f64_vec();
+    let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+    assert_close("sum", &got, &want, 1e-4);
+}

@@ -5,7 +5,9 @@
 //! locals — and either
 //! - it is read at one site that touches each cell once (computed once, read once), or
 //! - its definition is cheap (a few operations), so recomputing it at every read costs less
-//!   than a round trip through memory.
+//!   than a round trip through memory,
+//!
+//! and no reading expression would grow beyond [`MAX_INLINED_COST`].
 //!
 //! Every read `n[idx]` becomes `expr` with the definition's loop variables replaced by `idx`;
 //! the definition disappears and the node is reported virtual. Chains of pointwise operations
@@ -30,6 +32,13 @@ use crate::tnode::NodeId;
 
 /// Definitions costing at most this much are inlined at every read.
 pub const CHEAP: u32 = 4;
+
+/// No inlining makes an expression cost more than this ([`Expr::cost`]): the definition stays
+/// a tensor of its own. GCC's time on one huge expression grows faster than linearly (a sum
+/// of 4000 named tensors took 10 s), while many moderate statements of one shape are the same
+/// code, compiled once by the gccjit backend; the extra memory traffic is that of one
+/// intermediate per 256 operations.
+pub const MAX_INLINED_COST: u32 = 256;
 
 /// A statement assigning a node or a local, in program order.
 struct Site {
@@ -61,14 +70,20 @@ struct Uses {
 
 struct Table {
     sites: Vec<Site>,
+    /// The cost of each site's value, kept up to date as definitions are inlined.
+    costs: Vec<u32>,
     defs: FxHashMap<NodeId, Def>,
     uses: FxHashMap<NodeId, Uses>,
 }
 
 /// Inlines every eligible node; returns the inlined nodes in the order they were removed.
 pub fn run(prog: &mut Program) -> Vec<NodeId> {
-    let mut table =
-        Table { sites: Vec::new(), defs: FxHashMap::default(), uses: FxHashMap::default() };
+    let mut table = Table {
+        sites: Vec::new(),
+        costs: Vec::new(),
+        defs: FxHashMap::default(),
+        uses: FxHashMap::default(),
+    };
     let mut loops = Vec::new();
     let mut path = Vec::new();
     for (k, s) in prog.body.iter().enumerate() {
@@ -131,11 +146,13 @@ fn collect(
         Stmt::SetLocal { value, .. } => {
             let pos = t.sites.len();
             t.sites.push(Site { path: path.clone(), loops: loops.clone() });
+            t.costs.push(value.cost());
             add_reads(&mut t.uses, value, &t.sites[pos].loops, pos);
         }
         Stmt::Set { node, idx, value } => {
             let pos = t.sites.len();
             t.sites.push(Site { path: path.clone(), loops: loops.clone() });
+            t.costs.push(value.cost());
             add_reads(&mut t.uses, value, &t.sites[pos].loops, pos);
             let u = t.uses.entry(*node).or_default();
             u.write_sites += 1;
@@ -210,7 +227,15 @@ fn eligible(prog: &Program, t: &Table, n: NodeId) -> bool {
         }
         _ => {}
     });
-    ok && ((u.read_positions.len() == 1 && u.multi_reads == 0) || value.cost() <= CHEAP)
+    let cost = value.cost();
+    // Every reading site stays within the cost cap once each of its reads is replaced.
+    let mut readers = u.read_positions.clone();
+    readers.sort_unstable();
+    let fits = readers.chunk_by(|a, b| a == b).all(|reads| {
+        let grown = t.costs[reads[0]] as u64 + reads.len() as u64 * cost as u64;
+        grown <= MAX_INLINED_COST as u64
+    });
+    ok && fits && ((u.read_positions.len() == 1 && u.multi_reads == 0) || cost <= CHEAP)
 }
 
 /// Replaces every read of `node` by its definition, updating the access counts from the
@@ -238,6 +263,7 @@ fn inline(prog: &mut Program, t: &mut Table, node: NodeId, def: &Def) -> Vec<Nod
             e => e,
         });
         add_reads(&mut t.uses, &new, &site.loops, r);
+        t.costs[r] = new.cost();
         *slot = new;
     }
     let mut read = Vec::new();
