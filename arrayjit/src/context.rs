@@ -27,6 +27,9 @@ use crate::low_level::RuntimeCheck;
 use crate::ndarray::NdArray;
 use crate::tnode::{NodeId, NodeTable, TensorNode};
 
+/// The optimization level of [`Context::compile_once`].
+pub const RUN_ONCE_OPT_LEVEL: u8 = 1;
+
 /// A compiled routine: a handle into the context that compiled it, plus what it was built from.
 #[derive(Clone, Debug)]
 pub struct Routine {
@@ -252,6 +255,21 @@ impl Context {
             runtime_checks: prog.runtime_checks,
             report,
         })
+    }
+
+    /// Compiles a routine that will run once (parameter initialization): for the least time
+    /// compiling plus running, native code is built at `-O1` (GCC's `-O3` time would exceed
+    /// any run time it saves). Otherwise as [`Context::compile`].
+    pub fn compile_once(
+        &mut self,
+        name: &str,
+        asgn: &Asgn,
+        nodes: &NodeTable,
+    ) -> Result<Routine, Error> {
+        self.backend.set_opt_level(self.opts.opt_level.min(RUN_ONCE_OPT_LEVEL));
+        let routine = self.compile(name, asgn, nodes);
+        self.backend.set_opt_level(self.opts.opt_level);
+        routine
     }
 
     /// Runs a routine with values for its runtime symbols.

@@ -485,7 +485,7 @@ impl Session {
             }
         }
         if !init.is_empty() {
-            let r = self.ctx.compile("init", &Asgn::Seq(init), &nodes)?;
+            let r = self.ctx.compile_once("init", &Asgn::Seq(init), &nodes)?;
             self.ctx.run(&r, &[])?;
         }
         Ok(())

@@ -153,6 +153,9 @@ pub trait Backend {
     fn last_compile_phases(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
     }
+    /// Sets the optimization level of the routines compiled from now on (native backends;
+    /// the others ignore it).
+    fn set_opt_level(&mut self, _level: u8) {}
     /// Allocates a zeroed buffer for a node unless it already has one.
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error>;
     /// Whether the node has a buffer.

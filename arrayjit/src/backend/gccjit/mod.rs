@@ -703,6 +703,10 @@ impl Backend for Gccjit {
         self.last_phases.clone()
     }
 
+    fn set_opt_level(&mut self, level: u8) {
+        self.opts.opt_level = level;
+    }
+
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
         self.buffers.alloc(node)
     }
