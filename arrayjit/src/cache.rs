@@ -6,6 +6,11 @@
 //! code depends on: the optimized, scheduled program as generated source, the compile options,
 //! the code generator's version and the host CPU's target flags (the backend supplies them).
 //!
+//! A backend may also index what is inside its entries: `steps/<key>` names the entry holding
+//! one compiled step (a function of a routine, keyed by its own content), so that a routine
+//! sharing most of its steps with one compiled before — an evaluation forward and the training
+//! step of one model — compiles only the steps it does not share.
+//!
 //! Where: `$ROCANNL_CACHE_DIR` when set, else the user's cache directory (`directories`:
 //! `~/.cache/rocannl` on Linux); `ROCANNL_CACHE=off` disables it. Every entry is a file
 //! `<key>.so` with a sidecar `<key>.sha256` holding the SHA-256 of its bytes.
@@ -142,6 +147,36 @@ impl Cache {
         Some(path)
     }
 
+    /// The entry holding the compiled step whose content key is `step`, if one was recorded
+    /// ([`Cache::store_step`]). The entry itself is checked by [`Cache::lookup`] when loaded.
+    pub fn lookup_step(&self, step: &str) -> Option<String> {
+        let entry = fs::read_to_string(self.step_file(step)).ok()?;
+        let entry = entry.trim();
+        (entry.len() == 64 && entry.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| entry.to_string())
+    }
+
+    /// Records that the entry `entry` holds the compiled step `step`: the step index, a small
+    /// file per step in `steps/`, through which another routine or program finds a step it has
+    /// in common with this one. Written to a temporary file and renamed; failures are ignored
+    /// (the step is compiled again).
+    pub fn store_step(&self, step: &str, entry: &str) {
+        let path = self.step_file(step);
+        let Some(dir) = path.parent() else { return };
+        if fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let temp = dir.join(format!(".{step}.{}.{n}.tmp", std::process::id()));
+        if fs::write(&temp, entry).is_err() || fs::rename(&temp, &path).is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+    }
+
+    fn step_file(&self, step: &str) -> PathBuf {
+        self.dir.join("steps").join(step)
+    }
+
     /// A fresh temporary path in the cache folder (created if needed), for a backend to write an
     /// entry into before [`Cache::store`]; `None` (with a warning) when the folder is unusable.
     pub fn temp_path(&self, key: &str) -> Option<PathBuf> {
@@ -226,6 +261,16 @@ impl Cache {
             let _ = fs::remove_file(&path);
             let _ = fs::remove_file(path.with_extension("sha256"));
             total = total.saturating_sub(len);
+        }
+        // Step records of removed entries go too.
+        let Ok(steps) = fs::read_dir(self.dir.join("steps")) else { return };
+        for e in steps.flatten() {
+            let stale = fs::read_to_string(e.path())
+                .map(|entry| !self.entry(entry.trim()).exists())
+                .unwrap_or(true);
+            if stale {
+                let _ = fs::remove_file(e.path());
+            }
         }
     }
 }

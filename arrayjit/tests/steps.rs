@@ -8,7 +8,7 @@ use common::*;
 use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Symbol};
 use rocannl_arrayjit::ops::{BinOp, Prec};
-use rocannl_arrayjit::tnode::NodeTable;
+use rocannl_arrayjit::tnode::{NodeId, NodeTable};
 use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
 
 #[test]
@@ -73,4 +73,64 @@ fn identical_steps_on_different_tensors_compile_once_and_compute_their_own_value
             .collect();
         assert_close(&format!("c{l}"), &ctx.read(c).unwrap().to_f64_vec(), &want, 1e-5);
     }
+}
+
+/// `c = a·b` with `a: m×k`, `b: k×n`, as a fresh set of host nodes.
+fn matmul(nodes: &mut NodeTable, tag: &str, m: usize, k: usize, n: usize) -> (Asgn, [NodeId; 3]) {
+    let a = host(nodes, &format!("a{tag}"), &[m, k], Prec::F32);
+    let b = host(nodes, &format!("b{tag}"), &[k, n], Prec::F32);
+    let c = host(nodes, &format!("c{tag}"), &[m, n], Prec::F32);
+    let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
+    let p = proj(
+        &[(i, m), (j, n), (kk, k)],
+        &[m, n],
+        vec![AxisIndex::Iterator(i), AxisIndex::Iterator(j)],
+        vec![
+            (vec![m, k], vec![AxisIndex::Iterator(i), AxisIndex::Iterator(kk)]),
+            (vec![k, n], vec![AxisIndex::Iterator(kk), AxisIndex::Iterator(j)]),
+        ],
+    );
+    let mul = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+    (accum(c, Some(BinOp::Add), vec![a, b], mul, p, true), [a, b, c])
+}
+
+#[test]
+fn a_routine_sharing_its_steps_with_one_compiled_before_is_served_from_the_cache() {
+    use rocannl_arrayjit::CacheOutcome;
+    let dir = std::env::temp_dir().join(format!("rocannl-test-steps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = CompileOptions {
+        cache: rocannl_arrayjit::cache::CacheMode::Dir(dir.clone()),
+        threads: Some(2),
+        min_parallel_work: 1,
+        ..CompileOptions::default()
+    };
+    // A program of two matmuls of different shapes...
+    let mut nodes = NodeTable::default();
+    let (first, _) = matmul(&mut nodes, "0", 24, 20, 32);
+    let (second, _) = matmul(&mut nodes, "1", 16, 32, 8);
+    let mut ctx = Context::new(BackendKind::Gccjit, opts.clone()).unwrap();
+    let r = ctx.compile("both", &Asgn::Seq(vec![first, second]), &nodes).unwrap();
+    assert_eq!(r.report().cache, CacheOutcome::Miss);
+    // ...then, in another context (as another program would), a routine of only the second
+    // shape, on tensors of its own: its one step is found in the library built for the first.
+    let mut other = NodeTable::default();
+    let (_, _) = matmul(&mut other, "x", 3, 3, 3);
+    let (only, [a, b, c]) = matmul(&mut other, "y", 16, 32, 8);
+    let mut ctx = Context::new(BackendKind::Gccjit, opts).unwrap();
+    let r = ctx.compile("only", &only, &other).unwrap();
+    assert_eq!(r.report().cache, CacheOutcome::Hit, "{:?}", r.report());
+    let av = data(16 * 32, 1, -1.0, 1.0);
+    let bv = data(32 * 8, 2, -1.0, 1.0);
+    ctx.write(a, &NdArray::from_f64(Prec::F32, &[16, 32], &av).unwrap()).unwrap();
+    ctx.write(b, &NdArray::from_f64(Prec::F32, &[32, 8], &bv).unwrap()).unwrap();
+    ctx.run(&r, &[]).unwrap();
+    let want: Vec<f64> = (0..16 * 8)
+        .map(|cell| {
+            let (r, q) = (cell / 8, cell % 8);
+            (0..32).map(|t| (av[r * 32 + t] as f32 as f64) * (bv[t * 8 + q] as f32 as f64)).sum()
+        })
+        .collect();
+    assert_close("c", &ctx.read(c).unwrap().to_f64_vec(), &want, 1e-5);
+    let _ = std::fs::remove_dir_all(&dir);
 }

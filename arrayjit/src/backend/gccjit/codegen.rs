@@ -112,11 +112,12 @@ pub fn build(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
     slots: &[Vec<NodeId>],
+    names: &[String],
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
     let _guard = super::fork::gcc_lock();
-    build_unlocked(prog, steps, slots, opts, output)
+    build_unlocked(prog, steps, slots, names, opts, output)
 }
 
 /// [`build`] without taking the lock: for a forked child, which inherited it held.
@@ -124,10 +125,12 @@ pub fn build_unlocked(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
     slots: &[Vec<NodeId>],
+    names: &[String],
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
-    let run = std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, opts, output));
+    let run =
+        std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, names, opts, output));
     std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         let log = panic
             .downcast_ref::<String>()
@@ -142,6 +145,7 @@ fn build_unchecked(
     prog: &Program,
     steps: &[(Vec<Stmt>, StepKind)],
     slots: &[Vec<NodeId>],
+    names: &[String],
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
@@ -167,7 +171,7 @@ fn build_unchecked(
     ctx.set_print_errors_to_stderr(false);
     for &k in &opts.steps {
         let (body, kind) = &steps[k];
-        let mut g = Gen::new(&ctx, prog, &slots[k], opts.bounds_check, &format!("step_{k}"));
+        let mut g = Gen::new(&ctx, prog, &slots[k], opts.bounds_check, &names[k]);
         g.function(body, kind);
     }
     if let Some(path) = &opts.dump {

@@ -32,6 +32,10 @@ pub struct Deduped {
     pub steps: Vec<(Vec<Stmt>, StepKind)>,
     /// Per distinct step, its canonical nodes in buffer-table order.
     pub slots: Vec<Vec<NodeId>>,
+    /// Per distinct step, everything its machine code depends on within the program (its
+    /// canonical statements, kind, tensors' dims, precisions and scratch kinds, locals'
+    /// precisions), as text: the step's identity across routines.
+    pub keys: Vec<String>,
     /// Per original step, in run order: the distinct step it calls and the real node behind
     /// each of that step's slots.
     pub calls: Vec<Call>,
@@ -72,6 +76,7 @@ pub fn dedup(prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> Deduped {
     let mut by_key: FxHashMap<String, usize> = FxHashMap::default();
     let mut distinct: Vec<(Vec<Stmt>, StepKind)> = Vec::new();
     let mut slots: Vec<Vec<NodeId>> = Vec::new();
+    let mut keys: Vec<String> = Vec::new();
     let mut calls = Vec::with_capacity(steps.len());
     for (body, kind) in steps {
         let mut c = Canon::default();
@@ -100,13 +105,14 @@ pub fn dedup(prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> Deduped {
                 out.next_var = out.next_var.max(c.vars.len() as u32);
                 distinct.push((rebased, kind.clone()));
                 slots.push(nodes);
+                keys.push(key.clone());
                 by_key.insert(key, distinct.len() - 1);
                 distinct.len() - 1
             }
         };
         calls.push(Call { step, nodes: c.nodes });
     }
-    Deduped { prog: out, steps: distinct, slots, calls }
+    Deduped { prog: out, steps: distinct, slots, keys, calls }
 }
 
 /// A hash of a statement's canonical form and its tensors' dims and precisions: equal for

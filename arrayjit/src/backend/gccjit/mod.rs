@@ -94,6 +94,25 @@ impl Code {
     }
 }
 
+/// What the builds of a routine are made from: its distinct steps ([`dedup`]), their buffer
+/// slots, function names and content keys.
+#[derive(Clone, Copy)]
+struct BuildInput<'a> {
+    prog: &'a Program,
+    steps: &'a [(Vec<Stmt>, StepKind)],
+    slots: &'a [Vec<NodeId>],
+    names: &'a [String],
+    step_keys: &'a [String],
+}
+
+/// The result of building: each build's code, the time spent, and each build's cache entry
+/// (`None` where it has none).
+struct BuildOutput {
+    code: Vec<Code>,
+    times: BuildTimes,
+    entries: Vec<Option<String>>,
+}
+
 struct Compiled {
     /// Keeps the machine code alive (one per optimization level, see [`split_by_work`]).
     _code: Vec<Code>,
@@ -194,29 +213,31 @@ impl Gccjit {
         (prog, steps)
     }
 
-    /// Builds the machine code of a planned program's builds (each some of its steps at one
-    /// optimization level), through the compile cache when there is one: a valid entry is
-    /// loaded; every other build is compiled into a shared library — in the cache folder, else
-    /// a temporary file — and loaded from there, the builds of different bins (`bin_of`) in
-    /// parallel child processes ([`fork`]). Without anywhere to write, a build is compiled in
-    /// memory. Returns the code of each build, the times, and what the cache did.
+    /// Builds the machine code of a planned program's builds (each some of its distinct steps
+    /// at one optimization level, with the functions named `names`), through the compile cache
+    /// when there is one: a build whose entry exists is loaded; every other build is compiled
+    /// into a shared library — in the cache folder, else a temporary file — and loaded from
+    /// there, the builds of different bins (`bin_of`) in parallel child processes ([`fork`]).
+    /// Without anywhere to write, a build is compiled in memory. Returns the code of each
+    /// build, the times, and each build's cache entry (`None` where it has none).
     fn build_all(
         &mut self,
-        prog: &Program,
-        steps: &[(Vec<Stmt>, StepKind)],
-        slots: &[Vec<NodeId>],
-        source: &str,
+        input: &BuildInput<'_>,
         builds: &[BuildOptions],
         bin_of: &[usize],
-    ) -> Result<(Vec<Code>, BuildTimes, CacheOutcome), Error> {
+    ) -> Result<BuildOutput, Error> {
+        let BuildInput { prog, steps, slots, names, step_keys } = *input;
         let cache = self.cache.clone();
-        let keys: Vec<String> = match &cache {
-            Some(_) => {
-                builds.iter().map(|b| self.cache_key(prog, steps, source, slots, b)).collect()
-            }
-            None => Vec::new(),
-        };
+        // A build's entry is named by the content keys of its steps, in order.
+        let keys: Vec<String> = builds
+            .iter()
+            .map(|b| {
+                let parts: Vec<&[u8]> = b.steps.iter().map(|k| step_keys[*k].as_bytes()).collect();
+                Cache::key(&parts)
+            })
+            .collect();
         let mut code: Vec<Option<Code>> = builds.iter().map(|_| None).collect();
+        let mut entries: Vec<Option<String>> = builds.iter().map(|_| None).collect();
         if let Some(cache) = &cache {
             for (i, key) in keys.iter().enumerate() {
                 let Some(path) = cache.lookup(key) else { continue };
@@ -224,10 +245,10 @@ impl Gccjit {
                 // matches); loading it runs no initializers of ours.
                 if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
                     code[i] = Some(Code::Library(lib));
+                    entries[i] = Some(key.clone());
                 }
             }
         }
-        let hits = code.iter().filter(|c| c.is_some()).count();
         // Where each missing build writes its library: the cache folder, else a temporary file.
         let targets: Vec<Option<(PathBuf, bool)>> = (0..builds.len())
             .map(|i| {
@@ -251,7 +272,7 @@ impl Gccjit {
         }
         let build_here = |i: usize, times: &mut BuildTimes| -> Result<(), Error> {
             let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
-            let (_, t) = codegen::build(prog, steps, slots, &builds[i], out)?;
+            let (_, t) = codegen::build(prog, steps, slots, names, &builds[i], out)?;
             times.codegen_s += t.codegen_s;
             times.compile_s += t.compile_s;
             Ok(())
@@ -266,7 +287,8 @@ impl Gccjit {
                     let job = move || {
                         bin.iter().all(|&i| {
                             let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
-                            codegen::build_unlocked(prog, steps, slots, &builds[i], out).is_ok()
+                            codegen::build_unlocked(prog, steps, slots, names, &builds[i], out)
+                                .is_ok()
                         })
                     };
                     Box::new(job) as Box<dyn FnOnce() -> bool + '_>
@@ -304,7 +326,6 @@ impl Gccjit {
         }
         // Wall time of the builds, whatever ran where.
         times.compile_s = started.elapsed().as_secs_f64() - times.codegen_s;
-        let mut built = 0;
         for (i, target) in targets.iter().enumerate() {
             let Some((path, in_cache)) = target else { continue };
             let loaded = if *in_cache {
@@ -320,14 +341,16 @@ impl Gccjit {
             };
             if let Some(lib) = loaded {
                 code[i] = Some(Code::Library(lib));
-                built += usize::from(*in_cache);
+                if *in_cache {
+                    entries[i] = Some(keys[i].clone());
+                }
             }
         }
         // Anything still missing (nowhere to write, or a library that did not load) is compiled
         // in memory.
         for (i, c) in code.iter_mut().enumerate() {
             if c.is_none() {
-                let (b, t) = codegen::build(prog, steps, slots, &builds[i], Output::Memory)?;
+                let (b, t) = codegen::build(prog, steps, slots, names, &builds[i], Output::Memory)?;
                 times.codegen_s += t.codegen_s;
                 times.compile_s += t.compile_s;
                 match b {
@@ -336,56 +359,25 @@ impl Gccjit {
                 }
             }
         }
-        let outcome = if built > 0 {
-            CacheOutcome::Miss
-        } else if cache.is_some() && hits == builds.len() {
-            CacheOutcome::Hit
-        } else {
-            CacheOutcome::Off
-        };
-        Ok((code.into_iter().flatten().collect(), times, outcome))
+        Ok(BuildOutput { code: code.into_iter().flatten().collect(), times, entries })
     }
 
-    /// Everything the machine code of a planned program depends on: the generated source
-    /// (every statement, buffer slot, size, precision, step and its kind), the distinct steps'
-    /// low-level IR, the options, the code generator's and libgccjit's versions and the host's
-    /// target flags. Nothing in it names the routine's own nodes: the steps are canonical
-    /// ([`dedup`]), so routines with the same code share entries.
-    fn cache_key(
-        &self,
-        prog: &Program,
-        steps: &[(Vec<Stmt>, StepKind)],
-        source: &str,
-        slots: &[Vec<NodeId>],
-        opts: &BuildOptions,
-    ) -> String {
-        let mut ir = String::new();
-        for (body, kind) in steps {
-            let step = Program { body: body.clone(), ..prog.clone() };
-            let _ = write!(ir, "{kind:?}\n{step}");
-        }
-        let nodes: String = slots
-            .iter()
-            .flatten()
-            .map(|n| {
-                let node = &prog.nodes[n];
-                format!("{n}:{:?}:{}:{:?};", node.dims, node.prec, prog.scratch_of(*n).is_some())
-            })
-            .collect();
+    /// What every step's machine code depends on besides the step itself: the code
+    /// generator's and libgccjit's versions, the host's target flags and the options. Part of
+    /// each step's content key; nothing in it names the routine (its steps are canonical,
+    /// [`dedup`]), so routines and programs with steps in common share them.
+    fn setup_key(&self) -> String {
         let v = gccjit::Version::get();
-        let setup = format!(
-            "rocannl-gccjit {} codegen 4; libgccjit {}.{}.{}; O{} march_native={} {:?} bounds_check={} steps={:?}",
+        format!(
+            "rocannl-gccjit {} codegen 5; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
             v.patch,
-            opts.opt_level,
-            opts.march_native,
+            self.opts.march_native,
             codegen::host_arch_flags(),
-            opts.bounds_check,
-            opts.steps,
-        );
-        Cache::key(&[setup.as_bytes(), source.as_bytes(), ir.as_bytes(), nodes.as_bytes()])
+            self.opts.bounds_check,
+        )
     }
 
     /// The C source of a planned program: what `render` shows, and the compile cache's key.
@@ -628,12 +620,57 @@ impl Backend for Gccjit {
             let _ = std::fs::create_dir_all(d);
         }
         let level = self.opts.opt_level.min(3);
+        let parts = split_by_work(steps, &counts, level);
+        let mut level_of = vec![level; steps.len()];
+        for (l, ks) in &parts {
+            ks.iter().for_each(|k| level_of[*k] = *l);
+        }
+        // Each distinct step's content key (its canonical code, level and everything else its
+        // machine code depends on) and the function name derived from it, the same in every
+        // library that holds the step.
+        let setup = self.setup_key();
+        let step_keys: Vec<String> = (0..steps.len())
+            .map(|k| {
+                let level = format!("O{}", level_of[k]);
+                let symbols = format!("{:?}", deduped.prog.runtime_symbols);
+                let parts: [&[u8]; 4] = [
+                    setup.as_bytes(),
+                    level.as_bytes(),
+                    deduped.keys[k].as_bytes(),
+                    symbols.as_bytes(),
+                ];
+                Cache::key(&parts)
+            })
+            .collect();
+        let names: Vec<String> = step_keys.iter().map(|k| format!("step_{}", &k[..16])).collect();
+        let started = Instant::now();
+        // Steps compiled before, by this routine or another, come from their libraries.
+        let mut code: Vec<Code> = Vec::new();
+        let mut lib_of_entry: FxHashMap<String, Option<usize>> = FxHashMap::default();
+        let mut found: Vec<Option<usize>> = vec![None; steps.len()];
+        if let Some(cache) = self.cache.clone() {
+            for k in 0..steps.len() {
+                let Some(entry) = cache.lookup_step(&step_keys[k]) else { continue };
+                let lib = *lib_of_entry.entry(entry.clone()).or_insert_with(|| {
+                    let path = cache.lookup(&entry)?;
+                    // SAFETY: a library this code generator built (its digest matches); loading
+                    // it runs no initializers of ours.
+                    let lib = unsafe { libloading::Library::new(&path) }.ok()?;
+                    code.push(Code::Library(lib));
+                    Some(code.len() - 1)
+                });
+                found[k] = lib.filter(|l| code[*l].function(&names[k]).is_some());
+            }
+        }
+        let missing: Vec<(u8, Vec<usize>)> = parts
+            .into_iter()
+            .map(|(l, ks)| (l, ks.into_iter().filter(|k| found[*k].is_none()).collect()))
+            .filter(|(_, ks): &(u8, Vec<usize>)| !ks.is_empty())
+            .collect();
         let workers = self.opts.thread_count();
         let mut builds: Vec<BuildOptions> = Vec::new();
         let mut bin_of = Vec::new();
-        for (bin, parts) in
-            balance(steps, split_by_work(steps, &counts, level), workers).into_iter().enumerate()
-        {
+        for (bin, parts) in balance(steps, missing, workers).into_iter().enumerate() {
             for (level, part) in parts {
                 let same = builds.iter().filter(|b| b.opt_level == level).count();
                 let ext =
@@ -648,31 +685,46 @@ impl Backend for Gccjit {
                 bin_of.push(bin);
             }
         }
-        let started = Instant::now();
-        let (code, times, outcome) =
-            self.build_all(&deduped.prog, steps, slots, &source, &builds, &bin_of)?;
-        let mut owner = vec![0; steps.len()];
-        for (i, b) in builds.iter().enumerate() {
-            b.steps.iter().for_each(|k| owner[*k] = i);
+        let reused = code.len();
+        let input =
+            BuildInput { prog: &deduped.prog, steps, slots, names: &names, step_keys: &step_keys };
+        let BuildOutput { code: built, times, entries } =
+            self.build_all(&input, &builds, &bin_of)?;
+        // Record where the new steps are, for the next routine.
+        if let Some(cache) = &self.cache {
+            for (b, entry) in builds.iter().zip(&entries) {
+                for k in b.steps.iter().filter(|_| entry.is_some()) {
+                    cache.store_step(&step_keys[*k], entry.as_deref().unwrap_or_default());
+                }
+            }
         }
+        for (i, b) in builds.iter().enumerate() {
+            b.steps.iter().for_each(|k| found[*k] = Some(reused + i));
+        }
+        code.extend(built);
         let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
         self.last_phases.extend([
             ("cache", cache_s.max(0.0)),
             ("codegen", times.codegen_s),
             ("c compile", times.compile_s),
         ]);
-        self.last_outcome = outcome;
+        self.last_outcome = match (&self.cache, builds.is_empty()) {
+            (None, _) => CacheOutcome::Off,
+            (Some(_), true) => CacheOutcome::Hit,
+            (Some(_), false) if entries.iter().any(Option::is_some) => CacheOutcome::Miss,
+            (Some(_), false) => CacheOutcome::Off,
+        };
         let mut fns = Vec::with_capacity(steps.len());
         for (k, (_, kind)) in steps.iter().enumerate() {
-            let name = format!("step_{k}");
-            let Some(ptr) = code[owner[k]].function(&name) else {
+            let name = &names[k];
+            let Some(ptr) = found[k].and_then(|l| code[l].function(name)) else {
                 return Err(Error::Compile {
                     backend: "gccjit",
                     routine: prog.name.clone(),
                     log: format!("compiled code has no function {name}"),
                 });
             };
-            // SAFETY: `step_k` was built with exactly the `StepFn` signature.
+            // SAFETY: every step function was built with exactly the `StepFn` signature.
             let f: StepFn = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr) };
             fns.push((f, kind.clone()));
         }
