@@ -38,6 +38,10 @@ pub fn spawn<'a>(
         // lock is free because `GCC_LOCK` is held) and then `_exit`.
         match unsafe { libc::fork() } {
             0 => {
+                // A panic (libgccjit errors are panics in debug builds) is a failed job, reported
+                // by the exit status; the default hook would write to the parent's stderr, whose
+                // lock another thread may have held at the fork.
+                std::panic::set_hook(Box::new(|_| {}));
                 let ok =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or(false);
                 // SAFETY: ends the child at once, as a child of `fork` must.
