@@ -3,13 +3,25 @@
 # Idempotent: running it again only reports what is already there.
 #
 #  1. libgccjit (Debian's libgccjit-12-dev) for the native gccjit backend;
-#  2. NVRTC (the Python package nvidia-cuda-nvrtc-cu12) unpacked into .nv/ of this workspace,
-#     where the CUDA backend finds it (after ROCANNL_NVRTC_DIR and before the system's paths).
-#     The NVIDIA files are never committed (.nv/ is ignored by git);
+#  2. with --cuda, or when an NVIDIA driver is present: NVRTC (the Python package
+#     nvidia-cuda-nvrtc-cu12, about 100 MB) unpacked into .nv/ of this workspace, where the CUDA
+#     backend finds it (after ROCANNL_NVRTC_DIR and before the system's paths). Without it the
+#     CUDA backend reports that NVRTC is missing and its compile tests are skipped. The NVIDIA
+#     files are never committed (.nv/ is ignored by git);
 #  3. numpy (with pip) for the differential test against the reference in tests/reference/.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cuda=no
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) cuda=yes ;;
+    *) echo "setup: error: unknown argument $arg (usage: setup.sh [--cuda])" >&2; exit 2 ;;
+  esac
+done
+if [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null 2>&1; then
+  cuda=yes
+fi
 say() { echo "setup: $*"; }
 fail() { echo "setup: error: $*" >&2; exit 1; }
 
@@ -37,6 +49,8 @@ nv="$root/.nv"
 nvlib="$nv/nvidia/cuda_nvrtc/lib"
 if compgen -G "$nvlib/libnvrtc.so.*" >/dev/null; then
   say "NVRTC is already in $nvlib"
+elif [ "$cuda" = no ]; then
+  say "no NVIDIA driver here: NVRTC not fetched (scripts/setup.sh --cuda fetches it)"
 else
   command -v python3 >/dev/null 2>&1 || fail "python3 not found: it is needed to fetch NVRTC"
   python3 -m pip --version >/dev/null 2>&1 || fail "pip for python3 not found: it is needed to fetch NVRTC"
@@ -48,7 +62,7 @@ else
   say "installed NVRTC into $nvlib"
 fi
 # The wheel ships alternative builds next to the ones that are loaded; they are never used.
-removed=$(find "$nv" -name '*.alt.so*' -print -delete | wc -l)
+removed=$( [ -d "$nv" ] && find "$nv" -name '*.alt.so*' -print -delete | wc -l || echo 0)
 [ "$removed" -gt 0 ] && say "removed $removed unused *.alt.so* files"
 
 # --- 3. numpy for the differential test (tests/reference/) ---------------------------------

@@ -1,4 +1,6 @@
-//! The README's example, run as written (with generated data), so the README stays true.
+//! The README's example, run as written (with generated data), so the README stays true: the
+//! README shows `examples/taste.rs` verbatim (which `cargo test` builds), and the same code is run
+//! here with a check that it learns.
 
 use rocannl::tensor::nn::loss;
 use rocannl::tensor::{Graph, Optimizer, ParamSpec, Session};
@@ -33,4 +35,16 @@ fn the_readme_example_infers_and_trains() -> Result<(), rocannl::tensor::Error> 
     let last = s.loss(&step)?;
     assert!(last < 0.1 * first, "{first} -> {last}");
     Ok(())
+}
+
+#[test]
+fn the_readme_shows_the_taste_example_verbatim() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let example = std::fs::read_to_string(format!("{root}/examples/taste.rs")).unwrap();
+    let code = &example[example.find("use rocannl").unwrap()..];
+    assert!(
+        readme.contains(&format!("```rust\n{code}```")),
+        "README.md differs from examples/taste.rs"
+    );
 }
