@@ -78,6 +78,9 @@ pub(crate) struct GraphInner {
     /// Parsed einsum specs by text and padding, so a spec used by many operations (every
     /// convolution of a network) is parsed once.
     pub specs: FxHashMap<(String, bool), Arc<EinsumSpec>>,
+    /// Where each param was created (the user's call site): a second param of one name is an
+    /// error naming both places.
+    pub param_sites: FxHashMap<String, &'static std::panic::Location<'static>>,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -140,6 +143,7 @@ impl Graph {
                 symbols: SymbolGen::default(),
                 step_symbol: None,
                 specs: FxHashMap::default(),
+                param_sites: FxHashMap::default(),
             })),
         }
     }
@@ -336,6 +340,7 @@ impl Graph {
 
     /// A learnable parameter whose input and output rows are inferred from use (and with no
     /// batch axes), initialized by [`Init::default`] unless [`Graph::param_with`] is used.
+    #[track_caller]
     pub fn param(&self, label: &str) -> Tensor {
         self.param_with(label, ParamSpec::default())
     }
@@ -348,7 +353,19 @@ impl Graph {
     /// let b = g.param_with("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
     /// assert_eq!(b.label(), "b");
     /// ```
+    ///
+    /// Names identify params (in checkpoints, in [`Graph::params`]): a second param of a name
+    /// already taken is an error, reported by [`Graph::finish`] with both call sites.
+    #[track_caller]
     pub fn param_with(&self, label: &str, spec: ParamSpec) -> Tensor {
+        let here = std::panic::Location::caller();
+        let earlier = self.borrow_mut().param_sites.insert(label.to_string(), here);
+        if let Some(first) = earlier {
+            self.borrow_mut().param_sites.insert(label.to_string(), first);
+            self.record(Error::usage(format!(
+                "two params are named '{label}': created at {first} and at {here}; give each its own name"
+            )));
+        }
         let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
         self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows)
     }

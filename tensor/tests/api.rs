@@ -287,3 +287,31 @@ fn runtime_symbols_out_of_range_are_errors() {
     assert!(s.run_with(&r, &[loader.binding(2)]).is_err());
     assert!(s.run(&r).is_err(), "a missing binding");
 }
+
+#[test]
+fn two_params_of_one_name_are_an_error_naming_both_call_sites() {
+    let g = Graph::with_seed(0);
+    let x = g.data("x", &[4], &[], &[3]);
+    let first = line!() + 1;
+    let w = g.param("w");
+    let second = line!() + 1;
+    let w2 = g.param("w");
+    let y = w2.matmul(&w.matmul(&x));
+    let err = Session::new(&g).map(|_| ()).unwrap_err().to_string();
+    let here = file!();
+    assert!(err.contains("two params are named 'w'"), "{err}");
+    assert!(err.contains(&format!("{here}:{first}:")), "{err}");
+    assert!(err.contains(&format!("{here}:{second}:")), "{err}");
+    drop(y);
+    // Blocks name their params after the name they are given: the same name twice is caught
+    // at the caller's line too.
+    let g = Graph::with_seed(0);
+    let x = g.data("x", &[4], &[], &[3]);
+    let line = line!() + 1;
+    let h = rocannl_tensor::nn::dense(&g, "fc", &x, 5);
+    let _ = rocannl_tensor::nn::dense(&g, "fc", &h, 2);
+    let err = g.finish().unwrap_err().to_string();
+    assert!(err.contains("two params are named 'fc.w'"), "{err}");
+    assert!(err.contains(&format!("{here}:{line}:")), "{err}");
+    assert!(err.contains(&format!("{here}:{}:", line + 1)), "{err}");
+}

@@ -31,25 +31,30 @@ pub struct AttentionConfig {
 /// g.finish().unwrap();
 /// assert_eq!(out.dims().unwrap(), vec![2, 5, 8]);
 /// ```
+#[track_caller]
 pub fn self_attention(g: &Graph, name: &str, x: &Tensor, cfg: AttentionConfig) -> Tensor {
-    let proj = |which: &str| {
+    // Each param made here (not in a closure), so that a duplicate name is reported at the
+    // caller's line.
+    let mut qkv = Vec::with_capacity(3);
+    for which in ["wq", "wk", "wv"] {
         let w = g.param_with(
             &format!("{name}.{which}"),
             ParamSpec::output(&[cfg.heads, cfg.head_dim]).init(Init::XavierUniform),
         );
-        w.matmul(x)
-    };
-    let (q, k, v) = (proj("wq"), proj("wk"), proj("wv"));
-    let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", &k);
+        qkv.push(w.matmul(x));
+    }
+    let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
+    let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", k);
     let scores = scores.scale(1.0 / (cfg.head_dim as f64).sqrt());
     let probs = scores.softmax("... s | t -> h => ... s | 0 -> h");
-    let ctx = probs.einsum(" ... s | t -> h; ... t | h e => ... s | h e", &v);
+    let ctx = probs.einsum(" ... s | t -> h; ... t | h e => ... s | h e", v);
     let wo = g.param_with(&format!("{name}.wo"), ParamSpec::default().init(Init::XavierUniform));
     wo.matmul(&ctx)
 }
 
 /// A pre-norm transformer block: `x + attention(ln(x))`, then `+ mlp(ln(·))` with a hidden width
 /// of `ff`.
+#[track_caller]
 pub fn transformer_block(
     g: &Graph,
     name: &str,

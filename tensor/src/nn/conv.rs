@@ -64,6 +64,7 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// A convolution layer.
+    #[track_caller]
     pub fn new(
         g: &Graph,
         name: &str,
@@ -111,6 +112,7 @@ impl Conv2d {
 /// assert_eq!(y.dims().unwrap(), vec![4, 6, 6, 6]);
 /// assert_eq!(z.dims().unwrap(), vec![4, 8, 8, 6]);
 /// ```
+#[track_caller]
 pub fn conv2d(
     g: &Graph,
     name: &str,

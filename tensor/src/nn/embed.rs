@@ -15,6 +15,7 @@ pub struct Embedding {
 
 impl Embedding {
     /// A table with normal(0, 1) entries.
+    #[track_caller]
     pub fn new(g: &Graph, name: &str, vocab: usize, dim: usize) -> Embedding {
         let table = g.param_with(
             &format!("{name}.table"),
@@ -41,6 +42,7 @@ impl Embedding {
 /// g.finish().unwrap();
 /// assert_eq!(e.dims().unwrap(), vec![3, 4]);
 /// ```
+#[track_caller]
 pub fn embedding(g: &Graph, name: &str, ids: &Tensor, vocab: usize, dim: usize) -> Tensor {
     Embedding::new(g, name, vocab, dim).apply(ids)
 }

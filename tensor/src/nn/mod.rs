@@ -59,6 +59,7 @@ pub struct Dense {
 
 impl Dense {
     /// A layer with `out` output features.
+    #[track_caller]
     pub fn new(g: &Graph, name: &str, out: usize) -> Dense {
         Dense {
             w: g.param_with(
@@ -73,6 +74,7 @@ impl Dense {
     }
 
     /// A layer whose output width is inferred from use (e.g. by a residual connection).
+    #[track_caller]
     pub fn inferred(g: &Graph, name: &str) -> Dense {
         Dense {
             w: g.param_with(&format!("{name}.w"), ParamSpec::default().init(Init::FanInUniform)),
@@ -99,11 +101,13 @@ impl Dense {
 /// g.finish().unwrap();
 /// assert_eq!(y.dims().unwrap(), vec![8, 3]);
 /// ```
+#[track_caller]
 pub fn dense(g: &Graph, name: &str, x: &Tensor, out: usize) -> Tensor {
     Dense::new(g, name, out).apply(x)
 }
 
 /// A dense layer with an inferred output width, applied once.
+#[track_caller]
 pub fn dense_inferred(g: &Graph, name: &str, x: &Tensor) -> Tensor {
     Dense::inferred(g, name).apply(x)
 }
@@ -120,12 +124,12 @@ pub struct Mlp {
 
 impl Mlp {
     /// Layers `name.0`, `name.1`, … of the given widths.
+    #[track_caller]
     pub fn new(g: &Graph, name: &str, widths: &[usize], act: Activation) -> Mlp {
-        let layers = widths
-            .iter()
-            .enumerate()
-            .map(|(i, w)| Dense::new(g, &format!("{name}.{i}"), *w))
-            .collect();
+        let mut layers = Vec::with_capacity(widths.len());
+        for (i, w) in widths.iter().enumerate() {
+            layers.push(Dense::new(g, &format!("{name}.{i}"), *w));
+        }
         Mlp { layers, act }
     }
 
@@ -152,6 +156,7 @@ impl Mlp {
 /// g.finish().unwrap();
 /// assert_eq!(y.dims().unwrap(), vec![32, 1]);
 /// ```
+#[track_caller]
 pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation) -> Tensor {
     Mlp::new(g, name, widths, act).apply(x)
 }

@@ -21,6 +21,7 @@ use super::OUTPUT_AXES;
 /// let v = s.read(&y).unwrap();
 /// assert!(v.iter().sum::<f64>().abs() < 1e-5 && (v[3] - 1.3416).abs() < 1e-3);
 /// ```
+#[track_caller]
 pub fn layer_norm(g: &Graph, name: &str, x: &Tensor, eps: f64) -> Tensor {
     let centered = x - &x.mean1(OUTPUT_AXES);
     let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
