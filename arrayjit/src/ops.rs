@@ -142,6 +142,8 @@ pub enum UnOp {
     Cos,
     /// Hyperbolic tangent.
     Tanh,
+    /// The error function `erf(x) = 2/√π ∫₀ˣ e^(-t²) dt` (exact GELU is `x·(1 + erf(x/√2))/2`).
+    Erf,
     /// `1 / (1 + e^-x)`.
     Sigmoid,
     /// Absolute value.
@@ -152,7 +154,7 @@ pub enum UnOp {
 
 impl UnOp {
     /// Every unary operation.
-    pub const ALL: [UnOp; 16] = [
+    pub const ALL: [UnOp; 17] = [
         UnOp::Identity,
         UnOp::Neg,
         UnOp::Relu,
@@ -166,6 +168,7 @@ impl UnOp {
         UnOp::Sin,
         UnOp::Cos,
         UnOp::Tanh,
+        UnOp::Erf,
         UnOp::Sigmoid,
         UnOp::Abs,
         UnOp::Not,
@@ -188,6 +191,7 @@ impl UnOp {
             UnOp::Sin => ("sin", Func("sin"), 10),
             UnOp::Cos => ("cos", Func("cos"), 10),
             UnOp::Tanh => ("tanh", Func("tanh"), 12),
+            UnOp::Erf => ("erf", Func("erf"), 12),
             UnOp::Sigmoid => ("sigmoid", Custom, 12),
             UnOp::Abs => ("abs", Func("fabs"), 1),
             UnOp::Not => ("not", Custom, 1),
@@ -245,6 +249,7 @@ impl UnOp {
             UnOp::Sin => x.sin(),
             UnOp::Cos => x.cos(),
             UnOp::Tanh => x.tanh(),
+            UnOp::Erf => x.erf(),
             UnOp::Sigmoid => T::ONE / (T::ONE + (-x).exp()),
             UnOp::Abs => x.abs(),
             UnOp::Not => T::of_bool(x == T::ZERO),
@@ -490,6 +495,7 @@ trait Real:
     fn sin(self) -> Self;
     fn cos(self) -> Self;
     fn tanh(self) -> Self;
+    fn erf(self) -> Self;
     fn abs(self) -> Self;
     fn powf(self, b: Self) -> Self;
     fn mul_add(self, b: Self, c: Self) -> Self;
@@ -528,6 +534,9 @@ macro_rules! real {
             fn tanh(self) -> Self {
                 <$t>::tanh(self)
             }
+            fn erf(self) -> Self {
+                Erf::c_erf(self)
+            }
             fn abs(self) -> Self {
                 <$t>::abs(self)
             }
@@ -546,6 +555,32 @@ macro_rules! real {
 
 real!(f32);
 real!(f64);
+
+// The error function of the C library, the one compiled code calls: Rust's own is not stable,
+// and computing exactly what the native backends compute is the interpreter's job.
+unsafe extern "C" {
+    #[link_name = "erff"]
+    safe fn c_erff(x: f32) -> f32;
+    #[link_name = "erf"]
+    safe fn c_erf(x: f64) -> f64;
+}
+
+/// The C library's error function in the type's precision.
+trait Erf {
+    fn c_erf(self) -> Self;
+}
+
+impl Erf for f32 {
+    fn c_erf(self) -> Self {
+        c_erff(self)
+    }
+}
+
+impl Erf for f64 {
+    fn c_erf(self) -> Self {
+        c_erf(self)
+    }
+}
 
 /// The counter-based generator behind `FetchOp::Uniform`: SplitMix64's finalizer applied to
 /// `seed + (offset + 1) · γ` (γ the golden-ratio constant), keeping the top 24 bits, so the

@@ -315,3 +315,94 @@ fn two_params_of_one_name_are_an_error_naming_both_call_sites() {
     assert!(err.contains(&format!("{here}:{line}:")), "{err}");
     assert!(err.contains(&format!("{here}:{}:", line + 1)), "{err}");
 }
+
+#[test]
+fn activations_match_independent_values_on_every_backend_and_precision() {
+    // From Python's `math` module (erf, tanh, exp), independently of this code.
+    let xs = [-3.0, -1.5, -0.5, 0.0, 0.25, 1.0, 2.5];
+    type F = fn(&rocannl_tensor::Tensor) -> rocannl_tensor::Tensor;
+    let cases: [(&str, F, [f64; 7]); 4] = [
+        (
+            "erf",
+            |x| x.erf(),
+            [
+                -0.9999779095030014,
+                -0.9661051464753108,
+                -0.5204998778130465,
+                0.0,
+                0.2763263901682369,
+                0.8427007929497149,
+                0.999593047982555,
+            ],
+        ),
+        (
+            "gelu",
+            |x| x.gelu(),
+            [
+                -0.00404969409489031,
+                -0.10021080190328713,
+                -0.15426876936299344,
+                0.0,
+                0.14967658142073093,
+                0.8413447460685429,
+                2.4844758366855597,
+            ],
+        ),
+        (
+            "gelu_tanh",
+            |x| x.gelu_tanh(),
+            [
+                -0.0036373920817729943,
+                -0.10042842301976707,
+                -0.15428599017485606,
+                0.0,
+                0.149675350701685,
+                0.8411919906082768,
+                2.484915733910001,
+            ],
+        ),
+        (
+            "silu",
+            |x| x.silu(),
+            [
+                -0.14227761953270035,
+                -0.2736382857095345,
+                -0.1887703343990727,
+                0.0,
+                0.14054412522144952,
+                0.7310585786300049,
+                2.3103545499468914,
+            ],
+        ),
+    ];
+    for backend in rocannl_tensor::BackendKind::available()
+        .into_iter()
+        .filter(|b| *b != rocannl_tensor::BackendKind::Cuda)
+    {
+        for prec in [rocannl_tensor::Prec::F32, rocannl_tensor::Prec::F64] {
+            // f32: a few ulps of the results (|y| < 3).
+            let tol = if prec == rocannl_tensor::Prec::F32 { 2e-6 } else { 1e-14 };
+            for (name, f, want) in &cases {
+                let g = Graph::with_seed(0);
+                let x = g.ndarray("x", &[], &[], &[7], &xs);
+                let y = f(&x);
+                let opts = rocannl_tensor::SessionOptions {
+                    backend,
+                    prec,
+                    ..rocannl_tensor::SessionOptions::default()
+                };
+                let mut s = Session::with_options(&g, opts).unwrap();
+                let r = s.forward(&[&y]).unwrap();
+                s.run(&r).unwrap();
+                let got = s.read(&y).unwrap();
+                for (k, (a, b)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "{name} {backend:?} {prec:?} at {}: {a} vs {b}",
+                        xs[k]
+                    );
+                }
+            }
+        }
+    }
+}

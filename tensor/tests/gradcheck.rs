@@ -9,7 +9,7 @@ use rocannl_tensor::{Init, ParamSpec, Tensor};
 #[test]
 fn unary_ops() {
     type F = fn(&Tensor) -> Tensor;
-    let cases: [(&str, F, f64, f64); 13] = [
+    let cases: [(&str, F, f64, f64); 17] = [
         ("relu", |x| x.relu(), 0.1, 2.0),
         ("relu_negative", |x| x.relu(), -2.0, -0.1),
         ("sat01", |x| x.sat01(), 0.1, 0.9),
@@ -23,6 +23,10 @@ fn unary_ops() {
         ("tanh", |x| x.tanh(), -2.0, 2.0),
         ("sigmoid", |x| x.sigmoid(), -2.0, 2.0),
         ("abs_neg", |x| (-x).abs(), -2.0, 2.0),
+        ("erf", |x| x.erf(), -2.0, 2.0),
+        ("gelu", |x| x.gelu(), -3.0, 3.0),
+        ("gelu_tanh", |x| x.gelu_tanh(), -3.0, 3.0),
+        ("silu", |x| x.silu(), -3.0, 3.0),
     ];
     for (name, f, lo, hi) in cases {
         check(name, |g| {

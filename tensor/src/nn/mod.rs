@@ -30,6 +30,12 @@ pub enum Activation {
     Tanh,
     /// `1/(1+e^-x)`.
     Sigmoid,
+    /// GELU, exact (with `erf`).
+    Gelu,
+    /// GELU, tanh approximation (GPT-2's).
+    GeluTanh,
+    /// SiLU: `x·sigmoid(x)`.
+    Silu,
     /// No activation.
     Identity,
 }
@@ -41,6 +47,9 @@ impl Activation {
             Activation::Relu => x.relu(),
             Activation::Tanh => x.tanh(),
             Activation::Sigmoid => x.sigmoid(),
+            Activation::Gelu => x.gelu(),
+            Activation::GeluTanh => x.gelu_tanh(),
+            Activation::Silu => x.silu(),
             Activation::Identity => x.clone(),
         }
     }

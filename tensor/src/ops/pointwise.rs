@@ -42,6 +42,10 @@ impl Unary {
             UnOp::Sin => un(UnOp::Cos, x(0)),
             UnOp::Cos => un(UnOp::Neg, un(UnOp::Sin, x(0))),
             UnOp::Tanh => bin(BinOp::Sub, c(1.0), mul(Y, Y)),
+            UnOp::Erf => mul(
+                c(std::f64::consts::FRAC_2_SQRT_PI),
+                un(UnOp::Exp, un(UnOp::Neg, mul(x(0), x(0)))),
+            ),
             UnOp::Sigmoid => mul(Y, bin(BinOp::Sub, c(1.0), Y)),
             UnOp::Abs => {
                 bin(BinOp::Sub, bin(BinOp::Lt, c(0.0), x(0)), bin(BinOp::Lt, x(0), c(0.0)))
@@ -268,6 +272,39 @@ impl Tensor {
     /// `1/(1+e^-x)`.
     pub fn sigmoid(&self) -> Tensor {
         self.unary(UnOp::Sigmoid)
+    }
+    /// The error function.
+    pub fn erf(&self) -> Tensor {
+        self.unary(UnOp::Erf)
+    }
+    /// GELU, exact: `x·(1 + erf(x/√2))/2` (PyTorch's `gelu`).
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let x = g.ndarray("x", &[], &[], &[3], &[-1.0, 0.0, 1.0]);
+    /// let y = x.gelu();
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// s.run(&r).unwrap();
+    /// let v = s.read(&y).unwrap();
+    /// assert!((v[2] - 0.841_344_7).abs() < 1e-6 && (v[0] + 0.158_655_3).abs() < 1e-6);
+    /// ```
+    pub fn gelu(&self) -> Tensor {
+        let half_x = self.scale(0.5);
+        let cdf = &self.scale(std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0;
+        half_x.pointmul(&cdf)
+    }
+    /// GELU, tanh approximation: `x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))/2` (PyTorch's
+    /// `gelu(approximate="tanh")`, GPT-2's).
+    pub fn gelu_tanh(&self) -> Tensor {
+        let cube = self.pointmul(self).pointmul(self);
+        let inner = (self + &cube.scale(0.044715)).scale((2.0 / std::f64::consts::PI).sqrt());
+        self.scale(0.5).pointmul(&(&inner.tanh() + 1.0))
+    }
+    /// SiLU (swish): `x·sigmoid(x)`.
+    pub fn silu(&self) -> Tensor {
+        self.pointmul(&self.sigmoid())
     }
     /// Absolute value.
     pub fn abs(&self) -> Tensor {

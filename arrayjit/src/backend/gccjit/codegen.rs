@@ -742,6 +742,7 @@ impl<'c> Gen<'c> {
             UnOp::Sin => self.builtin("sin", ty, &[a]),
             UnOp::Cos => self.builtin("cos", ty, &[a]),
             UnOp::Tanh => self.builtin("tanh", ty, &[a]),
+            UnOp::Erf => self.builtin("erf", ty, &[a]),
             UnOp::Abs => self.builtin("fabs", ty, &[a]),
             UnOp::Recip => self.ctx.new_binary_op(None, BinaryOp::Divide, ty, one, a),
             UnOp::Sigmoid => {
