@@ -66,7 +66,7 @@ fn run(
         Model::Mlp(Mlp::new(&g, "mlp", &[64, 10], Activation::Relu))
     };
     let logits = model.apply(&g, loader.batch(0));
-    let loss = loss::cross_entropy(&logits, loader.batch(1)).mean_all().named("loss");
+    let loss = loss::cross_entropy(&logits, loader.batch(1)).named("loss");
     let test_images = g.data("test_images", &[test_set.len()], &[], &example);
     let test_logits = model.apply(&g, &test_images).named("test_logits");
 

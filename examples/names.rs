@@ -120,7 +120,7 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
         }
     };
     let logits = logits_of(loader.batch(0));
-    let loss = loss::cross_entropy(&logits, loader.batch(1)).mean_all().named("loss");
+    let loss = loss::cross_entropy(&logits, loader.batch(1)).named("loss");
     let sample_ctx = g.data("sample_context", &[], &[], &[context, 1]);
     let sample_logits = logits_of(&sample_ctx).named("sample_logits");
 

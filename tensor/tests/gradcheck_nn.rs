@@ -39,6 +39,50 @@ fn softmax_and_losses() {
         let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
         (vec![p.clone()], loss::hinge(&p, &y))
     });
+    for reduction in [loss::Reduction::Sum, loss::Reduction::None] {
+        check(&format!("cross_entropy_{reduction:?}"), |g| {
+            let logits = g.param_with(
+                "logits",
+                ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
+            );
+            let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
+            (vec![logits.clone()], loss::cross_entropy_with(&logits, &targets, reduction))
+        });
+        check(&format!("mse_{reduction:?}"), |g| {
+            let p = param(g, "p", &[], &[4], -1.0, 1.0);
+            let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);
+            (vec![p.clone()], loss::mse_with(&p, &t, reduction))
+        });
+        check(&format!("hinge_{reduction:?}"), |g| {
+            let p = param(g, "p", &[], &[4], -0.8, 0.8);
+            let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
+            (vec![p.clone()], loss::hinge_with(&p, &y, reduction))
+        });
+    }
+}
+
+#[test]
+fn loss_reductions_are_the_mean_sum_or_values_per_position() {
+    use rocannl_tensor::Session;
+    let g = rocannl_tensor::Graph::with_seed(0);
+    // Two examples of three classes; the per-example losses by hand.
+    let logits = g.ndarray("logits", &[2], &[], &[3], &[1.0, 2.0, 3.0, 0.5, 0.5, -1.0]);
+    let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    let lse = |v: [f64; 3]| v.iter().map(|x| x.exp()).sum::<f64>().ln();
+    let per = [lse([1.0, 2.0, 3.0]) - 3.0, lse([0.5, 0.5, -1.0]) - 0.5];
+    let mean = loss::cross_entropy(&logits, &targets);
+    let sum = loss::cross_entropy_with(&logits, &targets, loss::Reduction::Sum);
+    let none = loss::cross_entropy_with(&logits, &targets, loss::Reduction::None);
+    let mut s = Session::with_options(&g, common::opts()).unwrap();
+    let r = s.forward(&[&mean, &sum, &none]).unwrap();
+    s.run(&r).unwrap();
+    let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    close(s.read(&mean).unwrap()[0], (per[0] + per[1]) / 2.0);
+    close(s.read(&sum).unwrap()[0], per[0] + per[1]);
+    let v = s.read(&none).unwrap();
+    assert_eq!(v.len(), 2);
+    close(v[0], per[0]);
+    close(v[1], per[1]);
 }
 
 #[test]

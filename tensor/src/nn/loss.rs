@@ -30,31 +30,75 @@ impl Tensor {
     }
 }
 
+/// How a loss combines its per-position values into what is returned.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Reduction {
+    /// The mean over every position (every example, every cell): the default, so that
+    /// gradients do not grow with the batch or the sequence length.
+    #[default]
+    Mean,
+    /// The sum over every position.
+    Sum,
+    /// No reduction: one value per position.
+    None,
+}
+
+impl Reduction {
+    /// Applies the reduction to per-position values.
+    pub fn apply(self, per_position: Tensor) -> Tensor {
+        match self {
+            Reduction::Mean => per_position.mean_all(),
+            Reduction::Sum => per_position.sum_all(),
+            Reduction::None => per_position,
+        }
+    }
+}
+
 /// Cross-entropy of `logits` against `targets` (one-hot or probabilities over the output axes),
-/// per example: `-Σ targets · log_softmax(logits)`, with one output position left.
+/// `-Σ targets · log_softmax(logits)` per position, averaged over every position (example and
+/// sequence position alike); [`cross_entropy_with`] chooses the reduction.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, Session, nn};
 /// let g = Graph::new();
-/// let logits = g.ndarray("logits", &[1], &[], &[2], &[0.0, 0.0]);
-/// let target = g.ndarray("t", &[1], &[], &[2], &[1.0, 0.0]);
+/// let logits = g.ndarray("logits", &[2], &[], &[2], &[0.0, 0.0, 0.0, 1e9]);
+/// let target = g.ndarray("t", &[2], &[], &[2], &[1.0, 0.0, 0.0, 1.0]);
 /// let loss = nn::loss::cross_entropy(&logits, &target);
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&loss]).unwrap();
 /// s.run(&r).unwrap();
-/// assert!((s.read(&loss).unwrap()[0] - 2f64.ln()).abs() < 1e-6);
+/// // ln 2 for the first example, 0 for the second: their mean.
+/// assert!((s.read(&loss).unwrap()[0] - 2f64.ln() / 2.0).abs() < 1e-6);
 /// ```
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
-    -(targets.pointmul(&logits.log_softmax(OUTPUT_AXES))).einsum1(OUTPUT_AXES)
+    cross_entropy_with(logits, targets, Reduction::Mean)
 }
 
-/// Mean squared error over all cells.
+/// Cross-entropy with a chosen reduction; with [`Reduction::None`], one output position is left
+/// per example.
+pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Tensor {
+    let per = -(targets.pointmul(&logits.log_softmax(OUTPUT_AXES))).einsum1(OUTPUT_AXES);
+    reduction.apply(per)
+}
+
+/// Mean squared error over all cells; [`mse_with`] chooses the reduction.
 pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
-    let d = pred - target;
-    d.pointmul(&d).mean_all()
+    mse_with(pred, target, Reduction::Mean)
 }
 
-/// Hinge loss `mean(max(0, 1 - y·f))` for labels `y = ±1`.
+/// Squared error with a chosen reduction.
+pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
+    let d = pred - target;
+    reduction.apply(d.pointmul(&d))
+}
+
+/// Hinge loss `mean(max(0, 1 - y·f))` for labels `y = ±1`; [`hinge_with`] chooses the
+/// reduction.
 pub fn hinge(scores: &Tensor, labels: &Tensor) -> Tensor {
-    (1.0 - &labels.pointmul(scores)).relu().mean_all()
+    hinge_with(scores, labels, Reduction::Mean)
+}
+
+/// Hinge loss with a chosen reduction.
+pub fn hinge_with(scores: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
+    reduction.apply((1.0 - &labels.pointmul(scores)).relu())
 }
