@@ -26,7 +26,7 @@ pub mod train;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Tensor, TensorId};
 pub use init::Init;
-pub use optim::{Optimizer, TrainStep};
+pub use optim::{Optimizer, StepOptions, TrainStep};
 pub use rocannl_arrayjit::{BackendKind, Prec};
 pub use rocannl_shape::RowDecl;
 pub use session::{Plan, Session, SessionOptions};

@@ -114,12 +114,23 @@ impl Optimizer {
     }
 }
 
+/// Settings of a training step besides the optimizer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOptions {
+    /// Clip the gradients by their global norm: every gradient is multiplied by
+    /// `min(1, max / (‖g‖ + 1e-6))`, `‖g‖` the 2-norm of all parameters' gradients together,
+    /// before the optimizer uses them (PyTorch's `clip_grad_norm_`). `None`: no clipping.
+    pub clip_grad_norm: Option<f64>,
+}
+
 /// A compiled training step.
 #[derive(Debug)]
 pub struct TrainStep {
     routine: Routine,
     optimizer: Optimizer,
     scalars: [NodeId; 3],
+    /// The squared global gradient norm of the last step, when clipping.
+    grad_norm_sq: Option<NodeId>,
     steps: u64,
     /// The loss tensor.
     pub loss: Tensor,
@@ -134,6 +145,20 @@ impl TrainStep {
     /// The compiled routine (for inspecting its code).
     pub fn routine(&self) -> &Routine {
         &self.routine
+    }
+}
+
+/// A projection reducing every cell of `dims` into a scalar (`lhs` has no axes).
+fn reduce_all(dims: &[usize], symbols: &mut rocannl_arrayjit::indexing::SymbolGen) -> Projections {
+    let iters: Vec<Symbol> = dims.iter().map(|_| symbols.fresh()).collect();
+    Projections {
+        product_space: dims.to_vec(),
+        product_iterators: iters.clone(),
+        lhs_dims: vec![],
+        rhs_dims: vec![dims.to_vec()],
+        project_lhs: vec![],
+        project_rhs: vec![iters.iter().map(|s| AxisIndex::Iterator(*s)).collect()],
+        debug_info: "gradient norm".into(),
     }
 }
 
@@ -292,6 +317,39 @@ impl Session {
         opt: &Optimizer,
         outputs: &[&Tensor],
     ) -> Result<TrainStep> {
+        self.train_step_with(loss, opt, outputs, &StepOptions::default())
+    }
+
+    /// [`Session::train_step`] with more settings: gradient clipping by global norm.
+    ///
+    /// ```
+    /// use rocannl_tensor::optim::{Optimizer, StepOptions};
+    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
+    /// let g = Graph::new();
+    /// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+    /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
+    /// let mut s = Session::new(&g).unwrap();
+    /// let clip = StepOptions { clip_grad_norm: Some(1.0) };
+    /// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+    /// s.step(&mut step, 1.0, &[]).unwrap();
+    /// assert!((s.grad_norm(&step).unwrap().unwrap() - 5.0).abs() < 1e-5);
+    /// let w1 = s.read(&w).unwrap(); // moved by a gradient of norm 1: w - w/5
+    /// assert!((w1[0] - 2.4).abs() < 1e-5 && (w1[1] - 3.2).abs() < 1e-5);
+    /// ```
+    pub fn train_step_with(
+        &mut self,
+        loss: &Tensor,
+        opt: &Optimizer,
+        outputs: &[&Tensor],
+        options: &StepOptions,
+    ) -> Result<TrainStep> {
+        if let Some(max) = options.clip_grad_norm
+            && !(max > 0.0 && max.is_finite())
+        {
+            return Err(Error::usage(format!(
+                "clip_grad_norm must be a positive number, not {max}"
+            )));
+        }
         let params = self.graph().params();
         if params.is_empty() {
             return Err(Error::usage("the graph has no parameters to train"));
@@ -305,14 +363,74 @@ impl Session {
             self.extra_node("adam_c1", &[], true),
             self.extra_node("adam_c2", &[], true),
         ];
-        for p in &params {
-            if p.info().differentiable {
-                code.extend(self.update_code(opt, p, scalars)?);
-            }
+        let trained: Vec<&Tensor> = params.iter().filter(|p| p.info().differentiable).collect();
+        let grad_norm_sq = match options.clip_grad_norm {
+            Some(max) => Some(self.clip_code(&trained, max, &mut code)?),
+            None => None,
+        };
+        for p in trained {
+            code.extend(self.update_code(opt, p, scalars)?);
         }
         let visible = self.visible_nodes(&plan);
         let routine = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
-        Ok(TrainStep { routine, optimizer: opt.clone(), scalars, steps: 0, loss: loss.clone() })
+        Ok(TrainStep {
+            routine,
+            optimizer: opt.clone(),
+            scalars,
+            grad_norm_sq,
+            steps: 0,
+            loss: loss.clone(),
+        })
+    }
+
+    /// Clipping by global norm: `n2 = Σ_p Σ g_p²`, `c = min(1, max / (√n2 + 1e-6))`, every
+    /// `g_p *= c`. Returns the node of `n2` (persistent, so the norm can be read).
+    fn clip_code(&mut self, params: &[&Tensor], max: f64, code: &mut Vec<Asgn>) -> Result<NodeId> {
+        let n2 = self.extra_node("grad_norm_sq", &[], true);
+        let c = self.extra_node("grad_clip", &[], false);
+        code.push(Asgn::Comment(format!("clip gradients to global norm {max}")));
+        code.push(Asgn::Fetch {
+            lhs: n2,
+            fetch: rocannl_arrayjit::assignments::FetchOp::Constant(0.0),
+        });
+        for p in params {
+            let dims = p.dims()?;
+            let g = self.grad_node(p);
+            code.push(Asgn::Accum {
+                lhs: n2,
+                accum: Some(BinOp::Add),
+                rhs: vec![g],
+                expr: b(BinOp::Mul, a(0), a(0)),
+                projections: Arc::new(reduce_all(&dims, &mut self.symbols)),
+                initialize_neutral: false,
+            });
+        }
+        let coef = b(
+            BinOp::Min,
+            k(1.0),
+            b(BinOp::Div, k(max), b(BinOp::Add, ScalarExpr::un(UnOp::Sqrt, a(0)), k(1e-6))),
+        );
+        code.push(self.update(c, vec![(n2, true)], coef, &[]));
+        for p in params {
+            let dims = p.dims()?;
+            let g = self.grad_node(p);
+            code.push(self.update(
+                g,
+                vec![(g, false), (c, true)],
+                b(BinOp::Mul, a(0), a(1)),
+                &dims,
+            ));
+        }
+        Ok(n2)
+    }
+
+    /// The global gradient norm of the last step, before clipping, when the step clips
+    /// ([`StepOptions::clip_grad_norm`]); `None` otherwise.
+    pub fn grad_norm(&self, ts: &TrainStep) -> Result<Option<f64>> {
+        match ts.grad_norm_sq {
+            Some(n) => Ok(Some(self.read_extra(n)?[0].sqrt())),
+            None => Ok(None),
+        }
     }
 
     /// Runs one training step with learning rate `lr` and runtime symbols bound.

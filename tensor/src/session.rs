@@ -562,6 +562,10 @@ impl Session {
         self.write_node(n, &node.dims, values)
     }
 
+    pub(crate) fn read_extra(&self, n: NodeId) -> Result<Vec<f64>> {
+        Ok(self.ctx.read(n)?.to_f64_vec())
+    }
+
     pub(crate) fn grad_node(&mut self, t: &Tensor) -> NodeId {
         self.grad_of(t.id)
     }

@@ -164,6 +164,26 @@ pub enum LrSchedule {
         /// At the last step.
         min: f64,
     },
+    /// Linear warmup over the first `warmup` steps (step `s` < `warmup`, 0-based, gets
+    /// `max·(s+1)/warmup`), then cosine decay from `max` at step `warmup` to `min` at the last
+    /// step.
+    ///
+    /// ```
+    /// use rocannl_tensor::train::LrSchedule;
+    /// let s = LrSchedule::WarmupCosine { warmup: 100, max: 3e-3, min: 3e-4 };
+    /// assert!((s.at(0, 2000) - 3e-5).abs() < 1e-15);
+    /// assert!((s.at(99, 2000) - 3e-3).abs() < 1e-15);
+    /// assert!((s.at(100, 2000) - 3e-3).abs() < 1e-15);
+    /// assert!((s.at(1999, 2000) - 3e-4).abs() < 1e-15);
+    /// ```
+    WarmupCosine {
+        /// Steps of linear warmup.
+        warmup: usize,
+        /// The peak, at the end of the warmup.
+        max: f64,
+        /// At the last step.
+        min: f64,
+    },
 }
 
 impl LrSchedule {
@@ -174,6 +194,15 @@ impl LrSchedule {
             LrSchedule::Constant(lr) => lr,
             LrSchedule::Linear { start, end } => start + (end - start) * t,
             LrSchedule::Cosine { max, min } => {
+                min + 0.5 * (max - min) * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+            LrSchedule::WarmupCosine { warmup, max, min } => {
+                if step < warmup {
+                    return max * (step + 1) as f64 / warmup as f64;
+                }
+                let span = total.saturating_sub(1).saturating_sub(warmup);
+                let t =
+                    if span == 0 { 0.0 } else { ((step - warmup) as f64 / span as f64).min(1.0) };
                 min + 0.5 * (max - min) * (1.0 + (std::f64::consts::PI * t).cos())
             }
         }

@@ -406,3 +406,51 @@ fn activations_match_independent_values_on_every_backend_and_precision() {
         }
     }
 }
+
+#[test]
+fn gradients_are_clipped_by_their_global_norm_across_parameters() {
+    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, StepOptions};
+    for backend in rocannl_tensor::BackendKind::available()
+        .into_iter()
+        .filter(|b| *b != rocannl_tensor::BackendKind::Cuda)
+    {
+        // The gradient of ½(Σw1² + Σw2²) is the params themselves: a global norm of
+        // √(3² + 4² + 12²) = 13.
+        for (max, coef) in [(1.3, 1.3 / (13.0 + 1e-6)), (100.0, 1.0)] {
+            let g = Graph::with_seed(0);
+            let w1 = g.param_with("w1", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+            let w2 = g.param_with("w2", ParamSpec::output(&[1]).init(Init::Values(vec![12.0])));
+            let loss = (&w1.pointmul(&w1).sum_all() + &w2.pointmul(&w2).sum_all()).scale(0.5);
+            let opts = SessionOptions {
+                backend,
+                prec: rocannl_tensor::Prec::F64,
+                ..SessionOptions::default()
+            };
+            let mut s = Session::with_options(&g, opts).unwrap();
+            let clip = StepOptions { clip_grad_norm: Some(max) };
+            let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+            s.step(&mut step, 0.5, &[]).unwrap();
+            let norm = s.grad_norm(&step).unwrap().unwrap();
+            assert!((norm - 13.0).abs() < 1e-12, "{backend:?}: {norm}");
+            let want = |w: f64| w - 0.5 * coef * w;
+            let (a, b) = (s.read(&w1).unwrap(), s.read(&w2).unwrap());
+            for (got, w) in a.iter().chain(&b).zip([3.0, 4.0, 12.0]) {
+                assert!(
+                    (got - want(w)).abs() < 1e-12,
+                    "{backend:?} max {max}: {got} vs {}",
+                    want(w)
+                );
+            }
+        }
+    }
+    // A step without clipping reports no norm; a bad bound is a usage error.
+    let g = Graph::with_seed(0);
+    let w = g.param_with("w", ParamSpec::output(&[1]).init(Init::Constant(1.0)));
+    let loss = w.pointmul(&w);
+    let mut s = Session::new(&g).unwrap();
+    let step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
+    assert_eq!(s.grad_norm(&step).unwrap(), None);
+    let bad = StepOptions { clip_grad_norm: Some(0.0) };
+    let err = s.train_step_with(&loss, &Optimizer::sgd(), &[], &bad).unwrap_err();
+    assert!(err.to_string().contains("clip_grad_norm"), "{err}");
+}
