@@ -179,6 +179,7 @@ impl Builder {
                     input: decl(&rows.input, RowDecl::Inferred),
                     output: decl(&rows.output, RowDecl::Inferred),
                     init: init_of(init),
+                    weight_decay: true,
                 };
                 let t = g.param_with(name, spec);
                 self.param_index.insert(name.clone(), self.params.len());

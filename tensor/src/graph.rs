@@ -81,6 +81,8 @@ pub(crate) struct GraphInner {
     /// Where each param was created (the user's call site): a second param of one name is an
     /// error naming both places.
     pub param_sites: FxHashMap<String, &'static std::panic::Location<'static>>,
+    /// Params exempt from weight decay ([`ParamSpec::no_decay`]).
+    pub no_decay: rustc_hash::FxHashSet<TensorId>,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -144,6 +146,7 @@ impl Graph {
                 step_symbol: None,
                 specs: FxHashMap::default(),
                 param_sites: FxHashMap::default(),
+                no_decay: Default::default(),
             })),
         }
     }
@@ -367,7 +370,11 @@ impl Graph {
             )));
         }
         let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
-        self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows)
+        let t = self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows);
+        if !spec.weight_decay {
+            self.borrow_mut().no_decay.insert(t.id);
+        }
+        t
     }
 
     /// Adds an operation; a shape error is recorded for [`Graph::finish`].
@@ -443,6 +450,11 @@ impl Graph {
         self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect()
     }
 
+    /// Whether the optimizer's weight decay applies to a param ([`ParamSpec::no_decay`]).
+    pub fn decays(&self, param: &Tensor) -> bool {
+        !self.borrow().no_decay.contains(&param.id)
+    }
+
     /// All parameters, in creation order.
     pub fn params(&self) -> Vec<Tensor> {
         let ids: Vec<TensorId> = self
@@ -468,6 +480,9 @@ pub struct ParamSpec {
     pub output: RowDecl,
     /// Initialization.
     pub init: Init,
+    /// Whether the optimizer's weight decay applies (default: yes). The blocks of [`crate::nn`]
+    /// turn it off for biases, norm gains and embedding tables, as is usual for AdamW.
+    pub weight_decay: bool,
 }
 
 impl Default for ParamSpec {
@@ -477,6 +492,7 @@ impl Default for ParamSpec {
             input: RowDecl::Inferred,
             output: RowDecl::Inferred,
             init: Init::default(),
+            weight_decay: true,
         }
     }
 }
@@ -510,6 +526,12 @@ impl ParamSpec {
             output: RowDecl::Given(output.to_vec()),
             ..ParamSpec::default()
         }
+    }
+
+    /// Exempts the param from the optimizer's weight decay (biases, norm gains, embeddings).
+    pub fn no_decay(mut self) -> ParamSpec {
+        self.weight_decay = false;
+        self
     }
 
     /// Sets the input row.

@@ -454,3 +454,61 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     let err = s.train_step_with(&loss, &Optimizer::sgd(), &[], &bad).unwrap_err();
     assert!(err.to_string().contains("clip_grad_norm"), "{err}");
 }
+
+#[test]
+fn weight_decay_skips_biases_norm_gains_and_embeddings() {
+    use rocannl_tensor::{Init, Optimizer, ParamSpec};
+    // A dense layer's weight decays, its bias does not; a param can opt out by hand.
+    let run = |opt: Optimizer| {
+        let g = Graph::with_seed(0);
+        let x = g.ndarray("x", &[2], &[], &[3], &[0.1, 0.2, 0.3, -0.1, 0.4, 0.2]);
+        let layer = rocannl_tensor::nn::Dense::new(&g, "fc", 2);
+        let free = g.param_with(
+            "free",
+            ParamSpec::vector(&[2]).init(Init::Values(vec![1.0, -2.0])).no_decay(),
+        );
+        let loss = (&layer.apply(&x) + &free).sum_all();
+        let mut s = Session::with_options(&g, common_opts()).unwrap();
+        let mut step = s.train_step(&loss, &opt, &[]).unwrap();
+        s.step(&mut step, 0.1, &[]).unwrap();
+        let r = |t: &rocannl_tensor::Tensor| s.read(t).unwrap();
+        (r(&layer.w), r(&layer.b), r(&free))
+    };
+    for (with, without) in [
+        (Optimizer::sgd().with_weight_decay(0.5), Optimizer::sgd()),
+        (Optimizer::adamw(0.5), Optimizer::adamw(0.0)),
+    ] {
+        let (w1, b1, f1) = run(with.clone());
+        let (w0, b0, f0) = run(without);
+        assert_eq!(b1, b0, "{with:?}: the bias decayed");
+        assert_eq!(f1, f0, "{with:?}: a no_decay param decayed");
+        assert!(w1.iter().zip(&w0).all(|(a, b)| a != b), "{with:?}: the weight did not decay");
+    }
+    // The blocks' biases, gains and tables are exempt; their weights are not.
+    let g = Graph::with_seed(0);
+    let x = g.data("x", &[2], &[], &[3]);
+    let h = rocannl_tensor::nn::norm::layer_norm(
+        &g,
+        "ln",
+        &rocannl_tensor::nn::dense(&g, "fc", &x, 4),
+        1e-5,
+    );
+    let _ = rocannl_tensor::nn::embed::Embedding::new(&g, "emb", 5, 4);
+    let _ = h;
+    for p in g.params() {
+        let exempt = matches!(p.label().as_str(), "fc.b" | "ln.gain" | "ln.bias" | "emb.table");
+        assert_eq!(g.decays(&p), !exempt, "{}", p.label());
+    }
+    // SGD's L2 penalty, by hand: the bias' gradient is 2 (two examples), its step 0.1·2.
+    let (_, b, f) = run(Optimizer::sgd().with_weight_decay(0.5));
+    assert!(b.iter().all(|v| (v + 0.2).abs() < 1e-12), "{b:?}");
+    assert!((f[0] - 0.8).abs() < 1e-12 && (f[1] + 2.2).abs() < 1e-12, "{f:?}");
+}
+
+fn common_opts() -> rocannl_tensor::SessionOptions {
+    rocannl_tensor::SessionOptions {
+        backend: rocannl_tensor::BackendKind::Interp,
+        prec: rocannl_tensor::Prec::F64,
+        ..rocannl_tensor::SessionOptions::default()
+    }
+}

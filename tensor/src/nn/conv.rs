@@ -84,7 +84,7 @@ impl Conv2d {
         );
         let b = g.param_with(
             &format!("{name}.b"),
-            ParamSpec::vector(&[out_channels]).init(Init::Constant(0.0)),
+            ParamSpec::vector(&[out_channels]).init(Init::Constant(0.0)).no_decay(),
         );
         Conv2d { kernel: k, bias: b, window: kernel, stride, padding }
     }

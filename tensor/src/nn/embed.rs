@@ -19,7 +19,9 @@ impl Embedding {
     pub fn new(g: &Graph, name: &str, vocab: usize, dim: usize) -> Embedding {
         let table = g.param_with(
             &format!("{name}.table"),
-            ParamSpec::matrix(&[vocab], &[dim]).init(Init::Normal { mean: 0.0, std: 1.0 }),
+            ParamSpec::matrix(&[vocab], &[dim])
+                .init(Init::Normal { mean: 0.0, std: 1.0 })
+                .no_decay(),
         );
         Embedding { table, vocab }
     }

@@ -77,7 +77,7 @@ impl Dense {
             ),
             b: g.param_with(
                 &format!("{name}.b"),
-                ParamSpec::vector(&[out]).init(Init::Constant(0.0)),
+                ParamSpec::vector(&[out]).init(Init::Constant(0.0)).no_decay(),
             ),
         }
     }
@@ -89,7 +89,7 @@ impl Dense {
             w: g.param_with(&format!("{name}.w"), ParamSpec::default().init(Init::FanInUniform)),
             b: g.param_with(
                 &format!("{name}.b"),
-                ParamSpec::default().with_input(&[]).init(Init::Constant(0.0)),
+                ParamSpec::default().with_input(&[]).init(Init::Constant(0.0)).no_decay(),
             ),
         }
     }

@@ -27,7 +27,7 @@ pub fn layer_norm(g: &Graph, name: &str, x: &Tensor, eps: f64) -> Tensor {
     let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
     let normed = &centered / &(&var + eps).sqrt();
     // One gain and one bias per normalized (output) position; no input axes.
-    let vector = || ParamSpec::default().with_input(&[]);
+    let vector = || ParamSpec::default().with_input(&[]).no_decay();
     let gain = g.param_with(&format!("{name}.gain"), vector().init(Init::Constant(1.0)));
     let bias = g.param_with(&format!("{name}.bias"), vector().init(Init::Constant(0.0)));
     &normed.pointmul(&gain) + &bias
