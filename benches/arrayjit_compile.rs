@@ -132,13 +132,7 @@ fn transformer_step() -> (rocannl::tensor::Session, rocannl::tensor::Tensor) {
     let g = Graph::with_seed(0);
     let mut x = g.data("tokens", &[32, 16], &[], &[64]);
     for l in 0..2 {
-        x = transformer_block(
-            &g,
-            &format!("layer{l}"),
-            &x,
-            AttentionConfig { heads: 4, head_dim: 16 },
-            256,
-        );
+        x = transformer_block(&g, &format!("layer{l}"), &x, AttentionConfig::new(4, 16), 256);
     }
     let y = g.data("targets", &[32, 16], &[], &[64]);
     let l = loss::mse(&x, &y);

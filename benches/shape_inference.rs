@@ -48,13 +48,7 @@ pub fn resnet50(g: &Graph) -> Tensor {
 pub fn transformer(g: &Graph) -> Tensor {
     let mut x = g.data("tokens", &[4, 32], &[], &[64]);
     for l in 0..12 {
-        x = transformer_block(
-            g,
-            &format!("layer{l}"),
-            &x,
-            AttentionConfig { heads: 4, head_dim: 16 },
-            256,
-        );
+        x = transformer_block(g, &format!("layer{l}"), &x, AttentionConfig::new(4, 16), 256);
     }
     x
 }

@@ -331,6 +331,38 @@ impl Graph {
         )
     }
 
+    /// The positions `0, 1, …, n-1` along one axis — the last of the batch, input or output row
+    /// as `row` says (`'b'`, `'i'` or `'o'`), the other rows empty — whose size `n` is inferred
+    /// from use, like a parameter's. Combined with a tensor by broadcasting (rows align at their
+    /// last axes), it numbers that tensor's positions along the axis: a causal mask is
+    /// `keys.lt(&queries).not()` for the positions of the query and key axes.
+    ///
+    /// ```
+    /// use rocannl_tensor::Graph;
+    /// let g = Graph::new();
+    /// let x = g.data("x", &[5], &[], &[3]);
+    /// let pos = g.positions('b');
+    /// let _y = &x + &pos;
+    /// g.finish().unwrap();
+    /// assert_eq!(pos.dims().unwrap(), vec![5]);
+    /// ```
+    pub fn positions(&self, row: char) -> Tensor {
+        let one = || RowDecl::Partial(vec![None]);
+        let none = || RowDecl::Given(vec![]);
+        let decl = match row {
+            'b' => ShapeDecl { batch: one(), input: none(), output: none() },
+            'i' => ShapeDecl { batch: none(), input: one(), output: none() },
+            'o' => ShapeDecl { batch: none(), input: none(), output: one() },
+            other => {
+                self.record(Error::usage(format!(
+                    "positions('{other}'): the row is 'b' (batch), 'i' (input) or 'o' (output)"
+                )));
+                ShapeDecl { batch: none(), input: none(), output: one() }
+            }
+        };
+        self.add_leaf("positions", decl, Leaf::Iota, TerminalData::Rows)
+    }
+
     /// Each cell holds its row-major offset.
     pub fn range_of_shape(&self, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
         self.add_leaf(

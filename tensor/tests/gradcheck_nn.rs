@@ -104,7 +104,7 @@ fn layer_norm_and_embedding() {
 
 #[test]
 fn attention_and_transformer() {
-    let cfg = attention::AttentionConfig { heads: 2, head_dim: 2 };
+    let cfg = attention::AttentionConfig::new(2, 2);
     check("self_attention", |g| {
         let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
         let y = &x + &attention::self_attention(g, "att", &x, cfg);
@@ -114,6 +114,48 @@ fn attention_and_transformer() {
         let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
         (g.params(), attention::transformer_block(g, "blk", &x, cfg, 6))
     });
+    check("transformer_block_gelu_causal", |g| {
+        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let act = rocannl_tensor::nn::Activation::GeluTanh;
+        (g.params(), attention::transformer_block_with(g, "blk", &x, cfg.causal(), 6, act))
+    });
+    // Causal: with the inputs as params too, so that the gradient to later positions' inputs
+    // (zero from earlier outputs) is checked.
+    check("causal_self_attention", |g| {
+        let x = g.param_with(
+            "x",
+            ParamSpec::output(&[4]).with_batch(&[2, 3]).init(Init::Values(spread(24, -1.0, 1.0))),
+        );
+        let y = &x + &attention::self_attention(g, "att", &x, cfg.causal());
+        (g.params(), y)
+    });
+}
+
+#[test]
+fn causal_attention_looks_only_backwards() {
+    use rocannl_tensor::{Graph, Session};
+    // Changing the inputs at positions after s changes no output at s or before.
+    let outputs = |tail: f64| {
+        let g = Graph::with_seed(3);
+        let mut v = spread(16, -1.0, 1.0);
+        v[8..].iter_mut().for_each(|x| *x += tail); // positions 2 and 3
+        let x = g.ndarray("x", &[4], &[], &[4], &v);
+        // The residual fixes the output projection's width (4).
+        let y = &x
+            + &attention::self_attention(
+                &g,
+                "att",
+                &x,
+                attention::AttentionConfig::new(2, 2).causal(),
+            );
+        let mut s = Session::with_options(&g, common::opts()).unwrap();
+        let r = s.forward(&[&y]).unwrap();
+        s.run(&r).unwrap();
+        s.read(&y).unwrap()
+    };
+    let (a, b) = (outputs(0.0), outputs(0.7));
+    assert_eq!(a[..8], b[..8], "positions 0 and 1 saw the future");
+    assert!(a[8..].iter().zip(&b[8..]).all(|(x, y)| x != y));
 }
 
 #[test]
