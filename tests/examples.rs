@@ -75,3 +75,25 @@ fn einsum_tour_runs() {
     assert!(stdout.contains("rest was inferred as |->3"), "{stdout}");
     assert!(stdout.contains("values [1, 2, 3, 4]"), "{stdout}");
 }
+
+#[test]
+fn char_gpt_learns_and_reports_json() {
+    let dir = std::env::temp_dir().join(format!("rocannl-char-gpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(example("char_gpt"))
+        .args(["--steps", "150", "--json"])
+        .current_dir(&dir)
+        .output()
+        .expect("run char_gpt");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
+    for key in ["train_loss", "val_loss", "steps_per_s", "compile_s", "wall_s"] {
+        assert!(num(&v, key).is_finite(), "{key}: {v}");
+    }
+    // Uniform guessing over 27 symbols is ln 27 ≈ 3.30.
+    assert!(num(&v, "val_loss") < 2.8, "{v}");
+    assert_eq!(v["samples"].as_array().map(Vec::len), Some(20), "{v}");
+    assert!(dir.join("char_gpt.safetensors").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
