@@ -229,11 +229,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     s.save_params(std::path::Path::new("char_gpt.safetensors"))?;
     let wall_s = started.elapsed().as_secs_f64();
     if a.json {
-        let quoted: Vec<String> = samples.iter().map(|n| format!("\"{n}\"")).collect();
-        println!(
-            "{{\"train_loss\": {train_loss}, \"val_loss\": {val_loss}, \"steps_per_s\": {steps_per_s}, \"compile_s\": {compile_s}, \"wall_s\": {wall_s}, \"samples\": [{}]}}",
-            quoted.join(", ")
-        );
+        // Valid JSON whatever happens: a non-finite loss is written as null.
+        let line = serde_json::json!({
+            "train_loss": train_loss, "val_loss": val_loss, "steps_per_s": steps_per_s,
+            "compile_s": compile_s, "wall_s": wall_s, "samples": samples,
+        });
+        println!("{line}");
     } else {
         println!(
             "train loss (mean of the last 50 steps) {train_loss:.4}, validation loss {val_loss:.4}"
