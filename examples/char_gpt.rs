@@ -25,6 +25,7 @@ use rocannl::arrayjit::ops::uniform;
 use rocannl::tensor::nn::attention::{AttentionConfig, transformer_block_with};
 use rocannl::tensor::nn::embed::Embedding;
 use rocannl::tensor::nn::norm::layer_norm;
+use rocannl::tensor::nn::sample::Sampler;
 use rocannl::tensor::nn::{Activation, dense, loss};
 use rocannl::tensor::optim::{Optimizer, StepOptions};
 use rocannl::tensor::train::LrSchedule;
@@ -271,18 +272,8 @@ fn sample(
                 continue;
             }
             let row = &l[(b * CONTEXT + pos) * v..(b * CONTEXT + pos + 1) * v];
-            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = row.iter().map(|z| (z - max).exp()).collect();
-            let total: f64 = weights.iter().sum();
-            let mut u = uniform(seed ^ 0xa11ce, (pos * BATCH + b) as u64) * total;
-            let mut next = v - 1;
-            for (c, w) in weights.iter().enumerate() {
-                if u < *w {
-                    next = c;
-                    break;
-                }
-                u -= w;
-            }
+            let draw = (pos * BATCH + b) as u64;
+            let next = Sampler::default().sample(row, seed ^ 0xa11ce, draw).unwrap_or(0);
             if next == 0 {
                 done[b] = true;
             } else {

@@ -10,6 +10,7 @@ pub mod conv;
 pub mod embed;
 pub mod loss;
 pub mod norm;
+pub mod sample;
 
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
