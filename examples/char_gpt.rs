@@ -159,8 +159,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let x = g.data("inputs", &[BATCH, CONTEXT], &[], &[]);
     let y = g.data("targets", &[BATCH, CONTEXT], &[], &[]);
     let logits = model(&g, &x, vocab);
-    let one_hot = y.eq(&g.range(vocab));
-    let per_position = loss::cross_entropy_with(&logits, &one_hot, loss::Reduction::None);
+    let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
     let mean = per_position.mean_all();
     let opts = SessionOptions { backend: a.backend, prec: a.prec, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts)?;
@@ -181,7 +180,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let schedule = LrSchedule::WarmupCosine { warmup: 100, max: 3e-3, min: 3e-4 };
     let windows = d.train.len() - CONTEXT;
-    let (mut xs, mut ys) = (vec![0.0; BATCH * CONTEXT], vec![0.0; BATCH * CONTEXT]);
+    let (mut xs, mut ys) = (vec![0u32; BATCH * CONTEXT], vec![0u32; BATCH * CONTEXT]);
     let mut losses = Vec::with_capacity(a.steps);
     let train_started = Instant::now();
     for t in 0..a.steps {
@@ -189,12 +188,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let draw = uniform(a.seed ^ 0x5eed, (t * BATCH + b) as u64);
             let start = ((draw * windows as f64) as usize).min(windows - 1);
             for k in 0..CONTEXT {
-                xs[b * CONTEXT + k] = d.train[start + k] as f64;
-                ys[b * CONTEXT + k] = d.train[start + k + 1] as f64;
+                xs[b * CONTEXT + k] = d.train[start + k] as u32;
+                ys[b * CONTEXT + k] = d.train[start + k + 1] as u32;
             }
         }
-        s.write(&x, &xs)?;
-        s.write(&y, &ys)?;
+        s.write_ids(&x, &xs, vocab)?;
+        s.write_ids(&y, &ys, vocab)?;
         s.step(&mut step, schedule.at(t, a.steps), &[])?;
         losses.push(s.loss(&step)?);
         if !a.json && (t % 200 == 0 || t + 1 == a.steps) {
@@ -211,12 +210,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         for b in 0..BATCH {
             let start = chunk.get(b).copied().unwrap_or(chunk[0]);
             for k in 0..CONTEXT {
-                xs[b * CONTEXT + k] = d.val[start + k] as f64;
-                ys[b * CONTEXT + k] = d.val[start + k + 1] as f64;
+                xs[b * CONTEXT + k] = d.val[start + k] as u32;
+                ys[b * CONTEXT + k] = d.val[start + k + 1] as u32;
             }
         }
-        s.write(&x, &xs)?;
-        s.write(&y, &ys)?;
+        s.write_ids(&x, &xs, vocab)?;
+        s.write_ids(&y, &ys, vocab)?;
         s.run(&eval)?;
         let per = s.read(&per_position)?;
         total += per[..chunk.len() * CONTEXT].iter().sum::<f64>();
@@ -260,11 +259,11 @@ fn sample(
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let n = 20.min(BATCH);
     let v = vocab.len();
-    let mut ids = vec![0.0; BATCH * CONTEXT];
+    let mut ids = vec![0u32; BATCH * CONTEXT];
     let mut names = vec![String::new(); n];
     let mut done = vec![false; n];
     for pos in 0..CONTEXT - 1 {
-        s.write(x, &ids)?;
+        s.write_ids(x, &ids, v)?;
         s.run(eval)?;
         let l = s.read(logits)?;
         for b in 0..n {
@@ -278,7 +277,7 @@ fn sample(
                 done[b] = true;
             } else {
                 names[b].push(vocab[next]);
-                ids[b * CONTEXT + pos + 1] = next as f64;
+                ids[b * CONTEXT + pos + 1] = next as u32;
             }
         }
         if done.iter().all(|d| *d) {

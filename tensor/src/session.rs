@@ -518,6 +518,46 @@ impl Session {
         self.write_node(n, &dims, values)
     }
 
+    /// Writes integer ids (tokens, class labels) into a data tensor, checking each against the
+    /// number of ids `bound` (a vocabulary's size): an id out of range is an error naming the
+    /// tensor, the position and the id, and nothing is written. Ids are stored as values of the
+    /// session's precision, exact up to its largest consecutive integer (2²⁴ in f32, 2⁵³ in
+    /// f64, 256 in bf16, 2048 in f16); a bound beyond it is an error too.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let ids = g.data("ids", &[3], &[], &[]);
+    /// let _ = ids.scale(1.0);
+    /// let mut s = Session::new(&g).unwrap();
+    /// s.write_ids(&ids, &[0, 4, 2], 5).unwrap();
+    /// let err = s.write_ids(&ids, &[0, 5, 2], 5).unwrap_err().to_string();
+    /// assert!(err.contains("'ids'") && err.contains("position 1") && err.contains("5"), "{err}");
+    /// ```
+    pub fn write_ids(&mut self, t: &Tensor, ids: &[u32], bound: usize) -> Result<()> {
+        let exact: u64 = match self.prec {
+            rocannl_arrayjit::Prec::Bf16 => 1 << 8,
+            rocannl_arrayjit::Prec::F16 => 1 << 11,
+            rocannl_arrayjit::Prec::F32 => 1 << 24,
+            rocannl_arrayjit::Prec::F64 => 1 << 53,
+        };
+        if bound as u64 > exact {
+            return Err(Error::usage(format!(
+                "ids of '{}' go up to {bound}, but {:?} holds integers exactly only up to {exact}",
+                t.label(),
+                self.prec
+            )));
+        }
+        if let Some((pos, id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= bound) {
+            return Err(Error::usage(format!(
+                "id {id} at position {pos} of '{}' is out of range (ids are 0..{bound})",
+                t.label()
+            )));
+        }
+        let values: Vec<f64> = ids.iter().map(|i| *i as f64).collect();
+        self.write(t, &values)
+    }
+
     /// Writes a host array into a tensor.
     pub fn write_array(&mut self, t: &Tensor, arr: &NdArray) -> Result<()> {
         self.write(t, &arr.to_f64_vec())

@@ -512,3 +512,23 @@ fn common_opts() -> rocannl_tensor::SessionOptions {
         ..rocannl_tensor::SessionOptions::default()
     }
 }
+
+#[test]
+fn ids_out_of_range_or_beyond_the_precision_are_errors_that_write_nothing() {
+    let g = Graph::with_seed(0);
+    let ids = g.data("tokens", &[4], &[], &[]);
+    let y = ids.scale(1.0);
+    let opts = rocannl_tensor::SessionOptions {
+        backend: rocannl_tensor::BackendKind::Interp,
+        ..rocannl_tensor::SessionOptions::default()
+    };
+    let mut s = Session::with_options(&g, opts).unwrap();
+    let r = s.forward(&[&y]).unwrap();
+    s.write_ids(&ids, &[1, 2, 3, 0], 27).unwrap();
+    let err = s.write_ids(&ids, &[1, 2, 30, 0], 27).unwrap_err().to_string();
+    assert!(err.contains("'tokens'") && err.contains("position 2") && err.contains("30"), "{err}");
+    s.run(&r).unwrap();
+    assert_eq!(s.read(&y).unwrap(), vec![1.0, 2.0, 3.0, 0.0], "the bad write changed nothing");
+    let err = s.write_ids(&ids, &[0, 0, 0, 0], 1 << 25).unwrap_err().to_string();
+    assert!(err.contains("exactly"), "{err}");
+}

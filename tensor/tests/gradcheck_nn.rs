@@ -29,6 +29,14 @@ fn softmax_and_losses() {
         let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
         (vec![logits.clone()], loss::cross_entropy(&logits, &targets))
     });
+    check("sparse_cross_entropy", |g| {
+        let logits = g.param_with(
+            "logits",
+            ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
+        );
+        let labels = g.ndarray("labels", &[2], &[], &[], &[2.0, 0.0]);
+        (vec![logits.clone()], loss::sparse_cross_entropy(&logits, &labels))
+    });
     check("mse", |g| {
         let p = param(g, "p", &[], &[4], -1.0, 1.0);
         let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);

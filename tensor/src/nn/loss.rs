@@ -81,6 +81,33 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reductio
     reduction.apply(per)
 }
 
+/// Cross-entropy of `logits` against integer class labels (`labels` has no output axes and
+/// holds ids as values; write them with [`crate::Session::write_ids`], which checks their
+/// range): the one-hot targets are built in the graph, their size inferred from the logits.
+///
+/// ```
+/// use rocannl_tensor::{Graph, Session, nn::loss};
+/// let g = Graph::new();
+/// let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
+/// let labels = g.data("labels", &[2], &[], &[]);
+/// let l = loss::sparse_cross_entropy_with(&logits, &labels, loss::Reduction::None);
+/// let mut s = Session::new(&g).unwrap();
+/// s.write_ids(&labels, &[1, 0], 3).unwrap();
+/// let r = s.forward(&[&l]).unwrap();
+/// s.run(&r).unwrap();
+/// let v = s.read(&l).unwrap();
+/// assert!((v[0] - 3f64.ln()).abs() < 1e-6 && v[1] < 0.02);
+/// ```
+pub fn sparse_cross_entropy_with(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
+    let one_hot = labels.eq(&logits.graph().positions('o'));
+    cross_entropy_with(logits, &one_hot, reduction)
+}
+
+/// [`sparse_cross_entropy_with`] averaged over every position.
+pub fn sparse_cross_entropy(logits: &Tensor, labels: &Tensor) -> Tensor {
+    sparse_cross_entropy_with(logits, labels, Reduction::Mean)
+}
+
 /// Mean squared error over all cells; [`mse_with`] chooses the reduction.
 pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
     mse_with(pred, target, Reduction::Mean)
