@@ -22,14 +22,12 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use rocannl::arrayjit::ops::uniform;
-use rocannl::tensor::nn::attention::{AttentionConfig, transformer_block_with};
-use rocannl::tensor::nn::embed::Embedding;
-use rocannl::tensor::nn::norm::layer_norm;
+use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::sample::Sampler;
-use rocannl::tensor::nn::{Activation, dense, loss};
+use rocannl::tensor::nn::{Activation, Module, loss};
 use rocannl::tensor::optim::{Optimizer, StepOptions};
 use rocannl::tensor::train::LrSchedule;
-use rocannl::tensor::{BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions, Tensor};
+use rocannl::tensor::{BackendKind, Graph, Prec, Session, SessionOptions, Tensor};
 
 const CONTEXT: usize = 16;
 const BATCH: usize = 32;
@@ -124,25 +122,6 @@ fn data(path: Option<&str>) -> Result<Data, String> {
     Ok(Data { vocab, train, val })
 }
 
-/// The model's logits for token ids `ids` (`[windows, 16]`, ids as values).
-fn model(g: &Graph, ids: &Tensor, vocab: usize) -> Tensor {
-    let tokens = Embedding::new(g, "tok", vocab, WIDTH).apply(ids);
-    let positions = g.param_with(
-        "pos",
-        ParamSpec::output(&[WIDTH])
-            .with_batch(&[CONTEXT])
-            .with_input(&[])
-            .init(Init::Normal { mean: 0.0, std: 1.0 })
-            .no_decay(),
-    );
-    let mut x = &tokens + &positions;
-    let cfg = AttentionConfig::new(4, 16).causal();
-    for l in 0..2 {
-        x = transformer_block_with(g, &format!("h{l}"), &x, cfg, 4 * WIDTH, Activation::GeluTanh);
-    }
-    dense(g, "head", &layer_norm(g, "ln_f", &x, 1e-5), vocab)
-}
-
 fn main() {
     if let Err(e) = run() {
         eprintln!("error: {e}");
@@ -158,13 +137,26 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let g = Graph::with_seed(a.seed);
     let x = g.data("inputs", &[BATCH, CONTEXT], &[], &[]);
     let y = g.data("targets", &[BATCH, CONTEXT], &[], &[]);
-    let logits = model(&g, &x, vocab);
+    let cfg = GptConfig {
+        vocab,
+        context: CONTEXT,
+        width: WIDTH,
+        heads: 4,
+        layers: 2,
+        ff: 4 * WIDTH,
+        act: Activation::GeluTanh,
+    };
+    let gpt = Gpt::new(&g, "gpt", cfg);
+    let logits = gpt.apply(&x);
     let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
     let mean = per_position.mean_all();
     let opts = SessionOptions { backend: a.backend, prec: a.prec, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts)?;
-    let params: usize =
-        g.params().iter().map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0)).sum();
+    let params: usize = gpt
+        .params()
+        .iter()
+        .map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0))
+        .sum();
     let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
     let clip = StepOptions { clip_grad_norm: Some(1.0) };
     let compile = Instant::now();

@@ -140,6 +140,24 @@ fn attention_and_transformer() {
 }
 
 #[test]
+fn modules_share_their_params_across_applications() {
+    use rocannl_tensor::nn::{Module, norm::RmsNorm};
+    check("rms_norm", |g| {
+        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let n = RmsNorm::new(g, "rms", 1e-5);
+        (n.params(), Module::apply(&n, &x).pointmul(&x))
+    });
+    // One dense layer applied to two inputs: its gradient sums both uses.
+    check("dense_applied_twice", |g| {
+        let a = g.ndarray("a", &[2], &[], &[3], &spread(6, -1.0, 1.0));
+        let b = g.ndarray("b", &[4], &[], &[3], &spread(12, -0.5, 0.5));
+        let fc = rocannl_tensor::nn::Dense::new(g, "fc", 2);
+        let y = &Module::apply(&fc, &a).tanh().sum_all() + &Module::apply(&fc, &b).sum_all();
+        (fc.params(), y)
+    });
+}
+
+#[test]
 fn causal_attention_looks_only_backwards() {
     use rocannl_tensor::{Graph, Session};
     // Changing the inputs at positions after s changes no output at s or before.

@@ -9,7 +9,8 @@
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
-use super::{Activation, dense, dense_inferred, norm::layer_norm};
+use super::Dense;
+use super::{Activation, norm::LayerNorm};
 
 /// Multi-head attention configuration.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -47,24 +48,51 @@ impl AttentionConfig {
 /// ```
 #[track_caller]
 pub fn self_attention(g: &Graph, name: &str, x: &Tensor, cfg: AttentionConfig) -> Tensor {
-    // Each param made here (not in a closure), so that a duplicate name is reported at the
-    // caller's line.
-    let mut qkv = Vec::with_capacity(3);
-    for which in ["wq", "wk", "wv"] {
-        let w = g.param_with(
-            &format!("{name}.{which}"),
-            ParamSpec::output(&[cfg.heads, cfg.head_dim]).init(Init::XavierUniform),
-        );
-        qkv.push(w.matmul(x));
+    MultiHeadAttention::new(g, name, cfg).apply(x)
+}
+
+/// Multi-head self-attention with its projections (`name.wq`, `wk`, `wv`, `wo`, no biases):
+/// `x` is `... s | d` (positions in the batch row); the output projection's width is inferred
+/// from use (a residual connection fixes it).
+#[derive(Clone, Debug)]
+pub struct MultiHeadAttention {
+    /// Query, key and value projections, `d -> h e` each.
+    pub wq: Tensor,
+    /// Key projection.
+    pub wk: Tensor,
+    /// Value projection.
+    pub wv: Tensor,
+    /// Output projection, `h e -> d`.
+    pub wo: Tensor,
+    /// Heads, head width, causality.
+    pub cfg: AttentionConfig,
+}
+
+impl MultiHeadAttention {
+    /// The projections of an attention layer named `name`.
+    #[track_caller]
+    pub fn new(g: &Graph, name: &str, cfg: AttentionConfig) -> MultiHeadAttention {
+        let proj = ParamSpec::output(&[cfg.heads, cfg.head_dim]).init(Init::XavierUniform);
+        // Each param made here (not in a closure), so that a duplicate name is reported at
+        // the caller's line.
+        let wq = g.param_with(&format!("{name}.wq"), proj.clone());
+        let wk = g.param_with(&format!("{name}.wk"), proj.clone());
+        let wv = g.param_with(&format!("{name}.wv"), proj);
+        let wo =
+            g.param_with(&format!("{name}.wo"), ParamSpec::default().init(Init::XavierUniform));
+        MultiHeadAttention { wq, wk, wv, wo, cfg }
     }
-    let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
-    let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", k);
-    let scores = scores.scale(1.0 / (cfg.head_dim as f64).sqrt());
-    let scores = if cfg.causal { causal_mask(g, &scores) } else { scores };
-    let probs = scores.softmax("... s | t -> h => ... s | 0 -> h");
-    let ctx = probs.einsum(" ... s | t -> h; ... t | h e => ... s | h e", v);
-    let wo = g.param_with(&format!("{name}.wo"), ParamSpec::default().init(Init::XavierUniform));
-    wo.matmul(&ctx)
+
+    /// Attention of `x`'s positions to each other (only to earlier ones when causal).
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let (q, k, v) = (self.wq.matmul(x), self.wk.matmul(x), self.wv.matmul(x));
+        let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", &k);
+        let scores = scores.scale(1.0 / (self.cfg.head_dim as f64).sqrt());
+        let scores = if self.cfg.causal { causal_mask(x.graph(), &scores) } else { scores };
+        let probs = scores.softmax("... s | t -> h => ... s | 0 -> h");
+        let ctx = probs.einsum(" ... s | t -> h; ... t | h e => ... s | h e", &v);
+        self.wo.matmul(&ctx)
+    }
 }
 
 /// Attention scores `... s | t -> h` with the cells where the key comes after the query
@@ -115,14 +143,52 @@ pub fn transformer_block_with(
     ff: usize,
     act: Activation,
 ) -> Tensor {
-    let a = self_attention(
-        g,
-        &format!("{name}.att"),
-        &layer_norm(g, &format!("{name}.ln1"), x, 1e-5),
-        cfg,
-    );
-    let x1 = x + &a;
-    let h = dense(g, &format!("{name}.ff1"), &layer_norm(g, &format!("{name}.ln2"), &x1, 1e-5), ff);
-    let h = act.apply(&h);
-    &x1 + &dense_inferred(g, &format!("{name}.ff2"), &h)
+    TransformerBlock::new(g, name, cfg, ff, act).apply(x)
+}
+
+/// A pre-norm transformer block with its params: `x + attention(ln1(x))`, then
+/// `+ ff2(act(ff1(ln2(·))))`. Names: `name.ln1`, `name.att`, `name.ln2`, `name.ff1`,
+/// `name.ff2`. The width is inferred from the first input.
+#[derive(Clone, Debug)]
+pub struct TransformerBlock {
+    /// Before attention.
+    pub ln1: LayerNorm,
+    /// The attention layer.
+    pub att: MultiHeadAttention,
+    /// Before the MLP.
+    pub ln2: LayerNorm,
+    /// The MLP's hidden layer.
+    pub ff1: Dense,
+    /// The MLP's output layer (its width inferred from the residual).
+    pub ff2: Dense,
+    /// The MLP's activation.
+    pub act: Activation,
+}
+
+impl TransformerBlock {
+    /// A block named `name` with an MLP of hidden width `ff`.
+    #[track_caller]
+    pub fn new(
+        g: &Graph,
+        name: &str,
+        cfg: AttentionConfig,
+        ff: usize,
+        act: Activation,
+    ) -> TransformerBlock {
+        TransformerBlock {
+            ln1: LayerNorm::new(g, &format!("{name}.ln1"), 1e-5),
+            att: MultiHeadAttention::new(g, &format!("{name}.att"), cfg),
+            ln2: LayerNorm::new(g, &format!("{name}.ln2"), 1e-5),
+            ff1: Dense::new(g, &format!("{name}.ff1"), ff),
+            ff2: Dense::inferred(g, &format!("{name}.ff2")),
+            act,
+        }
+    }
+
+    /// The block applied to `x` (`... s | d`).
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let x1 = x + &self.att.apply(&self.ln1.apply(x));
+        let h = self.act.apply(&self.ff1.apply(&self.ln2.apply(&x1)));
+        &x1 + &self.ff2.apply(&h)
+    }
 }

@@ -8,9 +8,13 @@
 pub mod attention;
 pub mod conv;
 pub mod embed;
+pub mod gpt;
 pub mod loss;
+pub mod module;
 pub mod norm;
 pub mod sample;
+
+pub use module::Module;
 
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;

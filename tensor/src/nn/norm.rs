@@ -23,12 +23,77 @@ use super::OUTPUT_AXES;
 /// ```
 #[track_caller]
 pub fn layer_norm(g: &Graph, name: &str, x: &Tensor, eps: f64) -> Tensor {
-    let centered = x - &x.mean1(OUTPUT_AXES);
-    let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
-    let normed = &centered / &(&var + eps).sqrt();
-    // One gain and one bias per normalized (output) position; no input axes.
-    let vector = || ParamSpec::default().with_input(&[]).no_decay();
-    let gain = g.param_with(&format!("{name}.gain"), vector().init(Init::Constant(1.0)));
-    let bias = g.param_with(&format!("{name}.bias"), vector().init(Init::Constant(0.0)));
-    &normed.pointmul(&gain) + &bias
+    LayerNorm::new(g, name, eps).apply(x)
+}
+
+/// Layer normalization with its gain and bias: `(x - mean) / sqrt(var + eps) * gain + bias`
+/// over the output axes. The gain and bias take the features' shape from the first input.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    /// One gain per feature (initially 1).
+    pub gain: Tensor,
+    /// One bias per feature (initially 0).
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// A layer norm named `name` (params `name.gain`, `name.bias`, exempt from weight decay).
+    #[track_caller]
+    pub fn new(g: &Graph, name: &str, eps: f64) -> LayerNorm {
+        // One gain and one bias per normalized (output) position; no input axes.
+        let vector = || ParamSpec::default().with_input(&[]).no_decay();
+        let gain = g.param_with(&format!("{name}.gain"), vector().init(Init::Constant(1.0)));
+        let bias = g.param_with(&format!("{name}.bias"), vector().init(Init::Constant(0.0)));
+        LayerNorm { gain, bias, eps }
+    }
+
+    /// The normalization of `x`.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let centered = x - &x.mean1(OUTPUT_AXES);
+        let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
+        let normed = &centered / &(&var + self.eps).sqrt();
+        &normed.pointmul(&self.gain) + &self.bias
+    }
+}
+
+/// RMS normalization: `x / sqrt(mean(x²) + eps) * gain` over the output axes (no centering,
+/// no bias).
+///
+/// ```
+/// use rocannl_tensor::{Graph, Session, nn::norm::RmsNorm};
+/// let g = Graph::new();
+/// let x = g.ndarray("x", &[1], &[], &[2], &[3.0, 4.0]);
+/// let y = RmsNorm::new(&g, "rms", 0.0).apply(&x);
+/// let mut s = Session::new(&g).unwrap();
+/// let r = s.forward(&[&y]).unwrap();
+/// s.run(&r).unwrap();
+/// let v = s.read(&y).unwrap(); // rms of (3, 4) is √12.5
+/// assert!((v[0] - 3.0 / 12.5f64.sqrt()).abs() < 1e-6);
+/// ```
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    /// One gain per feature (initially 1).
+    pub gain: Tensor,
+    /// Added to the mean square.
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    /// An RMS norm named `name` (param `name.gain`, exempt from weight decay).
+    #[track_caller]
+    pub fn new(g: &Graph, name: &str, eps: f64) -> RmsNorm {
+        let gain = g.param_with(
+            &format!("{name}.gain"),
+            ParamSpec::default().with_input(&[]).no_decay().init(Init::Constant(1.0)),
+        );
+        RmsNorm { gain, eps }
+    }
+
+    /// The normalization of `x`.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let ms = x.pointmul(x).mean1(OUTPUT_AXES);
+        (x / &(&ms + self.eps).sqrt()).pointmul(&self.gain)
+    }
 }
