@@ -17,6 +17,11 @@ fn backends() -> Vec<BackendKind> {
     BackendKind::available().into_iter().filter(|k| *k != BackendKind::Cuda).collect()
 }
 
+/// The arena lines of a routine's low-level text.
+fn arena_lines(text: &str) -> String {
+    text.lines().skip_while(|l| !l.starts_with("# arena")).collect::<Vec<_>>().join("\n")
+}
+
 fn scale(arg: usize, by: f64, plus: f64) -> ScalarExpr {
     ScalarExpr::bin(
         BinOp::Add,
@@ -62,12 +67,7 @@ fn intermediates_whose_lifetimes_do_not_overlap_share_memory() {
         let r = ctx.compile("chain", &asgn, &nodes).unwrap();
         // 4000 bytes each, 4032 with alignment: `b` and `d` take turns in one slot; `a` and `c`
         // cannot share, as `a` lives until the end.
-        let arena = r
-            .low_level_text()
-            .lines()
-            .skip_while(|l| !l.starts_with("# arena"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let arena = arena_lines(r.low_level_text());
         expect![[r#"
             # arena of 12096 bytes:
             #   n1 at 0 for statements 0..=4
@@ -223,12 +223,7 @@ fn a_gradient_zeroed_up_front_is_live_only_from_its_first_use() {
     for kind in backends() {
         let mut ctx = Context::new(kind, CompileOptions::default()).unwrap();
         let r = ctx.compile("grads", &asgn, &nodes).unwrap();
-        let arena = r
-            .low_level_text()
-            .lines()
-            .skip_while(|l| !l.starts_with("# arena"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let arena = arena_lines(r.low_level_text());
         expect![[r#"
             # arena of 64 bytes:
             #   n1 at 0 for statements 0..=2

@@ -12,6 +12,9 @@ use crate::low_level::{Expr, IdxVar, Index, Program, Stmt};
 use crate::ops::{BinOp, CSyntax, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
 use crate::tnode::{NodeId, row_major_strides};
 
+/// The nodes a run of statements touches (what each step function loads pointers for).
+pub use crate::low_level::nodes_of;
+
 /// The C dialect being written.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Dialect {
@@ -357,26 +360,4 @@ fn render_const(c: f64, ty: &str) -> String {
     } else {
         format!("{c:?}")
     }
-}
-
-/// Every node a list of statements reads or writes, sorted.
-pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
-    let mut nodes = Vec::new();
-    for s in body {
-        s.visit(&mut |s| {
-            if let Stmt::Set { node, .. } = s {
-                nodes.push(*node);
-            }
-        });
-        s.visit_exprs(&mut |e| {
-            e.visit(&mut |e| {
-                if let Expr::Get(n, _) = e {
-                    nodes.push(*n);
-                }
-            })
-        });
-    }
-    nodes.sort();
-    nodes.dedup();
-    nodes
 }

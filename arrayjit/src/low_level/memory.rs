@@ -30,7 +30,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{Arena, ArenaSlot, Expr, Program, Stmt, Var};
+use super::{Arena, ArenaSlot, Expr, Program, Stmt, Var, nodes_of};
 use crate::tnode::{NodeId, TensorNode};
 
 /// Alignment of every buffer and of every arena slot: a cache line, and the alignment of
@@ -93,7 +93,7 @@ fn sink_fills(body: &mut Vec<Stmt>, candidates: &FxHashSet<NodeId>) {
     let mut pending: FxHashMap<NodeId, Vec<Stmt>> = FxHashMap::default();
     let mut out = Vec::with_capacity(body.len());
     for s in std::mem::take(body) {
-        let touched = touched_nodes(&s);
+        let touched = nodes_of(std::slice::from_ref(&s));
         for n in &touched {
             if let Some(fills) = pending.remove(n) {
                 out.extend(fills);
@@ -127,31 +127,11 @@ fn constant_fill_of(s: &Stmt) -> Option<NodeId> {
     node.filter(|_| pure)
 }
 
-/// Every node a statement reads or writes.
-fn touched_nodes(s: &Stmt) -> Vec<NodeId> {
-    let mut out = Vec::new();
-    s.visit(&mut |s| {
-        if let Stmt::Set { node, .. } = s {
-            out.push(*node);
-        }
-    });
-    s.visit_exprs(&mut |e| {
-        e.visit(&mut |e| {
-            if let Expr::Get(n, _) = e {
-                out.push(*n);
-            }
-        })
-    });
-    out.sort();
-    out.dedup();
-    out
-}
-
 /// The first and last top-level statement touching each candidate.
 fn lifetimes(body: &[Stmt], candidates: &FxHashSet<NodeId>) -> FxHashMap<NodeId, (usize, usize)> {
     let mut live: FxHashMap<NodeId, (usize, usize)> = FxHashMap::default();
     for (i, s) in body.iter().enumerate() {
-        for n in touched_nodes(s) {
+        for n in nodes_of(std::slice::from_ref(s)) {
             if candidates.contains(&n) {
                 live.entry(n).and_modify(|r| r.1 = i).or_insert((i, i));
             }

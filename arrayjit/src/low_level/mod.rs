@@ -499,24 +499,7 @@ impl Program {
 
     /// The nodes that need a buffer: those the routine reads or writes after optimization.
     pub fn materialized_nodes(&self) -> Vec<NodeId> {
-        let mut out = Vec::new();
-        for s in &self.body {
-            s.visit(&mut |s| {
-                if let Stmt::Set { node, .. } = s {
-                    out.push(*node);
-                }
-            });
-            s.visit_exprs(&mut |e| {
-                e.visit(&mut |e| {
-                    if let Expr::Get(n, _) = e {
-                        out.push(*n);
-                    }
-                })
-            });
-        }
-        out.sort();
-        out.dedup();
-        out
+        nodes_of(&self.body)
     }
 
     /// Whether `n` is a scratch buffer of the schedule, and which kind.
@@ -606,6 +589,28 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
             let _ = writeln!(out, "{pad}{local} := {value}");
         }
     }
+}
+
+/// Every node the statements read or write, sorted, each once.
+pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
+    let mut out = Vec::new();
+    for s in body {
+        s.visit(&mut |s| {
+            if let Stmt::Set { node, .. } = s {
+                out.push(*node);
+            }
+        });
+        s.visit_exprs(&mut |e| {
+            e.visit(&mut |e| {
+                if let Expr::Get(n, _) = e {
+                    out.push(*n);
+                }
+            })
+        });
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Removes loops and guards whose bodies became empty (after passes delete statements).

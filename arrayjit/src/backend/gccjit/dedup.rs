@@ -61,18 +61,7 @@ impl Deduped {
 
 /// Groups the steps of a planned program by canonical form.
 pub fn dedup(prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> Deduped {
-    let mut out = Program {
-        name: prog.name.clone(),
-        body: Vec::new(),
-        locals: Vec::new(),
-        next_var: 0,
-        nodes: FxHashMap::default(),
-        virtual_nodes: Vec::new(),
-        runtime_symbols: prog.runtime_symbols.clone(),
-        runtime_checks: Vec::new(),
-        scratch: Vec::new(),
-        arena: Default::default(),
-    };
+    let mut out = Program { name: prog.name.clone(), ..empty_like(prog) };
     let mut by_key: FxHashMap<String, usize> = FxHashMap::default();
     let mut distinct: Vec<(Vec<Stmt>, StepKind)> = Vec::new();
     let mut slots: Vec<Vec<NodeId>> = Vec::new();
@@ -145,6 +134,7 @@ fn key(prog: &Program, body: &[Stmt], kind: &StepKind, c: &Canon) -> String {
     k
 }
 
+/// A program with `prog`'s runtime symbols and nothing else.
 fn empty_like(prog: &Program) -> Program {
     Program {
         name: String::new(),
