@@ -130,7 +130,7 @@ pub enum Error {
         bytes: usize,
     },
     /// A routine needs more memory or work than the limits allow
-    /// ([`crate::low_level::estimate::Limits`]).
+    /// (`low_level::estimate::Limits`).
     #[error(
         "routine `{routine}` needs {} of {resource}, above the limit of {}",
         show(resource, *estimate),
@@ -169,9 +169,17 @@ pub enum Error {
 
 /// A figure of a limit error for people.
 fn show(resource: &str, x: u64) -> String {
-    if resource == "memory" {
-        crate::low_level::estimate::human_bytes(x)
-    } else {
-        format!("{x} operations")
+    if resource == "memory" { human_bytes(x) } else { format!("{x} operations") }
+}
+
+/// Bytes for people: `1.5 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
     }
+    if u == 0 { format!("{b} bytes") } else { format!("{x:.1} {}", UNITS[u]) }
 }

@@ -93,14 +93,4 @@ pub fn estimate(prog: &Program, exists: impl Fn(NodeId) -> bool) -> Estimate {
     Estimate { memory_bytes, work }
 }
 
-/// Bytes for people: `1.5 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let mut x = b as f64;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    if u == 0 { format!("{b} bytes") } else { format!("{x:.1} {}", UNITS[u]) }
-}
+pub use crate::error::human_bytes;
