@@ -134,3 +134,53 @@ fn a_routine_sharing_its_steps_with_one_compiled_before_is_served_from_the_cache
     assert_close("c", &ctx.read(c).unwrap().to_f64_vec(), &want, 1e-5);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bf16_stores_round_to_nearest_even_exactly_as_the_interpreter() {
+    use rocannl_arrayjit::ops::UnOp;
+    // Ties (1 + 2⁻⁸ lies halfway between two bf16 values), values just off ties, the largest
+    // finite values, infinities, NaN, subnormals and signed zeros.
+    let mut xs: Vec<f32> = vec![
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        1.0 + 1.0 / 256.0 + 1.0 / 65536.0,
+        -(1.0 + 1.0 / 256.0),
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -1e-40,
+        0.0,
+        -0.0,
+    ];
+    xs.extend((0..499).map(|i| ((i as f32) * 0.7311).sin() * 10f32.powi(i % 9 - 4)));
+    let n = xs.len();
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], Prec::F32);
+    let y = host(&mut nodes, "y", &[n], Prec::Bf16);
+    let mut g = rocannl_arrayjit::indexing::SymbolGen::default();
+    let p = rocannl_arrayjit::indexing::Projections::identity(&[n], 1, &mut g);
+    let asgn =
+        accum(y, None, vec![x], ScalarExpr::un(UnOp::Identity, ScalarExpr::Arg(0)), p, false);
+    let mut results = Vec::new();
+    for kind in [BackendKind::Interp, BackendKind::Gccjit] {
+        let mut ctx = Context::new(kind, CompileOptions::default()).unwrap();
+        let r = ctx.compile("round", &asgn, &nodes).unwrap();
+        let values: Vec<f64> = xs.iter().map(|v| *v as f64).collect();
+        ctx.write(x, &NdArray::from_f64(Prec::F32, &[n], &values).unwrap()).unwrap();
+        ctx.run(&r, &[]).unwrap();
+        results.push(ctx.read(y).unwrap().to_f64_vec());
+    }
+    for (k, v) in xs.iter().enumerate() {
+        let want = half::bf16::from_f32(*v).to_f32() as f64;
+        for got in &results {
+            assert!(
+                got[k].to_bits() == want.to_bits() || (got[k].is_nan() && want.is_nan()),
+                "{v:e}: got {:e}, want {want:e}",
+                got[k]
+            );
+        }
+    }
+}

@@ -179,14 +179,19 @@ pub(crate) fn init_code(
         }
         Dist::Normal { mean, std } => {
             // z = √(-2 ln(1 - u1)) · cos(2π u2), with u1, u2 independent uniforms on [0, 1).
+            // The uniforms are stored in the param's precision, where u1 can round up to 1
+            // (bf16 keeps 8 bits): `1 - u1` is kept at least 2⁻²⁴, the generator's smallest
+            // step, so the logarithm stays finite. In f32 and f64 `1 - u1` is never below it,
+            // and nothing changes.
             let u2 = temps();
+            let one_minus_u1 = ScalarExpr::bin(
+                BinOp::Max,
+                ScalarExpr::bin(BinOp::Sub, c(1.0), a0),
+                c(1.0 / 16_777_216.0),
+            );
             let radius = ScalarExpr::un(
                 UnOp::Sqrt,
-                ScalarExpr::bin(
-                    BinOp::Mul,
-                    c(-2.0),
-                    ScalarExpr::un(UnOp::Log, ScalarExpr::bin(BinOp::Sub, c(1.0), a0)),
-                ),
+                ScalarExpr::bin(BinOp::Mul, c(-2.0), ScalarExpr::un(UnOp::Log, one_minus_u1)),
             );
             let angle = ScalarExpr::un(
                 UnOp::Cos,

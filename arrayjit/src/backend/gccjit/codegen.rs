@@ -229,6 +229,7 @@ struct Types<'c> {
     i64: Type<'c>,
     u64: Type<'c>,
     u16: Type<'c>,
+    u32: Type<'c>,
     int: Type<'c>,
     boolean: Type<'c>,
 }
@@ -273,6 +274,7 @@ impl<'c> Gen<'c> {
             i64: ctx.new_type::<i64>(),
             u64: ctx.new_type::<u64>(),
             u16: ctx.new_type::<u16>(),
+            u32: ctx.new_type::<u32>(),
             int: ctx.new_type::<i32>(),
             boolean: ctx.new_type::<bool>(),
         };
@@ -593,13 +595,45 @@ impl<'c> Gen<'c> {
         self.ctx.new_call_through_ptr(None, f, &[arg])
     }
 
+    /// bf16 bits to f32, inline: the bits are the top half of the f32's (no call, so loops
+    /// over bf16 tensors vectorize).
+    fn bf16_to_f32(&self, bits: RValue<'c>) -> RValue<'c> {
+        let wide = self.ctx.new_cast(None, bits, self.t.u32);
+        let sixteen = self.ctx.new_rvalue_from_int(self.t.u32, 16);
+        let shifted = self.ctx.new_binary_op(None, BinaryOp::LShift, self.t.u32, wide, sixteen);
+        self.ctx.new_bitcast(None, shifted, self.t.f32)
+    }
+
+    /// f32 to bf16 bits, inline, rounding to nearest even and keeping NaN a (quiet) NaN,
+    /// exactly as the `half` crate (and so the interpreter) does:
+    /// `nan ? hi | 0x40 : hi + (x & 0x8000 != 0 && x & 0x17fff != 0)`, with `hi = x >> 16`.
+    fn f32_to_bf16(&self, v: RValue<'c>) -> RValue<'c> {
+        let u32t = self.t.u32;
+        let k = |c: i64| self.ctx.new_rvalue_from_long(u32t, c);
+        let bin = |op, a, b| self.ctx.new_binary_op(None, op, u32t, a, b);
+        let flag = |c: RValue<'c>| self.ctx.new_cast(None, c, u32t);
+        let x = self.ctx.new_bitcast(None, v, u32t);
+        let hi = bin(BinaryOp::RShift, x, k(16));
+        let round_bit =
+            self.cmp(ComparisonOp::NotEquals, bin(BinaryOp::BitwiseAnd, x, k(0x8000)), k(0));
+        let sticky =
+            self.cmp(ComparisonOp::NotEquals, bin(BinaryOp::BitwiseAnd, x, k(0x17fff)), k(0));
+        let round = bin(BinaryOp::BitwiseAnd, flag(round_bit), flag(sticky));
+        let magnitude = bin(BinaryOp::BitwiseAnd, x, k(0x7fff_ffff));
+        let nan = flag(self.cmp(ComparisonOp::GreaterThan, magnitude, k(0x7f80_0000)));
+        let not_nan = bin(BinaryOp::Minus, k(1), nan);
+        let rounded = bin(BinaryOp::Plus, hi, bin(BinaryOp::Mult, round, not_nan));
+        let bits = bin(BinaryOp::BitwiseOr, rounded, bin(BinaryOp::Mult, nan, k(0x40)));
+        self.ctx.new_cast(None, bits, self.t.u16)
+    }
+
     fn storage_value(&mut self, v: RValue<'c>, prec: Prec) -> RValue<'c> {
         let t = &self.t;
         let as_f32 = if v.get_type() == t.f32 { v } else { self.ctx.new_cast(None, v, t.f32) };
         let (f32t, u16t) = (t.f32, t.u16);
         match prec {
             Prec::F16 => self.convert_call(HELPER_F32_TO_F16, as_f32, f32t, u16t),
-            Prec::Bf16 => self.convert_call(HELPER_F32_TO_BF16, as_f32, f32t, u16t),
+            Prec::Bf16 => self.f32_to_bf16(as_f32),
             Prec::F32 => as_f32,
             Prec::F64 => {
                 if v.get_type() == t.f64 {
@@ -675,9 +709,7 @@ impl<'c> Gen<'c> {
                 let cell = self.cell(*n, idx).to_rvalue();
                 let v = match prec {
                     Prec::F16 => self.convert_call(HELPER_F16_TO_F32, cell, self.t.u16, self.t.f32),
-                    Prec::Bf16 => {
-                        self.convert_call(HELPER_BF16_TO_F32, cell, self.t.u16, self.t.f32)
-                    }
+                    Prec::Bf16 => self.bf16_to_f32(cell),
                     _ => cell,
                 };
                 self.cast(v, ty)

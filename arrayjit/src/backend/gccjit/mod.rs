@@ -369,7 +369,7 @@ impl Gccjit {
     fn setup_key(&self) -> String {
         let v = gccjit::Version::get();
         format!(
-            "rocannl-gccjit {} codegen 5; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 6; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
