@@ -532,3 +532,35 @@ fn ids_out_of_range_or_beyond_the_precision_are_errors_that_write_nothing() {
     let err = s.write_ids(&ids, &[0, 0, 0, 0], 1 << 25).unwrap_err().to_string();
     assert!(err.contains("exactly"), "{err}");
 }
+
+#[test]
+fn normal_initializations_are_finite_in_half_precision() {
+    use rocannl_tensor::{Init, ParamSpec, Prec, SessionOptions};
+    for prec in [Prec::Bf16, Prec::F16] {
+        for backend in rocannl_tensor::BackendKind::available()
+            .into_iter()
+            .filter(|b| *b != rocannl_tensor::BackendKind::Cuda)
+        {
+            let g = Graph::with_seed(1);
+            // 65,536 draws: in bf16 dozens of the first uniforms round up to 1.
+            let w = g.param_with(
+                "w",
+                ParamSpec::output(&[65_536]).init(Init::Normal { mean: 0.0, std: 1.0 }),
+            );
+            let y = w.scale(1.0);
+            let mut s = Session::with_options(
+                &g,
+                SessionOptions { backend, prec, ..SessionOptions::default() },
+            )
+            .unwrap();
+            let r = s.forward(&[&y]).unwrap();
+            s.run(&r).unwrap();
+            let v = s.read(&w).unwrap();
+            assert!(v.iter().all(|x| x.is_finite()), "{prec:?} {backend:?}: a non-finite draw");
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64;
+            // Standard normal: the mean within 5 standard errors, the variance within 5%.
+            assert!(mean.abs() < 5.0 / 256.0 && (var - 1.0).abs() < 0.05, "{prec:?}: {mean} {var}");
+        }
+    }
+}
