@@ -21,12 +21,11 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use rocannl::arrayjit::ops::uniform;
 use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::sample::Sampler;
 use rocannl::tensor::nn::{Activation, Module, loss};
 use rocannl::tensor::optim::{Optimizer, StepOptions};
-use rocannl::tensor::train::LrSchedule;
+use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{BackendKind, Graph, Prec, Session, SessionOptions, Tensor};
 
 const CONTEXT: usize = 16;
@@ -93,8 +92,8 @@ fn args() -> Result<Args, String> {
 /// The two token streams and the vocabulary.
 struct Data {
     vocab: Vec<char>,
-    train: Vec<usize>,
-    val: Vec<usize>,
+    train: Vec<u32>,
+    val: Vec<u32>,
 }
 
 fn data(path: Option<&str>) -> Result<Data, String> {
@@ -110,7 +109,7 @@ fn data(path: Option<&str>) -> Result<Data, String> {
     let letters: BTreeSet<char> = names.iter().flat_map(|n| n.chars()).collect();
     let vocab: Vec<char> = std::iter::once('.').chain(letters).collect();
     names.sort_by(|a, b| name_key(a).cmp(&name_key(b)).then_with(|| a.cmp(b)));
-    let id = |c: char| vocab.iter().position(|v| *v == c).unwrap_or(0);
+    let id = |c: char| vocab.iter().position(|v| *v == c).unwrap_or(0) as u32;
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (p, name) in names.iter().enumerate() {
         let stream = if p % 10 == 0 { &mut val } else { &mut train };
@@ -171,19 +170,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let schedule = LrSchedule::WarmupCosine { warmup: 100, max: 3e-3, min: 3e-4 };
-    let windows = d.train.len() - CONTEXT;
-    let (mut xs, mut ys) = (vec![0u32; BATCH * CONTEXT], vec![0u32; BATCH * CONTEXT]);
+    let train = SequenceLoader::new(d.train.clone(), CONTEXT, BATCH, a.seed ^ 0x5eed)?;
     let mut losses = Vec::with_capacity(a.steps);
     let train_started = Instant::now();
     for t in 0..a.steps {
-        for b in 0..BATCH {
-            let draw = uniform(a.seed ^ 0x5eed, (t * BATCH + b) as u64);
-            let start = ((draw * windows as f64) as usize).min(windows - 1);
-            for k in 0..CONTEXT {
-                xs[b * CONTEXT + k] = d.train[start + k] as u32;
-                ys[b * CONTEXT + k] = d.train[start + k + 1] as u32;
-            }
-        }
+        let (xs, ys) = train.batch(t);
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
         s.step(&mut step, schedule.at(t, a.steps), &[])?;
@@ -195,17 +186,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let train_s = train_started.elapsed().as_secs_f64();
     // Validation: every non-overlapping window, 32 at a time (the last batch padded with the
     // first window and its padding left out of the mean).
-    let val_windows: Vec<usize> =
-        (0..).map(|w| w * CONTEXT).take_while(|s| s + CONTEXT < d.val.len()).collect();
+    let val = SequenceLoader::new(d.val.clone(), CONTEXT, BATCH, 0)?;
     let (mut total, mut count) = (0.0, 0usize);
-    for chunk in val_windows.chunks(BATCH) {
-        for b in 0..BATCH {
-            let start = chunk.get(b).copied().unwrap_or(chunk[0]);
-            for k in 0..CONTEXT {
-                xs[b * CONTEXT + k] = d.val[start + k] as u32;
-                ys[b * CONTEXT + k] = d.val[start + k + 1] as u32;
-            }
-        }
+    for chunk in val.eval_starts().chunks(BATCH) {
+        let starts: Vec<usize> =
+            (0..BATCH).map(|b| chunk.get(b).copied().unwrap_or(chunk[0])).collect();
+        let (xs, ys) = val.windows(&starts);
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
         s.run(&eval)?;
@@ -293,7 +279,7 @@ mod tests {
         let d = data(None).unwrap();
         assert_eq!(d.vocab.len(), 27);
         assert_eq!((d.train.len(), d.val.len()), (32_550, 3_574));
-        let windows = (0..).map(|w| w * CONTEXT).take_while(|s| s + CONTEXT < d.val.len());
-        assert_eq!(windows.count(), 223);
+        let val = SequenceLoader::new(d.val, CONTEXT, BATCH, 0).unwrap();
+        assert_eq!(val.eval_starts().len(), 223);
     }
 }

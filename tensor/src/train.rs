@@ -145,6 +145,84 @@ pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     order
 }
 
+/// Batches of a token stream for a sequence model: windows of `context + 1` consecutive tokens,
+/// the first `context` the inputs and the last `context` the targets (every position
+/// predicted). Training batches are windows at random starts — drawn by the counter-based
+/// generator, so a seed and a step always give the same batch; evaluation covers the stream
+/// with non-overlapping windows.
+///
+/// ```
+/// use rocannl_tensor::train::SequenceLoader;
+/// let stream: Vec<u32> = (0..100).collect();
+/// let loader = SequenceLoader::new(stream, 4, 2, 7).unwrap();
+/// let (x, y) = loader.batch(0);
+/// assert_eq!(x.len(), 8);
+/// assert!(x.iter().zip(&y).all(|(a, b)| b == &(a + 1))); // targets are the next tokens
+/// assert_eq!(loader.batch(0), loader.batch(0));
+/// assert_eq!(loader.eval_starts().len(), 24); // starts 0, 4, ..., 92: windows end by 96
+/// ```
+#[derive(Clone, Debug)]
+pub struct SequenceLoader {
+    stream: Vec<u32>,
+    context: usize,
+    batch: usize,
+    seed: u64,
+}
+
+impl SequenceLoader {
+    /// A loader of `batch` windows of `context` positions over `stream`; an error when the
+    /// stream is shorter than one window.
+    pub fn new(
+        stream: Vec<u32>,
+        context: usize,
+        batch: usize,
+        seed: u64,
+    ) -> crate::error::Result<SequenceLoader> {
+        if context == 0 || batch == 0 || stream.len() < context + 1 {
+            return Err(crate::error::Error::usage(format!(
+                "a stream of {} tokens has no window of {} (and batches of {batch})",
+                stream.len(),
+                context + 1
+            )));
+        }
+        Ok(SequenceLoader { stream, context, batch, seed })
+    }
+
+    /// The inputs and targets of training step `step` (`batch × context` ids each, window by
+    /// window): window `b` starts at `⌊u · (len − context)⌋`, `u` the generator's draw
+    /// `(seed, step · batch + b)`.
+    pub fn batch(&self, step: usize) -> (Vec<u32>, Vec<u32>) {
+        let windows = self.stream.len() - self.context;
+        let starts: Vec<usize> = (0..self.batch)
+            .map(|b| {
+                let u = rocannl_arrayjit::ops::uniform(self.seed, (step * self.batch + b) as u64);
+                ((u * windows as f64) as usize).min(windows - 1)
+            })
+            .collect();
+        self.windows(&starts)
+    }
+
+    /// The starts of the non-overlapping windows covering the stream (stride `context`).
+    pub fn eval_starts(&self) -> Vec<usize> {
+        (0..)
+            .map(|w| w * self.context)
+            .take_while(|s| s + self.context < self.stream.len())
+            .collect()
+    }
+
+    /// The inputs and targets of the windows starting at `starts`.
+    pub fn windows(&self, starts: &[usize]) -> (Vec<u32>, Vec<u32>) {
+        let c = self.context;
+        let mut x = Vec::with_capacity(starts.len() * c);
+        let mut y = Vec::with_capacity(starts.len() * c);
+        for &s in starts {
+            x.extend_from_slice(&self.stream[s..s + c]);
+            y.extend_from_slice(&self.stream[s + 1..s + c + 1]);
+        }
+        (x, y)
+    }
+}
+
 /// A learning-rate schedule over the steps of a run.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LrSchedule {
