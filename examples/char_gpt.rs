@@ -144,6 +144,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         layers: 2,
         ff: 4 * WIDTH,
         act: Activation::GeluTanh,
+        dropout: 0.0,
     };
     let gpt = Gpt::new(&g, "gpt", cfg);
     let logits = gpt.apply(&x);

@@ -254,3 +254,29 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
         assert!((d - want).abs() < 1e-12, "grad {d}, want {want}");
     }
 }
+
+#[test]
+fn block_dropout_acts_in_training_only() {
+    use rocannl_tensor::nn::Activation;
+    use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock};
+    use rocannl_tensor::{Graph, Session};
+    let g = Graph::with_seed(5);
+    let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+    let block = TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 2), 6, Activation::Relu)
+        .with_dropout(0.5);
+    let train = block.apply_training(&x, true);
+    let eval = block.apply(&x);
+    let plain = TransformerBlock { dropout: 0.0, ..block.clone() }.apply_training(&x, true);
+    let mut s = Session::with_options(&g, common::opts()).unwrap();
+    let r = s.forward(&[&train, &eval, &plain]).unwrap();
+    let mut runs = Vec::new();
+    for step in [1, 2] {
+        s.run_with(&r, &[(g.step_symbol(), step)]).unwrap();
+        runs.push((s.read(&train).unwrap(), s.read(&eval).unwrap(), s.read(&plain).unwrap()));
+    }
+    let ((t1, e1, p1), (t2, e2, _)) = (&runs[0], &runs[1]);
+    assert_eq!(e1, e2, "evaluation has no dropout");
+    assert_eq!(e1, p1, "evaluation equals the block without dropout");
+    assert_ne!(t1, t2, "a fresh mask every step");
+    assert_ne!(t1, e1, "training drops");
+}

@@ -163,6 +163,9 @@ pub struct TransformerBlock {
     pub ff2: Dense,
     /// The MLP's activation.
     pub act: Activation,
+    /// Dropout on the attention's and the MLP's outputs, before each residual sum, when
+    /// applied for training ([`TransformerBlock::apply_training`]); 0 by default.
+    pub dropout: f64,
 }
 
 impl TransformerBlock {
@@ -182,13 +185,39 @@ impl TransformerBlock {
             ff1: Dense::new(g, &format!("{name}.ff1"), ff),
             ff2: Dense::inferred(g, &format!("{name}.ff2")),
             act,
+            dropout: 0.0,
         }
     }
 
-    /// The block applied to `x` (`... s | d`).
+    /// The same block with dropout `p` on its residual branches in training.
+    pub fn with_dropout(self, p: f64) -> TransformerBlock {
+        TransformerBlock { dropout: p, ..self }
+    }
+
+    /// The block applied to `x` (`... s | d`) for evaluation: no dropout.
     pub fn apply(&self, x: &Tensor) -> Tensor {
-        let x1 = x + &self.att.apply(&self.ln1.apply(x));
+        self.apply_training(x, false)
+    }
+
+    /// The block applied to `x`, with dropout on both residual branches when `training` (a
+    /// fresh mask every step, see [`super::dropout`]).
+    ///
+    /// ```
+    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::nn::{Activation, attention::{AttentionConfig, TransformerBlock}};
+    /// let g = Graph::new();
+    /// let x = g.data("x", &[2, 5], &[], &[8]);
+    /// let block = TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 4), 16, Activation::Relu)
+    ///     .with_dropout(0.1);
+    /// let (train, eval) = (block.apply_training(&x, true), block.apply(&x)); // shared weights
+    /// g.finish().unwrap();
+    /// assert_eq!(train.dims().unwrap(), eval.dims().unwrap());
+    /// ```
+    pub fn apply_training(&self, x: &Tensor, training: bool) -> Tensor {
+        let g = x.graph();
+        let a = self.att.apply(&self.ln1.apply(x));
+        let x1 = x + &super::dropout(g, &a, self.dropout, training);
         let h = self.act.apply(&self.ff1.apply(&self.ln2.apply(&x1)));
-        &x1 + &self.ff2.apply(&h)
+        &x1 + &super::dropout(g, &self.ff2.apply(&h), self.dropout, training)
     }
 }

@@ -26,6 +26,8 @@ pub struct GptConfig {
     pub ff: usize,
     /// The MLP's activation.
     pub act: Activation,
+    /// Dropout on the blocks' residual branches in training ([`Gpt::apply_training`]).
+    pub dropout: f64,
 }
 
 /// A decoder-only transformer over token ids: `ids` is `... s` (positions in the last batch
@@ -35,7 +37,10 @@ pub struct GptConfig {
 /// use rocannl_tensor::nn::{Activation, Module, gpt::{Gpt, GptConfig}};
 /// use rocannl_tensor::Graph;
 /// let g = Graph::new();
-/// let cfg = GptConfig { vocab: 27, context: 16, width: 64, heads: 4, layers: 2, ff: 256, act: Activation::GeluTanh };
+/// let cfg = GptConfig {
+///     vocab: 27, context: 16, width: 64, heads: 4, layers: 2, ff: 256,
+///     act: Activation::GeluTanh, dropout: 0.0,
+/// };
 /// let gpt = Gpt::new(&g, "gpt", cfg);
 /// let ids = g.data("ids", &[32, 16], &[], &[]);
 /// let logits = gpt.apply(&ids);
@@ -77,18 +82,24 @@ impl Gpt {
         let att = AttentionConfig::new(cfg.heads, cfg.width / cfg.heads.max(1)).causal();
         let mut blocks = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
-            blocks.push(TransformerBlock::new(g, &format!("{name}.h{l}"), att, cfg.ff, cfg.act));
+            let block = TransformerBlock::new(g, &format!("{name}.h{l}"), att, cfg.ff, cfg.act);
+            blocks.push(block.with_dropout(cfg.dropout));
         }
         let ln_f = LayerNorm::new(g, &format!("{name}.ln_f"), 1e-5);
         let head = Dense::new(g, &format!("{name}.head"), cfg.vocab);
         Gpt { tok, pos, blocks, ln_f, head, cfg }
     }
 
-    /// The logits for token ids `ids`.
+    /// The logits for token ids `ids`, for evaluation (no dropout).
     pub fn apply(&self, ids: &Tensor) -> Tensor {
+        self.apply_training(ids, false)
+    }
+
+    /// The logits for token ids `ids`, with the blocks' dropout when `training`.
+    pub fn apply_training(&self, ids: &Tensor, training: bool) -> Tensor {
         let mut x = &self.tok.apply(ids) + &self.pos;
         for b in &self.blocks {
-            x = b.apply(&x);
+            x = b.apply_training(&x, training);
         }
         self.head.apply(&self.ln_f.apply(&x))
     }
