@@ -27,6 +27,8 @@ pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Tensor, TensorId};
 pub use init::Init;
 pub use optim::{Optimizer, StepOptions, TrainStep};
-pub use rocannl_arrayjit::{BackendKind, Prec};
+/// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so
+/// that a session can be configured from this crate alone.
+pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, Prec};
 pub use rocannl_shape::RowDecl;
 pub use session::{Plan, Session, SessionOptions};

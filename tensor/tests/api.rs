@@ -564,3 +564,19 @@ fn normal_initializations_are_finite_in_half_precision() {
         }
     }
 }
+
+#[test]
+fn sessions_are_configured_from_this_crate_alone() {
+    use rocannl_tensor::{BackendKind, CacheMode, CompileOptions, SessionOptions};
+    let g = Graph::with_seed(0);
+    let x = g.ndarray("x", &[], &[], &[2], &[1.0, 2.0]);
+    let y = x.scale(3.0);
+    let compile =
+        CompileOptions { opt_level: 1, cache: CacheMode::Off, ..CompileOptions::default() };
+    let opts =
+        SessionOptions { backend: BackendKind::default(), compile, ..SessionOptions::default() };
+    let mut s = Session::with_options(&g, opts).unwrap();
+    let r = s.forward(&[&y]).unwrap();
+    s.run(&r).unwrap();
+    assert_eq!(s.read(&y).unwrap(), vec![3.0, 6.0]);
+}
