@@ -503,7 +503,7 @@ trait Real:
 }
 
 macro_rules! real {
-    ($t:ty) => {
+    ($t:ty, $erf:ident) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -535,7 +535,7 @@ macro_rules! real {
                 <$t>::tanh(self)
             }
             fn erf(self) -> Self {
-                Erf::c_erf(self)
+                $erf(self)
             }
             fn abs(self) -> Self {
                 <$t>::abs(self)
@@ -553,8 +553,8 @@ macro_rules! real {
     };
 }
 
-real!(f32);
-real!(f64);
+real!(f32, c_erff);
+real!(f64, c_erf);
 
 // The error function of the C library, the one compiled code calls: Rust's own is not stable,
 // and computing exactly what the native backends compute is the interpreter's job.
@@ -563,23 +563,6 @@ unsafe extern "C" {
     safe fn c_erff(x: f32) -> f32;
     #[link_name = "erf"]
     safe fn c_erf(x: f64) -> f64;
-}
-
-/// The C library's error function in the type's precision.
-trait Erf {
-    fn c_erf(self) -> Self;
-}
-
-impl Erf for f32 {
-    fn c_erf(self) -> Self {
-        c_erff(self)
-    }
-}
-
-impl Erf for f64 {
-    fn c_erf(self) -> Self {
-        c_erf(self)
-    }
 }
 
 /// The counter-based generator behind `FetchOp::Uniform`: SplitMix64's finalizer applied to

@@ -15,32 +15,9 @@ use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
 fn identical_steps_on_different_tensors_compile_once_and_compute_their_own_values() {
     let (m, k, n) = (24, 20, 32);
     let mut nodes = NodeTable::default();
-    let mut layers = Vec::new();
-    for l in 0..3 {
-        let a = host(&mut nodes, &format!("a{l}"), &[m, k], Prec::F32);
-        let b = host(&mut nodes, &format!("b{l}"), &[k, n], Prec::F32);
-        let c = host(&mut nodes, &format!("c{l}"), &[m, n], Prec::F32);
-        layers.push((a, b, c));
-    }
-    let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
-    let p = || {
-        proj(
-            &[(i, m), (j, n), (kk, k)],
-            &[m, n],
-            vec![AxisIndex::Iterator(i), AxisIndex::Iterator(j)],
-            vec![
-                (vec![m, k], vec![AxisIndex::Iterator(i), AxisIndex::Iterator(kk)]),
-                (vec![k, n], vec![AxisIndex::Iterator(kk), AxisIndex::Iterator(j)]),
-            ],
-        )
-    };
-    let mul = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
-    let asgn = Asgn::Seq(
-        layers
-            .iter()
-            .map(|&(a, b, c)| accum(c, Some(BinOp::Add), vec![a, b], mul.clone(), p(), true))
-            .collect(),
-    );
+    let (code, layers): (Vec<Asgn>, Vec<[NodeId; 3]>) =
+        (0..3).map(|l| matmul(&mut nodes, &l.to_string(), m, k, n)).unzip();
+    let asgn = Asgn::Seq(code);
     // Each matmul its own (parallel) step.
     let opts = CompileOptions {
         cache: rocannl_arrayjit::cache::CacheMode::Off,
@@ -55,7 +32,7 @@ fn identical_steps_on_different_tensors_compile_once_and_compute_their_own_value
     let calls = src.split("/* calls, in order:").nth(1).unwrap().matches("   step_").count();
     assert!(calls >= 3 && defined * 3 <= calls, "{defined} steps for {calls} calls:\n{src}");
     let mut inputs = Vec::new();
-    for (l, &(a, b, _)) in layers.iter().enumerate() {
+    for (l, &[a, b, _]) in layers.iter().enumerate() {
         let av: Vec<f64> = data(m * k, 10 + l as u64, -1.0, 1.0);
         let bv: Vec<f64> = data(k * n, 20 + l as u64, -1.0, 1.0);
         ctx.write(a, &NdArray::from_f64(Prec::F32, &[m, k], &av).unwrap()).unwrap();
@@ -63,7 +40,7 @@ fn identical_steps_on_different_tensors_compile_once_and_compute_their_own_value
         inputs.push((av, bv));
     }
     ctx.run(&r, &[]).unwrap();
-    for (l, &(_, _, c)) in layers.iter().enumerate() {
+    for (l, &[_, _, c]) in layers.iter().enumerate() {
         let (av, bv) = &inputs[l];
         let want: Vec<f64> = (0..m * n)
             .map(|cell| {

@@ -612,9 +612,8 @@ impl Backend for Gccjit {
         }
         let steps = &deduped.steps;
         let slots = &deduped.slots;
-        let counts: Vec<usize> = (0..steps.len())
-            .map(|d| deduped.calls.iter().filter(|c| c.step == d).count())
-            .collect();
+        let mut counts = vec![0usize; steps.len()];
+        deduped.calls.iter().for_each(|c| counts[c.step] += 1);
         let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
         if let Some(d) = &self.opts.debug_dir {
             let _ = std::fs::create_dir_all(d);
