@@ -94,6 +94,14 @@ fn char_gpt_learns_and_reports_json() {
     // Uniform guessing over 27 symbols is ln 27 ≈ 3.30.
     assert!(num(&v, "val_loss") < 2.8, "{v}");
     assert_eq!(v["samples"].as_array().map(Vec::len), Some(20), "{v}");
+    assert_eq!(v["params"], 104_091, "{v}");
+    // The order and split the configuration fixes, as any other framework's run must see them.
+    let data = &v["data"];
+    assert_eq!(data["vocab"], 27, "{v}");
+    assert_eq!((&data["train_tokens"], &data["val_tokens"]), (&32_550.into(), &3_574.into()));
+    assert_eq!(data["eval_windows"], 223, "{v}");
+    let first = serde_json::json!(["jane", "hannelore", "nelly", "terrence", "roger"]);
+    assert_eq!(data["first_names"], first, "{v}");
     assert!(dir.join("char_gpt.safetensors").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
