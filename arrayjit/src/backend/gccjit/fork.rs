@@ -10,8 +10,14 @@
 //! Forking while another thread of this process is inside libgccjit would leave the child a
 //! copy of GCC's lock, held by a thread that does not exist there. Every compile of this crate
 //! takes [`GCC_LOCK`], and so does every fork, which rules that out for this crate's builds.
+//!
+//! For the same reason a child takes no lock of the standard library either. A panic inside a
+//! child is silenced by a hook installed once in the parent, before the first fork, which stays
+//! quiet in children: setting a hook in the child would wait forever for the hook's lock if
+//! another thread of the parent was running a panic hook at the moment of the fork.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
 
 /// Held around every libgccjit compile of this process and around forking.
 pub static GCC_LOCK: Mutex<()> = Mutex::new(());
@@ -19,6 +25,24 @@ pub static GCC_LOCK: Mutex<()> = Mutex::new(());
 /// Takes [`GCC_LOCK`] (a panic elsewhere while holding it leaves nothing to repair).
 pub fn gcc_lock() -> MutexGuard<'static, ()> {
     GCC_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Set in a child right after the fork: its panics are failed jobs, reported by the exit status.
+static IN_CHILD: AtomicBool = AtomicBool::new(false);
+
+/// Wraps the process's panic hook (once, in the parent) so that it stays silent in children:
+/// the default hook would write to the parent's stderr, whose lock another thread may have held
+/// at the fork. Elsewhere it calls the hook that was installed before.
+fn quiet_in_children() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_CHILD.load(Ordering::Relaxed) {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// A running child.
@@ -30,6 +54,7 @@ pub struct Child(libc::pid_t);
 pub fn spawn<'a>(
     jobs: Vec<Box<dyn FnOnce() -> bool + 'a>>,
 ) -> Vec<Result<Child, Box<dyn FnOnce() -> bool + 'a>>> {
+    quiet_in_children();
     let _guard = gcc_lock();
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -38,10 +63,8 @@ pub fn spawn<'a>(
         // lock is free because `GCC_LOCK` is held) and then `_exit`.
         match unsafe { libc::fork() } {
             0 => {
-                // A panic (libgccjit errors are panics in debug builds) is a failed job, reported
-                // by the exit status; the default hook would write to the parent's stderr, whose
-                // lock another thread may have held at the fork.
-                std::panic::set_hook(Box::new(|_| {}));
+                // A panic (libgccjit errors are panics in debug builds) is a failed job.
+                IN_CHILD.store(true, Ordering::Relaxed);
                 let ok =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or(false);
                 // SAFETY: ends the child at once, as a child of `fork` must.
