@@ -6,6 +6,9 @@
 //! - W3: the moons step, MLP 2→16→16→1, batch 32, hinge loss, SGD;
 //! - W4: the einsums `bhqd,bhkd->bhqk` (8,8,128,128,64) and `bij,bjk->bik` (64,128,128,128).
 //!
+//! `w2_dynamic_*` is W2 with the batch declared dynamic ([`Graph::dynamic`], at most 128), run
+//! at 128 rows and at 37: the cost of one routine serving every batch size.
+//!
 //! `cargo bench --bench anchors`. Each iteration is one call of the compiled routine; the time to
 //! compile the first step is printed before the measurements.
 
@@ -20,23 +23,42 @@ fn data(n: usize, seed: u64) -> Vec<f64> {
     (0..n).map(|i| uniform(seed, i as u64) * 2.0 - 1.0).collect()
 }
 
+/// How the batch of an MLP step is declared: fixed, or dynamic with a maximum (and run at
+/// `batch` rows).
+#[derive(Clone, Copy)]
+enum Batch {
+    Fixed,
+    Dynamic(usize),
+}
+
 fn mlp_step(
     c: &mut Criterion,
     name: &str,
     widths: &[usize],
     input: usize,
-    batch: usize,
+    (batch, kind): (usize, Batch),
     hinge: bool,
 ) {
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[batch], &[], &[input]);
     let classes = *widths.last().unwrap_or(&1);
-    let y = g.data("y", &[batch], &[], &[classes]);
+    let (x, y, dim) = match kind {
+        Batch::Fixed => {
+            (g.data("x", &[batch], &[], &[input]), g.data("y", &[batch], &[], &[classes]), None)
+        }
+        Batch::Dynamic(max) => {
+            let d = g.dynamic("batch", max);
+            let x = g.data_dyn("x", &d, &[], &[], &[input]);
+            (x, g.data_dyn("y", &d, &[], &[], &[classes]), Some(d))
+        }
+    };
     let out = Mlp::new(&g, "mlp", widths, Activation::Relu).apply(&x);
     let l = if hinge { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
     let mut s = Session::with_options(&g, SessionOptions::default()).expect("session");
     let t0 = Instant::now();
     let mut step = s.train_step(&l, &Optimizer::sgd(), &[]).expect("train step");
+    if let Some(d) = &dim {
+        s.set_size(d, batch).expect("size");
+    }
     s.write(&x, &data(batch * input, 1)).expect("x");
     let targets: Vec<f64> = if hinge {
         (0..batch).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect()
@@ -67,8 +89,12 @@ fn einsum(c: &mut Criterion, name: &str, spec: &str, a: &[usize], b: &[usize], f
 }
 
 fn bench(c: &mut Criterion) {
-    mlp_step(c, "w2_mlp_784_256_256_10_b128", &[256, 256, 10], 784, 128, false);
-    mlp_step(c, "w3_moons_2_16_16_1_b32", &[16, 16, 1], 2, 32, true);
+    let w2 = [256, 256, 10];
+    mlp_step(c, "w2_mlp_784_256_256_10_b128", &w2, 784, (128, Batch::Fixed), false);
+    mlp_step(c, "w2_dynamic_b128_of_128", &w2, 784, (128, Batch::Dynamic(128)), false);
+    mlp_step(c, "w2_dynamic_b37_of_128", &w2, 784, (37, Batch::Dynamic(128)), false);
+    mlp_step(c, "w2_fixed_b37", &w2, 784, (37, Batch::Fixed), false);
+    mlp_step(c, "w3_moons_2_16_16_1_b32", &[16, 16, 1], 2, (32, Batch::Fixed), true);
     einsum(
         c,
         "attention_scores",

@@ -44,6 +44,7 @@ fn routine(steps: usize) -> (Asgn, NodeTable) {
             project_lhs: vec![it(i), AxisIndex::Fixed(0)],
             project_rhs: vec![vec![it(i), it(j)]],
             debug_info: "sum".into(),
+            dynamic: vec![],
         };
         seq.push(Asgn::Accum {
             lhs: r,
@@ -61,6 +62,7 @@ fn routine(steps: usize) -> (Asgn, NodeTable) {
             project_lhs: vec![it(i), it(j)],
             project_rhs: vec![vec![it(i), it(j)], vec![it(i), AxisIndex::Fixed(0)]],
             debug_info: "sub".into(),
+            dynamic: vec![],
         };
         seq.push(Asgn::Accum {
             lhs: z,

@@ -27,6 +27,7 @@ fn matmul(ctx: &mut Context, n: usize) -> Routine {
         project_lhs: vec![it(i), it(j)],
         project_rhs: vec![vec![it(i), it(k)], vec![it(k), it(j)]],
         debug_info: "matmul".into(),
+        dynamic: vec![],
     });
     let asgn = Asgn::Accum {
         lhs: c,

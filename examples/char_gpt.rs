@@ -137,8 +137,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let d = data(a.data.as_deref())?;
     let vocab = d.vocab.len();
     let g = Graph::with_seed(a.seed);
-    let x = g.data("inputs", &[BATCH, CONTEXT], &[], &[]);
-    let y = g.data("targets", &[BATCH, CONTEXT], &[], &[]);
+    // One batch size at run time: 32 windows to train, the rest of the validation windows,
+    // 20 names to sample; the same compiled routines serve them all.
+    let batch = g.dynamic("batch", BATCH);
+    let x = g.data_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
+    let y = g.data_dyn("targets", &batch, &[CONTEXT], &[], &[]);
     let cfg = GptConfig {
         vocab,
         context: CONTEXT,
@@ -188,22 +191,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let train_s = train_started.elapsed().as_secs_f64();
-    // Validation: every non-overlapping window, 32 at a time (the last batch padded with the
-    // first window and its padding left out of the mean).
+    // Validation: every non-overlapping window, 32 at a time (the last batch smaller).
     let val = SequenceLoader::new(d.val.clone(), CONTEXT, BATCH, 0)?;
     let (mut total, mut count) = (0.0, 0usize);
     for chunk in val.eval_starts().chunks(BATCH) {
-        let starts: Vec<usize> =
-            (0..BATCH).map(|b| chunk.get(b).copied().unwrap_or(chunk[0])).collect();
-        let (xs, ys) = val.windows(&starts);
+        let (xs, ys) = val.windows(chunk);
+        s.set_size(&batch, chunk.len())?;
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
         s.run(&eval)?;
         let per = s.read(&per_position)?;
-        total += per[..chunk.len() * CONTEXT].iter().sum::<f64>();
-        count += chunk.len() * CONTEXT;
+        total += per.iter().sum::<f64>();
+        count += per.len();
     }
     let val_loss = total / count as f64;
+    s.set_size(&batch, SAMPLES)?;
     let samples = sample(&mut s, &eval, &x, &logits, &d.vocab, a.seed)?;
     let tail = &losses[losses.len().saturating_sub(50)..];
     let train_loss = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
@@ -232,9 +234,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// 20 names sampled at temperature 1, 20 windows of the batch at once: each step runs the
-/// forward routine, reads the logits at every name's current position and draws the next
-/// character from their softmax.
+/// How many names are sampled.
+const SAMPLES: usize = 20;
+
+/// 20 names sampled at temperature 1, in one batch of 20 windows: each step runs the forward
+/// routine, reads the logits at every name's current position and draws the next character
+/// from their softmax.
 fn sample(
     s: &mut Session,
     eval: &rocannl::arrayjit::Routine,
@@ -243,9 +248,9 @@ fn sample(
     vocab: &[char],
     seed: u64,
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let n = 20.min(BATCH);
+    let n = SAMPLES;
     let v = vocab.len();
-    let mut ids = vec![0u32; BATCH * CONTEXT];
+    let mut ids = vec![0u32; n * CONTEXT];
     let mut names = vec![String::new(); n];
     let mut done = vec![false; n];
     for pos in 0..CONTEXT - 1 {

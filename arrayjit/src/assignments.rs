@@ -22,6 +22,8 @@ pub enum ScalarExpr {
     Arg(usize),
     /// A constant.
     Const(f64),
+    /// The value of a runtime symbol (the size of a dynamic axis, in a mean over it).
+    Symbol(Symbol),
     /// A unary operation.
     Unop(UnOp, Box<ScalarExpr>),
     /// A binary operation.
@@ -50,10 +52,28 @@ impl ScalarExpr {
     pub fn max_arg(&self) -> Option<usize> {
         match self {
             ScalarExpr::Arg(i) => Some(*i),
-            ScalarExpr::Const(_) => None,
+            ScalarExpr::Const(_) | ScalarExpr::Symbol(_) => None,
             ScalarExpr::Unop(_, a) => a.max_arg(),
             ScalarExpr::Binop(_, a, b) => a.max_arg().max(b.max_arg()),
             ScalarExpr::Ternop(_, a, b, c) => a.max_arg().max(b.max_arg()).max(c.max_arg()),
+        }
+    }
+
+    /// Calls `f` on every runtime symbol the expression reads.
+    pub fn symbols(&self, f: &mut impl FnMut(Symbol)) {
+        match self {
+            ScalarExpr::Symbol(s) => f(*s),
+            ScalarExpr::Arg(_) | ScalarExpr::Const(_) => {}
+            ScalarExpr::Unop(_, a) => a.symbols(f),
+            ScalarExpr::Binop(_, a, b) => {
+                a.symbols(f);
+                b.symbols(f);
+            }
+            ScalarExpr::Ternop(_, a, b, c) => {
+                a.symbols(f);
+                b.symbols(f);
+                c.symbols(f);
+            }
         }
     }
 
@@ -61,6 +81,7 @@ impl ScalarExpr {
         match self {
             ScalarExpr::Arg(i) => f.write_str(&arg(*i)),
             ScalarExpr::Const(c) => write!(f, "{}", fmt_f64(*c)),
+            ScalarExpr::Symbol(s) => write!(f, "{s}"),
             ScalarExpr::Unop(op, a) => {
                 write!(f, "{}(", op.name())?;
                 a.fmt_with(f, arg)?;

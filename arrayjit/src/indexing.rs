@@ -175,6 +175,10 @@ pub struct Projections {
     pub project_rhs: Vec<Vec<AxisIndex>>,
     /// Where the projection came from (the operation and its spec), for dumps and errors.
     pub debug_info: String,
+    /// Product iterators with a size known only when the routine runs, each with the runtime
+    /// symbol holding that size: `(iterator, size)`. The iterator's entry in `product_space` is
+    /// the size's maximum; its loop visits `0..size` only (a dynamic batch).
+    pub dynamic: Vec<(Symbol, Symbol)>,
 }
 
 impl Projections {
@@ -197,6 +201,7 @@ impl Projections {
             project_lhs: idx.clone(),
             project_rhs: vec![idx; n_rhs],
             debug_info: "identity".to_string(),
+            dynamic: vec![],
         }
     }
 
@@ -255,7 +260,10 @@ impl fmt::Display for Projections {
             if n > 0 {
                 write!(f, ", ")?;
             }
-            write!(f, "{s}:{d}")?;
+            match self.dynamic.iter().find(|(it, _)| it == s) {
+                Some((_, size)) => write!(f, "{s}:{size}<={d}")?,
+                None => write!(f, "{s}:{d}")?,
+            }
         }
         write!(f, "] lhs")?;
         write_indices(f, &self.project_lhs)?;
@@ -291,6 +299,7 @@ mod tests {
                 vec![AxisIndex::Iterator(k), AxisIndex::Iterator(j)],
             ],
             debug_info: "matmul".into(),
+            dynamic: vec![],
         }
     }
 
@@ -315,6 +324,7 @@ mod tests {
             project_lhs: vec![AxisIndex::Iterator(i), AxisIndex::Iterator(i)],
             project_rhs: vec![vec![AxisIndex::Iterator(i)]],
             debug_info: "diag".into(),
+            dynamic: vec![],
         };
         assert!(!p.is_surjective());
         assert!(p.is_injective());

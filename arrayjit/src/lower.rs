@@ -280,6 +280,7 @@ fn convert_expr(e: &ScalarExpr, args: &[Expr]) -> Expr {
     match e {
         ScalarExpr::Arg(i) => args[*i].clone(),
         ScalarExpr::Const(c) => Expr::Const(*c),
+        ScalarExpr::Symbol(s) => Expr::IndexValue(Index::new(vec![(1, IdxVar::Sym(*s))], 0)),
         ScalarExpr::Unop(op, a) => Expr::Unop(*op, Box::new(convert_expr(a, args))),
         ScalarExpr::Binop(op, a, b) => Expr::bin(*op, convert_expr(a, args), convert_expr(b, args)),
         ScalarExpr::Ternop(op, a, b, c) => Expr::Ternop(
@@ -289,6 +290,38 @@ fn convert_expr(e: &ScalarExpr, args: &[Expr]) -> Expr {
             Box::new(convert_expr(c, args)),
         ),
     }
+}
+
+/// The guards of dynamic iterators: a loop of a dynamic iterator runs over the size's
+/// maximum and skips the positions at or past the size, `v < n` written as the guard
+/// `0 <= v - n + max < max` (the lower half holds for every `n <= max`, which running checks).
+/// A cell guard when the iterator indexes the assigned tensor, a point guard when it is reduced.
+fn dynamic_guards(
+    prog: &mut Program,
+    lhs: NodeId,
+    p: &Projections,
+    loop_of: &FxHashMap<Symbol, Var>,
+    lhs_idx: &[Index],
+    lhs_guards: &mut Vec<Guard>,
+    rhs_guards: &mut Vec<Guard>,
+) -> Result<(), Error> {
+    for &(iter, size) in &p.dynamic {
+        let Some(pos) = p.product_iterators.iter().position(|s| *s == iter) else {
+            return Err(invalid(lhs, format!("dynamic iterator {iter} is not a product iterator")));
+        };
+        let max = p.product_space[pos];
+        register_symbol(prog, size);
+        // An iterator of extent 1 has no loop: its only position is 0 < n.
+        let Some(&v) = loop_of.get(&iter) else { continue };
+        let index = Index::new(vec![(1, IdxVar::Loop(v)), (-1, IdxVar::Sym(size))], max as i64);
+        let g = Guard { index, bound: max };
+        if lhs_idx.iter().any(|i| i.uses(v)) {
+            lhs_guards.push(g);
+        } else {
+            rhs_guards.push(g);
+        }
+    }
+    Ok(())
 }
 
 fn guarded(guards: Vec<Guard>, body: Vec<Stmt>) -> Vec<Stmt> {
@@ -351,6 +384,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         access_guards(prog, &node, &rhs_idx[k], &extent, &mut rhs_guards)?;
     }
     rhs_guards.retain(|g| !lhs_guards.contains(g));
+    dynamic_guards(prog, id, p, &loop_of, &lhs_idx, &mut lhs_guards, &mut rhs_guards)?;
 
     // Lhs iterators come first, reduction iterators innermost.
     let (lhs_vars, red_vars): (Vec<Var>, Vec<Var>) =
@@ -369,6 +403,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
 
     let args: Vec<Expr> =
         a.rhs.iter().zip(&rhs_idx).map(|(n, idx)| Expr::Get(*n, idx.clone())).collect();
+    a.expr.symbols(&mut |s| register_symbol(prog, s));
     let value = convert_expr(a.expr, &args);
     let old = Expr::Get(id, lhs_idx.clone());
     let combine = |acc: Expr, v: Expr| match a.accum {

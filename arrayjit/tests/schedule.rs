@@ -76,6 +76,7 @@ fn contraction(
         project_lhs: idx(out.1),
         project_rhs: args.iter().map(|a| idx(a.1)).collect(),
         debug_info: name.to_string(),
+        dynamic: vec![],
     };
     let expr = (1..args.len())
         .fold(ScalarExpr::Arg(0), |e, k| ScalarExpr::bin(BinOp::Mul, e, ScalarExpr::Arg(k)));

@@ -522,6 +522,8 @@ impl Inference {
             project_lhs,
             project_rhs,
             debug_info: format!("{} for '{}'", logic.describe(), cur.debug_name),
+            // Dynamic sizes are the tensor layer's: it marks the iterators of dynamic axes.
+            dynamic: vec![],
         })
     }
 }

@@ -47,7 +47,7 @@ pub fn tensor_error(e: Error) -> CliError {
     let kind = match &e {
         Error::Shape(ShapeError::Spec(_)) => ErrorKind::Spec,
         Error::Shape(ShapeError::Arity(_)) => ErrorKind::Input,
-        Error::Shape(_) => ErrorKind::Shape,
+        Error::Shape(_) | Error::Dynamic { .. } => ErrorKind::Shape,
         Error::Compile(
             J::UnknownBackend(_)
             | J::NotBuiltIn(_)

@@ -17,6 +17,16 @@ pub enum Error {
     /// Lowering, compiling or running a routine failed, or a backend is missing.
     #[error(transparent)]
     Compile(#[from] arrayjit::Error),
+    /// A dynamic size ([`crate::DynDim`]) flows where a fixed size is needed.
+    #[error("dynamic size `{dim}` in {op}: {message}")]
+    Dynamic {
+        /// The dynamic size, `name<=max`.
+        dim: String,
+        /// The operation, as its result is named.
+        op: String,
+        /// What it meets.
+        message: String,
+    },
     /// The API was used in a way that cannot work (the message says how to fix it).
     #[error("{0}")]
     Usage(String),

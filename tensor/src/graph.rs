@@ -18,6 +18,7 @@ use rocannl_shape::spec::{EinsumSpec, SpecError};
 use rocannl_shape::var::{ShapeId, StepId};
 use rustc_hash::FxHashMap;
 
+use crate::dynamic::DynDim;
 use crate::error::{Error, Result};
 use crate::init::Init;
 use crate::op::Op;
@@ -83,6 +84,8 @@ pub(crate) struct GraphInner {
     pub param_sites: FxHashMap<String, &'static std::panic::Location<'static>>,
     /// Params exempt from weight decay ([`ParamSpec::no_decay`]).
     pub no_decay: rustc_hash::FxHashSet<TensorId>,
+    /// Data tensors whose first axis has a dynamic size ([`Graph::data_dyn`]).
+    pub dynamic: FxHashMap<TensorId, DynDim>,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -147,6 +150,7 @@ impl Graph {
                 specs: FxHashMap::default(),
                 param_sites: FxHashMap::default(),
                 no_decay: Default::default(),
+                dynamic: FxHashMap::default(),
             })),
         }
     }
@@ -263,6 +267,63 @@ impl Graph {
             Leaf::Data(None),
             TerminalData::Rows,
         )
+    }
+
+    /// A size chosen each time a routine runs, from 1 to `max`: the batch size of
+    /// [`Graph::data_dyn`] tensors. Routines compiled once serve every size; the
+    /// [`crate::Session`] holds the current one ([`crate::Session::set_size`], initially
+    /// `max`). `max` must be at least 2.
+    ///
+    /// ```
+    /// use rocannl_tensor::Graph;
+    /// let g = Graph::new();
+    /// let batch = g.dynamic("batch", 64);
+    /// assert_eq!((batch.name(), batch.max()), ("batch", 64));
+    /// ```
+    pub fn dynamic(&self, name: &str, max: usize) -> DynDim {
+        let symbol = self.runtime_symbol();
+        if max < 2 {
+            self.record(Error::usage(format!(
+                "the dynamic size `{name}` has maximum {max}; it must be at least 2 (a size that \
+                 is always 1 is a fixed axis of size 1)"
+            )));
+        }
+        DynDim { name: std::sync::Arc::from(name), max: max.max(2), symbol }
+    }
+
+    /// Host-written data whose first batch axis has the dynamic size `batch`, followed by
+    /// the fixed `more_batch`, `input` and `output` sizes. Shapes are inferred with the axis at
+    /// its maximum; writing and reading it take as many rows as the current size.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, ParamSpec, Session};
+    /// let g = Graph::new();
+    /// let batch = g.dynamic("batch", 32);
+    /// let x = g.data_dyn("x", &batch, &[], &[], &[3]);
+    /// let w = g.param_with("w", ParamSpec::output(&[2]));
+    /// let y = w.matmul(&x);
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// for n in [32, 7, 1] {
+    ///     s.set_size(&batch, n).unwrap();
+    ///     s.write(&x, &vec![1.0; n * 3]).unwrap();
+    ///     s.run(&r).unwrap(); // one routine for every size
+    ///     assert_eq!(s.read(&y).unwrap().len(), n * 2);
+    /// }
+    /// ```
+    pub fn data_dyn(
+        &self,
+        label: &str,
+        batch: &DynDim,
+        more_batch: &[usize],
+        input: &[usize],
+        output: &[usize],
+    ) -> Tensor {
+        let rows: Vec<usize> =
+            std::iter::once(batch.max).chain(more_batch.iter().copied()).collect();
+        let t = self.data(label, &rows, input, output);
+        self.borrow_mut().dynamic.insert(t.id, batch.clone());
+        t
     }
 
     /// Constant data with explicit values in memory order (batch, output, input).

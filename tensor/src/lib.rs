@@ -12,6 +12,7 @@
 //! 3. Run routines, write inputs and read values; train with [`train`]; save and load
 //!    parameters with [`persist`].
 
+pub mod dynamic;
 pub mod error;
 pub mod graph;
 pub mod init;
@@ -23,6 +24,7 @@ pub mod persist;
 pub mod session;
 pub mod train;
 
+pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Tensor, TensorId};
 pub use init::Init;

@@ -131,6 +131,7 @@ pub fn project(p: &Projections, lhs: Side, rhs: &[Side]) -> Projections {
         project_lhs,
         project_rhs,
         debug_info: p.debug_info.clone(),
+        dynamic: p.dynamic.iter().filter(|(s, _)| used.contains(s)).copied().collect(),
     }
 }
 
@@ -149,6 +150,7 @@ fn compact(e: &ScalarExpr, sides: &mut Vec<(usize, Side)>) -> ScalarExpr {
             ScalarExpr::Arg(pos)
         }
         ScalarExpr::Const(v) => ScalarExpr::Const(*v),
+        ScalarExpr::Symbol(s) => ScalarExpr::Symbol(*s),
         ScalarExpr::Unop(op, a) => ScalarExpr::un(*op, compact(a, sides)),
         ScalarExpr::Binop(op, a, b) => {
             let a = compact(a, sides);
@@ -229,6 +231,7 @@ mod tests {
                 vec![AxisIndex::Iterator(i)],
             ],
             debug_info: String::new(),
+            dynamic: vec![],
         };
         let q = project(&p, Side::Out, &[Side::Arg(2)]);
         assert_eq!(q.to_string(), "[i0:2] lhs[i0] <- rhs0[i0]");

@@ -159,6 +159,7 @@ fn reduce_all(dims: &[usize], symbols: &mut rocannl_arrayjit::indexing::SymbolGe
         project_lhs: vec![],
         project_rhs: vec![iters.iter().map(|s| AxisIndex::Iterator(*s)).collect()],
         debug_info: "gradient norm".into(),
+        dynamic: vec![],
     }
 }
 
@@ -178,6 +179,7 @@ fn pointwise(
         project_lhs: full.clone(),
         project_rhs: rhs_scalar.iter().map(|s| if *s { vec![] } else { full.clone() }).collect(),
         debug_info: "optimizer update".into(),
+        dynamic: vec![],
     }
 }
 

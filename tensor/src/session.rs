@@ -19,6 +19,7 @@ use rocannl_arrayjit::tnode::{MemoryMode, NodeId, NodeTable, TensorNode};
 use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray, Routine};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::dynamic::DynAxes;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, Source, Tensor, TensorId};
 use crate::init::{InitTarget, derive_seed, init_code};
@@ -61,6 +62,10 @@ pub struct Session {
     /// Extra nodes that are host visible.
     persistent: FxHashSet<NodeId>,
     pub(crate) symbols: SymbolGen,
+    /// The dynamic axes of each tensor whose projections were derived ([`crate::dynamic`]).
+    pub(crate) dyn_axes: FxHashMap<TensorId, DynAxes>,
+    /// The current value of each dynamic size set with [`Session::set_size`].
+    pub(crate) sizes: FxHashMap<Symbol, usize>,
 }
 
 impl std::fmt::Debug for Session {
@@ -114,6 +119,8 @@ impl Session {
             ready: FxHashSet::default(),
             persistent: FxHashSet::default(),
             symbols: SymbolGen::starting_at(1 << 20),
+            dyn_axes: FxHashMap::default(),
+            sizes: FxHashMap::default(),
         })
     }
 
@@ -176,7 +183,7 @@ impl Session {
     }
 
     /// The tensors `roots` depend on, each after its arguments.
-    fn topo(&self, roots: &[TensorId]) -> Vec<TensorId> {
+    pub(crate) fn topo(&self, roots: &[TensorId]) -> Vec<TensorId> {
         let g = self.graph.borrow();
         let mut order = Vec::new();
         let mut done = FxHashSet::default();
@@ -202,7 +209,7 @@ impl Session {
         order
     }
 
-    fn projections(&mut self, t: TensorId) -> Result<Vec<Arc<Projections>>> {
+    pub(crate) fn projections(&mut self, t: TensorId) -> Result<Vec<Arc<Projections>>> {
         if let Some(p) = self.proj.get(&t) {
             return Ok(p.clone());
         }
@@ -213,12 +220,17 @@ impl Session {
         };
         let step =
             info.step.ok_or_else(|| Error::usage(format!("'{}' has no shape step", info.label)))?;
-        let ps: Vec<Projections> = if op.per_argument_projections() {
+        let per_argument = op.per_argument_projections();
+        let mut ps: Vec<Projections> = if per_argument {
             g.inf.derive_concat_projections(step, &mut self.symbols)?
         } else {
             vec![g.inf.derive_projections(step, &mut self.symbols)?]
         };
+        let dynamic = !g.dynamic.is_empty();
         drop(g);
+        if dynamic {
+            self.mark_dynamic(t, &mut ps, per_argument)?;
+        }
         let ps: Vec<Arc<Projections>> = ps.into_iter().map(Arc::new).collect();
         self.proj.insert(t, ps.clone());
         Ok(ps)
@@ -504,18 +516,26 @@ impl Session {
 
     /// Runs a routine with runtime symbols bound (e.g. the batch of a batch slice).
     pub fn run_with(&mut self, r: &Routine, bindings: &[(Symbol, i64)]) -> Result<()> {
-        self.ctx.run(r, bindings)?;
+        if self.graph.borrow().dynamic.is_empty() {
+            self.ctx.run(r, bindings)?;
+        } else {
+            let all = self.with_sizes(bindings);
+            self.ctx.run(r, &all)?;
+        }
         Ok(())
     }
 
     /// Writes host values (in memory order) into a data or parameter tensor.
+    /// A tensor with a dynamic axis ([`crate::Graph::data_dyn`]) takes the cells of its
+    /// current size ([`Session::set_size`]).
     pub fn write(&mut self, t: &Tensor, values: &[f64]) -> Result<()> {
         let dims = t.dims()?;
         let n = self.node_of(t.id);
         let node = TensorNode::new(n, &t.label(), &dims, self.prec, MemoryMode::HostVisible);
+        let spread = self.spread_dynamic(t, &dims, values)?;
         self.ctx.ensure_buffer(&node)?;
         self.ready.insert(t.id);
-        self.write_node(n, &dims, values)
+        self.write_node(n, &dims, spread.as_deref().unwrap_or(values))
     }
 
     /// Writes integer ids (tokens, class labels) into a data tensor, checking each against the
@@ -563,12 +583,13 @@ impl Session {
         self.write(t, &arr.to_f64_vec())
     }
 
-    /// Reads a tensor's values in memory order (batch, output, input).
+    /// Reads a tensor's values in memory order (batch, output, input); a dynamic axis has its
+    /// current size.
     pub fn read(&self, t: &Tensor) -> Result<Vec<f64>> {
         let n = self.value.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' was not computed by this session", t.label()))
         })?;
-        Ok(self.ctx.read(*n)?.to_f64_vec())
+        self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
     }
 
     /// Reads a tensor's values in the session's precision, without converting them (a copy of
@@ -577,7 +598,7 @@ impl Session {
         let n = self.value.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' was not computed by this session", t.label()))
         })?;
-        Ok(self.ctx.read(*n)?)
+        self.trim_dynamic_array(t.id, self.ctx.read(*n)?)
     }
 
     /// Reads a tensor's gradient in the session's precision, without converting it.
@@ -585,7 +606,7 @@ impl Session {
         let n = self.grad.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' has no gradient in this session", t.label()))
         })?;
-        Ok(self.ctx.read(*n)?)
+        self.trim_dynamic_array(t.id, self.ctx.read(*n)?)
     }
 
     /// Reads a tensor's gradient (after a routine that backpropagates and keeps it).
@@ -593,7 +614,7 @@ impl Session {
         let n = self.grad.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' has no gradient in this session", t.label()))
         })?;
-        Ok(self.ctx.read(*n)?.to_f64_vec())
+        self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
     }
 
     pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {

@@ -54,6 +54,7 @@ pub fn proj(
         project_lhs: lhs,
         project_rhs: rhs.into_iter().map(|(_, i)| i).collect(),
         debug_info: String::new(),
+        dynamic: vec![],
     }
 }
 
@@ -459,6 +460,90 @@ pub fn batch_slice_case(prec: Prec, s_value: i64) -> Case {
     }
 }
 
+/// A dynamic batch: the rows `i` of `c = a·b` (then `w = aᵀ·d`, reducing over the rows, and the
+/// column means `m = Σ_i d[i]/n`) stop at the runtime size `n` of a maximum `mm`; rows at or
+/// past `n` are neither written nor read.
+pub fn dynamic_case(prec: Prec, n_value: usize) -> Case {
+    let (mm, k, n) = (24, 20, 32);
+    let mut nodes = NodeTable::default();
+    let a = host(&mut nodes, "a", &[mm, k], prec);
+    let b = host(&mut nodes, "b", &[k, n], prec);
+    let d = host(&mut nodes, "d", &[mm, n], prec);
+    let c = host(&mut nodes, "c", &[mm, n], prec);
+    let w = host(&mut nodes, "w", &[k, n], prec);
+    let m = host(&mut nodes, "m", &[n], prec);
+    let size = Symbol(60);
+    let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
+    let mut pc = proj(
+        &[(i, mm), (j, n), (kk, k)],
+        &[mm, n],
+        vec![It(i), It(j)],
+        vec![(vec![mm, k], vec![It(i), It(kk)]), (vec![k, n], vec![It(kk), It(j)])],
+    );
+    pc.dynamic = vec![(i, size)];
+    let (i2, j2, k2) = (Symbol(3), Symbol(4), Symbol(5));
+    let mut pw = proj(
+        &[(k2, k), (j2, n), (i2, mm)],
+        &[k, n],
+        vec![It(k2), It(j2)],
+        vec![(vec![mm, k], vec![It(i2), It(k2)]), (vec![mm, n], vec![It(i2), It(j2)])],
+    );
+    pw.dynamic = vec![(i2, size)];
+    let (i3, j3) = (Symbol(6), Symbol(7));
+    let mut pm =
+        proj(&[(j3, n), (i3, mm)], &[n], vec![It(j3)], vec![(vec![mm, n], vec![It(i3), It(j3)])]);
+    pm.dynamic = vec![(i3, size)];
+    let av: Vec<f64> = data(mm * k, 31, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let bv: Vec<f64> = data(k * n, 32, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let dv: Vec<f64> = data(mm * n, 33, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let rows = n_value;
+    let mut cv = vec![0.0; mm * n];
+    for r in 0..rows {
+        for q in 0..n {
+            cv[r * n + q] = prec.round((0..k).map(|t| av[r * k + t] * bv[t * n + q]).sum());
+        }
+    }
+    let mut wv = vec![0.0; k * n];
+    for t in 0..k {
+        for q in 0..n {
+            wv[t * n + q] = prec.round((0..rows).map(|r| av[r * k + t] * dv[r * n + q]).sum());
+        }
+    }
+    let mv: Vec<f64> = (0..n)
+        .map(|q| prec.round((0..rows).map(|r| dv[r * n + q]).sum::<f64>() / rows as f64))
+        .collect();
+    let mul = |x, y| ScalarExpr::bin(BinOp::Mul, x, y);
+    let mean =
+        mul(ScalarExpr::Arg(0), ScalarExpr::Unop(UnOp::Recip, Box::new(ScalarExpr::Symbol(size))));
+    Case {
+        name: format!("dynamic_batch_{}", prec.name()),
+        asgn: Asgn::Seq(vec![
+            accum(
+                c,
+                Some(BinOp::Add),
+                vec![a, b],
+                mul(ScalarExpr::Arg(0), ScalarExpr::Arg(1)),
+                pc,
+                true,
+            ),
+            accum(
+                w,
+                Some(BinOp::Add),
+                vec![a, d],
+                mul(ScalarExpr::Arg(0), ScalarExpr::Arg(1)),
+                pw,
+                true,
+            ),
+            accum(m, Some(BinOp::Add), vec![d], mean, pm, true),
+        ]),
+        nodes,
+        inputs: vec![(a, av), (b, bv), (d, dv)],
+        outputs: vec![c, w, m],
+        bindings: vec![(size, n_value as i64)],
+        expected: Some(vec![cv, wv, mv]),
+    }
+}
+
 /// Mixed precisions in one assignment: `z(f64) = x(f16) * y(f32) + 1`.
 pub fn mixed_prec_case() -> Case {
     let n = 8;
@@ -545,6 +630,7 @@ pub fn all_cases(precs: &[Prec]) -> Vec<Case> {
         cases.push(softmax_case(prec, 3, 7));
         cases.push(fetch_case(prec));
         cases.push(batch_slice_case(prec, 2));
+        cases.push(dynamic_case(prec, 7));
     }
     cases.push(mixed_prec_case());
     cases

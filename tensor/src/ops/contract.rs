@@ -9,8 +9,8 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use rocannl_arrayjit::assignments::Asgn;
-use rocannl_arrayjit::ops::BinOp;
+use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+use rocannl_arrayjit::ops::{BinOp, UnOp};
 use rocannl_shape::logic::Logic;
 use rocannl_shape::spec::EinsumSpec;
 use rocannl_shape::var::ShapeId;
@@ -117,7 +117,7 @@ impl Op for Einsum {
         };
         let mut expr = self.combined(cx.args.len());
         if self.reduce == Reduce::Mean {
-            expr = mul(expr, c(1.0 / reduced_count(cx) as f64));
+            expr = mul(expr, mean_scale(cx));
         }
         cx.out(Some(acc), &expr, true)
     }
@@ -129,7 +129,7 @@ impl Op for Einsum {
                     Reduce::Sum => (0..n).filter(|j| *j != i).fold(G, |acc, j| mul(acc, x(j))),
                     Reduce::Mean => (0..n)
                         .filter(|j| *j != i)
-                        .fold(mul(G, c(1.0 / reduced_count(cx) as f64)), |acc, j| mul(acc, x(j))),
+                        .fold(mul(G, mean_scale(cx)), |acc, j| mul(acc, x(j))),
                     // The gradient reaches the positions that attain the maximum.
                     Reduce::Max | Reduce::Tropical => mul(G, bin(BinOp::Eq, self.combined(n), Y)),
                 };
@@ -139,18 +139,29 @@ impl Op for Einsum {
     }
 }
 
-/// How many product-space points map to each result cell: the product of the sizes of the
-/// iterators the result's index does not use.
-fn reduced_count(cx: &OpCtx) -> usize {
+/// One over the number of product-space points that map to each result cell: the product of
+/// the sizes of the iterators the result's index does not use. A reduced dynamic iterator
+/// counts with its size when running, so a mean over a dynamic batch divides by the rows
+/// there are (`1 / (fixed · n)`, rounded once as the constant is).
+fn mean_scale(cx: &OpCtx) -> ScalarExpr {
     let p = &cx.proj[0];
     let used: Vec<_> = p.project_lhs.iter().flat_map(|i| i.symbols()).collect();
-    p.product_iterators
-        .iter()
-        .zip(&p.product_space)
-        .filter(|(s, _)| !used.contains(s))
-        .map(|(_, d)| *d)
-        .product::<usize>()
-        .max(1)
+    let mut fixed = 1usize;
+    let mut sizes = Vec::new();
+    for (s, d) in p.product_iterators.iter().zip(&p.product_space) {
+        if used.contains(s) {
+            continue;
+        }
+        match p.dynamic.iter().find(|(it, _)| it == s) {
+            Some((_, size)) => sizes.push(ScalarExpr::Symbol(*size)),
+            None => fixed *= *d,
+        }
+    }
+    if sizes.is_empty() {
+        return c(1.0 / fixed.max(1) as f64);
+    }
+    let count = sizes.into_iter().fold(c(fixed as f64), mul);
+    ScalarExpr::un(UnOp::Recip, count)
 }
 
 fn parse(t: &Tensor, spec: &str, n: usize) -> Option<Arc<EinsumSpec>> {

@@ -1,0 +1,467 @@
+//! Dynamic sizes: a batch axis whose size is chosen each time a routine runs.
+//!
+//! A training loop's last partial batch, an evaluation with another batch size and generation
+//! with batch 1 would each need their own compiled routine if every size were fixed. A
+//! [`DynDim`] (made by [`crate::Graph::dynamic`]) is a size known only when running, up to a
+//! maximum: the gradual `Dyn` dimension of Migeed et al. A data tensor declared with one
+//! ([`crate::Graph::data_dyn`]) has it as its first batch axis.
+//!
+//! Shape inference sizes the axis at its maximum, so every other size is inferred as usual and
+//! buffers hold the largest batch. Then this pass follows the dynamic axis through the solved
+//! projections of each operation, in the order the code is generated:
+//!
+//! - a product iterator that indexes a dynamic axis of an argument is *dynamic*: its loop runs
+//!   `0..n` for the size `n` bound when the routine runs ([`Projections::dynamic`]), so one
+//!   compiled routine serves every size up to the maximum;
+//! - a result axis indexed by a dynamic iterator is dynamic, with the same size (and so is the
+//!   gradient's), and a dynamic iterator absent from the result is reduced over `0..n` (a mean
+//!   divides by the runtime size);
+//! - a constant may be read along a dynamic axis (its cells are all alike), and so may a range
+//!   along its first axis (a cell's value does not depend on that axis' size);
+//! - a dynamic iterator that also indexes a fixed axis (size > 1) of another argument, two
+//!   dynamic sizes meeting in one iterator, and a dynamic axis addressed by a fixed position,
+//!   a convolution or a concatenation are errors naming the operation, the tensors and the
+//!   sizes: at run time such a program would mix rows that exist with rows that do not.
+//!
+//! A parameter never has a dynamic axis: its gradient sums the batch away.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rocannl_arrayjit::NdArray;
+use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
+
+use crate::error::{Error, Result};
+use crate::graph::{Leaf, Source, Tensor, TensorId};
+use crate::session::Session;
+
+/// A size chosen when a routine runs, at most `max` (a dynamic batch).
+///
+/// ```
+/// use rocannl_tensor::{Graph, Session};
+/// let g = Graph::new();
+/// let batch = g.dynamic("batch", 8);
+/// let x = g.data_dyn("x", &batch, &[], &[], &[2]);
+/// let y = x.mean1("b|o => 0|o"); // the mean over the rows there are
+/// let mut s = Session::new(&g).unwrap();
+/// let r = s.forward(&[&y]).unwrap();
+/// s.set_size(&batch, 3).unwrap();
+/// s.write(&x, &[1.0, 10.0, 2.0, 20.0, 3.0, 30.0]).unwrap();
+/// s.run(&r).unwrap();
+/// assert_eq!(s.read(&y).unwrap(), vec![2.0, 20.0]);
+/// s.set_size(&batch, 1).unwrap(); // the same routine, one row
+/// s.write(&x, &[5.0, 50.0]).unwrap();
+/// s.run(&r).unwrap();
+/// assert_eq!(s.read(&y).unwrap(), vec![5.0, 50.0]);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DynDim {
+    pub(crate) name: Arc<str>,
+    pub(crate) max: usize,
+    pub(crate) symbol: Symbol,
+}
+
+impl DynDim {
+    /// The name given at creation (used in messages).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The largest size.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The runtime symbol holding the size.
+    pub fn symbol(&self) -> Symbol {
+        self.symbol
+    }
+}
+
+impl fmt::Display for DynDim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}<={}", self.name, self.max)
+    }
+}
+
+/// The dynamic sizes of a tensor's axes (memory order), `None` for a fixed axis.
+pub type DynAxes = Vec<Option<DynDim>>;
+
+/// One argument of an operation, as the pass sees it.
+pub(crate) struct ArgAxes<'a> {
+    pub label: String,
+    pub dims: Vec<usize>,
+    pub axes: &'a [Option<DynDim>],
+    /// Axes whose cells do not depend on their size (every axis of a constant, the first
+    /// axis of a range): a dynamic iterator may read them at its first `n` positions.
+    pub flexible: Vec<bool>,
+}
+
+/// Marks the dynamic iterators of an operation's projections (one projection, or one per
+/// argument for a concatenation) and returns the dynamic axes of its result.
+pub(crate) fn mark(
+    op: &str,
+    result: &str,
+    ps: &mut [Projections],
+    args: &[ArgAxes<'_>],
+    per_argument: bool,
+) -> Result<DynAxes> {
+    let mut out: DynAxes = vec![None; ps.first().map_or(0, |p| p.lhs_dims.len())];
+    let mut lhs_fixed = vec![false; out.len()];
+    for (k, p) in ps.iter_mut().enumerate() {
+        let rhs_args: Vec<&ArgAxes<'_>> =
+            if per_argument { vec![&args[k]] } else { args.iter().collect() };
+        // Which iterators are dynamic, from the arguments' dynamic axes.
+        let mut dynamic: Vec<(Symbol, DynDim)> = Vec::new();
+        for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
+            for (axis, (d, i)) in a.axes.iter().zip(idx).enumerate() {
+                let Some(d) = d else { continue };
+                let AxisIndex::Iterator(s) = i else {
+                    return Err(conflict(
+                        d,
+                        op,
+                        format!(
+                            "axis {axis} of '{}' is addressed as `{i}` (a fixed position, a \
+                             convolution or a concatenation), which needs its size when compiling",
+                            a.label
+                        ),
+                    ));
+                };
+                match dynamic.iter().find(|(t, _)| t == s) {
+                    Some((_, other)) if other != d => {
+                        return Err(conflict(
+                            d,
+                            op,
+                            format!(
+                                "axis {axis} of '{}' is iterated together with the dynamic size \
+                                 `{other}`; two dynamic sizes must not meet",
+                                a.label
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                    None => dynamic.push((*s, d.clone())),
+                }
+            }
+        }
+        // Every axis a dynamic iterator reaches must be dynamic too (or broadcast, size 1).
+        for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
+            for (axis, i) in idx.iter().enumerate() {
+                if a.flexible.get(axis).copied().unwrap_or(false) {
+                    continue;
+                }
+                check_reach(op, &dynamic, i, a.axes.get(axis).and_then(|d| d.as_ref()), || {
+                    format!("axis {axis} of '{}' (size {})", a.label, a.dims[axis])
+                })?;
+            }
+        }
+        for (axis, i) in p.project_lhs.iter().enumerate() {
+            let reached =
+                dynamic.iter().find(|(s, _)| matches!(i, AxisIndex::Iterator(t) if t == s));
+            match reached {
+                Some((_, d)) => {
+                    if lhs_fixed[axis] {
+                        return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
+                    }
+                    out[axis] = Some(d.clone());
+                }
+                None => {
+                    check_reach(op, &dynamic, i, None, || format!("axis {axis} of '{result}'"))?;
+                    if let Some(d) = &out[axis] {
+                        if p.lhs_dims[axis] > 1 {
+                            return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
+                        }
+                    }
+                    lhs_fixed[axis] = p.lhs_dims[axis] > 1;
+                }
+            }
+        }
+        p.dynamic = dynamic.iter().map(|(s, d)| (*s, d.symbol)).collect();
+    }
+    Ok(out)
+}
+
+/// Checks one index against the dynamic iterators: an axis indexed by a dynamic iterator must
+/// be dynamic itself (`own` is its dynamic size, if any), and no dynamic iterator may take part
+/// in an affine index.
+fn check_reach(
+    op: &str,
+    dynamic: &[(Symbol, DynDim)],
+    i: &AxisIndex,
+    own: Option<&DynDim>,
+    what: impl Fn() -> String,
+) -> Result<()> {
+    for (s, d) in dynamic {
+        match i {
+            AxisIndex::Iterator(t) if t == s && own.is_none() => {
+                return Err(fixed_meets(d, op, &what()));
+            }
+            AxisIndex::Affine { terms, .. } if terms.iter().any(|(_, t)| t == s) => {
+                return Err(conflict(
+                    d,
+                    op,
+                    format!(
+                        "{} is addressed as `{i}` (a convolution or a concatenation), which \
+                         needs the size when compiling",
+                        what()
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn fixed_meets(d: &DynDim, op: &str, what: &str) -> Error {
+    conflict(
+        d,
+        op,
+        format!(
+            "it meets {what}, which has a fixed size: declare that tensor with the same dynamic \
+             size, or give the axis size 1 to broadcast"
+        ),
+    )
+}
+
+fn conflict(d: &DynDim, op: &str, message: String) -> Error {
+    Error::Dynamic { dim: d.to_string(), op: op.to_string(), message }
+}
+
+/// The number of cells of a tensor of `dims` at the current sizes of its dynamic axes.
+pub(crate) fn current_dims(
+    dims: &[usize],
+    axes: &[Option<DynDim>],
+    size: impl Fn(&DynDim) -> usize,
+) -> Vec<usize> {
+    dims.iter()
+        .enumerate()
+        .map(|(k, &d)| axes.get(k).and_then(|a| a.as_ref()).map_or(d, &size))
+        .collect()
+}
+
+/// Copies the cells of a full buffer of `dims` that lie within `now` (each axis cut to its
+/// current size), in row-major order.
+pub(crate) fn trim(values: &[f64], dims: &[usize], now: &[usize]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(now.iter().product());
+    each_cell(dims, now, &mut |full| out.push(values[full]));
+    out
+}
+
+/// Spreads `values` (row-major over `now`) into a zeroed buffer of `dims`.
+pub(crate) fn spread(values: &[f64], dims: &[usize], now: &[usize]) -> Vec<f64> {
+    let mut out = vec![0.0; dims.iter().product()];
+    let mut k = 0;
+    each_cell(dims, now, &mut |full| {
+        out[full] = values[k];
+        k += 1;
+    });
+    out
+}
+
+/// Calls `f` with the offset in a buffer of `dims` of every cell within `now`, in row-major
+/// order of `now`.
+fn each_cell(dims: &[usize], now: &[usize], f: &mut impl FnMut(usize)) {
+    if now.contains(&0) {
+        return;
+    }
+    let strides = rocannl_arrayjit::tnode::row_major_strides(dims);
+    let mut idx = vec![0usize; now.len()];
+    loop {
+        f(idx.iter().zip(&strides).map(|(i, s)| i * s).sum());
+        let mut axis = now.len();
+        loop {
+            if axis == 0 {
+                return;
+            }
+            axis -= 1;
+            idx[axis] += 1;
+            if idx[axis] < now[axis] {
+                break;
+            }
+            idx[axis] = 0;
+        }
+    }
+}
+
+impl Session {
+    /// Sets the current value of a dynamic size (1 to its maximum); routines run afterwards
+    /// use it, and tensors with that axis are written and read with that many rows.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let batch = g.dynamic("batch", 4);
+    /// let x = g.data_dyn("x", &batch, &[], &[], &[]);
+    /// let _ = x.scale(2.0);
+    /// let mut s = Session::new(&g).unwrap();
+    /// assert_eq!(s.size(&batch), 4);
+    /// let err = s.set_size(&batch, 5).unwrap_err().to_string();
+    /// assert!(err.contains("batch") && err.contains("5"), "{err}");
+    /// ```
+    pub fn set_size(&mut self, d: &DynDim, n: usize) -> Result<()> {
+        if n == 0 || n > d.max {
+            return Err(Error::usage(format!(
+                "size {n} for the dynamic size `{}`: it takes 1 to {}",
+                d.name, d.max
+            )));
+        }
+        self.sizes.insert(d.symbol, n);
+        Ok(())
+    }
+
+    /// The current value of a dynamic size (its maximum until set).
+    pub fn size(&self, d: &DynDim) -> usize {
+        self.sizes.get(&d.symbol).copied().unwrap_or(d.max)
+    }
+
+    /// `bindings` and the current value of every dynamic size of the graph.
+    pub(crate) fn with_sizes(&self, bindings: &[(Symbol, i64)]) -> Vec<(Symbol, i64)> {
+        let mut all = bindings.to_vec();
+        for d in self.graph().borrow().dynamic.values() {
+            if !all.iter().any(|(s, _)| *s == d.symbol) {
+                all.push((d.symbol, self.size(d) as i64));
+            }
+        }
+        all
+    }
+
+    /// The dynamic axes of a tensor: declared for data, derived with its projections for an
+    /// operation's result.
+    pub(crate) fn axes_of(&mut self, t: TensorId) -> Result<DynAxes> {
+        if let Some(a) = self.dyn_axes.get(&t) {
+            return Ok(a.clone());
+        }
+        let (declared, leaf) = {
+            let g = self.graph().borrow();
+            let info = &g.nodes[t.0 as usize];
+            (g.dynamic.get(&t).cloned(), matches!(info.source, Source::Leaf(_)))
+        };
+        if leaf {
+            let rank = self.graph().tensor(t).dims()?.len();
+            let mut axes = vec![None; rank];
+            if let (Some(d), Some(first)) = (declared, axes.first_mut()) {
+                *first = Some(d);
+            }
+            self.dyn_axes.insert(t, axes.clone());
+            return Ok(axes);
+        }
+        // An operation's axes come with its projections, derived after its arguments'.
+        for u in self.topo(&[t]) {
+            self.projections(u)?;
+        }
+        Ok(self.dyn_axes.get(&t).cloned().unwrap_or_default())
+    }
+
+    /// Marks the dynamic iterators of the projections of `t`'s operation and records the
+    /// dynamic axes of `t`.
+    pub(crate) fn mark_dynamic(
+        &mut self,
+        t: TensorId,
+        ps: &mut [Projections],
+        per_argument: bool,
+    ) -> Result<()> {
+        let (args, result, op) = match &self.graph().borrow().nodes[t.0 as usize].source {
+            Source::Op { args, op } => (args.clone(), self.graph().tensor(t).label(), op.name()),
+            Source::Leaf(_) => return Ok(()),
+        };
+        let mut arg_axes = Vec::with_capacity(args.len());
+        for a in &args {
+            let axes = match self.dyn_axes.get(a) {
+                Some(axes) => axes.clone(),
+                None => self.axes_of(*a)?,
+            };
+            let tensor = self.graph().tensor(*a);
+            let dims = tensor.dims()?;
+            let flexible: Vec<bool> = match tensor.info().source {
+                Source::Leaf(Leaf::Constant(_)) => vec![true; dims.len()],
+                Source::Leaf(Leaf::Iota) => (0..dims.len()).map(|k| k == 0).collect(),
+                _ => vec![false; dims.len()],
+            };
+            arg_axes.push((tensor.label(), dims, axes, flexible));
+        }
+        let views: Vec<ArgAxes<'_>> = arg_axes
+            .iter()
+            .map(|(label, dims, axes, flexible)| ArgAxes {
+                label: label.clone(),
+                dims: dims.clone(),
+                axes,
+                flexible: flexible.clone(),
+            })
+            .collect();
+        let what = format!("{op} '{result}'");
+        let axes = mark(&what, &result, ps, &views, per_argument)?;
+        self.dyn_axes.insert(t, axes);
+        Ok(())
+    }
+
+    /// The current sizes of `t`'s axes, if it has a dynamic one.
+    fn current(&self, t: TensorId, dims: &[usize]) -> Option<Vec<usize>> {
+        let axes = self.dyn_axes.get(&t)?;
+        axes.iter().any(Option::is_some).then(|| current_dims(dims, axes, |d| self.size(d)))
+    }
+
+    /// A dynamic tensor's values spread into its full buffer (`None` for a fixed tensor).
+    pub(crate) fn spread_dynamic(
+        &mut self,
+        t: &Tensor,
+        dims: &[usize],
+        values: &[f64],
+    ) -> Result<Option<Vec<f64>>> {
+        if self.graph().borrow().dynamic.is_empty() {
+            return Ok(None);
+        }
+        self.axes_of(t.id)?;
+        let Some(now) = self.current(t.id, dims) else { return Ok(None) };
+        let cells: usize = now.iter().product();
+        if values.len() != cells {
+            return Err(Error::usage(format!(
+                "'{}' takes {cells} values at its current size {now:?} (dynamic axes at their \
+                 current size), got {}",
+                t.label(),
+                values.len()
+            )));
+        }
+        Ok(Some(spread(values, dims, &now)))
+    }
+
+    /// A buffer's values cut to the current size of the tensor's dynamic axes.
+    pub(crate) fn trim_dynamic(&self, t: TensorId, values: Vec<f64>) -> Result<Vec<f64>> {
+        let dims = self.graph().tensor(t).dims()?;
+        Ok(match self.current(t, &dims) {
+            Some(now) => trim(&values, &dims, &now),
+            None => values,
+        })
+    }
+
+    /// [`Session::trim_dynamic`] for an array in the session's precision (exact: every value
+    /// is already representable in it).
+    pub(crate) fn trim_dynamic_array(&self, t: TensorId, arr: NdArray) -> Result<NdArray> {
+        let dims = self.graph().tensor(t).dims()?;
+        match self.current(t, &dims) {
+            Some(now) => {
+                Ok(NdArray::from_f64(self.prec(), &now, &trim(&arr.to_f64_vec(), &dims, &now))?)
+            }
+            None => Ok(arr),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trimming_and_spreading_are_inverse_on_the_kept_cells() {
+        let dims = [4, 3];
+        let full: Vec<f64> = (0..12).map(f64::from).collect();
+        let kept = trim(&full, &dims, &[2, 3]);
+        assert_eq!(kept, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let back = spread(&kept, &dims, &[2, 3]);
+        assert_eq!(&back[..6], &full[..6]);
+        assert!(back[6..].iter().all(|v| *v == 0.0));
+        // A dynamic axis in the middle: [2, 4, 2] cut to [2, 1, 2].
+        let full: Vec<f64> = (0..16).map(f64::from).collect();
+        assert_eq!(trim(&full, &[2, 4, 2], &[2, 1, 2]), vec![0.0, 1.0, 8.0, 9.0]);
+    }
+}
