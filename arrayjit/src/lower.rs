@@ -27,8 +27,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::assignments::{Asgn, FetchOp, ScalarExpr};
 use crate::error::Error;
 use crate::indexing::{AxisIndex, Projections, Symbol};
-use crate::low_level::{Expr, Guard, IdxVar, Index, Program, RuntimeCheck, Stmt, Var};
-use crate::ops::BinOp;
+use crate::low_level::{Expr, Guard, IdxVar, Index, Limit, Program, RuntimeCheck, Stmt, Var};
+use crate::ops::{BinOp, TernOp};
 use crate::tnode::{NodeId, NodeTable, TensorNode, row_major_strides};
 
 /// Lowers a whole assignment sequence into one program.
@@ -292,36 +292,84 @@ fn convert_expr(e: &ScalarExpr, args: &[Expr]) -> Expr {
     }
 }
 
-/// The guards of dynamic iterators: a loop of a dynamic iterator runs over the size's
-/// maximum and skips the positions at or past the size, `v < n` written as the guard
-/// `0 <= v - n + max < max` (the lower half holds for every `n <= max`, which running checks).
-/// A cell guard when the iterator indexes the assigned tensor, a point guard when it is reduced.
-fn dynamic_guards(
+/// The limits of an assignment's lhs loops, and its reduction variables selected up to a
+/// dynamic size (with that size's symbol).
+type DynamicBounds = (FxHashMap<Var, Limit>, Vec<(Var, Symbol)>);
+
+/// The bounds of dynamic iterators. A loop over the rows of a dynamic batch in the result runs
+/// over the size's maximum, and gets the size as its [`Limit`]: the rows past it hold values
+/// nothing reads, so computing them is harmless and skipping them is allowed. A reduction over
+/// a dynamic iterator must not take in the positions at or past the size: each contribution is
+/// selected, `where(v < n, e, neutral)` (a select, so that whatever the rows past the batch
+/// hold, even NaN, adds nothing), which keeps the reduction loop a plain loop that the CPU
+/// schedule blocks and vectorizes; an accumulation without a neutral element gets the point
+/// guard `0 <= v - n + max < max` instead. A selected reduction loop gets the size as its
+/// limit too: the iterations past it add the neutral element, so stopping there changes nothing. The size must be 1 to the maximum when running: a
+/// runtime check on the first tensor the iterator indexes. Returns the limits of the lhs loops
+/// and the reduction variables to select on, with their sizes.
+fn dynamic_bounds(
     prog: &mut Program,
-    lhs: NodeId,
-    p: &Projections,
+    a: &AccumParts<'_>,
     loop_of: &FxHashMap<Symbol, Var>,
     lhs_idx: &[Index],
-    lhs_guards: &mut Vec<Guard>,
     rhs_guards: &mut Vec<Guard>,
-) -> Result<(), Error> {
+) -> Result<DynamicBounds, Error> {
+    let p = a.proj;
+    let mut limits = FxHashMap::default();
+    let mut selects = Vec::new();
+    let selectable = a.accum.and_then(|op| op.neutral()).is_some();
     for &(iter, size) in &p.dynamic {
         let Some(pos) = p.product_iterators.iter().position(|s| *s == iter) else {
-            return Err(invalid(lhs, format!("dynamic iterator {iter} is not a product iterator")));
+            let reason = format!("dynamic iterator {iter} is not a product iterator");
+            return Err(invalid(a.lhs.id, reason));
         };
         let max = p.product_space[pos];
         register_symbol(prog, size);
+        let axis_of = |idx: &[AxisIndex]| idx.iter().position(|i| *i == AxisIndex::Iterator(iter));
+        let (node, axis) = match axis_of(&p.project_lhs) {
+            Some(k) => (a.lhs.id, k),
+            None => {
+                match p.project_rhs.iter().enumerate().find_map(|(r, idx)| Some((r, axis_of(idx)?)))
+                {
+                    Some((r, k)) => (a.rhs[r], k),
+                    None => (a.lhs.id, 0),
+                }
+            }
+        };
+        let check =
+            RuntimeCheck { node, axis, sym_terms: vec![(1, size)], lo: -1, hi: -1, bound: max };
+        if !prog.runtime_checks.contains(&check) {
+            prog.runtime_checks.push(check);
+        }
         // An iterator of extent 1 has no loop: its only position is 0 < n.
         let Some(&v) = loop_of.get(&iter) else { continue };
-        let index = Index::new(vec![(1, IdxVar::Loop(v)), (-1, IdxVar::Sym(size))], max as i64);
-        let g = Guard { index, bound: max };
         if lhs_idx.iter().any(|i| i.uses(v)) {
-            lhs_guards.push(g);
+            limits.insert(v, Limit { size, per: 1 });
+        } else if selectable {
+            selects.push((v, size));
         } else {
-            rhs_guards.push(g);
+            let index = Index::new(vec![(1, IdxVar::Loop(v)), (-1, IdxVar::Sym(size))], max as i64);
+            rhs_guards.push(Guard { index, bound: max });
         }
     }
-    Ok(())
+    Ok((limits, selects))
+}
+
+/// `where(v < n, value, neutral)` for every reduction variable `v` of a dynamic size `n`: one
+/// select of the whole contribution, so the reduction stays the one-statement form the CPU
+/// schedule recognizes. (A summed product is therefore rounded before it is added rather than
+/// fused with the addition: results agree with a fixed batch's within rounding.)
+fn select_rows(value: Expr, selects: &[(Var, Symbol)], neutral: f64) -> Expr {
+    selects.iter().fold(value, |e, &(v, size)| {
+        let v = Expr::IndexValue(Index::var(v));
+        let n = Expr::IndexValue(Index::new(vec![(1, IdxVar::Sym(size))], 0));
+        Expr::Ternop(
+            TernOp::Where,
+            Box::new(Expr::bin(BinOp::Lt, v, n)),
+            Box::new(e),
+            Box::new(Expr::Const(neutral)),
+        )
+    })
 }
 
 fn guarded(guards: Vec<Guard>, body: Vec<Stmt>) -> Vec<Stmt> {
@@ -384,7 +432,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         access_guards(prog, &node, &rhs_idx[k], &extent, &mut rhs_guards)?;
     }
     rhs_guards.retain(|g| !lhs_guards.contains(g));
-    dynamic_guards(prog, id, p, &loop_of, &lhs_idx, &mut lhs_guards, &mut rhs_guards)?;
+    let (limits, selects) = dynamic_bounds(prog, a, &loop_of, &lhs_idx, &mut rhs_guards)?;
 
     // Lhs iterators come first, reduction iterators innermost.
     let (lhs_vars, red_vars): (Vec<Var>, Vec<Var>) =
@@ -404,7 +452,7 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     let args: Vec<Expr> =
         a.rhs.iter().zip(&rhs_idx).map(|(n, idx)| Expr::Get(*n, idx.clone())).collect();
     a.expr.symbols(&mut |s| register_symbol(prog, s));
-    let value = convert_expr(a.expr, &args);
+    let value = select_rows(convert_expr(a.expr, &args), &selects, neutral);
     let old = Expr::Get(id, lhs_idx.clone());
     let combine = |acc: Expr, v: Expr| match a.accum {
         None => v,
@@ -420,7 +468,16 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         let step = Stmt::SetLocal { local: t, value: combine(Expr::Local(t), value) };
         let mut inner = guarded(rhs_guards, vec![step]);
         for v in red_vars.iter().rev() {
-            inner = vec![Stmt::For { var: *v, extent: extents[v], parallel: false, body: inner }];
+            // Past the size every contribution is the neutral element: the loop may stop there.
+            let limit =
+                selects.iter().find(|(w, _)| w == v).map(|&(_, size)| Limit { size, per: 1 });
+            inner = vec![Stmt::For {
+                var: *v,
+                extent: extents[v],
+                limit,
+                parallel: false,
+                body: inner,
+            }];
         }
         let mut b = vec![Stmt::SetLocal { local: t, value: start }];
         b.extend(inner);
@@ -433,7 +490,8 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
     let mut nest = guarded(lhs_guards, point_body);
     for v in lhs_vars.iter().rev() {
         let parallel = !reads_other_cells && sole(*v);
-        nest = vec![Stmt::For { var: *v, extent: extents[v], parallel, body: nest }];
+        let limit = limits.get(v).copied();
+        nest = vec![Stmt::For { var: *v, extent: extents[v], limit, parallel, body: nest }];
     }
     if !p.debug_info.is_empty() && p.debug_info != "identity" {
         out.push(Stmt::Comment(format!("{} {}", a.lhs.label, p.debug_info)));

@@ -80,3 +80,26 @@ fn gccjit_large_matmuls_match_interp() {
         }
     }
 }
+
+#[test]
+fn a_dynamic_size_outside_one_to_its_maximum_is_an_error() {
+    for kind in BackendKind::available().into_iter().filter(|k| *k != BackendKind::Cuda) {
+        let case = dynamic_case(Prec::F32, 7);
+        let mut ctx = rocannl_arrayjit::Context::new(kind, CompileOptions::default()).unwrap();
+        let r = ctx.compile(&case.name, &case.asgn, &case.nodes).unwrap();
+        for node in case.nodes.iter() {
+            ctx.ensure_buffer(node).unwrap();
+        }
+        let (size, _) = case.bindings[0];
+        for bad in [0, 25, -3] {
+            let err = ctx.run(&r, &[(size, bad)]).unwrap_err();
+            assert!(
+                matches!(err, rocannl_arrayjit::Error::SymbolOutOfRange { .. }),
+                "{kind:?} size {bad}: {err}"
+            );
+        }
+        for good in [1, 24] {
+            ctx.run(&r, &[(size, good)]).unwrap();
+        }
+    }
+}

@@ -101,35 +101,6 @@ fn one_routine_matches_a_fixed_batch_at_every_size() {
 }
 
 #[test]
-fn interpreted_results_are_exactly_those_of_the_fixed_batch() {
-    // The interpreter runs the same operations in the same order: a mean divides by the
-    // runtime size rounded as the fixed constant is, so nothing differs, not even in the last
-    // bit.
-    let (g, b, x, y) = build(Some(MAX), MAX);
-    let b = b.unwrap();
-    let (pred, err, params) = model(&g, &x, &y);
-    let mut s = session(&g, BackendKind::Interp);
-    let r = s.backprop(&err, &[&pred]).unwrap();
-    let n = 3;
-    let (xv, yv) = inputs(n);
-    s.set_size(&b, n).unwrap();
-    s.write(&x, &xv).unwrap();
-    s.write(&y, &yv).unwrap();
-    s.run(&r).unwrap();
-    let (g2, _, x2, y2) = build(None, n);
-    let (_, err2, params2) = model(&g2, &x2, &y2);
-    let mut s2 = session(&g2, BackendKind::Interp);
-    let r2 = s2.backprop(&err2, &[]).unwrap();
-    s2.write(&x2, &xv).unwrap();
-    s2.write(&y2, &yv).unwrap();
-    s2.run(&r2).unwrap();
-    assert_eq!(s.read(&err).unwrap(), s2.read(&err2).unwrap());
-    for (p, p2) in params.iter().zip(&params2) {
-        assert_eq!(s.read_grad(p).unwrap(), s2.read_grad(p2).unwrap(), "{}", p.label());
-    }
-}
-
-#[test]
 fn training_with_partial_batches_follows_fixed_batches() {
     // Plain SGD steps on batches of 12, 5, 1 and 12 rows through one compiled step, against a
     // session compiled for each size that starts from the parameters the previous step left.

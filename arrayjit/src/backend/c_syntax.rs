@@ -257,8 +257,17 @@ impl CRenderer<'_> {
             Stmt::Comment(c) => {
                 let _ = writeln!(out, "{pad}/* {} */", c.replace("*/", "* /"));
             }
-            Stmt::For { var, extent, body, .. } => {
-                Self::for_header(out, depth, &var.to_string(), "0", &extent.to_string());
+            Stmt::For { var, extent, limit, body, .. } => {
+                // A dynamic batch's loop stops after its rows: min(extent, ceil(size / per)).
+                let end = match limit {
+                    Some(l) => {
+                        let n = self.index(&Index::new(vec![(1, IdxVar::Sym(l.size))], 0));
+                        let rows = format!("(({n}) + {}LL) / {}LL", l.per - 1, l.per);
+                        format!("({rows} < {extent}LL ? {rows} : {extent}LL)")
+                    }
+                    None => extent.to_string(),
+                };
+                Self::for_header(out, depth, &var.to_string(), "0", &end);
                 self.stmts(out, body, depth + 1);
                 let _ = writeln!(out, "{pad}}}");
             }

@@ -60,10 +60,28 @@ enum IExpr {
 
 #[derive(Clone, Debug)]
 enum IStmt {
-    For { slot: usize, extent: i64, body: Vec<IStmt> },
-    If { guards: Vec<(Lin, i64)>, body: Vec<IStmt> },
-    Set { access: Access, compute: Prec, value: IExpr },
-    SetLocal { local: usize, prec: Prec, compute: Prec, value: IExpr },
+    /// A loop; `limit` the slot of a dynamic size and the rows per iteration.
+    For {
+        slot: usize,
+        extent: i64,
+        limit: Option<(usize, i64)>,
+        body: Vec<IStmt>,
+    },
+    If {
+        guards: Vec<(Lin, i64)>,
+        body: Vec<IStmt>,
+    },
+    Set {
+        access: Access,
+        compute: Prec,
+        value: IExpr,
+    },
+    SetLocal {
+        local: usize,
+        prec: Prec,
+        compute: Prec,
+        value: IExpr,
+    },
 }
 
 #[derive(Debug)]
@@ -161,9 +179,14 @@ impl Resolver<'_> {
     fn stmt(&mut self, s: &Stmt) -> Option<IStmt> {
         Some(match s {
             Stmt::Comment(_) => return None,
-            Stmt::For { var, extent, body, .. } => {
-                IStmt::For { slot: var.0 as usize, extent: *extent as i64, body: self.stmts(body) }
-            }
+            Stmt::For { var, extent, limit, body, .. } => IStmt::For {
+                slot: var.0 as usize,
+                extent: *extent as i64,
+                limit: limit.map(|l| {
+                    (self.sym_base + self.prog.symbol_slot(l.size).unwrap_or(0), l.per as i64)
+                }),
+                body: self.stmts(body),
+            },
             Stmt::If { guards, body } => IStmt::If {
                 guards: guards.iter().map(|g| (self.lin(&g.index), g.bound as i64)).collect(),
                 body: self.stmts(body),
@@ -297,8 +320,13 @@ impl Machine<'_> {
     fn exec(&self, body: &[IStmt], env: &mut [i64], locals: &mut [f64]) -> Result<(), Error> {
         for s in body {
             match s {
-                IStmt::For { slot, extent, body } => {
-                    for i in 0..*extent {
+                IStmt::For { slot, extent, limit, body } => {
+                    // A dynamic batch's rows past its size are not needed: stop there.
+                    let end = match limit {
+                        Some((size, per)) => (*extent).min((env[*size] + per - 1) / per),
+                        None => *extent,
+                    };
+                    for i in 0..end {
                         env[*slot] = i;
                         self.exec(body, env, locals)?;
                     }

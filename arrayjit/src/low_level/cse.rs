@@ -25,9 +25,9 @@ fn cse_block(prog: &mut Program, body: Vec<Stmt>) -> Vec<Stmt> {
     let mut out = Vec::with_capacity(body.len());
     for s in body {
         match s {
-            Stmt::For { var, extent, parallel, body } => {
+            Stmt::For { var, extent, limit, parallel, body } => {
                 let body = cse_block(prog, body);
-                out.push(Stmt::For { var, extent, parallel, body });
+                out.push(Stmt::For { var, extent, limit, parallel, body });
             }
             Stmt::If { guards, body } => {
                 let body = cse_block(prog, body);

@@ -348,6 +348,10 @@ pub enum Stmt {
         var: Var,
         /// The trip count.
         extent: usize,
+        /// A dynamic batch's loop over the rows of its result: the iterations from the limit's
+        /// value up to `extent` compute only rows past the batch, which nothing reads, so a
+        /// backend may stop there (or run them all: both are correct).
+        limit: Option<Limit>,
         /// Distinct iterations write distinct cells and read nothing another iteration
         /// writes: the loop may be split across threads or GPU threads.
         parallel: bool,
@@ -395,6 +399,25 @@ impl Stmt {
             Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => f(value),
             _ => {}
         });
+    }
+}
+
+/// How far a loop needs to run: `ceil(size / per)` iterations, `size` the runtime value of a
+/// dynamic size (at most the loop's extent times `per`, checked when running).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    /// The runtime symbol holding the size.
+    pub size: Symbol,
+    /// Rows per iteration (1, or a block of rows).
+    pub per: usize,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.per {
+            1 => write!(f, "{}", self.size),
+            per => write!(f, "ceil({}/{per})", self.size),
+        }
     }
 }
 
@@ -523,7 +546,8 @@ impl Program {
         let mut stmt = body(&idx);
         for (v, &d) in vars.iter().zip(dims).rev() {
             if let Some(v) = v {
-                stmt = Stmt::For { var: *v, extent: d, parallel: true, body: vec![stmt] };
+                stmt =
+                    Stmt::For { var: *v, extent: d, limit: None, parallel: true, body: vec![stmt] };
             }
         }
         stmt
@@ -569,9 +593,10 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::Comment(c) => {
             let _ = writeln!(out, "{pad}# {c}");
         }
-        Stmt::For { var, extent, parallel, body } => {
+        Stmt::For { var, extent, limit, parallel, body } => {
             let par = if *parallel { " par" } else { "" };
-            let _ = writeln!(out, "{pad}for {var} in 0..{extent}{par} {{");
+            let lim = limit.map_or(String::new(), |l| format!(" to {l}"));
+            let _ = writeln!(out, "{pad}for {var} in 0..{extent}{lim}{par} {{");
             body.iter().for_each(|s| print_stmt(out, s, depth + 1));
             let _ = writeln!(out, "{pad}}}");
         }
@@ -617,10 +642,10 @@ pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
 pub fn prune_empty(body: Vec<Stmt>) -> Vec<Stmt> {
     body.into_iter()
         .filter_map(|s| match s {
-            Stmt::For { var, extent, parallel, body } => {
+            Stmt::For { var, extent, limit, parallel, body } => {
                 let body = prune_empty(body);
                 let has_work = body.iter().any(|s| !matches!(s, Stmt::Comment(_)));
-                (has_work && extent > 0).then_some(Stmt::For { var, extent, parallel, body })
+                (has_work && extent > 0).then_some(Stmt::For { var, extent, limit, parallel, body })
             }
             Stmt::If { guards, body } => {
                 let body = prune_empty(body);
@@ -732,6 +757,7 @@ mod tests {
             Stmt::For {
                 var: Var(0),
                 extent: 4,
+                limit: None,
                 parallel: false,
                 body: vec![set_local(1, Expr::Const(0.0)), store(5, Expr::Local(LocalId(1)))],
             },

@@ -306,9 +306,13 @@ fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
 fn drop_sites(body: Vec<Stmt>, removed: &FxHashSet<usize>, pos: &mut usize) -> Vec<Stmt> {
     body.into_iter()
         .filter_map(|s| match s {
-            Stmt::For { var, extent, parallel, body } => {
-                Some(Stmt::For { var, extent, parallel, body: drop_sites(body, removed, pos) })
-            }
+            Stmt::For { var, extent, limit, parallel, body } => Some(Stmt::For {
+                var,
+                extent,
+                limit,
+                parallel,
+                body: drop_sites(body, removed, pos),
+            }),
             Stmt::If { guards, body } => {
                 Some(Stmt::If { guards, body: drop_sites(body, removed, pos) })
             }
@@ -352,8 +356,8 @@ pub fn remove_def(body: Vec<Stmt>, node: NodeId) -> Vec<Stmt> {
     body.into_iter()
         .filter_map(|s| match s {
             Stmt::Set { node: n, .. } if n == node => None,
-            Stmt::For { var, extent, parallel, body } => {
-                Some(Stmt::For { var, extent, parallel, body: remove_def(body, node) })
+            Stmt::For { var, extent, limit, parallel, body } => {
+                Some(Stmt::For { var, extent, limit, parallel, body: remove_def(body, node) })
             }
             Stmt::If { guards, body } => Some(Stmt::If { guards, body: remove_def(body, node) }),
             s => Some(s),

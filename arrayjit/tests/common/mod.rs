@@ -461,8 +461,9 @@ pub fn batch_slice_case(prec: Prec, s_value: i64) -> Case {
 }
 
 /// A dynamic batch: the rows `i` of `c = a·b` (then `w = aᵀ·d`, reducing over the rows, and the
-/// column means `m = Σ_i d[i]/n`) stop at the runtime size `n` of a maximum `mm`; rows at or
-/// past `n` are neither written nor read.
+/// column means `m = Σ_i d[i]/n`) stop at the runtime size `n` of a maximum `mm`. A backend may
+/// compute the rows of `c` past `n` or not (`a` is zero there, so they are zero either way);
+/// the reductions must not read `d` past `n` (it is not zero there).
 pub fn dynamic_case(prec: Prec, n_value: usize) -> Case {
     let (mm, k, n) = (24, 20, 32);
     let mut nodes = NodeTable::default();
@@ -493,10 +494,14 @@ pub fn dynamic_case(prec: Prec, n_value: usize) -> Case {
     let mut pm =
         proj(&[(j3, n), (i3, mm)], &[n], vec![It(j3)], vec![(vec![mm, n], vec![It(i3), It(j3)])]);
     pm.dynamic = vec![(i3, size)];
-    let av: Vec<f64> = data(mm * k, 31, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let rows = n_value;
+    let av: Vec<f64> = data(mm * k, 31, -1.0, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(p, v)| if p / k < rows { prec.round(*v) } else { 0.0 })
+        .collect();
     let bv: Vec<f64> = data(k * n, 32, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
     let dv: Vec<f64> = data(mm * n, 33, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
-    let rows = n_value;
     let mut cv = vec![0.0; mm * n];
     for r in 0..rows {
         for q in 0..n {

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 
 use crate::backend::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
-use crate::low_level::{Program, Stmt, Var, cut_points};
+use crate::low_level::{Limit, Program, Stmt, Var, cut_points};
 use crate::tnode::NodeId;
 
 /// Threads per block.
@@ -70,10 +70,10 @@ fn kernel(r: &CRenderer<'_>, out: &mut String, kernels: &mut Vec<Kernel>, body: 
     let name = format!("k{}", kernels.len());
     let buffers = nodes_of(body);
     // The flattened parallel prefix.
-    let mut prefix: Vec<(Var, usize)> = Vec::new();
+    let mut prefix: Vec<(Var, usize, Option<Limit>)> = Vec::new();
     let mut inner = body;
-    while let [Stmt::For { var, extent, parallel: true, body }] = inner {
-        prefix.push((*var, *extent));
+    while let [Stmt::For { var, extent, limit, parallel: true, body }] = inner {
+        prefix.push((*var, *extent, *limit));
         inner = body;
     }
     let mut params: Vec<String> = buffers
@@ -85,7 +85,7 @@ fn kernel(r: &CRenderer<'_>, out: &mut String, kernels: &mut Vec<Kernel>, body: 
         .collect();
     params.extend((0..r.prog.runtime_symbols.len()).map(|k| format!("long long sym{k}")));
     let _ = writeln!(out, "\nextern \"C\" __global__ void {name}({}) {{", params.join(", "));
-    let threads: u64 = prefix.iter().map(|(_, e)| *e as u64).product();
+    let threads: u64 = prefix.iter().map(|(_, e, _)| *e as u64).product();
     if prefix.is_empty() {
         let _ = writeln!(out, "  if (blockIdx.x != 0 || threadIdx.x != 0) return;");
     } else {
@@ -94,9 +94,19 @@ fn kernel(r: &CRenderer<'_>, out: &mut String, kernels: &mut Vec<Kernel>, body: 
             "  long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (gid >= {threads}LL) return;"
         );
         let mut stride: u64 = threads;
-        for (v, e) in &prefix {
+        for (v, e, limit) in &prefix {
             stride /= *e as u64;
             let _ = writeln!(out, "  long long {v} = (gid / {stride}LL) % {e}LL;");
+            // A dynamic batch's threads past its rows have nothing to compute.
+            if let Some(l) = limit {
+                let slot = r.prog.symbol_slot(l.size).unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "  if ({v} >= (sym{slot} + {}LL) / {}LL) return;",
+                    l.per - 1,
+                    l.per
+                );
+            }
         }
     }
     r.declarations(out, inner, 1);

@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 
 use crate::backend::c_syntax::{expr_prec, nodes_of};
 use crate::error::Error;
-use crate::low_level::{Expr, IdxVar, Index, LocalId, Program, Stmt, Var};
+use crate::low_level::{Expr, IdxVar, Index, Limit, LocalId, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
 use crate::tnode::{NodeId, row_major_strides};
 
@@ -34,6 +34,9 @@ pub enum StepKind {
     Parallel {
         /// The outermost loop's trip count.
         extent: i64,
+        /// A dynamic batch's limit on that loop ([`Limit`]): the slot of its size among the
+        /// runtime symbols and the rows per iteration. Only the iterations below it are split.
+        limit: Option<(usize, i64)>,
     },
 }
 
@@ -252,6 +255,8 @@ struct Gen<'c> {
     slots: &'c [NodeId],
     ptrs: FxHashMap<NodeId, LValue<'c>>,
     vars: FxHashMap<Var, LValue<'c>>,
+    /// Locals made for loop limits so far (for unique names).
+    limits: u32,
     locals: FxHashMap<LocalId, LValue<'c>>,
     /// The run table's helper addresses, loaded once per function when first needed.
     helper_ptrs: FxHashMap<usize, LValue<'c>>,
@@ -313,6 +318,7 @@ impl<'c> Gen<'c> {
             slots,
             ptrs: FxHashMap::default(),
             vars: FxHashMap::default(),
+            limits: 0,
             locals: FxHashMap::default(),
             helper_ptrs: FxHashMap::default(),
             bounds_check,
@@ -374,8 +380,9 @@ impl<'c> Gen<'c> {
         match kind {
             StepKind::Serial => self.stmts(body),
             StepKind::Parallel { .. } => match body {
-                [Stmt::For { var, body, .. }] => {
+                [Stmt::For { var, limit, body, .. }] => {
                     let (lo, hi) = (self.lo, self.hi);
+                    let hi = self.limited(hi, *limit);
                     self.for_loop(*var, lo, hi, body);
                 }
                 other => self.stmts(other),
@@ -400,6 +407,28 @@ impl<'c> Gen<'c> {
         l
     }
 
+    /// `min(to, ceil(size / per))` for a loop with a [`Limit`] (a dynamic batch's rows), else
+    /// `to`.
+    fn limited(&mut self, to: RValue<'c>, limit: Option<Limit>) -> RValue<'c> {
+        let Some(Limit { size, per }) = limit else { return to };
+        let slot = self.prog.symbol_slot(size).unwrap_or(0) as i64;
+        let n = self.ctx.new_array_access(None, self.syms, self.long(slot)).to_rvalue();
+        let per = per as i64;
+        let sum = self.ctx.new_binary_op(None, BinaryOp::Plus, self.t.i64, n, self.long(per - 1));
+        let rows = self.ctx.new_binary_op(None, BinaryOp::Divide, self.t.i64, sum, self.long(per));
+        let out = self.func.new_local(None, self.t.i64, format!("limit{}", self.limits));
+        self.limits += 1;
+        self.block.add_assignment(None, out, to);
+        let less = self.ctx.new_comparison(None, ComparisonOp::LessThan, rows, to);
+        let lower = self.new_block("limit");
+        let after = self.new_block("limited");
+        self.block.end_with_conditional(None, less, lower, after);
+        lower.add_assignment(None, out, rows);
+        lower.end_with_jump(None, after);
+        self.block = after;
+        out.to_rvalue()
+    }
+
     fn for_loop(&mut self, var: Var, from: RValue<'c>, to: RValue<'c>, body: &[Stmt]) {
         let v = self.var(var);
         let cond = self.new_block("cond");
@@ -420,9 +449,10 @@ impl<'c> Gen<'c> {
     fn stmt(&mut self, s: &Stmt) {
         match s {
             Stmt::Comment(c) => self.block.add_comment(None, c),
-            Stmt::For { var, extent, body, .. } => {
+            Stmt::For { var, extent, limit, body, .. } => {
                 let zero = self.ctx.new_rvalue_zero(self.t.i64);
                 let to = self.ctx.new_rvalue_from_long(self.t.i64, *extent as i64);
+                let to = self.limited(to, *limit);
                 self.for_loop(*var, zero, to, body);
             }
             Stmt::If { guards, body } => {

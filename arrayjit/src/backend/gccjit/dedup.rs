@@ -206,9 +206,10 @@ impl Canon {
     fn stmt(&mut self, s: &Stmt) -> Stmt {
         match s {
             Stmt::Comment(c) => Stmt::Comment(c.clone()),
-            Stmt::For { var, extent, parallel, body } => Stmt::For {
+            Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
                 var: self.var(*var),
                 extent: *extent,
+                limit: *limit,
                 parallel: *parallel,
                 body: self.stmts(body),
             },
@@ -282,9 +283,10 @@ fn rebase(s: &Stmt, node_base: u32, local_base: u32) -> Stmt {
         }
     }
     match s {
-        Stmt::For { var, extent, parallel, body } => Stmt::For {
+        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
             var: *var,
             extent: *extent,
+            limit: *limit,
             parallel: *parallel,
             body: body.iter().map(|b| rebase(b, node_base, local_base)).collect(),
         },

@@ -182,7 +182,7 @@ impl Gccjit {
         for (i, s) in prog.body.iter().enumerate() {
             match s {
                 // A parallel step is a function of its own: it needs a cut on both sides.
-                Stmt::For { parallel: true, extent, .. }
+                Stmt::For { parallel: true, extent, limit, .. }
                     if threads > 1
                         && *extent > 1
                         && cuts[i]
@@ -191,7 +191,10 @@ impl Gccjit {
                 {
                     flush(&mut serial, &mut steps);
                     (boundary, len) = (false, 0);
-                    steps.push((vec![s.clone()], StepKind::Parallel { extent: *extent as i64 }));
+                    let limit =
+                        limit.map(|l| (prog.symbol_slot(l.size).unwrap_or(0), l.per as i64));
+                    let kind = StepKind::Parallel { extent: *extent as i64, limit };
+                    steps.push((vec![s.clone()], kind));
                 }
                 s => {
                     // Serial steps end where the content says (see `SERIAL_STEP_LEN`), so that a
@@ -396,7 +399,7 @@ impl Gccjit {
                 "\n/* {} */\nvoid step_{k}(void **bufs, long long *syms, long long lo, long long hi, void *err) {{",
                 match kind {
                     StepKind::Serial => "serial".to_string(),
-                    StepKind::Parallel { extent } => format!("parallel over 0..{extent}"),
+                    StepKind::Parallel { extent, .. } => format!("parallel over 0..{extent}"),
                 }
             );
             for n in nodes_of(body) {
@@ -778,10 +781,18 @@ impl Backend for Gccjit {
                 // SAFETY: the table points to live buffers of this backend, the symbols slice
                 // outlives the call, and `err` points to this routine's report slot.
                 StepKind::Serial => unsafe { f(table.as_ptr(), syms, 0, 1, err) },
-                // SAFETY: as above; `Pool::run` returns only after every chunk finished.
-                StepKind::Parallel { extent } => unsafe {
-                    self.pool.run(*f, table.as_ptr(), syms, err, *extent)
-                },
+                StepKind::Parallel { extent, limit } => {
+                    // A dynamic batch splits only its rows across the threads.
+                    let extent = match limit {
+                        Some((slot, per)) => {
+                            let n = symbols.get(*slot).copied().unwrap_or(*extent * per);
+                            (*extent).min((n + per - 1) / per).max(0)
+                        }
+                        None => *extent,
+                    };
+                    // SAFETY: as above; `Pool::run` returns only after every chunk finished.
+                    unsafe { self.pool.run(*f, table.as_ptr(), syms, err, extent) }
+                }
             }
             if self.opts.bounds_check {
                 let hit = r.oob.first.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -825,7 +836,7 @@ mod tests {
         let set =
             Stmt::Set { node: NodeId(0), idx: vec![Index::var(Var(0))], value: Expr::Const(1.0) };
         (
-            vec![Stmt::For { var: Var(0), extent, parallel: false, body: vec![set] }],
+            vec![Stmt::For { var: Var(0), extent, limit: None, parallel: false, body: vec![set] }],
             StepKind::Serial,
         )
     }

@@ -30,7 +30,7 @@ use super::{
     KC, KU, Loop, MC, MIN_COLUMNS, MR, NC, Nest, dot, flat_stride, largest_divisor, lin, pack,
     sole_axis, uses_var, wrap,
 };
-use crate::low_level::{Expr, Index, LocalId, Program, Scratch, Stmt, Var};
+use crate::low_level::{Expr, Index, Limit, LocalId, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
 use crate::tnode::{MemoryMode, TensorNode};
 
@@ -157,16 +157,18 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     let rows = share_across_rows(prog, rows, nest.node, j1, nest.prec);
     let mut body: Vec<Stmt> =
         hoisted.into_iter().map(|(e, l)| Stmt::SetLocal { local: l, value: e }).collect();
-    body.push(Stmt::For { var: j1, extent: nc, parallel: true, body: rows });
+    body.push(Stmt::For { var: j1, extent: nc, limit: None, parallel: true, body: rows });
     let mut inner = Vec::new();
     if k.is_some() {
-        inner.push(Loop { var: k0, extent: kx / kc, parallel: false });
+        // Tiles wholly past a dynamic batch add nothing (their contributions are selected).
+        let limit = k.and_then(|k| k.limit).map(|m| Limit { size: m.size, per: m.per * kc });
+        inner.push(Loop { var: k0, extent: kx / kc, limit, parallel: false });
     }
     if i.is_some() {
-        inner.push(Loop { var: i0, extent: mc / mr, parallel: false });
+        inner.push(Loop { var: i0, extent: mc / mr, limit: None, parallel: false });
     }
     if k.is_some() {
-        inner.push(Loop { var: k1, extent: kc / ku, parallel: false });
+        inner.push(Loop { var: k1, extent: kc / ku, limit: None, parallel: false });
     }
     let mut nest_body = wrap(&inner, body);
     let guards = nest.guards();
@@ -183,11 +185,17 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     let mut loops: Vec<Loop> = outer
         .iter()
         .map(|l| match i {
-            Some(i) if i.var == l.var => Loop { var: ic, extent: mx / mc, parallel: l.parallel },
+            // Chunks of `mc` rows: those wholly past a dynamic batch can be skipped.
+            Some(i) if i.var == l.var => Loop {
+                var: ic,
+                extent: mx / mc,
+                limit: l.limit.map(|m| Limit { size: m.size, per: m.per * mc }),
+                parallel: l.parallel,
+            },
             _ => *l,
         })
         .collect();
-    loops.push(Loop { var: j0, extent: nx / nc, parallel: j.parallel });
+    loops.push(Loop { var: j0, extent: nx / nc, limit: None, parallel: j.parallel });
     // Only the outermost loop is split across threads; the others run in order.
     for l in loops.iter_mut().skip(1) {
         l.parallel = false;

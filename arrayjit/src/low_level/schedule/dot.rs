@@ -27,7 +27,7 @@
 //! within the rounding the conformance suite allows.
 
 use super::{Loop, MIN_LANES_WORK, Nest, flat_stride, lin, reads, sole_axis, uses_var, wrap};
-use crate::low_level::{Expr, Index, Program, Scratch, Stmt, Var};
+use crate::low_level::{Expr, Index, Limit, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
 use crate::tnode::{MemoryMode, TensorNode};
 
@@ -150,10 +150,12 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
     };
     let (full, rem) = (k.extent / lanes, k.extent % lanes);
     let mut red_body = vec![Stmt::For {
+        limit: None,
         var: k0,
         extent: full,
         parallel: false,
         body: vec![Stmt::For {
+            limit: None,
             var: l1,
             extent: lanes,
             parallel: true,
@@ -162,6 +164,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
     }];
     if rem > 0 {
         red_body.push(Stmt::For {
+            limit: None,
             var: l2,
             extent: rem,
             parallel: true,
@@ -173,6 +176,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
     }
     let others: Vec<Loop> = nest.red[..nest.red.len() - 1].to_vec();
     let mut cell = vec![Stmt::For {
+        limit: None,
         var: l0,
         extent: lanes,
         parallel: true,
@@ -195,6 +199,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
         let l3 = prog.fresh_var();
         cell.push(Stmt::SetLocal { local: t, value: start });
         cell.push(Stmt::For {
+            limit: None,
             var: l3,
             extent: lanes,
             parallel: false,
@@ -212,7 +217,12 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
         .lhs
         .iter()
         .map(|l| match block_vars.iter().find(|(v, _, _)| *v == l.var) {
-            Some(&(_, outer, b)) => Loop { var: outer, extent: l.extent / b, ..*l },
+            Some(&(_, outer, b)) => Loop {
+                var: outer,
+                extent: l.extent / b,
+                limit: l.limit.map(|m| Limit { size: m.size, per: m.per * b }),
+                ..*l
+            },
             None => *l,
         })
         .collect();

@@ -31,7 +31,7 @@ mod axpy;
 mod dot;
 mod pack;
 
-use super::{Expr, Guard, Index, Program, Stmt, Var};
+use super::{Expr, Guard, Index, Limit, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, TernOp};
 use crate::tnode::{NodeId, row_major_strides};
 
@@ -129,6 +129,8 @@ impl Update {
 pub(crate) struct Loop {
     pub var: Var,
     pub extent: usize,
+    /// Kept on the loop that still runs over the same rows (or blocks of them).
+    pub limit: Option<Limit>,
     pub parallel: bool,
 }
 
@@ -168,8 +170,13 @@ impl Nest {
         let mut cur = std::slice::from_ref(s);
         let block = loop {
             match cur {
-                [Stmt::For { var, extent, parallel, body }] => {
-                    lhs.push(Loop { var: *var, extent: *extent, parallel: *parallel });
+                [Stmt::For { var, extent, limit, parallel, body }] => {
+                    lhs.push(Loop {
+                        var: *var,
+                        extent: *extent,
+                        limit: *limit,
+                        parallel: *parallel,
+                    });
                     cur = body;
                 }
                 [Stmt::If { guards, body }] if !lhs.is_empty() => {
@@ -193,8 +200,8 @@ impl Nest {
         let mut cur = std::slice::from_ref(red_stmt);
         let upd = loop {
             match cur {
-                [Stmt::For { var, extent, parallel: false, body }] => {
-                    red.push(Loop { var: *var, extent: *extent, parallel: false });
+                [Stmt::For { var, extent, limit, parallel: false, body }] => {
+                    red.push(Loop { var: *var, extent: *extent, limit: *limit, parallel: false });
                     cur = body;
                 }
                 [Stmt::If { guards, body }] => {
@@ -280,7 +287,13 @@ impl Nest {
             s = Stmt::If { guards: self.cell_guards.clone(), body: vec![s] };
         }
         for l in self.lhs.iter().rev() {
-            s = Stmt::For { var: l.var, extent: l.extent, parallel: l.parallel, body: vec![s] };
+            s = Stmt::For {
+                var: l.var,
+                extent: l.extent,
+                limit: l.limit,
+                parallel: l.parallel,
+                body: vec![s],
+            };
         }
         Some(s)
     }
@@ -336,7 +349,13 @@ pub(crate) fn lin(terms: &[(usize, Var)], off: usize) -> Index {
 pub(crate) fn wrap(loops: &[Loop], body: Vec<Stmt>) -> Vec<Stmt> {
     let mut body = body;
     for l in loops.iter().rev() {
-        body = vec![Stmt::For { var: l.var, extent: l.extent, parallel: l.parallel, body }];
+        body = vec![Stmt::For {
+            var: l.var,
+            extent: l.extent,
+            limit: l.limit,
+            parallel: l.parallel,
+            body,
+        }];
     }
     body
 }
@@ -345,9 +364,13 @@ pub(crate) fn wrap(loops: &[Loop], body: Vec<Stmt>) -> Vec<Stmt> {
 /// whole small extent), their variable replaced by 0: shorter code to read, and to compile.
 fn drop_unit_loops(s: Stmt) -> Stmt {
     match s {
-        Stmt::For { var, extent, parallel, body } => {
-            Stmt::For { var, extent, parallel, body: body.into_iter().flat_map(inner).collect() }
-        }
+        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
+            var,
+            extent,
+            limit,
+            parallel,
+            body: body.into_iter().flat_map(inner).collect(),
+        },
         s => s,
     }
 }
@@ -359,10 +382,11 @@ fn inner(s: Stmt) -> Vec<Stmt> {
             .map(|b| subst_stmt(b, &|v| (v == var).then(|| Index::fixed(0))))
             .flat_map(inner)
             .collect(),
-        Stmt::For { var, extent, parallel, body } => {
+        Stmt::For { var, extent, limit, parallel, body } => {
             vec![Stmt::For {
                 var,
                 extent,
+                limit,
                 parallel,
                 body: body.into_iter().flat_map(inner).collect(),
             }]
@@ -377,9 +401,10 @@ fn inner(s: Stmt) -> Vec<Stmt> {
 /// Replaces loop variables in every index of a statement.
 fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
     match s {
-        Stmt::For { var, extent, parallel, body } => Stmt::For {
+        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
             var,
             extent,
+            limit,
             parallel,
             body: body.into_iter().map(|b| subst_stmt(b, f)).collect(),
         },

@@ -161,13 +161,13 @@ fn pack_one(
             let mut loops: Vec<Loop> = order
                 .iter()
                 .filter(|v| **v != j && **v != u)
-                .map(|v| Loop { var: *v, extent: ext(*v), parallel: false })
+                .map(|v| Loop { var: *v, extent: ext(*v), limit: None, parallel: false })
                 .collect();
             loops.extend([
-                Loop { var: j0, extent: ext(j) / bj, parallel: false },
-                Loop { var: u0, extent: ext(u) / bu, parallel: false },
-                Loop { var: j1, extent: bj, parallel: false },
-                Loop { var: u1, extent: bu, parallel: false },
+                Loop { var: j0, extent: ext(j) / bj, limit: None, parallel: false },
+                Loop { var: u0, extent: ext(u) / bu, limit: None, parallel: false },
+                Loop { var: j1, extent: bj, limit: None, parallel: false },
+                Loop { var: u1, extent: bu, limit: None, parallel: false },
             ]);
             loops[0].parallel = true;
             wrap(&loops, vec![set])
@@ -175,8 +175,10 @@ fn pack_one(
         None => {
             let dst: Vec<Index> = order.iter().map(|v| Index::var(*v)).collect();
             let set = Stmt::Set { node: id, idx: dst, value: Expr::Get(node, idx.to_vec()) };
-            let mut loops: Vec<Loop> =
-                order.iter().map(|v| Loop { var: *v, extent: ext(*v), parallel: false }).collect();
+            let mut loops: Vec<Loop> = order
+                .iter()
+                .map(|v| Loop { var: *v, extent: ext(*v), limit: None, parallel: false })
+                .collect();
             loops[0].parallel = true;
             wrap(&loops, vec![set])
         }
