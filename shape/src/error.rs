@@ -32,13 +32,19 @@ pub struct OpContext {
     pub op: String,
     /// The debug name of the result tensor.
     pub name: String,
-    /// The result's shape and the arguments' shapes, as `batch|input->output`.
+    /// The result's shape and the arguments' names and shapes, as `batch|input->output`.
     pub shapes: Vec<String>,
+    /// The user's call the operation belongs to, when a library function built it.
+    pub within: Option<String>,
 }
 
 impl fmt::Display for OpContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} '{}': ", self.op, self.name)?;
+        write!(f, "{} '{}'", self.op, self.name)?;
+        if let Some(w) = &self.within {
+            write!(f, " (inside {w})")?;
+        }
+        write!(f, ": ")?;
         match self.shapes.split_first() {
             Some((result, args)) if !args.is_empty() => {
                 write!(f, "result {result} from {}", args.join(", "))

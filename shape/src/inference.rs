@@ -96,6 +96,9 @@ struct StepRecord {
     shape: ShapeId,
     logic: Logic,
     labels: Vec<(String, DimVar)>,
+    /// The user's call that made the step, when a library function built it from smaller
+    /// operations (`loss::mse at src/main.rs:9:5`).
+    within: Option<Arc<str>>,
 }
 
 /// Shape inference for one graph.
@@ -113,9 +116,18 @@ pub struct Inference {
     /// The einsum label each label variable stands for (indexed by variable; every derivation
     /// of a step makes its own), so that messages can name them.
     label_names: Vec<Option<Arc<str>>>,
+    /// The user's call that steps added from now on belong to ([`Inference::set_within`]).
+    within: Option<Arc<str>>,
 }
 
 impl Inference {
+    /// Names the user's call that the steps added from now on belong to (`None` ends it):
+    /// errors name it beside the operation, so a mismatch inside a loss or a block points at
+    /// the user's code rather than at an operation the user never wrote.
+    pub fn set_within(&mut self, within: Option<&str>) {
+        self.within = within.map(Arc::from);
+    }
+
     /// An empty graph.
     pub fn new() -> Inference {
         Inference::default()
@@ -230,7 +242,8 @@ impl Inference {
         deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
         deriv.kernel_dims.iter().for_each(|v| self.solver.mark_kernel_dim(*v));
         self.name_labels(&deriv.labels);
-        self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone() });
+        let within = self.within.clone();
+        self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone(), within });
         let origin = Origin::step(step);
         let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
         let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
@@ -535,11 +548,17 @@ impl Inference {
                 self.readable(&self.solver.env.subst_shape(self.shape(id)).to_string(), true)
             };
             let mut shapes = vec![show(st.shape)];
-            shapes.extend(st.logic.args().into_iter().map(show));
+            shapes.extend(
+                st.logic
+                    .args()
+                    .into_iter()
+                    .map(|a| format!("'{}' {}", self.shape(a).debug_name, show(a))),
+            );
             ops.push(OpContext {
                 op: st.logic.describe(),
                 name: self.shape(st.shape).debug_name.clone(),
                 shapes,
+                within: st.within.as_deref().map(String::from),
             });
         }
         ops

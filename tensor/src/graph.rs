@@ -86,6 +86,8 @@ pub(crate) struct GraphInner {
     pub no_decay: rustc_hash::FxHashSet<TensorId>,
     /// Data tensors whose first axis has a dynamic size ([`Graph::data_dyn`]).
     pub dynamic: FxHashMap<TensorId, DynDim>,
+    /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
+    pub within_depth: usize,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -104,6 +106,21 @@ pub(crate) struct GraphInner {
 #[derive(Clone)]
 pub struct Graph {
     pub(crate) inner: Rc<RefCell<GraphInner>>,
+}
+
+/// An open library call ([`Graph::within`]); closes when dropped.
+pub(crate) struct Within {
+    graph: Graph,
+}
+
+impl Drop for Within {
+    fn drop(&mut self) {
+        let mut g = self.graph.borrow_mut();
+        g.within_depth = g.within_depth.saturating_sub(1);
+        if g.within_depth == 0 {
+            g.inf.set_within(None);
+        }
+    }
 }
 
 /// A handle to a tensor of a [`Graph`].
@@ -151,6 +168,7 @@ impl Graph {
                 param_sites: FxHashMap::default(),
                 no_decay: Default::default(),
                 dynamic: FxHashMap::default(),
+                within_depth: 0,
             })),
         }
     }
@@ -468,6 +486,24 @@ impl Graph {
             self.borrow_mut().no_decay.insert(t.id);
         }
         t
+    }
+
+    /// Marks the operations built until the returned guard is dropped as part of the user's
+    /// call of the library function `name` (a loss, a block's `apply`), with the user's source
+    /// location: shape errors inside it then say `(inside loss::mse at src/main.rs:9:5)` rather
+    /// than leaving an operation the user never wrote unexplained. Nested calls keep the
+    /// outermost, the one in the user's code.
+    #[track_caller]
+    pub(crate) fn within(&self, name: &str) -> Within {
+        let at = std::panic::Location::caller();
+        let mut g = self.borrow_mut();
+        if g.within_depth == 0 {
+            let note = format!("{name} at {}:{}:{}", at.file(), at.line(), at.column());
+            g.inf.set_within(Some(&note));
+        }
+        g.within_depth += 1;
+        drop(g);
+        Within { graph: self.clone() }
     }
 
     /// Adds an operation; a shape error is recorded for [`Graph::finish`].

@@ -580,3 +580,41 @@ fn sessions_are_configured_from_this_crate_alone() {
     s.run(&r).unwrap();
     assert_eq!(s.read(&y).unwrap(), vec![3.0, 6.0]);
 }
+
+#[test]
+fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
+    // A target of the wrong width: the mismatch is inside `mse`, and the message says so with
+    // the line of this file, and names the layer's output and the target.
+    let g = Graph::new();
+    let x = g.data("inputs", &[8], &[], &[5]);
+    let y = g.data("targets", &[8], &[], &[3]);
+    let out = Mlp::new(&g, "mlp", &[16, 2], Activation::Relu).apply(&x);
+    let line = line!() + 1;
+    let _ = loss::mse(&out, &y);
+    let msg = Session::new(&g).unwrap_err().to_string();
+    assert!(msg.contains(&format!("loss::mse at {}:{line}", file!())), "{msg}");
+    assert!(msg.contains("'mlp.1'") && msg.contains("'targets'"), "{msg}");
+    assert!(!msg.contains('$'), "internal variables: {msg}");
+    // Labels of another batch size in a sparse cross-entropy.
+    let g = Graph::new();
+    let x = g.data("inputs", &[8], &[], &[5]);
+    let ids = g.data("ids", &[7], &[], &[]);
+    let logits = Mlp::new(&g, "mlp", &[16, 3], Activation::Relu).apply(&x);
+    let line = line!() + 1;
+    let _ = loss::sparse_cross_entropy(&logits, &ids);
+    let msg = Session::new(&g).unwrap_err().to_string();
+    assert!(msg.contains(&format!("loss::sparse_cross_entropy at {}:{line}", file!())), "{msg}");
+    assert!(msg.contains("one_hot(ids)") && msg.contains("'log_softmax(mlp.1)'"), "{msg}");
+    assert!(msg.contains('8') && msg.contains('7'), "{msg}");
+    // Inside a block applied to an input of the wrong width: the block's call is named.
+    let g = Graph::new();
+    let a = g.data("a", &[4], &[], &[5]);
+    let b = g.data("b", &[4], &[], &[6]);
+    let layer = rocannl_tensor::nn::Dense::new(&g, "fc", 3);
+    let _ = layer.apply(&a);
+    let line = line!() + 1;
+    let _ = layer.apply(&b);
+    let msg = Session::new(&g).unwrap_err().to_string();
+    assert!(msg.contains(&format!("Dense::apply at {}:{line}", file!())), "{msg}");
+    assert!(msg.contains("'fc.w'") && msg.contains("'b'"), "{msg}");
+}

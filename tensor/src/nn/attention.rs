@@ -48,6 +48,7 @@ impl AttentionConfig {
 /// ```
 #[track_caller]
 pub fn self_attention(g: &Graph, name: &str, x: &Tensor, cfg: AttentionConfig) -> Tensor {
+    let _within = x.graph().within("nn::self_attention");
     MultiHeadAttention::new(g, name, cfg).apply(x)
 }
 
@@ -84,7 +85,9 @@ impl MultiHeadAttention {
     }
 
     /// Attention of `x`'s positions to each other (only to earlier ones when causal).
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("MultiHeadAttention::apply");
         let (q, k, v) = (self.wq.matmul(x), self.wk.matmul(x), self.wv.matmul(x));
         let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", &k);
         let scores = scores.scale(1.0 / (self.cfg.head_dim as f64).sqrt());
@@ -195,7 +198,9 @@ impl TransformerBlock {
     }
 
     /// The block applied to `x` (`... s | d`) for evaluation: no dropout.
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("TransformerBlock::apply");
         self.apply_training(x, false)
     }
 
@@ -213,7 +218,9 @@ impl TransformerBlock {
     /// g.finish().unwrap();
     /// assert_eq!(train.dims().unwrap(), eval.dims().unwrap());
     /// ```
+    #[track_caller]
     pub fn apply_training(&self, x: &Tensor, training: bool) -> Tensor {
+        let _within = x.graph().within("TransformerBlock::apply");
         let g = x.graph();
         let a = self.att.apply(&self.ln1.apply(x));
         let x1 = x + &super::dropout(g, &a, self.dropout, training);

@@ -90,7 +90,9 @@ impl Conv2d {
     }
 
     /// The convolution of `x` (`... | h, w, c`).
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("Conv2d::apply");
         let spec = window_spec(self.window, self.stride);
         let y = match self.padding {
             Padding::Valid => x.einsum(&spec, &self.kernel),

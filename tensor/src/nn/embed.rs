@@ -28,7 +28,9 @@ impl Embedding {
 
     /// The rows for `ids` (a tensor without output axes holding ids as values):
     /// `table * onehot(ids)`.
+    #[track_caller]
     pub fn apply(&self, ids: &Tensor) -> Tensor {
+        let _within = ids.graph().within("Embedding::apply");
         let onehot = ids.eq(&ids.graph().range(self.vocab));
         self.table.matmul(&onehot)
     }
@@ -46,5 +48,6 @@ impl Embedding {
 /// ```
 #[track_caller]
 pub fn embedding(g: &Graph, name: &str, ids: &Tensor, vocab: usize, dim: usize) -> Tensor {
+    let _within = ids.graph().within("nn::embedding");
     Embedding::new(g, name, vocab, dim).apply(ids)
 }

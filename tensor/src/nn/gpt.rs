@@ -91,12 +91,16 @@ impl Gpt {
     }
 
     /// The logits for token ids `ids`, for evaluation (no dropout).
+    #[track_caller]
     pub fn apply(&self, ids: &Tensor) -> Tensor {
+        let _within = ids.graph().within("Gpt::apply");
         self.apply_training(ids, false)
     }
 
     /// The logits for token ids `ids`, with the blocks' dropout when `training`.
+    #[track_caller]
     pub fn apply_training(&self, ids: &Tensor, training: bool) -> Tensor {
+        let _within = ids.graph().within("Gpt::apply");
         let mut x = &self.tok.apply(ids) + &self.pos;
         for b in &self.blocks {
             x = b.apply_training(&x, training);

@@ -70,14 +70,19 @@ impl Reduction {
 /// // ln 2 for the first example, 0 for the second: their mean.
 /// assert!((s.read(&loss).unwrap()[0] - 2f64.ln() / 2.0).abs() < 1e-6);
 /// ```
+#[track_caller]
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
+    let _within = logits.graph().within("loss::cross_entropy");
     cross_entropy_with(logits, targets, Reduction::Mean)
 }
 
 /// Cross-entropy with a chosen reduction; with [`Reduction::None`], one output position is left
 /// per example.
+#[track_caller]
 pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Tensor {
-    let per = -(targets.pointmul(&logits.log_softmax(OUTPUT_AXES))).einsum1(OUTPUT_AXES);
+    let _within = logits.graph().within("loss::cross_entropy_with");
+    let log_p = logits.log_softmax(OUTPUT_AXES).named(&format!("log_softmax({})", logits.label()));
+    let per = -(targets.pointmul(&log_p)).einsum1(OUTPUT_AXES);
     reduction.apply(per)
 }
 
@@ -98,34 +103,47 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reductio
 /// let v = s.read(&l).unwrap();
 /// assert!((v[0] - 3f64.ln()).abs() < 1e-6 && v[1] < 0.02);
 /// ```
+#[track_caller]
 pub fn sparse_cross_entropy_with(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
-    let one_hot = labels.eq(&logits.graph().positions('o'));
+    let _within = logits.graph().within("loss::sparse_cross_entropy_with");
+    let one_hot =
+        labels.eq(&logits.graph().positions('o')).named(&format!("one_hot({})", labels.label()));
     cross_entropy_with(logits, &one_hot, reduction)
 }
 
 /// [`sparse_cross_entropy_with`] averaged over every position.
+#[track_caller]
 pub fn sparse_cross_entropy(logits: &Tensor, labels: &Tensor) -> Tensor {
+    let _within = logits.graph().within("loss::sparse_cross_entropy");
     sparse_cross_entropy_with(logits, labels, Reduction::Mean)
 }
 
 /// Mean squared error over all cells; [`mse_with`] chooses the reduction.
+#[track_caller]
 pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
+    let _within = pred.graph().within("loss::mse");
     mse_with(pred, target, Reduction::Mean)
 }
 
 /// Squared error with a chosen reduction.
+#[track_caller]
 pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
-    let d = pred - target;
+    let _within = pred.graph().within("loss::mse_with");
+    let d = (pred - target).named(&format!("{} - {}", pred.label(), target.label()));
     reduction.apply(d.pointmul(&d))
 }
 
 /// Hinge loss `mean(max(0, 1 - y·f))` for labels `y = ±1`; [`hinge_with`] chooses the
 /// reduction.
+#[track_caller]
 pub fn hinge(scores: &Tensor, labels: &Tensor) -> Tensor {
+    let _within = scores.graph().within("loss::hinge");
     hinge_with(scores, labels, Reduction::Mean)
 }
 
 /// Hinge loss with a chosen reduction.
+#[track_caller]
 pub fn hinge_with(scores: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
+    let _within = scores.graph().within("loss::hinge_with");
     reduction.apply((1.0 - &labels.pointmul(scores)).relu())
 }

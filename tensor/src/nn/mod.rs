@@ -100,8 +100,13 @@ impl Dense {
     }
 
     /// `w * x + b`.
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
-        &self.w.matmul(x) + &self.b
+        let _within = x.graph().within("Dense::apply");
+        // Named after the layer, so that messages about its output say which layer it is.
+        let w = self.w.label();
+        let name = w.strip_suffix(".w").unwrap_or(&w).to_string();
+        (&self.w.matmul(x) + &self.b).named(&name)
     }
 }
 
@@ -117,6 +122,7 @@ impl Dense {
 /// ```
 #[track_caller]
 pub fn dense(g: &Graph, name: &str, x: &Tensor, out: usize) -> Tensor {
+    let _within = x.graph().within("nn::dense");
     Dense::new(g, name, out).apply(x)
 }
 
@@ -148,7 +154,9 @@ impl Mlp {
     }
 
     /// The network applied to `x`.
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("Mlp::apply");
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             h = l.apply(&h);
@@ -172,6 +180,7 @@ impl Mlp {
 /// ```
 #[track_caller]
 pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation) -> Tensor {
+    let _within = x.graph().within("nn::mlp");
     Mlp::new(g, name, widths, act).apply(x)
 }
 

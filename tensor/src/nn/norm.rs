@@ -23,6 +23,7 @@ use super::OUTPUT_AXES;
 /// ```
 #[track_caller]
 pub fn layer_norm(g: &Graph, name: &str, x: &Tensor, eps: f64) -> Tensor {
+    let _within = x.graph().within("nn::layer_norm");
     LayerNorm::new(g, name, eps).apply(x)
 }
 
@@ -50,7 +51,9 @@ impl LayerNorm {
     }
 
     /// The normalization of `x`.
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("LayerNorm::apply");
         let centered = x - &x.mean1(OUTPUT_AXES);
         let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
         let normed = &centered / &(&var + self.eps).sqrt();
@@ -92,7 +95,9 @@ impl RmsNorm {
     }
 
     /// The normalization of `x`.
+    #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("RmsNorm::apply");
         let ms = x.pointmul(x).mean1(OUTPUT_AXES);
         (x / &(&ms + self.eps).sqrt()).pointmul(&self.gain)
     }
