@@ -212,3 +212,55 @@ fn sizes_and_lengths_are_checked() {
     let msg = g.finish().unwrap_err().to_string();
     assert!(msg.contains("`one`") && msg.contains("at least 2"), "{msg}");
 }
+
+#[test]
+fn scheduled_kernels_stop_at_the_size_and_agree_with_fixed_batches() {
+    // Big enough for the CPU schedule's blocked kernels (row chunks of 64, reduction tiles):
+    // sizes around their block boundaries.
+    if !backends().contains(&BackendKind::Gccjit) {
+        return;
+    }
+    let (max, input, hidden) = (128, 96, 80);
+    let data = |n: usize, cols: usize, seed: usize| -> Vec<f64> {
+        (0..n * cols).map(|i| (((i * 7919 + seed) % 211) as f64 - 105.0) / 97.0).collect()
+    };
+    let build = |dim: Option<usize>, n: usize| {
+        let g = Graph::with_seed(3);
+        let (x, y, d) = match dim {
+            Some(max) => {
+                let d = g.dynamic("batch", max);
+                (
+                    g.data_dyn("x", &d, &[], &[], &[input]),
+                    g.data_dyn("y", &d, &[], &[], &[10]),
+                    Some(d),
+                )
+            }
+            None => (g.data("x", &[n], &[], &[input]), g.data("y", &[n], &[], &[10]), None),
+        };
+        let out = Mlp::new(&g, "mlp", &[hidden, 10], Activation::Relu).apply(&x);
+        let l = loss::mse(&out, &y);
+        (g, x, y, d, l)
+    };
+    let (g, x, y, d, l) = build(Some(max), max);
+    let d = d.unwrap();
+    let mut s = session(&g, BackendKind::Gccjit);
+    let r = s.backprop(&l, &[]).unwrap();
+    let params = g.params();
+    for n in [1, 3, 37, 64, 65, 127, 128] {
+        s.set_size(&d, n).unwrap();
+        s.write(&x, &data(n, input, 1)).unwrap();
+        s.write(&y, &data(n, 10, 2)).unwrap();
+        s.run(&r).unwrap();
+        let (g2, x2, y2, _, l2) = build(None, n);
+        let mut s2 = session(&g2, BackendKind::Gccjit);
+        let r2 = s2.backprop(&l2, &[]).unwrap();
+        s2.write(&x2, &data(n, input, 1)).unwrap();
+        s2.write(&y2, &data(n, 10, 2)).unwrap();
+        s2.run(&r2).unwrap();
+        close(&s.read(&l).unwrap(), &s2.read(&l2).unwrap(), &format!("n={n} loss"));
+        for (p, p2) in params.iter().zip(&g2.params()) {
+            let what = format!("n={n} grad {}", p.label());
+            close(&s.read_grad(p).unwrap(), &s2.read_grad(p2).unwrap(), &what);
+        }
+    }
+}

@@ -168,7 +168,13 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
         inner.push(Loop { var: i0, extent: mc / mr, limit: None, parallel: false });
     }
     if k.is_some() {
-        inner.push(Loop { var: k1, extent: kc / ku, limit: None, parallel: false });
+        // With a single tile, the steps of `ku` wholly past a dynamic batch add nothing either.
+        let one_tile = kx == kc;
+        let limit = k
+            .and_then(|k| k.limit)
+            .filter(|_| one_tile)
+            .map(|m| Limit { size: m.size, per: m.per * ku });
+        inner.push(Loop { var: k1, extent: kc / ku, limit, parallel: false });
     }
     let mut nest_body = wrap(&inner, body);
     let guards = nest.guards();
