@@ -22,6 +22,7 @@ pub mod ops;
 pub mod optim;
 pub mod persist;
 pub mod session;
+mod sizes;
 pub mod train;
 
 pub use dynamic::DynDim;
