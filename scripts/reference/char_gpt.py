@@ -3,12 +3,17 @@ counter-based draws), model, optimizer, schedule and clipping, so that the two c
 on the same run (docs/models.md).
 
     python3 scripts/reference/char_gpt.py [--steps N] [--seed S] [--threads T] [--json]
+    python3 scripts/reference/char_gpt.py --load char_gpt.safetensors [--json]
+
+`--load` reads the checkpoint examples/char_gpt.rs saves into this module (`load_rocannl`)
+and reports its validation loss, to compare with the one the Rust run printed.
 """
 
 import argparse
 import json
 import math
 import os
+import struct
 import time
 
 T0 = time.perf_counter()
@@ -98,6 +103,59 @@ class Gpt(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def read_safetensors(path):
+    """The tensors of a safetensors file, as float32 torch tensors by name (format: an 8-byte
+    little-endian header length, a JSON header of dtypes, shapes and byte ranges, the data)."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    body = raw[8 + n:]
+    dtypes = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16}
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        flat = torch.frombuffer(bytearray(body[lo:hi]), dtype=dtypes[t["dtype"]])
+        out[name] = flat.reshape(t["shape"]).to(torch.float32)
+    return out
+
+
+def load_rocannl(path, model):
+    """Loads a checkpoint of examples/char_gpt.rs into `model`. rocannl stores each tensor in
+    memory order (batch, output, input): a linear layer's weight is (out, in) as in PyTorch; the
+    attention projections keep their heads as axes — q/k/v (heads, head_dim, width), o (width,
+    heads, head_dim) — which flatten, head-major, to PyTorch's (out, in); the token table is
+    (width, vocab), the transpose of nn.Embedding's. Every parameter must be matched once."""
+    t = read_safetensors(path)
+    sd = {"tok.weight": t.pop("gpt.tok.table").T, "pos": t.pop("gpt.pos"),
+          "ln_f.weight": t.pop("gpt.ln_f.gain"), "ln_f.bias": t.pop("gpt.ln_f.bias"),
+          "head.weight": t.pop("gpt.head.w"), "head.bias": t.pop("gpt.head.b")}
+    for i in range(len(model.blocks)):
+        p, q = f"gpt.h{i}.", f"blocks.{i}."
+        for ln in ("ln1", "ln2"):
+            sd[q + ln + ".weight"] = t.pop(p + ln + ".gain")
+            sd[q + ln + ".bias"] = t.pop(p + ln + ".bias")
+        for proj in ("q", "k", "v", "o"):
+            sd[q + proj + ".weight"] = t.pop(p + "att.w" + proj).reshape(WIDTH, WIDTH)
+        for ff in ("ff1", "ff2"):
+            sd[q + ff + ".weight"] = t.pop(p + ff + ".w")
+            sd[q + ff + ".bias"] = t.pop(p + ff + ".b")
+    if t:
+        raise ValueError(f"parameters of the checkpoint not matched: {sorted(t)}")
+    model.load_state_dict({k: v.contiguous() for k, v in sd.items()}, strict=True)
+
+
+def val_loss_of(model, val, vocab):
+    """Mean cross-entropy over every position of the non-overlapping 17-token windows."""
+    val_t = torch.tensor(val)
+    starts = list(range(0, len(val) - CONTEXT, CONTEXT))
+    with torch.no_grad():
+        x = torch.stack([val_t[s:s + CONTEXT] for s in starts])
+        y = torch.stack([val_t[s + 1:s + CONTEXT + 1] for s in starts])
+        return F.cross_entropy(model(x).view(-1, len(vocab)), y.view(-1)).item()
+
+
 def lr_at(step, total, warmup=100, top=3e-3, low=3e-4):
     if step < warmup:
         return top * (step + 1) / warmup
@@ -113,11 +171,17 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "../../data/names.txt"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--load", help="a checkpoint of examples/char_gpt.rs: report its validation loss")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     vocab, train, val = data(a.data)
     model = Gpt(len(vocab))
+    if a.load:
+        load_rocannl(a.load, model)
+        out = {"val_loss": val_loss_of(model, val, vocab)}
+        print(json.dumps(out) if a.json else out)
+        return
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2 and not n.startswith("tok")]
     ids = {id(p) for p in decay}
     rest = [p for p in model.parameters() if id(p) not in ids]
@@ -145,12 +209,7 @@ def main():
         if not a.json and (t % 200 == 0 or t + 1 == a.steps):
             print(f"step {t:>5}: loss {losses[-1]:.4f}")
     train_s = time.perf_counter() - start
-    val_t = torch.tensor(val)
-    starts = list(range(0, len(val) - CONTEXT, CONTEXT))
-    with torch.no_grad():
-        x = torch.stack([val_t[s:s + CONTEXT] for s in starts])
-        y = torch.stack([val_t[s + 1:s + CONTEXT + 1] for s in starts])
-        val_loss = F.cross_entropy(model(x).view(-1, len(vocab)), y.view(-1)).item()
+    val_loss = val_loss_of(model, val, vocab)
     tail = losses[-50:]
     out = {"train_loss": sum(tail) / len(tail), "val_loss": val_loss, "steps_per_s": a.steps / train_s,
            "first_step_s": first_step, "wall_s": time.perf_counter() - T0, "params": sum(p.numel() for p in model.parameters())}
