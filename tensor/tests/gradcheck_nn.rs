@@ -13,6 +13,11 @@ fn dense_and_mlp() {
         let y = nn::mlp(g, "mlp", &x, &[4, 2], Activation::Tanh);
         (g.params(), y)
     });
+    check("linear without bias", |g| {
+        let x = g.ndarray("x", &[3], &[], &[2], &spread(6, -1.0, 1.0));
+        let y = nn::Linear::new(g, "proj", 4).apply(&x).tanh();
+        (g.params(), y)
+    });
 }
 
 #[test]

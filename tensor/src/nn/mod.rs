@@ -110,6 +110,50 @@ impl Dense {
     }
 }
 
+/// A linear layer without bias, `w * x` (PyTorch's `nn.Linear(.., bias=False)`): `w`'s input
+/// axes are inferred from the first input it is applied to. Its weight decays, as a `Dense`
+/// layer's does.
+///
+/// ```
+/// use rocannl_tensor::{Graph, nn::{Linear, Module}};
+/// let g = Graph::new();
+/// let x = g.data("x", &[8], &[], &[5]);
+/// let proj = Linear::new(&g, "proj", 3);
+/// let y = proj.apply(&x);
+/// g.finish().unwrap();
+/// assert_eq!(y.dims().unwrap(), vec![8, 3]);
+/// let names: Vec<String> = proj.params().iter().map(|p| p.label()).collect();
+/// assert_eq!(names, ["proj.w"]);
+/// assert_eq!(proj.w.rows().unwrap(), [vec![], vec![5], vec![3]]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// The weights.
+    pub w: Tensor,
+}
+
+impl Linear {
+    /// A layer with `out` output features.
+    #[track_caller]
+    pub fn new(g: &Graph, name: &str, out: usize) -> Linear {
+        Linear {
+            w: g.param_with(
+                &format!("{name}.w"),
+                ParamSpec::output(&[out]).init(Init::FanInUniform),
+            ),
+        }
+    }
+
+    /// `w * x`.
+    #[track_caller]
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let _within = x.graph().within("Linear::apply");
+        let w = self.w.label();
+        let name = w.strip_suffix(".w").unwrap_or(&w).to_string();
+        self.w.matmul(x).named(&name)
+    }
+}
+
 /// A dense layer applied once: `w * x + b` with `out` output features.
 ///
 /// ```

@@ -13,7 +13,7 @@ use super::conv::Conv2d;
 use super::embed::Embedding;
 use super::gpt::Gpt;
 use super::norm::{LayerNorm, RmsNorm};
-use super::{Dense, Mlp};
+use super::{Dense, Linear, Mlp};
 
 /// A block that owns its params: built once, applied any number of times.
 ///
@@ -43,6 +43,15 @@ impl Module for Dense {
     }
     fn apply(&self, x: &Tensor) -> Tensor {
         Dense::apply(self, x)
+    }
+}
+
+impl Module for Linear {
+    fn params(&self) -> Vec<Tensor> {
+        vec![self.w.clone()]
+    }
+    fn apply(&self, x: &Tensor) -> Tensor {
+        Linear::apply(self, x)
     }
 }
 
