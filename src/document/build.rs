@@ -28,8 +28,7 @@ impl Built {
     pub fn check_init_counts(&self) -> Result<(), CliError> {
         for (name, count) in &self.init_counts {
             let Some((_, t)) = self.params.iter().find(|(n, _)| n == name) else { continue };
-            let rows = t.rows().map_err(tensor_error)?;
-            let cells: usize = rows.iter().flatten().product();
+            let cells = t.rows().map_err(tensor_error)?.cells();
             if cells != *count {
                 return input_err(format!(
                     "param {name}: init has {count} values but its inferred shape {} holds {cells}",

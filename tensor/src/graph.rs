@@ -100,7 +100,8 @@ pub(crate) struct GraphInner {
 /// let b = g.param_with("b", ParamSpec::output(&[16]));
 /// let y = (w.matmul(&x) + &b).relu();
 /// g.finish().unwrap();
-/// assert_eq!(w.rows().unwrap(), [vec![], vec![3], vec![16]]); // no batch, 3 -> 16
+/// let r = w.rows().unwrap(); // no batch, 3 -> 16
+/// assert_eq!((r.batch, r.input, r.output), (vec![], vec![3], vec![16]));
 /// assert_eq!(y.dims().unwrap(), vec![4, 16]);
 /// ```
 #[derive(Clone)]
@@ -120,6 +121,45 @@ impl Drop for Within {
         if g.within_depth == 0 {
             g.inf.set_within(None);
         }
+    }
+}
+
+/// A tensor's inferred sizes, row by row. The rows are named, not ordered: the one order of
+/// axes in the API is memory order — batch, then output, then input — the order of
+/// [`Tensor::dims`], of the values [`crate::Session::read`] returns and
+/// [`crate::Session::write`] takes, and of saved checkpoints ([`Rows::dims`]). The shape
+/// notation `batch|input->output` ([`Tensor::shape_string`]) labels its rows.
+///
+/// ```
+/// use rocannl_tensor::Graph;
+/// let g = Graph::new();
+/// let x = g.data("x", &[4], &[2], &[3]); // batch 4, input 2, output 3
+/// let _ = x.scale(1.0);
+/// g.finish().unwrap();
+/// let r = x.rows().unwrap();
+/// assert_eq!((r.batch.clone(), r.input.clone(), r.output.clone()), (vec![4], vec![2], vec![3]));
+/// assert_eq!(x.dims().unwrap(), vec![4, 3, 2]); // memory order: batch, output, input
+/// assert_eq!(x.shape_string(), "4|2->3");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rows {
+    /// The batch axes.
+    pub batch: Vec<usize>,
+    /// The input axes.
+    pub input: Vec<usize>,
+    /// The output axes.
+    pub output: Vec<usize>,
+}
+
+impl Rows {
+    /// Every axis in memory order: batch, output, input.
+    pub fn dims(&self) -> Vec<usize> {
+        [self.batch.as_slice(), &self.output, &self.input].concat()
+    }
+
+    /// The number of cells.
+    pub fn cells(&self) -> usize {
+        self.dims().iter().product()
     }
 }
 
@@ -734,20 +774,21 @@ impl Tensor {
     }
 
     /// The closed shape as `[batch, input, output]` size lists (after [`Graph::finish`]).
-    pub fn rows(&self) -> Result<[Vec<usize>; 3]> {
+    pub fn rows(&self) -> Result<Rows> {
         let g = self.graph.borrow();
-        g.inf.shape(g.nodes[self.id.0 as usize].shape).rows_sizes().ok_or_else(|| {
-            Error::usage(format!(
-                "the shape of '{}' is not inferred yet: call finish first",
-                self.label()
-            ))
-        })
+        let [batch, input, output] =
+            g.inf.shape(g.nodes[self.id.0 as usize].shape).rows_sizes().ok_or_else(|| {
+                Error::usage(format!(
+                    "the shape of '{}' is not inferred yet: call finish first",
+                    self.label()
+                ))
+            })?;
+        Ok(Rows { batch, input, output })
     }
 
     /// The closed dimensions in memory order (batch, output, input).
     pub fn dims(&self) -> Result<Vec<usize>> {
-        let [b, i, o] = self.rows()?;
-        Ok([b, o, i].concat())
+        Ok(self.rows()?.dims())
     }
 
     /// The number of cells (after [`Graph::finish`]).

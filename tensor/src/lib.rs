@@ -27,7 +27,7 @@ pub mod train;
 
 pub use dynamic::DynDim;
 pub use error::{Error, Result};
-pub use graph::{Graph, ParamSpec, Tensor, TensorId};
+pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
 pub use init::Init;
 pub use optim::{Optimizer, StepOptions, TrainStep};
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so

@@ -458,7 +458,8 @@ impl Session {
                 Leaf::Data(Some(values)) => self.write_node(n, &dims, &values)?,
                 Leaf::Data(None) => {}
                 Leaf::Param(init_spec) => {
-                    let [_, input, output] = self.graph.tensor(t).rows()?;
+                    let rows = self.graph.tensor(t).rows()?;
+                    let (input, output) = (rows.input, rows.output);
                     let seed = derive_seed(self.graph.seed(), t.0);
                     let mut scratch = Vec::new();
                     let prec = self.prec;

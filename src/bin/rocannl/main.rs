@@ -163,8 +163,8 @@ impl<W: Write> Answer<W> {
     }
 
     fn shape(&mut self, t: &Tensor) -> Result<(), Failure> {
-        let [b, i, o] = t.rows().map_err(tensor_error)?;
-        let v = json!({"batch": b, "input": i, "output": o});
+        let r = t.rows().map_err(tensor_error)?;
+        let v = json!({"batch": r.batch, "input": r.input, "output": r.output});
         serde_json::to_writer(&mut self.w, &v).map_err(|e| Failure::Io(io::Error::from(e)))
     }
 
@@ -224,7 +224,7 @@ impl Evaluated {
     /// Checks, before the answer starts, that the largest tensor it prints can be copied out:
     /// an answer is one JSON object, never a partial one followed by an error.
     fn check_readable(&self, built: &Built) -> Result<(), CliError> {
-        let cells = |t: &Tensor| t.rows().map(|rows| rows.iter().flatten().product::<usize>());
+        let cells = |t: &Tensor| t.rows().map(|rows| rows.cells());
         let mut largest = cells(&built.root).map_err(tensor_error)?;
         for (_, t) in built.nodes.iter().chain(&built.params) {
             largest = largest.max(cells(t).map_err(tensor_error)?);

@@ -124,7 +124,7 @@ impl Dense {
 /// assert_eq!(y.dims().unwrap(), vec![8, 3]);
 /// let names: Vec<String> = proj.params().iter().map(|p| p.label()).collect();
 /// assert_eq!(names, ["proj.w"]);
-/// assert_eq!(proj.w.rows().unwrap(), [vec![], vec![5], vec![3]]);
+/// assert_eq!(proj.w.rows().unwrap().input, vec![5]);
 /// ```
 #[derive(Clone, Debug)]
 pub struct Linear {
