@@ -99,6 +99,9 @@ struct StepRecord {
     /// The user's call that made the step, when a library function built it from smaller
     /// operations (`loss::mse at src/main.rs:9:5`).
     within: Option<Arc<str>>,
+    /// The operation's name as its user knows it (`sub`, `einsum "ij;jk=>ik"`), if given;
+    /// else messages describe its logic.
+    op_name: Option<String>,
 }
 
 /// Shape inference for one graph.
@@ -118,6 +121,8 @@ pub struct Inference {
     label_names: Vec<Option<Arc<str>>>,
     /// The user's call that steps added from now on belong to ([`Inference::set_within`]).
     within: Option<Arc<str>>,
+    /// The name of the next step added ([`Inference::name_next_op`]).
+    next_op_name: Option<String>,
 }
 
 impl Inference {
@@ -126,6 +131,12 @@ impl Inference {
     /// the user's code rather than at an operation the user never wrote.
     pub fn set_within(&mut self, within: Option<&str>) {
         self.within = within.map(Arc::from);
+    }
+
+    /// Names the operation of the next step added (`sub`, `relu`), for messages: without a
+    /// name, a step is described by its logic (`pointwise op of 2 argument(s)`).
+    pub fn name_next_op(&mut self, name: &str) {
+        self.next_op_name = Some(name.to_string());
     }
 
     /// An empty graph.
@@ -238,12 +249,13 @@ impl Inference {
     pub fn add_step(&mut self, shape: ShapeId, logic: Logic) -> Result<StepId, ShapeError> {
         let step = StepId(self.steps.len() as u32);
         self.finished = false;
+        let op_name = self.next_op_name.take();
         let deriv = self.derive(shape, &logic)?;
         deriv.template_rows.iter().for_each(|v| self.solver.mark_template_row(*v));
         deriv.kernel_dims.iter().for_each(|v| self.solver.mark_kernel_dim(*v));
         self.name_labels(&deriv.labels);
         let within = self.within.clone();
-        self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone(), within });
+        self.steps.push(StepRecord { shape, logic, labels: deriv.labels.clone(), within, op_name });
         let origin = Origin::step(step);
         let cs: Vec<Constr> = deriv.constraints.into_iter().map(|c| c.at(&origin)).collect();
         let rest = self.solver.solve(Stage::Online, cs).map_err(|c| self.report(c))?;
@@ -555,7 +567,7 @@ impl Inference {
                     .map(|a| format!("'{}' {}", self.shape(a).debug_name, show(a))),
             );
             ops.push(OpContext {
-                op: st.logic.describe(),
+                op: st.op_name.clone().unwrap_or_else(|| st.logic.describe()),
                 name: self.shape(st.shape).debug_name.clone(),
                 shapes,
                 within: st.within.as_deref().map(String::from),

@@ -563,6 +563,7 @@ impl Graph {
             .map(|a| g.nodes.get(a.0 as usize).map_or(ShapeId(0), |n| n.shape))
             .collect();
         let shape = g.inf.new_shape(&label, &ShapeDecl::inferred());
+        g.inf.name_next_op(&label);
         let step = match g.inf.add_step(shape, op.logic(&arg_shapes)) {
             Ok(s) => Some(s),
             Err(e) => {
