@@ -33,7 +33,7 @@ mod pack;
 
 use super::{Expr, Guard, Index, Limit, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, TernOp};
-use crate::tnode::{NodeId, row_major_strides};
+use crate::tnode::{MemoryMode, NodeId, TensorNode, row_major_strides};
 
 /// Rows per register block (at most).
 pub const MR: usize = 4;
@@ -66,12 +66,62 @@ pub fn schedule_cpu(prog: &mut Program) {
             out.push(s);
             continue;
         };
+        let Some((nest, before, after)) = in_f32(prog, nest) else {
+            out.push(s);
+            continue;
+        };
         match axpy::rewrite(prog, &nest).or_else(|| dot::rewrite(prog, &nest)) {
-            Some(stmts) => out.extend(stmts.into_iter().map(drop_unit_loops)),
+            Some(stmts) => {
+                out.extend(before);
+                out.extend(stmts.into_iter().map(drop_unit_loops));
+                out.extend(after);
+            }
             None => out.push(s),
         }
     }
     prog.body = out;
+}
+
+/// A nest whose result is stored in half precision (bf16, f16) accumulates in f32, as lowered
+/// (the scalar accumulator is f32, and the result is rounded once when stored). The kernels
+/// accumulate in the result itself, so such a nest is given an f32 copy of the result to work
+/// in — filled from the result first when the reduction adds onto its old values — and the
+/// result is written from it, rounded once, afterwards. Only for nests that write every cell of
+/// the result once (one loop per axis, over its whole extent, no cell guards): the copy back
+/// then writes nothing the nest would not have. Returns the nest, the statements to run
+/// before its kernel and those to run after; `None` for a half-precision nest it cannot take.
+fn in_f32(prog: &mut Program, nest: Nest) -> Option<(Nest, Vec<Stmt>, Vec<Stmt>)> {
+    if matches!(nest.prec, Prec::F32 | Prec::F64) {
+        return Some((nest, vec![], vec![]));
+    }
+    let c = prog.nodes.get(&nest.node)?.clone();
+    let whole = nest.cell_guards.is_empty()
+        && nest.idx.len() == c.dims.len()
+        && nest.idx.iter().zip(&c.dims).all(|(i, &d)| {
+            d == 1 && i.terms.is_empty() && i.offset == 0
+                || i.as_var().is_some_and(|v| nest.lhs.iter().any(|l| l.var == v && l.extent == d))
+        })
+        && nest
+            .lhs
+            .iter()
+            .all(|l| nest.idx.iter().filter(|i| i.as_var() == Some(l.var)).count() == 1);
+    if !whole {
+        return None;
+    }
+    let id = prog.fresh_node_id();
+    let label = format!("{}.f32", c.label);
+    prog.nodes.insert(id, TensorNode::new(id, &label, &c.dims, Prec::F32, MemoryMode::Local));
+    prog.scratch.push(super::Scratch { node: id, per_thread: false });
+    let copy = |prog: &mut Program, from: NodeId, to: NodeId| {
+        prog.fill_loops(&c.dims, |idx| Stmt::Set {
+            node: to,
+            idx: idx.to_vec(),
+            value: Expr::Get(from, idx.to_vec()),
+        })
+    };
+    let before = if nest.init.is_none() { vec![copy(prog, c.id, id)] } else { vec![] };
+    let after = vec![copy(prog, id, c.id)];
+    Some((Nest { node: id, prec: Prec::F32, ..nest }, before, after))
 }
 
 /// How the accumulator is updated: `t := op(t, e)` or `t := fma(x, y, t)`.
@@ -216,7 +266,10 @@ impl Nest {
             return None;
         }
         let prec = prog.nodes.get(node)?.prec;
-        if !matches!(prec, Prec::F32 | Prec::F64) || prog.locals[t.0 as usize] != prec {
+        // A half-precision result accumulates in an f32 local; [`in_f32`] gives its kernel an
+        // f32 copy to work in.
+        let local = prog.locals[t.0 as usize];
+        if local != prec.compute() {
             return None;
         }
         let is_t = |e: &Expr| matches!(e, Expr::Local(l) if l == t);
