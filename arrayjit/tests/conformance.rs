@@ -83,10 +83,18 @@ fn gccjit_large_matmuls_match_interp() {
     // interpreter does (the sums' order differs, so equal within one rounding of the result).
     for (m, k, n) in [(64, 64, 64), (33, 47, 65), (5, 300, 17)] {
         for prec in [Prec::Bf16, Prec::F16] {
-            let case = matmul_case(m, k, n, prec);
-            let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
-            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
-            assert_close(&case.name, &got[0], &want[0], tolerance(prec));
+            for case in [matmul_case(m, k, n, prec), matmul_onto_case(m, k, n, prec)] {
+                let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+                let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+                assert_close(&case.name, &got[0], &want[0], tolerance(prec));
+                let reference = &case.expected.as_ref().unwrap()[0];
+                assert_close(
+                    &format!("{} vs reference", case.name),
+                    &got[0],
+                    reference,
+                    tolerance(prec),
+                );
+            }
         }
     }
 }

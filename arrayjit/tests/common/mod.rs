@@ -181,6 +181,27 @@ pub fn matmul_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
     }
 }
 
+/// `c += a·b` onto the values `c` already holds (no initialization): the gradient form.
+pub fn matmul_onto_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
+    let mut case = matmul_case(m, k, n, prec);
+    let Asgn::Accum { lhs, accum, rhs, expr, projections, .. } = case.asgn else { unreachable!() };
+    case.asgn = Asgn::Accum { lhs, accum, rhs, expr, projections, initialize_neutral: false };
+    let c0: Vec<f64> = data(m * n, 9, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    if let Some(expected) = case.expected.as_mut() {
+        let av = &case.inputs[0].1;
+        let bv = &case.inputs[1].1;
+        for r in 0..m {
+            for q in 0..n {
+                let dot: f64 = (0..k).map(|t| av[r * k + t] * bv[t * n + q]).sum();
+                expected[0][r * n + q] = prec.round(c0[r * n + q] + dot);
+            }
+        }
+    }
+    case.inputs.push((lhs, c0));
+    case.name = format!("matmul_onto_{m}x{k}x{n}_{}", prec.name());
+    case
+}
+
 /// `y[i] op= x[i,k]` with initialization: sums, products, maxima, minima over the last axis.
 pub fn reduce_case(op: BinOp, prec: Prec) -> Case {
     let (m, k) = (5, 9);
