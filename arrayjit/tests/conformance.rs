@@ -121,3 +121,31 @@ fn a_dynamic_size_outside_one_to_its_maximum_is_an_error() {
         }
     }
 }
+
+/// The optimization level changes speed, never values: GCC is not allowed to reassociate
+/// floating-point arithmetic (no `-ffast-math`) nor to contract it (`-ffp-contract=off`), so
+/// code built at `-O1` and at `-O3` computes the same bits. (What makes a fast first build that
+/// is later swapped for an optimized one safe.)
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_optimization_levels_compute_the_same_bits() {
+    let mut cases = all_cases(&Prec::ALL);
+    cases.extend(
+        [(64, 64, 64), (33, 47, 65), (5, 300, 17)].map(|(m, k, n)| matmul_case(m, k, n, Prec::F32)),
+    );
+    cases.push(matmul_onto_case(40, 70, 50, Prec::Bf16));
+    for case in cases {
+        let at = |level: u8| {
+            let opts = CompileOptions { opt_level: level, ..CompileOptions::default() };
+            run_case(BackendKind::Gccjit, opts, &case)
+        };
+        let (o1, o3) = (at(1), at(3));
+        for (k, (a, b)) in o1.iter().zip(&o3).enumerate() {
+            let same = a
+                .iter()
+                .zip(b)
+                .all(|(x, y)| x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan());
+            assert!(same, "{} output {k}: -O1 and -O3 differ", case.name);
+        }
+    }
+}

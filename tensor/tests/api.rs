@@ -618,3 +618,33 @@ fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
     assert!(msg.contains(&format!("Dense::apply at {}:{line}", file!())), "{msg}");
     assert!(msg.contains("'fc.w'") && msg.contains("'b'"), "{msg}");
 }
+
+#[test]
+fn a_training_step_built_at_o1_and_at_o3_computes_the_same_bits() {
+    if !BackendKind::available().contains(&BackendKind::Gccjit) {
+        return;
+    }
+    let run = |level: u8| {
+        let g = Graph::with_seed(5);
+        let x = g.ndarray(
+            "x",
+            &[16],
+            &[],
+            &[12],
+            &(0..192).map(|i| ((i * 37 % 19) as f64 - 9.0) / 7.0).collect::<Vec<_>>(),
+        );
+        let y =
+            g.ndarray("y", &[16], &[], &[3], &(0..48).map(|i| (i % 3) as f64).collect::<Vec<_>>());
+        let out = Mlp::new(&g, "mlp", &[40, 3], Activation::GeluTanh).apply(&x);
+        let l = loss::cross_entropy(&out.softmax(rocannl_tensor::nn::OUTPUT_AXES), &y);
+        let mut opts = SessionOptions { backend: BackendKind::Gccjit, ..SessionOptions::default() };
+        opts.compile.opt_level = level;
+        let mut s = Session::with_options(&g, opts).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        for _ in 0..3 {
+            s.step(&mut step, 1e-2, &[]).unwrap();
+        }
+        g.params().iter().flat_map(|p| s.read(p).unwrap()).map(f64::to_bits).collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(3));
+}
