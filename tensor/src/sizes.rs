@@ -124,7 +124,13 @@ impl Session {
 
     /// The current sizes of `t`'s axes, if it has a dynamic one.
     fn current(&self, t: TensorId, dims: &[usize]) -> Option<Vec<usize>> {
-        let axes = self.dyn_axes.get(&t)?;
+        let Some(axes) = self.dyn_axes.get(&t) else {
+            // A dynamic data tensor read before anything derived its axes: its first axis.
+            let d = self.graph().borrow().dynamic.get(&t).cloned()?;
+            let mut now = dims.to_vec();
+            *now.first_mut()? = self.size(&d);
+            return Some(now);
+        };
         axes.iter().any(Option::is_some).then(|| current_dims(dims, axes, |d| self.size(d)))
     }
 

@@ -264,3 +264,18 @@ fn scheduled_kernels_stop_at_the_size_and_agree_with_fixed_batches() {
         }
     }
 }
+
+#[test]
+fn a_dynamic_data_tensor_reads_back_its_current_rows() {
+    let g = Graph::new();
+    let b = g.dynamic("batch", 5);
+    let x = g.data_dyn("x", &b, &[], &[], &[2]);
+    let _ = x.scale(1.0);
+    let mut s = Session::new(&g).unwrap();
+    s.set_size(&b, 2).unwrap();
+    s.write(&x, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    assert_eq!(s.read(&x).unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+    s.set_size(&b, 1).unwrap();
+    assert_eq!(s.read(&x).unwrap(), vec![1.0, 2.0]);
+    assert_eq!(s.size(&b), 1);
+}
