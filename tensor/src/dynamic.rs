@@ -160,6 +160,17 @@ pub(crate) fn mark(
                     if lhs_fixed[axis] {
                         return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
                     }
+                    // Parts of a concatenation fill one result axis: one dynamic size for all.
+                    if let Some(prev) = out[axis].as_ref().filter(|prev| *prev != d) {
+                        return Err(conflict(
+                            d,
+                            op,
+                            format!(
+                                "axis {axis} of '{result}' also has the dynamic size `{prev}`; two \
+                                 dynamic sizes must not meet"
+                            ),
+                        ));
+                    }
                     out[axis] = Some(d.clone());
                 }
                 None => {

@@ -585,7 +585,8 @@ impl Session {
     }
 
     /// Reads a tensor's values in memory order (batch, output, input); a dynamic axis has its
-    /// current size.
+    /// current size — the one set last with [`Session::set_size`], so read a batch's results
+    /// before setting the next batch's size.
     pub fn read(&self, t: &Tensor) -> Result<Vec<f64>> {
         let n = self.value.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' was not computed by this session", t.label()))

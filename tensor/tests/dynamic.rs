@@ -187,6 +187,30 @@ fn two_dynamic_sizes_must_not_meet() {
     let mut s = Session::new(&g).unwrap();
     let msg = s.forward(&[&sum]).unwrap_err().to_string();
     assert!(msg.contains("a<=4") && msg.contains("c<=4") && msg.contains("'y'"), "{msg}");
+    // Nor in the one result axis the parts of a concatenation fill.
+    let g = Graph::new();
+    let a = g.dynamic("a", 8);
+    let c = g.dynamic("c", 8);
+    let x = g.data_dyn("x", &a, &[], &[], &[3]);
+    let y = g.data_dyn("y", &c, &[], &[], &[4]);
+    let z = x.concat("b|p; b|q => b|p^q", &[&y]).named("z");
+    let mut s = Session::new(&g).unwrap();
+    let msg = s.forward(&[&z]).unwrap_err().to_string();
+    assert!(msg.contains("a<=8") && msg.contains("c<=8") && msg.contains("'z'"), "{msg}");
+    // One dynamic size for both parts is fine.
+    let g = Graph::new();
+    let a = g.dynamic("a", 8);
+    let x = g.data_dyn("x", &a, &[], &[], &[3]);
+    let y = g.data_dyn("y", &a, &[], &[], &[4]);
+    let z = x.concat("b|p; b|q => b|p^q", &[&y]);
+    let mut s = Session::new(&g).unwrap();
+    let r = s.forward(&[&z]).unwrap();
+    s.set_size(&a, 2).unwrap();
+    s.write(&x, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    s.write(&y, &[7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0]).unwrap();
+    s.run(&r).unwrap();
+    let want = [1.0, 2.0, 3.0, 7.0, 8.0, 9.0, 10.0, 4.0, 5.0, 6.0, 11.0, 12.0, 13.0, 14.0];
+    assert_eq!(s.read(&z).unwrap(), want);
 }
 
 #[test]

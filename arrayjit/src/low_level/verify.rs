@@ -2,7 +2,8 @@
 //!
 //! - every loop variable used in an index is bound by an enclosing loop, and no loop rebinds a
 //!   variable of an enclosing loop;
-//! - every runtime symbol is registered in the program's slot list;
+//! - every runtime symbol (in an index or a loop limit) is registered in the program's slot
+//!   list;
 //! - every tensor access names a node of the program that is not virtual, with one index per
 //!   axis;
 //! - every local exists and is assigned somewhere before (in program order) it is read.
@@ -33,9 +34,17 @@ impl Verifier<'_> {
     fn stmt(&mut self, s: &Stmt) -> Result<(), String> {
         match s {
             Stmt::Comment(_) => Ok(()),
-            Stmt::For { var, body, .. } => {
+            Stmt::For { var, limit, body, .. } => {
                 if self.bound.contains(var) {
                     return Err(format!("loop variable {var} rebound inside its own loop"));
+                }
+                if let Some(l) = limit {
+                    if !self.prog.runtime_symbols.contains(&l.size) {
+                        return Err(format!("loop limit {} not registered", l.size));
+                    }
+                    if l.per == 0 {
+                        return Err(format!("loop limit {l} has no rows per iteration"));
+                    }
                 }
                 self.bound.push(*var);
                 let r = self.block(body);

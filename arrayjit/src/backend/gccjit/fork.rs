@@ -14,7 +14,9 @@
 //! For the same reason a child takes no lock of the standard library either. A panic inside a
 //! child is silenced by a hook installed once in the parent, before the first fork, which stays
 //! quiet in children: setting a hook in the child would wait forever for the hook's lock if
-//! another thread of the parent was running a panic hook at the moment of the fork.
+//! another thread of the parent was running a panic hook at the moment of the fork. (A program
+//! that installs its own hook after its first compile replaces this one; its children then run
+//! that hook if a build panics. Install hooks before compiling, or build with one thread.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
