@@ -102,14 +102,36 @@ pub(crate) fn mark(
     ps: &mut [Projections],
     args: &[ArgAxes<'_>],
     per_argument: bool,
+    seed: Option<&DynDim>,
 ) -> Result<DynAxes> {
     let mut out: DynAxes = vec![None; ps.first().map_or(0, |p| p.lhs_dims.len())];
     let mut lhs_fixed = vec![false; out.len()];
     for (k, p) in ps.iter_mut().enumerate() {
         let rhs_args: Vec<&ArgAxes<'_>> =
             if per_argument { vec![&args[k]] } else { args.iter().collect() };
-        // Which iterators are dynamic, from the arguments' dynamic axes.
+        // Which iterators are dynamic, from the arguments' dynamic axes (and the result's first
+        // axis for an operation that gives it a dynamic size).
         let mut dynamic: Vec<(Symbol, DynDim)> = Vec::new();
+        let mut seeded = None;
+        if let Some(d) = seed {
+            match (p.project_lhs.first(), p.lhs_dims.first()) {
+                (Some(AxisIndex::Iterator(s)), Some(&size)) if size == d.max => {
+                    dynamic.push((*s, d.clone()));
+                    seeded = Some(*s);
+                }
+                _ => {
+                    let first = p.lhs_dims.first().map_or("none".to_string(), |s| s.to_string());
+                    return Err(conflict(
+                        d,
+                        op,
+                        format!(
+                            "the first axis of '{result}' must have size {}, not {first}",
+                            d.max
+                        ),
+                    ));
+                }
+            }
+        }
         for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
             for (axis, (d, i)) in a.axes.iter().zip(idx).enumerate() {
                 let Some(d) = d else { continue };
@@ -144,7 +166,8 @@ pub(crate) fn mark(
         // Every axis a dynamic iterator reaches must be dynamic too (or broadcast, size 1).
         for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
             for (axis, i) in idx.iter().enumerate() {
-                if a.flexible.get(axis).copied().unwrap_or(false) {
+                let from_seed = seeded.is_some_and(|s| *i == AxisIndex::Iterator(s));
+                if from_seed || a.flexible.get(axis).copied().unwrap_or(false) {
                     continue;
                 }
                 check_reach(op, &dynamic, i, a.axes.get(axis).and_then(|d| d.as_ref()), || {

@@ -86,6 +86,8 @@ pub(crate) struct GraphInner {
     pub no_decay: rustc_hash::FxHashSet<TensorId>,
     /// Data tensors whose first axis has a dynamic size ([`Graph::data_dyn`]).
     pub dynamic: FxHashMap<TensorId, DynDim>,
+    /// Every dynamic size made by [`Graph::dynamic`].
+    pub dyn_dims: Vec<DynDim>,
     /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
     pub within_depth: usize,
 }
@@ -208,6 +210,7 @@ impl Graph {
                 param_sites: FxHashMap::default(),
                 no_decay: Default::default(),
                 dynamic: FxHashMap::default(),
+                dyn_dims: Vec::new(),
                 within_depth: 0,
             })),
         }
@@ -346,7 +349,9 @@ impl Graph {
                  is always 1 is a fixed axis of size 1)"
             )));
         }
-        DynDim { name: std::sync::Arc::from(name), max: max.max(2), symbol }
+        let d = DynDim { name: std::sync::Arc::from(name), max: max.max(2), symbol };
+        self.borrow_mut().dyn_dims.push(d.clone());
+        d
     }
 
     /// Host-written data whose first batch axis has the dynamic size `batch`, followed by

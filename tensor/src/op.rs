@@ -39,6 +39,11 @@ pub trait Op: fmt::Debug {
     fn per_argument_projections(&self) -> bool {
         false
     }
+    /// A dynamic size the operation gives the first axis of its result
+    /// ([`crate::Tensor::dynamic_rows`]), whatever its argument's axis is.
+    fn dynamic_rows(&self) -> Option<crate::DynDim> {
+        None
+    }
     /// The forward assignment(s).
     fn forward(&self, cx: &OpCtx) -> Asgn;
     /// The gradient assignments, accumulating (`+=`) into the gradients of the arguments that

@@ -226,7 +226,7 @@ impl Session {
         } else {
             vec![g.inf.derive_projections(step, &mut self.symbols)?]
         };
-        let dynamic = !g.dynamic.is_empty();
+        let dynamic = !g.dyn_dims.is_empty();
         drop(g);
         if dynamic {
             self.mark_dynamic(t, &mut ps, per_argument)?;
@@ -517,7 +517,7 @@ impl Session {
 
     /// Runs a routine with runtime symbols bound (e.g. the batch of a batch slice).
     pub fn run_with(&mut self, r: &Routine, bindings: &[(Symbol, i64)]) -> Result<()> {
-        if self.graph.borrow().dynamic.is_empty() {
+        if self.graph.borrow().dyn_dims.is_empty() {
             self.ctx.run(r, bindings)?;
         } else {
             let all = self.with_sizes(bindings);

@@ -45,7 +45,7 @@ impl Session {
     /// `bindings` and the current value of every dynamic size of the graph.
     pub(crate) fn with_sizes(&self, bindings: &[(Symbol, i64)]) -> Vec<(Symbol, i64)> {
         let mut all = bindings.to_vec();
-        for d in self.graph().borrow().dynamic.values() {
+        for d in &self.graph().borrow().dyn_dims {
             if !all.iter().any(|(s, _)| *s == d.symbol) {
                 all.push((d.symbol, self.size(d) as i64));
             }
@@ -117,7 +117,11 @@ impl Session {
             })
             .collect();
         let what = format!("{op} '{result}'");
-        let axes = mark(&what, &result, ps, &views, per_argument)?;
+        let seed = match &self.graph().borrow().nodes[t.0 as usize].source {
+            Source::Op { op, .. } => op.dynamic_rows(),
+            Source::Leaf(_) => None,
+        };
+        let axes = mark(&what, &result, ps, &views, per_argument, seed.as_ref())?;
         self.dyn_axes.insert(t, axes);
         Ok(())
     }
@@ -141,7 +145,7 @@ impl Session {
         dims: &[usize],
         values: &[f64],
     ) -> Result<Option<Vec<f64>>> {
-        if self.graph().borrow().dynamic.is_empty() {
+        if self.graph().borrow().dyn_dims.is_empty() {
             return Ok(None);
         }
         self.axes_of(t.id)?;

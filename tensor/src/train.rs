@@ -65,43 +65,58 @@ pub struct Loader {
     symbol: Symbol,
     batch_size: usize,
     batches: usize,
+    /// The examples of the last batch when it is partial, with the dynamic size its rows have.
+    partial: Option<(usize, crate::DynDim)>,
     full: Vec<Tensor>,
     current: Vec<Tensor>,
 }
 
 impl Loader {
     /// Data tensors for `columns` (all with the same number of examples), in batches of
-    /// `batch_size`; a last partial batch is dropped.
+    /// `batch_size`. When the examples do not fill the last batch, it runs with the rows it
+    /// has: the batches' rows have a dynamic size ([`Graph::dynamic`]), which
+    /// [`Loader::bindings`] sets for each batch, so one compiled step serves them all and a mean
+    /// over the last batch divides by its own size.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, train::{Column, Loader}};
+    /// use rocannl_tensor::{Graph, Session, train::{Column, Loader}};
     /// let g = Graph::new();
-    /// let x = Column::new("x", &[2], (0..20).map(f64::from).collect());
-    /// let loader = Loader::new(&g, &[x], 4).unwrap();
-    /// assert_eq!(loader.batches(), 2);
-    /// g.finish().unwrap();
-    /// assert_eq!(loader.batch(0).dims().unwrap(), vec![4, 2]);
+    /// let x = Column::new("x", &[2], (0..20).map(f64::from).collect()); // 10 examples
+    /// let loader = Loader::new(&g, &[x.clone()], 4).unwrap();
+    /// assert_eq!(loader.batches(), 3); // 4, 4 and 2 examples
+    /// let m = loader.batch(0).mean1("b|o => 0|o");
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&m]).unwrap();
+    /// loader.load(&mut s, &[x], &(0..10).collect::<Vec<_>>()).unwrap();
+    /// s.run_with(&r, &loader.bindings(2)).unwrap();
+    /// assert_eq!(s.read(&m).unwrap(), vec![17.0, 18.0]); // examples 8 and 9 only
     /// ```
     pub fn new(g: &Graph, columns: &[Column], batch_size: usize) -> Result<Loader> {
         let n = columns.first().map_or(0, Column::len);
         if columns.iter().any(|c| c.len() != n || c.values.len() % c.example_len().max(1) != 0) {
             return Err(Error::usage("every column must hold the same number of whole examples"));
         }
-        if batch_size == 0 || n < batch_size {
+        if batch_size == 0 || n == 0 {
             return Err(Error::usage(format!(
-                "{n} examples do not fill one batch of {batch_size}"
+                "{n} examples in batches of {batch_size}: no batch to make"
             )));
         }
-        let batches = n / batch_size;
+        let rest = n % batch_size;
+        let batches = n.div_ceil(batch_size);
+        let partial = (rest > 0).then(|| (rest, g.dynamic("batch", batch_size.max(2))));
         let symbol = g.runtime_symbol();
         let mut full = Vec::new();
         let mut current = Vec::new();
         for c in columns {
             let t = g.data(&c.name, &[batches, batch_size], &[], &c.example_dims);
-            current.push(t.batch_slice_at(symbol).named(&format!("{}_batch", c.name)));
+            let mut batch = t.batch_slice_at(symbol);
+            if let Some((_, d)) = &partial {
+                batch = batch.dynamic_rows(d);
+            }
+            current.push(batch.named(&format!("{}_batch", c.name)));
             full.push(t);
         }
-        Ok(Loader { symbol, batch_size, batches, full, current })
+        Ok(Loader { symbol, batch_size, batches, partial, full, current })
     }
 
     /// The current batch of column `i` (`batch_size | example dims`).
@@ -119,16 +134,29 @@ impl Loader {
         self.batch_size
     }
 
-    /// The binding selecting batch `b`.
+    /// The binding selecting batch `b` (with [`Loader::bindings`], also its number of rows).
     pub fn binding(&self, b: usize) -> (Symbol, i64) {
         (self.symbol, b as i64)
     }
 
-    /// Writes the dataset in the order `order` (a permutation of example indices).
+    /// The bindings to run a step on batch `b`: which batch, and how many rows it has when
+    /// the last batch is partial.
+    pub fn bindings(&self, b: usize) -> Vec<(Symbol, i64)> {
+        let mut out = vec![self.binding(b)];
+        if let Some((rest, d)) = &self.partial {
+            let rows = if b + 1 == self.batches { *rest } else { self.batch_size };
+            out.push((d.symbol(), rows as i64));
+        }
+        out
+    }
+
+    /// Writes the dataset in the order `order` (a permutation of example indices); the rows
+    /// past the examples in a partial last batch are zeros.
     pub fn load(&self, s: &mut Session, columns: &[Column], order: &[usize]) -> Result<()> {
-        let used = &order[..self.batches * self.batch_size];
         for (t, c) in self.full.iter().zip(columns) {
-            s.write(t, &c.gather(used))?;
+            let mut values = c.gather(order);
+            values.resize(self.batches * self.batch_size * c.example_len(), 0.0);
+            s.write(t, &values)?;
         }
         Ok(())
     }
@@ -341,7 +369,7 @@ pub fn train(
         loader.load(s, columns, &order)?;
         let mut sum = 0.0;
         for b in 0..loader.batches() {
-            s.step(step, cfg.lr.at(k, total), &[loader.binding(b)])?;
+            s.step(step, cfg.lr.at(k, total), &loader.bindings(b))?;
             let loss = s.loss(step)?;
             h.losses.push(loss);
             sum += loss;

@@ -303,3 +303,33 @@ fn a_dynamic_data_tensor_reads_back_its_current_rows() {
     assert_eq!(s.read(&x).unwrap(), vec![1.0, 2.0]);
     assert_eq!(s.size(&b), 1);
 }
+
+#[test]
+fn a_loader_runs_its_last_partial_batch_with_its_own_size() {
+    use rocannl_tensor::train::{Column, Loader};
+    // 10 examples in batches of 4: 4, 4, then the last 2, through one compiled step.
+    let xs: Vec<f64> = (0..50).map(|i| ((i * 13 % 17) as f64 - 8.0) / 5.0).collect();
+    let ys: Vec<f64> = (0..20).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
+    let cols = [Column::new("x", &[5], xs.clone()), Column::new("y", &[2], ys.clone())];
+    let g = Graph::with_seed(7);
+    let loader = Loader::new(&g, &cols, 4).unwrap();
+    assert_eq!(loader.batches(), 3);
+    let (_, err, params) = model(&g, loader.batch(0), loader.batch(1));
+    let mut s = session(&g, BackendKind::Interp);
+    let r = s.forward(&[&err]).unwrap();
+    loader.load(&mut s, &cols, &(0..10).collect::<Vec<_>>()).unwrap();
+    s.run_with(&r, &loader.bindings(2)).unwrap();
+    let last = s.read(&err).unwrap();
+    // The same two examples alone, in a graph of a fixed batch of 2.
+    let (g2, _, x2, y2) = build(None, 2);
+    let (_, err2, params2) = model(&g2, &x2, &y2);
+    let mut s2 = session(&g2, BackendKind::Interp);
+    let r2 = s2.forward(&[&err2]).unwrap();
+    for (p, p2) in params.iter().zip(&params2) {
+        s2.write(p2, &s.read(p).unwrap()).unwrap();
+    }
+    s2.write(&x2, &xs[40..]).unwrap();
+    s2.write(&y2, &ys[16..]).unwrap();
+    s2.run(&r2).unwrap();
+    close(&last, &s2.read(&err2).unwrap(), "last partial batch loss");
+}

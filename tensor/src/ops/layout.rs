@@ -57,6 +57,30 @@ impl Op for BatchSlice {
     }
 }
 
+/// The argument, with the first axis of the result given a dynamic size: only its first `n`
+/// rows count from here on (a batch sliced out of a resident dataset whose last batch is
+/// partial).
+#[derive(Debug)]
+pub struct DynamicRows(pub crate::DynDim);
+
+impl Op for DynamicRows {
+    fn name(&self) -> String {
+        format!("dynamic_rows {}", self.0)
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Pointwise(args.to_vec())
+    }
+    fn dynamic_rows(&self) -> Option<crate::DynDim> {
+        Some(self.0.clone())
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(None, &x(0), false)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        cx.grad(0, &G).into_iter().collect()
+    }
+}
+
 /// Concatenation along the axes a spec joins with `^` (e.g. `a; b => a^b`).
 #[derive(Debug)]
 pub struct Concat(pub Arc<EinsumSpec>);
@@ -111,6 +135,14 @@ impl Tensor {
     /// runs (e.g. the batch number in a training loop).
     pub fn batch_slice_at(&self, symbol: Symbol) -> Tensor {
         self.graph.add_op(Rc::new(BatchSlice(SliceIndex::Runtime(symbol))), &[self])
+    }
+
+    /// The same values, with the first axis given the dynamic size `d` (its size must be
+    /// `d`'s maximum): from here on only its first `n` rows count, `n` the size when running —
+    /// a mean over them divides by `n`. For a batch taken out of a resident dataset whose last
+    /// batch is partial ([`crate::train::Loader`]).
+    pub fn dynamic_rows(&self, d: &crate::DynDim) -> Tensor {
+        self.graph.add_op(Rc::new(DynamicRows(d.clone())), &[self])
     }
 
     /// Concatenates `self` and `others` along the axes the spec joins with `^`.
