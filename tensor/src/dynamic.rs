@@ -85,10 +85,10 @@ impl fmt::Display for DynDim {
 pub type DynAxes = Vec<Option<DynDim>>;
 
 /// One argument of an operation, as the pass sees it.
-pub(crate) struct ArgAxes<'a> {
+pub(crate) struct ArgAxes {
     pub label: String,
     pub dims: Vec<usize>,
-    pub axes: &'a [Option<DynDim>],
+    pub axes: DynAxes,
     /// Axes whose cells do not depend on their size (every axis of a constant, the first
     /// axis of a range): a dynamic iterator may read them at its first `n` positions.
     pub flexible: Vec<bool>,
@@ -100,14 +100,14 @@ pub(crate) fn mark(
     op: &str,
     result: &str,
     ps: &mut [Projections],
-    args: &[ArgAxes<'_>],
+    args: &[ArgAxes],
     per_argument: bool,
     seed: Option<&DynDim>,
 ) -> Result<DynAxes> {
     let mut out: DynAxes = vec![None; ps.first().map_or(0, |p| p.lhs_dims.len())];
     let mut lhs_fixed = vec![false; out.len()];
     for (k, p) in ps.iter_mut().enumerate() {
-        let rhs_args: Vec<&ArgAxes<'_>> =
+        let rhs_args: Vec<&ArgAxes> =
             if per_argument { vec![&args[k]] } else { args.iter().collect() };
         // Which iterators are dynamic, from the arguments' dynamic axes (and the result's first
         // axis for an operation that gives it a dynamic size).

@@ -107,14 +107,9 @@ impl Session {
             };
             arg_axes.push((tensor.label(), dims, axes, flexible));
         }
-        let views: Vec<ArgAxes<'_>> = arg_axes
-            .iter()
-            .map(|(label, dims, axes, flexible)| ArgAxes {
-                label: label.clone(),
-                dims: dims.clone(),
-                axes,
-                flexible: flexible.clone(),
-            })
+        let views: Vec<ArgAxes> = arg_axes
+            .into_iter()
+            .map(|(label, dims, axes, flexible)| ArgAxes { label, dims, axes, flexible })
             .collect();
         let what = format!("{op} '{result}'");
         let seed = match &self.graph().borrow().nodes[t.0 as usize].source {

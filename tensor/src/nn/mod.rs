@@ -103,11 +103,15 @@ impl Dense {
     #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let _within = x.graph().within("Dense::apply");
-        // Named after the layer, so that messages about its output say which layer it is.
-        let w = self.w.label();
-        let name = w.strip_suffix(".w").unwrap_or(&w).to_string();
-        (&self.w.matmul(x) + &self.b).named(&name)
+        (&self.w.matmul(x) + &self.b).named(&layer_name(&self.w))
     }
+}
+
+/// A layer's name, from its weight's label (`mlp.1.w` → `mlp.1`): layers name their outputs
+/// after themselves, so that messages about an output say which layer it is.
+fn layer_name(w: &Tensor) -> String {
+    let label = w.label();
+    label.strip_suffix(".w").unwrap_or(&label).to_string()
 }
 
 /// A linear layer without bias, `w * x` (PyTorch's `nn.Linear(.., bias=False)`): `w`'s input
@@ -148,9 +152,7 @@ impl Linear {
     #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let _within = x.graph().within("Linear::apply");
-        let w = self.w.label();
-        let name = w.strip_suffix(".w").unwrap_or(&w).to_string();
-        self.w.matmul(x).named(&name)
+        self.w.matmul(x).named(&layer_name(&self.w))
     }
 }
 
