@@ -24,6 +24,7 @@ pub mod cache;
 pub mod context;
 pub mod error;
 pub mod indexing;
+pub mod kernels;
 pub mod low_level;
 pub mod lower;
 pub mod ndarray;

@@ -274,7 +274,7 @@ impl ConvDim {
     pub fn solve_output(&self, input: usize, kernel: usize) -> Result<usize, NoSolution> {
         let fail = |why: String| Err(NoSolution(why));
         if self.padded || self.dilation == 0 {
-            if input % self.stride != 0 {
+            if !input.is_multiple_of(self.stride) {
                 return fail(format!(
                     "an axis of {input} is not a whole number of strides {}",
                     self.stride
@@ -294,7 +294,7 @@ impl ConvDim {
             ));
         };
         let rest = input - span;
-        if rest % self.stride != 0 {
+        if !rest.is_multiple_of(self.stride) {
             return fail(format!(
                 "{input} = {}*(output-1) + {span} has no whole-number solution",
                 self.stride
@@ -310,7 +310,7 @@ impl ConvDim {
             return Ok(0);
         }
         let covered = self.stride.checked_mul(output - 1).and_then(|x| x.checked_add(1));
-        let fits = covered.filter(|c| *c <= input && (input - c) % self.dilation == 0);
+        let fits = covered.filter(|c| *c <= input && (input - c).is_multiple_of(self.dilation));
         let Some(covered) = fits else {
             return Err(NoSolution(format!(
                 "{input} = {}*({output}-1) + {}*(kernel-1) + 1 has no whole-number solution",

@@ -218,10 +218,10 @@ impl Environment {
         if let Dim::Conv(c) = d {
             // A convolution whose parts are known becomes its size: computed without building
             // the substituted convolution (unless it collapses to its output instead).
-            if !(c.padded && c.stride == 1 && !self.keep_padded_conv) {
-                if let Some(n) = self.dim_size(d) {
-                    return Dim::of(n);
-                }
+            if !(c.padded && c.stride == 1 && !self.keep_padded_conv)
+                && let Some(n) = self.dim_size(d)
+            {
+                return Dim::of(n);
             }
         }
         d.map_vars_with(

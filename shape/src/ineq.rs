@@ -153,16 +153,14 @@ impl Solver {
         let mut out = self.derived_list();
         match &b.lub {
             None => {
-                if let Some((DimConstraint::AtLeast(n), o)) = &b.constr {
-                    if lub.size().is_some_and(|l| l < *n) && *n > 1 {
-                        return Err(conflict(
-                            format!(
-                                "an axis indexed at position {} cannot be at most {lub}",
-                                n - 1
-                            ),
-                            &o.join(origin),
-                        ));
-                    }
+                if let Some((DimConstraint::AtLeast(n), o)) = &b.constr
+                    && lub.size().is_some_and(|l| l < *n)
+                    && *n > 1
+                {
+                    return Err(conflict(
+                        format!("an axis indexed at position {} cannot be at most {lub}", n - 1),
+                        &o.join(origin),
+                    ));
                 }
                 for s2 in &b.subr {
                     out.push(
@@ -223,13 +221,13 @@ impl Solver {
             );
         }
         // A lower bound > 1 on s rules out broadcasting, so c equals s and shares the bound.
-        if let Some((constr, o)) = &bs.constr {
-            if constr.lower_bound().is_some() {
-                out.push(
-                    Constraint::DimConstr { d: Dim::Var(c), constr: constr.clone() }
-                        .at(&o.join(origin)),
-                );
-            }
+        if let Some((constr, o)) = &bs.constr
+            && constr.lower_bound().is_some()
+        {
+            out.push(
+                Constraint::DimConstr { d: Dim::Var(c), constr: constr.clone() }
+                    .at(&o.join(origin)),
+            );
         }
         Ok(out)
     }
@@ -262,23 +260,21 @@ impl Solver {
         // rows up from the right: a tensor's known first axes are its first, but where they
         // fall in a longer row depends on how many axes its row variable turns out to hold.
         let anchored = self.is_pattern_row(&cur) || self.is_pattern_row(&subr);
-        if let (Some(cv), Some(sv)) = (cur.var(), subr.var()) {
-            if cv == sv {
-                // The same row variable on both sides: its axes line up only if the trailing
-                // parts have the same length; then the leading parts line up from the right.
-                if cd.len() != sd.len() || cb.len() < sb.len() {
-                    return Err(conflict(
-                        format!(
-                            "[{cur}] >= [{subr}] would need row variable {cv} to contain itself"
-                        ),
-                        origin,
-                    ));
-                }
-                let mut out: Vec<Constr> = cd.iter().zip(sd).map(|(c, s)| ineq(c, s)).collect();
-                let off = cb.len() - sb.len();
-                out.extend(cb[off..].iter().zip(sb).map(|(c, s)| ineq(c, s)));
-                return Ok(out);
+        if let (Some(cv), Some(sv)) = (cur.var(), subr.var())
+            && cv == sv
+        {
+            // The same row variable on both sides: its axes line up only if the trailing
+            // parts have the same length; then the leading parts line up from the right.
+            if cd.len() != sd.len() || cb.len() < sb.len() {
+                return Err(conflict(
+                    format!("[{cur}] >= [{subr}] would need row variable {cv} to contain itself"),
+                    origin,
+                ));
             }
+            let mut out: Vec<Constr> = cd.iter().zip(sd).map(|(c, s)| ineq(c, s)).collect();
+            let off = cb.len() - sb.len();
+            out.extend(cb[off..].iter().zip(sb).map(|(c, s)| ineq(c, s)));
+            return Ok(out);
         }
         if let (Some(cv), None) = (cur.var(), subr.var()) {
             // subr's axes are all known: its first axes pair with cur's leading axes, its last

@@ -378,10 +378,10 @@ impl Inference {
         }
         self.finished = true;
         self.warnings = self.compute_warnings();
-        if self.strict {
-            if let Some(w) = self.warnings.first() {
-                return Err(ShapeError::Guess(w.message.clone()));
-            }
+        if self.strict
+            && let Some(w) = self.warnings.first()
+        {
+            return Err(ShapeError::Guess(w.message.clone()));
         }
         Ok(())
     }
@@ -652,12 +652,12 @@ impl Inference {
         let mut seen_d = FxHashSet::default();
         while let Some(r) = stack_rows.pop() {
             stack_dims.extend(r.all_dims());
-            if let Some(v) = r.var() {
-                if seen_r.insert(v) {
-                    rows.push(v);
-                    if let Some(RowEntry::Solved(value, _)) = self.solver.env.row_entry(v) {
-                        stack_rows.push(value.as_ref().clone());
-                    }
+            if let Some(v) = r.var()
+                && seen_r.insert(v)
+            {
+                rows.push(v);
+                if let Some(RowEntry::Solved(value, _)) = self.solver.env.row_entry(v) {
+                    stack_rows.push(value.as_ref().clone());
                 }
             }
         }

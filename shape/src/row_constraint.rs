@@ -71,16 +71,16 @@ impl Solver {
         if new == old {
             return Ok(vec![]);
         }
-        if let (Some((lub, lo)), Some(lower)) = (&b.lub, new.lower_bound()) {
-            if lub.size().is_some_and(|l| l < lower) {
-                return Err(conflict(
-                    format!(
-                        "fixed index {} is out of range for an axis of size at most {lub}",
-                        lower - 1
-                    ),
-                    &lo.join(origin),
-                ));
-            }
+        if let (Some((lub, lo)), Some(lower)) = (&b.lub, new.lower_bound())
+            && lub.size().is_some_and(|l| l < lower)
+        {
+            return Err(conflict(
+                format!(
+                    "fixed index {} is out of range for an axis of size at most {lub}",
+                    lower - 1
+                ),
+                &lo.join(origin),
+            ));
         }
         let o = match &b.constr {
             Some((_, o)) => o.join(origin),
@@ -194,7 +194,7 @@ impl Solver {
             // The row variable (which may occur in several rows) takes whatever the other axes
             // leave, shared equally between its occurrences.
             let free = dims.len() - fixed;
-            if !vars.is_empty() && free % vars.len() != 0 {
+            if !vars.is_empty() && !free.is_multiple_of(vars.len()) {
                 return Err(conflict(
                     format!(
                         "rows {} must have exactly {} axes: {free} axes cannot be shared by {} \

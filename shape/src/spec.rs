@@ -432,10 +432,10 @@ impl<'a> Parser<'a> {
         if arrows.len() > 1 {
             return self.err(arrows[1], "a shape has at most one '->' (batch|input->output)");
         }
-        if let (Some(&b), Some(&a)) = (bars.first(), arrows.first()) {
-            if a < b {
-                return self.err(b, "the batch row ('|') comes before the input row ('->')");
-            }
+        if let (Some(&b), Some(&a)) = (bars.first(), arrows.first())
+            && a < b
+        {
+            return self.err(b, "the batch row ('|') comes before the input row ('->')");
         }
         let mut pos = from;
         let mut pattern = ShapePattern::default();
@@ -649,17 +649,17 @@ impl<'a> Parser<'a> {
         let labels = spec.labels();
         for p in spec.operands.iter().chain(std::iter::once(&spec.result)) {
             for row in p.rows() {
-                if let Some(RowVarSpec::Named(n)) = &row.var {
-                    if labels.contains(n) {
-                        let pos = self
-                            .text
-                            .find(&format!("..{n}.."))
-                            .map_or(0, |b| self.text[..b].chars().count());
-                        return self.err(
-                            pos,
-                            format!("'{n}' is used both as an axis label and as a row variable"),
-                        );
-                    }
+                if let Some(RowVarSpec::Named(n)) = &row.var
+                    && labels.contains(n)
+                {
+                    let pos = self
+                        .text
+                        .find(&format!("..{n}.."))
+                        .map_or(0, |b| self.text[..b].chars().count());
+                    return self.err(
+                        pos,
+                        format!("'{n}' is used both as an axis label and as a row variable"),
+                    );
                 }
             }
         }

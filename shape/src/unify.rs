@@ -159,13 +159,13 @@ impl Solver {
 
     /// `conv = other` where `other` is not a variable.
     fn unify_conv(&mut self, c: &Arc<ConvDim>, other: &Dim, origin: &Origin) -> Derived {
-        if let Dim::Conv(o) = other {
-            if let Some(eqs) = same_conv_shape(c, o) {
-                return Ok(eqs
-                    .into_iter()
-                    .map(|(d1, d2)| Constraint::DimEq { d1, d2 }.at(origin))
-                    .collect());
-            }
+        if let Dim::Conv(o) = other
+            && let Some(eqs) = same_conv_shape(c, o)
+        {
+            return Ok(eqs
+                .into_iter()
+                .map(|(d1, d2)| Constraint::DimEq { d1, d2 }.at(origin))
+                .collect());
         }
         let Some(n) = other.size() else {
             // Two arithmetic dimensions with unknown parts: wait for more information.
@@ -374,11 +374,11 @@ impl Solver {
                 Constraint::RowIneq { cur: lub, subr: Arc::clone(&value) }.at(&o.join(origin)),
             );
         }
-        if let Some((constr, o)) = old.constr {
-            if constr != RowConstraint::Unconstrained {
-                let rows = vec![Arc::unwrap_or_clone(value)];
-                out.push(Constraint::RowsConstr { rows, constr }.at(&o.join(origin)));
-            }
+        if let Some((constr, o)) = old.constr
+            && constr != RowConstraint::Unconstrained
+        {
+            let rows = vec![Arc::unwrap_or_clone(value)];
+            out.push(Constraint::RowsConstr { rows, constr }.at(&o.join(origin)));
         }
         Ok(out)
     }

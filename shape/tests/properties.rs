@@ -68,10 +68,10 @@ fn check_leaves(g: &Graph, b: &Built) -> Result<(), String> {
             _ => continue,
         };
         for (k, w) in want.iter().enumerate() {
-            if let Some(w) = w {
-                if *w != got[k] {
-                    return Err(format!("leaf n{i} declared {want:?} but closed to {got:?}"));
-                }
+            if let Some(w) = w
+                && *w != got[k]
+            {
+                return Err(format!("leaf n{i} declared {want:?} but closed to {got:?}"));
             }
         }
     }

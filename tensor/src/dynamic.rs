@@ -198,10 +198,10 @@ pub(crate) fn mark(
                 }
                 None => {
                     check_reach(op, &dynamic, i, None, || format!("axis {axis} of '{result}'"))?;
-                    if let Some(d) = &out[axis] {
-                        if p.lhs_dims[axis] > 1 {
-                            return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
-                        }
+                    if let Some(d) = &out[axis]
+                        && p.lhs_dims[axis] > 1
+                    {
+                        return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
                     }
                     lhs_fixed[axis] = p.lhs_dims[axis] > 1;
                 }

@@ -206,7 +206,8 @@ impl Gccjit {
                     }
                     if !matches!(s, Stmt::Comment(_)) {
                         len += 1;
-                        boundary |= dedup::canonical_hash(&prog, s) % SERIAL_STEP_LEN as u64 == 0;
+                        boundary |=
+                            dedup::canonical_hash(&prog, s).is_multiple_of(SERIAL_STEP_LEN as u64);
                     }
                     serial.push(s.clone());
                 }

@@ -86,7 +86,7 @@ fn blocked(nest: &Nest, l: &Loop, most: usize) -> Option<usize> {
     if nest.guarded(l.var) || !sole_axis(nest, l.var) {
         return None;
     }
-    [most, 2].into_iter().find(|b| *b <= most && l.extent % b == 0)
+    [most, 2].into_iter().find(|b| *b <= most && l.extent.is_multiple_of(*b))
 }
 
 /// The rewritten statements, or `None` when no reduction loop qualifies.

@@ -390,7 +390,7 @@ pub(crate) fn uses_var(e: &Expr, v: Var) -> bool {
 /// The largest divisor of `n` that is at most `at_most` and a multiple of `multiple_of`
 /// (`n` itself when there is none).
 pub(crate) fn largest_divisor(n: usize, at_most: usize, multiple_of: usize) -> usize {
-    (1..=at_most.min(n)).rev().find(|d| n % d == 0 && d % multiple_of == 0).unwrap_or(n)
+    (1..=at_most.min(n)).rev().find(|d| n.is_multiple_of(*d) && d % multiple_of == 0).unwrap_or(n)
 }
 
 /// `Σ coeff·var + offset` over loop variables.

@@ -1,0 +1,605 @@
+//! The matrix product `C (+)= A·B` over strided operands: packed panels, a register-tiled
+//! micro-kernel, cache blocking.
+//!
+//! The classic structure (Goto and van de Geijn): the reduction is cut into blocks of `KC`
+//! steps and the columns into blocks of `NC`; for each, a block of `B` is copied into panels of
+//! `NR` columns laid out step by step, then blocks of `MC` rows of `A` into panels of `MR`
+//! rows; the micro-kernel keeps an `MR × NR` tile of `C` in registers and, for each step of the
+//! block, adds one panel row of `A` (broadcast) times one panel row of `B`. Packing makes every
+//! operand layout — transposed, strided, broadcast (stride 0) — the same contiguous stream, so
+//! the backward pass's `Aᵀ·B` and `A·Bᵀ` need no transpose of their own.
+//!
+//! Exactness: a cell's steps are applied in reduction order, block after block (a block
+//! starts from the cell's value stored by the previous one, which is exact), each step one
+//! `fma` or a rounded product then a rounded add, as the nest it replaces says. Panels are
+//! padded with zeros past the edges; the padded cells are computed and thrown away.
+
+use std::cell::RefCell;
+use std::ops::{Add, Mul};
+
+use super::Isa;
+use super::simd::Lanes;
+
+/// A product `C (+)= A·B`: `C` has `m` rows and `n` columns, `A` `m` rows and `k` columns, `B`
+/// `k` rows and `n` columns; `rs*` and `cs*` are the steps (in elements) between rows and
+/// between columns of each operand, any sign, 0 for a broadcast.
+#[derive(Copy, Clone, Debug)]
+pub struct Gemm<T> {
+    /// Rows of `C` and `A`.
+    pub m: usize,
+    /// Columns of `C` and `B`.
+    pub n: usize,
+    /// The reduction: columns of `A`, rows of `B`.
+    pub k: usize,
+    /// `A`'s first cell.
+    pub a: *const T,
+    /// `A`'s row step.
+    pub rsa: isize,
+    /// `A`'s column step.
+    pub csa: isize,
+    /// `B`'s first cell.
+    pub b: *const T,
+    /// `B`'s row step.
+    pub rsb: isize,
+    /// `B`'s column step.
+    pub csb: isize,
+    /// `C`'s first cell.
+    pub c: *mut T,
+    /// `C`'s row step.
+    pub rsc: isize,
+    /// `C`'s column step.
+    pub csc: isize,
+    /// Each cell starts from its old value (else from 0).
+    pub accumulate: bool,
+    /// Each step is one fused multiply-add (else a rounded product, then a rounded sum).
+    pub fused: bool,
+}
+
+/// The element types the kernels compute in.
+pub trait Elem: Copy + Add<Output = Self> + Mul<Output = Self> + 'static {
+    /// Zero.
+    const ZERO: Self;
+    /// `a·b + c` rounded once.
+    fn fma(a: Self, b: Self, c: Self) -> Self;
+}
+
+impl Elem for f32 {
+    const ZERO: f32 = 0.0;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Elem for f64 {
+    const ZERO: f64 = 0.0;
+    #[inline(always)]
+    fn fma(a: f64, b: f64, c: f64) -> f64 {
+        a.mul_add(b, c)
+    }
+}
+
+/// The cache blocking: reduction steps per block, rows of `A` per packed block, columns of `B`
+/// per packed block.
+#[derive(Copy, Clone, Debug)]
+struct Blocking {
+    kc: usize,
+    mc: usize,
+    nc: usize,
+}
+
+/// Sized for 32–48 KiB of L1 and 1–2 MiB of L2 per core: a `B` panel (`KC × NR`) stays in L1
+/// while an `A` block (`MC × KC`, 96 KiB in f32) stays in L2; the `B` block (`KC × NC`) is
+/// reused by every row block.
+const BLOCKING_F32: Blocking = Blocking { kc: 256, mc: 96, nc: 1024 };
+const BLOCKING_F64: Blocking = Blocking { kc: 192, mc: 96, nc: 512 };
+
+/// Computes the product with the kernels of `isa`, which must be available on this host
+/// ([`Isa::available`]); the host's best is [`Isa::host`].
+///
+/// # Safety
+/// Every cell the sizes and strides address must be valid for the access, and `C`'s cells
+/// must not overlap `A`'s or `B`'s (nor, for distinct `(row, column)`, each other).
+pub unsafe fn gemm<T: Kernels>(g: &Gemm<T>, isa: Isa) {
+    // SAFETY: the caller's contract; the instruction set is checked below.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => T::avx512(g),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if std::arch::is_x86_feature_detected!("fma") => T::avx2(g),
+            _ => T::generic(g),
+        }
+    }
+}
+
+/// The kernels of one element type, one per instruction set.
+pub trait Kernels: Elem {
+    /// Portable.
+    ///
+    /// # Safety
+    /// As [`gemm`].
+    unsafe fn generic(g: &Gemm<Self>);
+    /// AVX2 + FMA; the host must have them.
+    ///
+    /// # Safety
+    /// As [`gemm`].
+    unsafe fn avx2(g: &Gemm<Self>);
+    /// AVX-512 F; the host must have it.
+    ///
+    /// # Safety
+    /// As [`gemm`].
+    unsafe fn avx512(g: &Gemm<Self>);
+}
+
+macro_rules! kernels {
+    ($t:ty, $blk:expr, $generic:ty, $avx2:ty, $avx512:ty) => {
+        impl Kernels for $t {
+            unsafe fn generic(g: &Gemm<$t>) {
+                // SAFETY: the caller's contract.
+                unsafe { driver::<$t, $generic, 4>(g, $blk) }
+            }
+
+            unsafe fn avx2(g: &Gemm<$t>) {
+                #[cfg(target_arch = "x86_64")]
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn go(g: &Gemm<$t>) {
+                    // SAFETY: the caller's contract.
+                    unsafe { driver::<$t, $avx2, 6>(g, $blk) }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unsafe fn go(g: &Gemm<$t>) {
+                    // SAFETY: the caller's contract.
+                    unsafe { Self::generic(g) }
+                }
+                // SAFETY: the caller's contract (the host has the features).
+                unsafe { go(g) }
+            }
+
+            unsafe fn avx512(g: &Gemm<$t>) {
+                #[cfg(target_arch = "x86_64")]
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn go(g: &Gemm<$t>) {
+                    // SAFETY: the caller's contract.
+                    unsafe { driver::<$t, $avx512, 8>(g, $blk) }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unsafe fn go(g: &Gemm<$t>) {
+                    // SAFETY: the caller's contract.
+                    unsafe { Self::generic(g) }
+                }
+                // SAFETY: the caller's contract (the host has the features).
+                unsafe { go(g) }
+            }
+        }
+    };
+}
+
+// Register tiles, rows × two vectors of columns: AVX-512 has 32 vector registers, so 8 rows
+// (16 accumulators, plus the `B` row and a broadcast); AVX2 has 16, so 6 rows (12
+// accumulators). Portable code: 4 rows × 2 scalars.
+#[cfg(target_arch = "x86_64")]
+kernels!(f32, BLOCKING_F32, f32, std::arch::x86_64::__m256, std::arch::x86_64::__m512);
+#[cfg(target_arch = "x86_64")]
+kernels!(f64, BLOCKING_F64, f64, std::arch::x86_64::__m256d, std::arch::x86_64::__m512d);
+#[cfg(not(target_arch = "x86_64"))]
+kernels!(f32, BLOCKING_F32, f32, f32, f32);
+#[cfg(not(target_arch = "x86_64"))]
+kernels!(f64, BLOCKING_F64, f64, f64, f64);
+
+/// Vectors of columns per register tile.
+const NV: usize = 2;
+/// The most cells of a register tile (for the edge tiles' buffer).
+const MAX_TILE: usize = 8 * 2 * 16;
+
+thread_local! {
+    /// Each thread's packing buffers (`A` block, `B` block), kept between calls: a fresh
+    /// allocation of this size per call would be mapped and faulted in every time.
+    static PACK: RefCell<(Vec<u64>, Vec<u64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// A buffer of at least `len` elements of `T` (8-byte words, so aligned for f32 and f64).
+fn words<T>(buf: &mut Vec<u64>, len: usize) -> *mut T {
+    let need = (len * size_of::<T>()).div_ceil(8);
+    if buf.len() < need {
+        buf.resize(need, 0);
+    }
+    buf.as_mut_ptr().cast()
+}
+
+/// The blocked loops around packing and the micro-kernel: register tiles of `MR` rows ×
+/// `NV` vectors `V` of columns.
+#[inline(always)]
+unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Blocking) {
+    let Gemm { m, n, k, .. } = *g;
+    let nr = NV * V::W;
+    debug_assert!(MR * nr <= MAX_TILE);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // An empty sum: the cells start, and stay, at 0 (or their old values).
+        if !g.accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: a cell of C (the caller's contract).
+                    unsafe { *g.c.offset(i as isize * g.rsc + j as isize * g.csc) = T::ZERO };
+                }
+            }
+        }
+        return;
+    }
+    let kc_max = blk.kc.min(k);
+    let mc_max = blk.mc.min(m).next_multiple_of(MR);
+    let nc_max = blk.nc.min(n).next_multiple_of(nr);
+    // The buffers' addresses are taken out of the thread-local: code inside its closure would
+    // be compiled without the caller's target features. Nothing else on this thread touches
+    // them until this call returns (the kernels do not call back).
+    let (ap, bp): (*mut T, *mut T) = PACK.with(|pack| {
+        let mut pack = pack.borrow_mut();
+        let (abuf, bbuf) = &mut *pack;
+        (words::<T>(abuf, mc_max * kc_max), words::<T>(bbuf, nc_max * kc_max))
+    });
+    for jc in (0..n).step_by(blk.nc) {
+        let nc = blk.nc.min(n - jc);
+        for pc in (0..k).step_by(blk.kc) {
+            let kc = blk.kc.min(k - pc);
+            // SAFETY: the block lies inside B; the buffer holds `nc_max × kc_max`.
+            unsafe { pack_b(g, pc, kc, jc, nc, nr, bp) };
+            let load = g.accumulate || pc > 0;
+            for ic in (0..m).step_by(blk.mc) {
+                let mc = blk.mc.min(m - ic);
+                // SAFETY: as above, for A.
+                unsafe { pack_a::<T, MR>(g, ic, mc, pc, kc, ap) };
+                for jr in (0..nc).step_by(nr) {
+                    for ir in (0..mc).step_by(MR) {
+                        let (i, j) = ((ic + ir) as isize, (jc + jr) as isize);
+                        // SAFETY: the tile's valid part lies inside C.
+                        unsafe {
+                            let tile = Tile {
+                                kc,
+                                a: ap.add(ir * kc),
+                                b: bp.add(jr * kc),
+                                c: g.c.offset(i * g.rsc + j * g.csc),
+                                rsc: g.rsc,
+                                csc: g.csc,
+                                mr: MR.min(mc - ir),
+                                nr: nr.min(nc - jr),
+                                load,
+                            };
+                            if g.fused {
+                                micro::<V, MR, true>(&tile)
+                            } else {
+                                micro::<V, MR, false>(&tile)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Copies rows `ic..ic+mc` × steps `pc..pc+kc` of `A` into panels of `MR` rows, each laid out
+/// step by step (`MR` values per step), the last panel padded with zeros.
+#[inline(always)]
+unsafe fn pack_a<T: Elem, const MR: usize>(
+    g: &Gemm<T>,
+    ic: usize,
+    mc: usize,
+    pc: usize,
+    kc: usize,
+    out: *mut T,
+) {
+    for (panel, ir) in (0..mc).step_by(MR).enumerate() {
+        let rows = MR.min(mc - ir);
+        // SAFETY: inside the buffer (`mc` rounded up to `MR`, times `kc`).
+        let dst = unsafe { out.add(panel * MR * kc) };
+        for p in 0..kc {
+            let col = (pc + p) as isize * g.csa;
+            for r in 0..MR {
+                let v = if r < rows {
+                    // SAFETY: a cell of A.
+                    unsafe { *g.a.offset((ic + ir + r) as isize * g.rsa + col) }
+                } else {
+                    T::ZERO
+                };
+                // SAFETY: inside the panel.
+                unsafe { *dst.add(p * MR + r) = v };
+            }
+        }
+    }
+}
+
+/// Copies steps `pc..pc+kc` × columns `jc..jc+nc` of `B` into panels of `nr` columns, each
+/// laid out step by step (`nr` values per step), the last panel padded with zeros.
+#[inline(always)]
+unsafe fn pack_b<T: Elem>(
+    g: &Gemm<T>,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    nr: usize,
+    out: *mut T,
+) {
+    for (panel, jr) in (0..nc).step_by(nr).enumerate() {
+        let cols = nr.min(nc - jr);
+        // SAFETY: inside the buffer (`nc` rounded up to `nr`, times `kc`).
+        let dst = unsafe { out.add(panel * nr * kc) };
+        for p in 0..kc {
+            // SAFETY: row `pc + p` of B, and step `p` of the panel.
+            let (row, d) = unsafe { (g.b.offset((pc + p) as isize * g.rsb), dst.add(p * nr)) };
+            if cols == nr && g.csb == 1 {
+                // SAFETY: `nr` contiguous cells of B; inside the panel.
+                unsafe { std::ptr::copy_nonoverlapping(row.add(jc + jr), d, nr) };
+            } else {
+                for j in 0..nr {
+                    let v = if j < cols {
+                        // SAFETY: a cell of B.
+                        unsafe { *row.offset((jc + jr + j) as isize * g.csb) }
+                    } else {
+                        T::ZERO
+                    };
+                    // SAFETY: inside the panel.
+                    unsafe { *d.add(j) = v };
+                }
+            }
+        }
+    }
+}
+
+/// One call of the micro-kernel: `kc` steps of packed panels into a tile of `C` whose valid
+/// part is `mr × nr`.
+struct Tile<T> {
+    kc: usize,
+    a: *const T,
+    b: *const T,
+    c: *mut T,
+    rsc: isize,
+    csc: isize,
+    mr: usize,
+    nr: usize,
+    /// Start from C's values (else from 0).
+    load: bool,
+}
+
+/// A tile of `C`: in place when it is whole and its rows contiguous, else through a buffer
+/// holding its valid part (the rest is computed from the zero padding and dropped).
+#[inline(always)]
+unsafe fn micro<V: Lanes, const MR: usize, const FUSED: bool>(t: &Tile<V::E>) {
+    let nr = NV * V::W;
+    if t.mr == MR && t.nr == nr && t.csc == 1 {
+        // SAFETY: the whole tile lies in C.
+        unsafe { registers::<V, MR, FUSED>(t.kc, t.a, t.b, t.c, t.rsc, t.load) };
+        return;
+    }
+    let mut buf = [V::E::ZERO; MAX_TILE];
+    let cell = |r: usize, j: usize| r as isize * t.rsc + j as isize * t.csc;
+    if t.load {
+        for r in 0..t.mr {
+            for j in 0..t.nr {
+                // SAFETY: a valid cell of the tile.
+                buf[r * nr + j] = unsafe { *t.c.offset(cell(r, j)) };
+            }
+        }
+    }
+    // SAFETY: the buffer holds MR × nr cells.
+    unsafe { registers::<V, MR, FUSED>(t.kc, t.a, t.b, buf.as_mut_ptr(), nr as isize, t.load) };
+    for r in 0..t.mr {
+        for j in 0..t.nr {
+            // SAFETY: a valid cell of the tile.
+            unsafe { *t.c.offset(cell(r, j)) = buf[r * nr + j] };
+        }
+    }
+}
+
+/// The register tile: `MR × NV` vectors of accumulators over `kc` panel steps, `C`'s rows `rsc`
+/// apart and contiguous.
+#[inline(always)]
+unsafe fn registers<V: Lanes, const MR: usize, const FUSED: bool>(
+    kc: usize,
+    a: *const V::E,
+    b: *const V::E,
+    c: *mut V::E,
+    rsc: isize,
+    load: bool,
+) {
+    let nr = NV * V::W;
+    // SAFETY (whole function): the panels hold `kc` steps of MR and nr values; C's tile is
+    // writable (the caller's contract).
+    unsafe {
+        let mut acc = [[V::zero(); NV]; MR];
+        if load {
+            for (r, row) in acc.iter_mut().enumerate() {
+                let src = c.offset(r as isize * rsc);
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = V::load(src.add(v * V::W));
+                }
+            }
+        }
+        for p in 0..kc {
+            let (ap, bp) = (a.add(p * MR), b.add(p * nr));
+            let mut bv = [V::zero(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = V::load(bp.add(v * V::W));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = V::splat(*ap.add(r));
+                for (x, &bx) in row.iter_mut().zip(&bv) {
+                    *x = if FUSED { V::fma(av, bx, *x) } else { V::mul_add_rounded(av, bx, *x) };
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            let dst = c.offset(r as isize * rsc);
+            for (v, x) in row.iter().enumerate() {
+                x.store(dst.add(v * V::W));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nest the kernel replaces, cell by cell in reduction order.
+    fn reference<T: Elem>(g: &Gemm<T>) {
+        for i in 0..g.m as isize {
+            for j in 0..g.n as isize {
+                let c = unsafe { g.c.offset(i * g.rsc + j * g.csc) };
+                let mut t = if g.accumulate { unsafe { *c } } else { T::ZERO };
+                for p in 0..g.k as isize {
+                    let a = unsafe { *g.a.offset(i * g.rsa + p * g.csa) };
+                    let b = unsafe { *g.b.offset(p * g.rsb + j * g.csb) };
+                    t = if g.fused { T::fma(a, b, t) } else { t + a * b };
+                }
+                unsafe { *c = t };
+            }
+        }
+    }
+
+    /// Deterministic values with many distinct roundings (and some exact zeros and negatives).
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check<T: Kernels + PartialEq + std::fmt::Debug>(
+        from: fn(f64) -> T,
+        (m, n, k): (usize, usize, usize),
+        a_t: bool,
+        b_t: bool,
+        c_t: bool,
+        accumulate: bool,
+        fused: bool,
+        isa: Isa,
+    ) {
+        let a: Vec<T> = values(m * k, 1).into_iter().map(from).collect();
+        let b: Vec<T> = values(k * n, 2).into_iter().map(from).collect();
+        let c0: Vec<T> = values(m * n, 3).into_iter().map(from).collect();
+        let (rsa, csa) = if a_t { (1, m as isize) } else { (k as isize, 1) };
+        let (rsb, csb) = if b_t { (1, k as isize) } else { (n as isize, 1) };
+        let (rsc, csc) = if c_t { (1, m as isize) } else { (n as isize, 1) };
+        let (mut want, mut got) = (c0.clone(), c0);
+        let mk = |c: *mut T| Gemm {
+            m,
+            n,
+            k,
+            a: a.as_ptr(),
+            rsa,
+            csa,
+            b: b.as_ptr(),
+            rsb,
+            csb,
+            c,
+            rsc,
+            csc,
+            accumulate,
+            fused,
+        };
+        reference(&mk(want.as_mut_ptr()));
+        unsafe { gemm(&mk(got.as_mut_ptr()), isa) };
+        assert_eq!(got, want, "{isa:?} {m}x{n}x{k} aT={a_t} bT={b_t} cT={c_t} acc={accumulate}");
+    }
+
+    #[test]
+    fn every_kernel_computes_the_nests_bits() {
+        // Sizes below, at and across every tile and block edge, including 1 and primes.
+        let sizes = [
+            (1, 1, 1),
+            (1, 17, 3),
+            (7, 1, 5),
+            (8, 32, 1),
+            (13, 37, 29),
+            (6, 16, 256),
+            (97, 33, 257),
+            (100, 1030, 7),
+            (3, 5, 0),
+        ];
+        for isa in Isa::available() {
+            for &size in &sizes {
+                for (a_t, b_t, c_t) in
+                    [(false, false, false), (true, true, true), (false, true, false)]
+                {
+                    for (accumulate, fused) in [(false, true), (true, true), (false, false)] {
+                        check::<f32>(|x| x as f32, size, a_t, b_t, c_t, accumulate, fused, isa);
+                        check::<f64>(|x| x, size, a_t, b_t, c_t, accumulate, fused, isa);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_operands_have_stride_zero() {
+        // A row vector broadcast over the rows of A (`rsa = 0`).
+        for isa in Isa::available() {
+            let (m, n, k) = (9, 20, 11);
+            let a: Vec<f32> = values(k, 4).into_iter().map(|x| x as f32).collect();
+            let b: Vec<f32> = values(k * n, 5).into_iter().map(|x| x as f32).collect();
+            let mk = |c: *mut f32| Gemm {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                rsa: 0,
+                csa: 1,
+                b: b.as_ptr(),
+                rsb: n as isize,
+                csb: 1,
+                c,
+                rsc: n as isize,
+                csc: 1,
+                accumulate: false,
+                fused: true,
+            };
+            let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+            reference(&mk(want.as_mut_ptr()));
+            unsafe { gemm(&mk(got.as_mut_ptr()), isa) };
+            assert_eq!(got, want);
+            assert!(got.chunks(n).all(|r| r == &got[..n]));
+        }
+    }
+
+    #[test]
+    fn special_values_propagate_as_in_the_nest() {
+        let mut a = values(4 * 5, 6);
+        a[3] = f64::INFINITY;
+        a[7] = f64::NAN;
+        a[11] = -0.0;
+        let b = values(5 * 6, 7);
+        for isa in Isa::available() {
+            let mk = |c: *mut f64| Gemm {
+                m: 4,
+                n: 6,
+                k: 5,
+                a: a.as_ptr(),
+                rsa: 5,
+                csa: 1,
+                b: b.as_ptr(),
+                rsb: 6,
+                csb: 1,
+                c,
+                rsc: 6,
+                csc: 1,
+                accumulate: false,
+                fused: false,
+            };
+            let (mut want, mut got) = (vec![0f64; 24], vec![0f64; 24]);
+            reference(&mk(want.as_mut_ptr()));
+            unsafe { gemm(&mk(got.as_mut_ptr()), isa) };
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want));
+        }
+    }
+}
