@@ -294,7 +294,7 @@ fn matmul_cpu_schedule() {
     let case = matmul_case(8, 8, 16, Prec::F32);
     let mut prog =
         compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
-    rocannl_arrayjit::low_level::schedule::schedule_cpu(&mut prog);
+    rocannl_arrayjit::low_level::schedule::schedule_cpu(&mut prog, &Default::default());
     rocannl_arrayjit::low_level::verify::verify(&prog, "schedule").unwrap();
     expect![[r#"
         # c matmul
@@ -343,7 +343,7 @@ fn schedule_leaves_small_nests_alone() {
             compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
                 .unwrap();
         let before = prog.to_string();
-        rocannl_arrayjit::low_level::schedule::schedule_cpu(&mut prog);
+        rocannl_arrayjit::low_level::schedule::schedule_cpu(&mut prog, &Default::default());
         assert_eq!(prog.to_string(), before);
     }
 }

@@ -12,7 +12,8 @@ use common::*;
 use expect_test::expect;
 use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
-use rocannl_arrayjit::low_level::schedule::schedule_cpu;
+use rocannl_arrayjit::low_level::Stmt;
+use rocannl_arrayjit::low_level::schedule::{CpuSchedule, schedule_cpu};
 use rocannl_arrayjit::low_level::verify::verify;
 use rocannl_arrayjit::ops::{BinOp, Prec};
 use rocannl_arrayjit::tnode::{NodeId, NodeTable};
@@ -115,20 +116,31 @@ fn contraction(
 fn scheduled(case: &Case) -> String {
     let mut prog =
         compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
-    schedule_cpu(&mut prog);
+    schedule_cpu(&mut prog, &Default::default());
     verify(&prog, "schedule").unwrap();
     prog.to_string()
 }
 
-/// Which kernel the schedule chose: "packed" (in place with a packed operand), "lanes",
-/// "in place" or "as lowered".
+/// Which kernel the schedule chose: "gemm" (a call of the shape-generic product), "packed" (in
+/// place with a packed operand), "lanes", "in place" or "as lowered".
 fn kernel(case: &Case) -> &'static str {
+    if generated_kernel(case, true) == "gemm" { "gemm" } else { generated_kernel(case, false) }
+}
+
+/// The kernel chosen with or without calls of the shape-generic product.
+fn generated_kernel(case: &Case, kernel_calls: bool) -> &'static str {
     let mut prog =
         compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
     let before = prog.to_string();
-    schedule_cpu(&mut prog);
+    schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls });
     verify(&prog, "schedule").unwrap();
-    if prog.scratch.iter().any(|s| s.per_thread) {
+    if prog.body.iter().any(|s| {
+        let mut found = false;
+        s.visit(&mut |s| found |= matches!(s, Stmt::Gemm(_)));
+        found
+    }) {
+        "gemm"
+    } else if prog.scratch.iter().any(|s| s.per_thread) {
         "lanes"
     } else if !prog.scratch.is_empty() {
         "packed"
@@ -139,19 +151,31 @@ fn kernel(case: &Case) -> &'static str {
     }
 }
 
-/// gccjit (default options, one thread, and every nest split across three threads) against
-/// the interpreter.
+/// gccjit (default options, one thread, and every nest split across three threads; with the
+/// shape-generic product and with generated kernels only) against the interpreter. A product
+/// the kernel computes gives the interpreter's bits exactly.
 fn check(case: &Case) {
     let want = run_case(BackendKind::Interp, CompileOptions::default(), case);
     let tol = tolerance(case_prec(case)).max(1e-4 * f64::from(case_prec(case) == Prec::F32));
-    for opts in [
-        CompileOptions::default(),
-        CompileOptions { threads: Some(1), ..CompileOptions::default() },
-        CompileOptions { threads: Some(3), min_parallel_work: 1, ..CompileOptions::default() },
-    ] {
-        let got = run_case(BackendKind::Gccjit, opts, case);
-        assert_close(&case.name, &got[0], &want[0], tol);
+    let exact = kernel(case) == "gemm";
+    for kernel_calls in [true, false] {
+        for opts in [
+            CompileOptions::default(),
+            CompileOptions { threads: Some(1), ..CompileOptions::default() },
+            CompileOptions { threads: Some(3), min_parallel_work: 1, ..CompileOptions::default() },
+        ] {
+            let got = run_case(BackendKind::Gccjit, CompileOptions { kernel_calls, ..opts }, case);
+            if exact && kernel_calls {
+                assert_eq!(bits(&got[0]), bits(&want[0]), "{}", case.name);
+            } else {
+                assert_close(&case.name, &got[0], &want[0], tol);
+            }
+        }
     }
+}
+
+fn bits(a: &[f64]) -> Vec<u64> {
+    a.iter().map(|x| x.to_bits()).collect()
 }
 
 /// `c[i,j] = Σ_k a[i,k]·b[j,k]` (weights stored `[out, in]`, attention scores).
@@ -201,7 +225,7 @@ fn conv2d(b: usize, hw: usize, c: usize, d: usize, s: usize, pad: usize, prec: P
 fn transposed_operands_are_packed() {
     for (m, k, n) in [(128, 256, 256), (17, 19, 31), (8, 16, 16), (64, 7, 33), (9, 64, 128)] {
         let case = abt(m, k, n, Prec::F32, true);
-        assert_eq!(kernel(&case), "packed", "{}", case.name);
+        assert_eq!(generated_kernel(&case, false), "packed", "{}", case.name);
         check(&case);
     }
     for prec in [Prec::F64, Prec::F16, Prec::Bf16] {
@@ -216,7 +240,7 @@ fn transposed_left_operands_accumulate_in_place() {
         let case = atb(m, k, n, Prec::F32, false);
         check(&case);
     }
-    assert_eq!(kernel(&atb(16, 16, 16, Prec::F32, true)), "in place");
+    assert_eq!(generated_kernel(&atb(16, 16, 16, Prec::F32, true), false), "in place");
     check(&atb(12, 31, 40, Prec::F64, true));
 }
 
@@ -224,17 +248,17 @@ fn transposed_left_operands_accumulate_in_place() {
 fn narrow_outputs_use_lanes() {
     for (m, k, n) in [(128, 256, 10), (3, 1400, 1), (5, 301, 3), (7, 100, 15), (2, 1030, 2)] {
         let case = abt(m, k, n, Prec::F32, true);
-        assert_eq!(kernel(&case), "lanes", "{}", case.name);
+        assert_eq!(generated_kernel(&case, false), "lanes", "{}", case.name);
         check(&case);
     }
     // Long reductions: partial sums instead of a packed copy, 4 × 4 cells at a time.
     for (m, k, n) in [(128, 784, 256), (33, 600, 20), (6, 513, 17)] {
         let case = abt(m, k, n, Prec::F32, true);
-        assert_eq!(kernel(&case), "lanes", "{}", case.name);
+        assert_eq!(generated_kernel(&case, false), "lanes", "{}", case.name);
         check(&case);
     }
     // Too little work to be worth the compile time.
-    assert_eq!(kernel(&abt(3, 16, 1, Prec::F32, true)), "as lowered");
+    assert_eq!(generated_kernel(&abt(3, 16, 1, Prec::F32, true), false), "as lowered");
     check(&abt(4, 373, 3, Prec::F64, false));
     check(&abt(4, 373, 3, Prec::F16, true));
     // A matrix-vector product: too few rows to pack.
@@ -247,7 +271,7 @@ fn narrow_outputs_use_lanes() {
         BinOp::Add,
         true,
     );
-    assert_eq!(kernel(&mv), "lanes");
+    assert_eq!(generated_kernel(&mv, false), "lanes");
     check(&mv);
 }
 
@@ -264,7 +288,7 @@ fn row_reductions_of_every_operator() {
                 op,
                 init,
             );
-            assert_eq!(kernel(&rows), "lanes");
+            assert_eq!(generated_kernel(&rows, false), "lanes");
             check(&rows);
             let cols = contraction(
                 &format!("cols_{}_{init}", op.name()),
@@ -275,7 +299,7 @@ fn row_reductions_of_every_operator() {
                 op,
                 init,
             );
-            assert_eq!(kernel(&cols), "in place");
+            assert_eq!(generated_kernel(&cols, false), "in place");
             check(&cols);
         }
     }
@@ -292,7 +316,7 @@ fn attention_scores_and_batched_products() {
         BinOp::Add,
         true,
     );
-    assert_eq!(kernel(&scores), "packed");
+    assert_eq!(generated_kernel(&scores, false), "packed");
     check(&scores);
     let bmm = contraction(
         "bmm",
@@ -303,7 +327,7 @@ fn attention_scores_and_batched_products() {
         BinOp::Add,
         true,
     );
-    assert_eq!(kernel(&bmm), "in place");
+    assert_eq!(generated_kernel(&bmm, false), "in place");
     check(&bmm);
 }
 
@@ -313,7 +337,7 @@ fn convolutions_forward() {
         [(4, 8, 1, 16, 1, 1), (3, 4, 16, 32, 1, 1), (2, 7, 3, 17, 2, 1), (2, 9, 5, 16, 1, 0)]
     {
         let case = conv2d(b, hw, c, d, s, pad, Prec::F32);
-        assert_eq!(kernel(&case), "packed", "{}", case.name);
+        assert_eq!(generated_kernel(&case, false), "packed", "{}", case.name);
         check(&case);
     }
     check(&conv2d(2, 5, 4, 16, 1, 1, Prec::F64));
@@ -331,7 +355,7 @@ fn convolution_gradients() {
         BinOp::Add,
         false,
     );
-    assert_eq!(kernel(&dx), "in place");
+    assert_eq!(generated_kernel(&dx, false), "in place");
     check(&dx);
     // Kernel gradient: reductions over the batch and the image, guarded.
     let dk = contraction(
@@ -346,7 +370,7 @@ fn convolution_gradients() {
         BinOp::Add,
         false,
     );
-    assert_eq!(kernel(&dk), "in place");
+    assert_eq!(generated_kernel(&dk, false), "in place");
     check(&dk);
     // Kernel gradient with one input channel: `dk` is contiguous along no loop, so it
     // accumulates in a packed copy.
@@ -363,7 +387,7 @@ fn convolution_gradients() {
             BinOp::Add,
             init,
         );
-        assert_eq!(kernel(&dk1), "packed");
+        assert_eq!(generated_kernel(&dk1, false), "packed");
         check(&dk1);
     }
     // Bias gradient: three reduction loops.
@@ -376,7 +400,7 @@ fn convolution_gradients() {
         BinOp::Add,
         false,
     );
-    assert_eq!(kernel(&db), "in place");
+    assert_eq!(generated_kernel(&db, false), "in place");
     check(&db);
 }
 
@@ -550,7 +574,7 @@ fn maxima_propagate_nan() {
                 op,
                 true,
             );
-            assert_eq!(kernel(&case), want);
+            assert_eq!(generated_kernel(&case, false), want);
             // NaN first, last and in the middle of some reductions; infinities elsewhere.
             let x = &mut case.inputs[0].1;
             for (i, v) in [(0, f64::NAN), (63, f64::NAN), (77, f64::NAN), (999, f64::NAN)] {
@@ -561,4 +585,52 @@ fn maxima_propagate_nan() {
             check(&case);
         }
     }
+}
+
+#[test]
+fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
+    // Every layout of a training step's products, batched products and attention scores, at
+    // sizes no tile or block divides: one call each, and the interpreter's bits exactly.
+    let cases = [
+        abt(128, 256, 256, Prec::F32, true),
+        abt(97, 65, 61, Prec::F64, true),
+        abt(128, 256, 10, Prec::F32, true),
+        atb(256, 128, 784, Prec::F32, false),
+        atb(10, 128, 256, Prec::F32, true),
+        abt(64, 40, 48, Prec::Bf16, true),
+        abt(40, 64, 48, Prec::F16, false),
+        contraction(
+            "scores_big",
+            "bhqkd",
+            &[2, 3, 33, 35, 19],
+            Arg(&[2, 3, 33, 35], "b,h,q,k", Prec::F32),
+            &[
+                Arg(&[2, 3, 33, 19], "b,h,q,d", Prec::F32),
+                Arg(&[2, 3, 35, 19], "b,h,k,d", Prec::F32),
+            ],
+            BinOp::Add,
+            true,
+        ),
+        // Rows over two loops (a batch of sequences through a dense layer): one product of
+        // 4·37 rows.
+        contraction(
+            "dense_seq",
+            "bsoi",
+            &[4, 37, 45, 50],
+            Arg(&[4, 37, 45], "b,s,o", Prec::F32),
+            &[Arg(&[4, 37, 50], "b,s,i", Prec::F32), Arg(&[45, 50], "o,i", Prec::F32)],
+            BinOp::Add,
+            true,
+        ),
+    ];
+    for case in &cases {
+        assert_eq!(kernel(case), "gemm", "{}", case.name);
+        check(case);
+    }
+    // The batch of sequences is one call over merged rows, split in two blocks.
+    let text = scheduled(&cases[8]);
+    assert!(text.contains("(m 148 in blocks"), "{text}");
+    // A reduction with too little work, and a matrix-vector product, stay generated.
+    assert_ne!(kernel(&abt(8, 16, 16, Prec::F32, true)), "gemm");
+    assert_ne!(kernel(&abt(300, 300, 1, Prec::F32, true)), "gemm");
 }

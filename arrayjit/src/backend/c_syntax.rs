@@ -76,6 +76,13 @@ pub fn prelude(d: Dialect) -> String {
             let _ = writeln!(s, "extern unsigned short rc_f32_to_f16(float f);");
             let _ = writeln!(s, "extern float rc_bf16_to_f32(unsigned short h);");
             let _ = writeln!(s, "extern unsigned short rc_f32_to_bf16(float f);");
+            for t in ["float", "double"] {
+                let _ = writeln!(
+                    s,
+                    "extern void rc_gemm_{}({t} *c, const {t} *a, const {t} *b, const long long *desc);",
+                    if t == "float" { "f32" } else { "f64" }
+                );
+            }
         }
     }
     for (t, sfx) in [("float", "f"), ("double", "")] {
@@ -301,6 +308,23 @@ impl CRenderer<'_> {
                 let ty = compute_ctype(expr_prec(self.prog, value, prec));
                 let lty = compute_ctype(prec);
                 let _ = writeln!(out, "{pad}{local} = ({lty})({});", self.expr(value, ty));
+            }
+            Stmt::Gemm(g) => {
+                let desc: Vec<String> = g.descriptor().iter().map(|i| self.index(i)).collect();
+                let ptr = |o: &crate::low_level::GemmOperand| {
+                    format!("{} + ({})", Self::ptr_name(o.node), self.index(&o.offset))
+                };
+                let _ = writeln!(out, "{pad}{{");
+                let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
+                let _ = writeln!(
+                    out,
+                    "{pad}  rc_gemm_{}({}, {}, {}, d);",
+                    g.prec.name(),
+                    ptr(&g.c),
+                    ptr(&g.a),
+                    ptr(&g.b)
+                );
+                let _ = writeln!(out, "{pad}}}");
             }
         }
     }

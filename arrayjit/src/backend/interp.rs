@@ -82,6 +82,18 @@ enum IStmt {
         compute: Prec,
         value: IExpr,
     },
+    /// A matrix product, run as the reduction nest it stands for.
+    Gemm(Box<IGemm>),
+}
+
+/// A [`crate::low_level::Gemm`] resolved: the operands' buffers and first cells, and the
+/// descriptor's fields.
+#[derive(Clone, Debug)]
+struct IGemm {
+    /// `(buffer, offset)` of the result and the two operands.
+    operands: [(usize, Lin); 3],
+    desc: Vec<Lin>,
+    prec: Prec,
 }
 
 #[derive(Debug)]
@@ -205,6 +217,18 @@ impl Resolver<'_> {
                     compute: expr_prec(self.prog, value, prec),
                     value: self.expr(value),
                 }
+            }
+            Stmt::Gemm(g) => {
+                let operands = g.operands().map(|o| {
+                    let next = self.bufs.len();
+                    let buf = *self.buf_of.entry(o.node).or_insert(next);
+                    if buf == next {
+                        self.bufs.push(o.node);
+                    }
+                    (buf, self.lin(&o.offset))
+                });
+                let desc = g.descriptor().iter().map(|i| self.lin(i)).collect();
+                IStmt::Gemm(Box::new(IGemm { operands, desc, prec: g.prec }))
             }
         })
     }
@@ -344,9 +368,92 @@ impl Machine<'_> {
                     let x = self.eval(value, env, locals, *compute)?;
                     locals[*local] = prec.round(x);
                 }
+                IStmt::Gemm(g) => self.gemm(g, env)?,
             }
         }
         Ok(())
+    }
+
+    /// A product cell by cell, each a reduction in order: `t := 0` (or the cell), `t :=
+    /// fma(a, b, t)` (or `t + a·b`, the product rounded) in the operands' precision.
+    fn gemm(&self, g: &IGemm, env: &[i64]) -> Result<(), Error> {
+        let v: Vec<i64> = g.desc.iter().map(|l| l.eval(env)).collect();
+        let d = crate::kernels::GemmDesc {
+            rsc: v[0],
+            csc: v[1],
+            rsa: v[2],
+            csa: v[3],
+            rsb: v[4],
+            csb: v[5],
+            row_start: v[6],
+            row_count: v[7],
+            m: v[8],
+            m_dyn: v[9],
+            n: v[10],
+            n_dyn: v[11],
+            k: v[12],
+            k_dyn: v[13],
+            flags: v[14],
+        };
+        let (m, n, k, start) = d.clip();
+        let [(cb, co), (ab, ao), (bb, bo)] = &g.operands;
+        let (c0, a0, b0) = (co.eval(env), ao.eval(env), bo.eval(env));
+        let accumulate = d.flags & crate::kernels::GEMM_ACCUMULATE != 0;
+        let fused = d.flags & crate::kernels::GEMM_FUSED != 0;
+        let single = g.prec == Prec::F32;
+        for i in start as i64..start as i64 + m as i64 {
+            for j in 0..n as i64 {
+                let c = c0 + i * d.rsc + j * d.csc;
+                let mut t = if accumulate { self.load_flat(*cb, c)? } else { 0.0 };
+                for p in 0..k as i64 {
+                    let x = self.load_flat(*ab, a0 + i * d.rsa + p * d.csa)?;
+                    let y = self.load_flat(*bb, b0 + p * d.rsb + j * d.csb)?;
+                    t = match (fused, single) {
+                        (true, true) => (x as f32).mul_add(y as f32, t as f32) as f64,
+                        (true, false) => x.mul_add(y, t),
+                        (false, true) => (t as f32 + x as f32 * y as f32) as f64,
+                        (false, false) => t + x * y,
+                    };
+                }
+                self.store_flat(*cb, c, t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The flat offset `off` of buffer `buf`, checked.
+    fn flat(&self, buf: usize, off: i64) -> Result<usize, Error> {
+        let view = &self.views[buf];
+        if off < 0 || off as usize >= view.len {
+            return Err(Error::OutOfBounds {
+                node: self.nodes[buf].0,
+                label: self.labels[buf].clone(),
+                axis: 0,
+                index: off,
+                bound: view.len,
+            });
+        }
+        Ok(off as usize)
+    }
+
+    fn load_flat(&self, buf: usize, off: i64) -> Result<f64, Error> {
+        let a = Access {
+            buf,
+            flat: Lin { terms: vec![], offset: self.flat(buf, off)? as i64 },
+            axes: vec![],
+            dims: vec![],
+        };
+        self.load(&a, &[])
+    }
+
+    fn store_flat(&self, buf: usize, off: i64, x: f64) -> Result<(), Error> {
+        let a = Access {
+            buf,
+            flat: Lin { terms: vec![], offset: self.flat(buf, off)? as i64 },
+            axes: vec![],
+            dims: vec![],
+        };
+        self.store(&a, &[], x)
     }
 }
 

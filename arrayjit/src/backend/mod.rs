@@ -102,6 +102,10 @@ pub struct CompileOptions {
     pub threads: Option<usize>,
     /// Inline intermediates into their consumers.
     pub virtualize: bool,
+    /// Matrix products call the shape-generic kernel ([`crate::kernels`]) instead of being
+    /// generated as loop nests (CPU backends; off in bounds-check mode, which checks every
+    /// access of generated code). The results are the same bits either way.
+    pub kernel_calls: bool,
     /// Loop nests with fewer scalar operations than this run on the calling thread.
     pub min_parallel_work: usize,
     /// The persistent compile cache (see [`crate::cache`]); from the environment by default.
@@ -120,6 +124,7 @@ impl Default for CompileOptions {
             march_native: true,
             threads: None,
             virtualize: true,
+            kernel_calls: true,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
             limits: crate::low_level::estimate::Limits::default(),

@@ -64,67 +64,114 @@ impl Isa {
     }
 }
 
-/// Flags of [`rc_gemm_f32`] and [`rc_gemm_f64`]: the result accumulates onto its old values.
+/// A product's sizes and steps as generated code passes them to [`rc_gemm_f32`] and
+/// [`rc_gemm_f64`] (one array of `i64`, so the call has four arguments whatever the product).
+///
+/// The call computes rows `row_start .. row_start + row_count` of an `m × n` product with a
+/// reduction of `k`, each size clipped to its dynamic count when that is not negative; the
+/// operand pointers point at the cell of row 0, column 0.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct GemmDesc {
+    /// `C`'s row step.
+    pub rsc: i64,
+    /// `C`'s column step.
+    pub csc: i64,
+    /// `A`'s row step.
+    pub rsa: i64,
+    /// `A`'s column step.
+    pub csa: i64,
+    /// `B`'s row step.
+    pub rsb: i64,
+    /// `B`'s column step.
+    pub csb: i64,
+    /// The first row this call computes.
+    pub row_start: i64,
+    /// The most rows this call computes.
+    pub row_count: i64,
+    /// Rows of the product.
+    pub m: i64,
+    /// A dynamic count of rows, or -1.
+    pub m_dyn: i64,
+    /// Columns of the product.
+    pub n: i64,
+    /// A dynamic count of columns, or -1.
+    pub n_dyn: i64,
+    /// The reduction.
+    pub k: i64,
+    /// A dynamic count of reduction steps, or -1.
+    pub k_dyn: i64,
+    /// [`GEMM_ACCUMULATE`] and [`GEMM_FUSED`].
+    pub flags: i64,
+}
+
+/// The number of `i64` in a [`GemmDesc`].
+pub const GEMM_DESC_LEN: usize = 15;
+
+impl GemmDesc {
+    /// The product this call computes, from the operands' first cells: `(m, n, k)` clipped,
+    /// the rows of this call, and the pointers advanced to its first row.
+    pub fn clip(&self) -> (usize, usize, usize, isize) {
+        let eff = |ext: i64, dyn_: i64| if dyn_ >= 0 { ext.min(dyn_) } else { ext }.max(0);
+        let m = eff(self.m, self.m_dyn);
+        let rows = (m - self.row_start).min(self.row_count).max(0);
+        (
+            rows as usize,
+            eff(self.n, self.n_dyn) as usize,
+            eff(self.k, self.k_dyn) as usize,
+            self.row_start as isize,
+        )
+    }
+}
+
+/// Flags of a [`GemmDesc`]: the result accumulates onto its old values.
 pub const GEMM_ACCUMULATE: i64 = 1;
-/// Flags of [`rc_gemm_f32`] and [`rc_gemm_f64`]: each step is one fused multiply-add.
+/// Flags of a [`GemmDesc`]: each step is one fused multiply-add.
 pub const GEMM_FUSED: i64 = 2;
 
-/// The signature generated code calls [`rc_gemm_f32`] and [`rc_gemm_f64`] with:
-/// `(c, rsc, csc, a, rsa, csa, b, rsb, csb, m, n, k, flags)`, strides in elements.
-pub type GemmFn<T> = unsafe extern "C" fn(
-    *mut T,
-    i64,
-    i64,
-    *const T,
-    i64,
-    i64,
-    *const T,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-);
+/// The signature generated code calls [`rc_gemm_f32`] and [`rc_gemm_f64`] with: `(c, a, b,
+/// desc)`.
+pub type GemmFn<T> = unsafe extern "C" fn(*mut T, *const T, *const T, *const GemmDesc);
 
 macro_rules! entry {
     ($name:ident, $t:ty) => {
         /// The entry point generated code calls (through the run table), with the host's best
-        /// instruction set: `C (+)= A·B`, `C` of `m × n`, `A` of `m × k`, `B` of `k × n`.
+        /// instruction set: `C (+)= A·B` as the descriptor says.
         ///
         /// # Safety
-        /// Every cell the sizes and strides address must be valid for the access, and `c`'s
-        /// cells must not overlap `a`'s or `b`'s.
+        /// `desc` must point at a descriptor; every cell its sizes and steps address from the
+        /// three pointers must be valid for the access, and `c`'s cells must not overlap `a`'s
+        /// or `b`'s.
         pub unsafe extern "C" fn $name(
             c: *mut $t,
-            rsc: i64,
-            csc: i64,
             a: *const $t,
-            rsa: i64,
-            csa: i64,
             b: *const $t,
-            rsb: i64,
-            csb: i64,
-            m: i64,
-            n: i64,
-            k: i64,
-            flags: i64,
+            desc: *const GemmDesc,
         ) {
+            // SAFETY: the caller's contract.
+            let d = unsafe { *desc };
+            let (m, n, k, start) = d.clip();
+            if m == 0 {
+                return;
+            }
+            // SAFETY: the first row lies inside the operands (the caller's contract).
+            let (c, a) =
+                unsafe { (c.offset(start * d.rsc as isize), a.offset(start * d.rsa as isize)) };
             let g = Gemm {
-                m: m.max(0) as usize,
-                n: n.max(0) as usize,
-                k: k.max(0) as usize,
+                m,
+                n,
+                k,
                 a,
-                rsa: rsa as isize,
-                csa: csa as isize,
+                rsa: d.rsa as isize,
+                csa: d.csa as isize,
                 b,
-                rsb: rsb as isize,
-                csb: csb as isize,
+                rsb: d.rsb as isize,
+                csb: d.csb as isize,
                 c,
-                rsc: rsc as isize,
-                csc: csc as isize,
-                accumulate: flags & GEMM_ACCUMULATE != 0,
-                fused: flags & GEMM_FUSED != 0,
+                rsc: d.rsc as isize,
+                csc: d.csc as isize,
+                accumulate: d.flags & GEMM_ACCUMULATE != 0,
+                fused: d.flags & GEMM_FUSED != 0,
             };
             // SAFETY: the caller's contract.
             unsafe { gemm(&g, Isa::host()) }
@@ -134,3 +181,41 @@ macro_rules! entry {
 
 entry!(rc_gemm_f32, f32);
 entry!(rc_gemm_f64, f64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_descriptor_is_fifteen_words() {
+        assert_eq!(size_of::<GemmDesc>(), GEMM_DESC_LEN * 8);
+    }
+
+    #[test]
+    fn clipping_takes_the_rows_of_the_block_and_the_dynamic_counts() {
+        let d = GemmDesc {
+            row_start: 64,
+            row_count: 64,
+            m: 128,
+            m_dyn: 100,
+            n: 10,
+            n_dyn: -1,
+            k: 9,
+            k_dyn: 4,
+            ..Default::default()
+        };
+        assert_eq!(d.clip(), (36, 10, 4, 64));
+        let past = GemmDesc {
+            row_start: 64,
+            row_count: 64,
+            m: 128,
+            m_dyn: 37,
+            n: 1,
+            n_dyn: -1,
+            k: 1,
+            k_dyn: -1,
+            ..Default::default()
+        };
+        assert_eq!(past.clip().0, 0);
+    }
+}

@@ -86,6 +86,9 @@ pub fn estimate(prog: &Program, exists: impl Fn(NodeId) -> bool) -> Estimate {
                 body.iter().fold(0u64, |acc, b| acc.saturating_add(go(b, mult)))
             }
             Stmt::Set { .. } | Stmt::SetLocal { .. } => mult,
+            Stmt::Gemm(g) => mult.saturating_mul(
+                (g.rows_per_call() as u64 * g.n.extent as u64).saturating_mul(g.k.extent as u64),
+            ),
             Stmt::Comment(_) => 0,
         }
     }

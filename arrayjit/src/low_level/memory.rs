@@ -208,6 +208,8 @@ fn overwrites_before_reading(s: &Stmt, node: &TensorNode) -> bool {
                     }
                 }
                 Stmt::SetLocal { value, .. } => self.expr(value),
+                // Counted as a read of every operand: it is not known to write every cell.
+                Stmt::Gemm(g) => self.reads |= g.operands().iter().any(|o| o.node == self.node.id),
                 Stmt::Comment(_) => {}
             }
         }

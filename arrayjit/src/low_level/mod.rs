@@ -381,6 +381,160 @@ pub enum Stmt {
         /// The value.
         value: Expr,
     },
+    /// A call of the shape-generic matrix product (introduced by the CPU schedule).
+    Gemm(Box<Gemm>),
+}
+
+/// `c (+)= a·b` by the shape-generic kernel ([`crate::kernels::gemm`]): for each cell
+/// `(i, j)` of an `m × n` product, `t := 0` (or `c[i, j]`), then for each `p` of `k` in order
+/// `t := fma(a[i, p], b[p, j], t)` (or `t := t + a·b` with the product rounded), stored in `c`
+/// — exactly the reduction nest it replaces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    /// The result: rows along `m`, columns along `n`.
+    pub c: GemmOperand,
+    /// The left operand: rows along `m`, columns along `k`.
+    pub a: GemmOperand,
+    /// The right operand: rows along `k`, columns along `n`.
+    pub b: GemmOperand,
+    /// The rows.
+    pub m: GemmAxis,
+    /// The columns.
+    pub n: GemmAxis,
+    /// The reduction.
+    pub k: GemmAxis,
+    /// When the call sits in a loop over blocks of rows: the loop's variable and the rows per
+    /// block; the call computes rows `var·per ..` up to `per` of them (fewer in the last block).
+    pub rows: Option<(Var, usize)>,
+    /// The cells start from their values (else from 0).
+    pub accumulate: bool,
+    /// Each step is one fused multiply-add.
+    pub fused: bool,
+    /// The operands' precision (f32 or f64).
+    pub prec: Prec,
+}
+
+/// A tensor as an operand of a [`Gemm`]: the flat offset of the cell at row 0, column 0
+/// (affine in the enclosing loops), and the flat steps between rows and between columns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmOperand {
+    /// The tensor.
+    pub node: NodeId,
+    /// The first cell's flat offset.
+    pub offset: Index,
+    /// The step between rows.
+    pub rows: i64,
+    /// The step between columns.
+    pub cols: i64,
+}
+
+/// An axis of a [`Gemm`]: its extent and, for a dynamic size, the runtime symbol and cells
+/// per unit of it (`min(extent, size·per)` are needed).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GemmAxis {
+    /// The extent.
+    pub extent: usize,
+    /// A dynamic size: its symbol and the cells per unit.
+    pub limit: Option<(Symbol, usize)>,
+}
+
+impl Gemm {
+    /// The three operands, result first.
+    pub fn operands(&self) -> [&GemmOperand; 3] {
+        [&self.c, &self.a, &self.b]
+    }
+
+    /// The operands, mutably.
+    pub fn operands_mut(&mut self) -> [&mut GemmOperand; 3] {
+        [&mut self.c, &mut self.a, &mut self.b]
+    }
+
+    /// Every index of the call: the operands' offsets, and the row block's variable.
+    pub fn indices(&self) -> Vec<Index> {
+        let mut out: Vec<Index> = self.operands().iter().map(|o| o.offset.clone()).collect();
+        out.extend(self.rows.map(|(v, _)| Index::var(v)));
+        out
+    }
+
+    /// The number of multiply-adds at the axes' full extents.
+    pub fn steps(&self) -> usize {
+        self.m.extent.saturating_mul(self.n.extent).saturating_mul(self.k.extent)
+    }
+
+    /// The call's [`crate::kernels::GemmDesc`], field by field, as indices over the enclosing
+    /// loops and runtime symbols (most of them constants).
+    pub fn descriptor(&self) -> [Index; crate::kernels::GEMM_DESC_LEN] {
+        let c = |x: i64| Index::fixed(x);
+        let dynamic = |a: &GemmAxis| match a.limit {
+            Some((s, per)) => Index::new(vec![(per as i64, IdxVar::Sym(s))], 0),
+            None => c(-1),
+        };
+        let (start, count) = match self.rows {
+            Some((v, per)) => (Index::new(vec![(per as i64, IdxVar::Loop(v))], 0), c(per as i64)),
+            None => (c(0), c(self.m.extent as i64)),
+        };
+        let flags = if self.accumulate { crate::kernels::GEMM_ACCUMULATE } else { 0 }
+            | if self.fused { crate::kernels::GEMM_FUSED } else { 0 };
+        [
+            c(self.c.rows),
+            c(self.c.cols),
+            c(self.a.rows),
+            c(self.a.cols),
+            c(self.b.rows),
+            c(self.b.cols),
+            start,
+            count,
+            c(self.m.extent as i64),
+            dynamic(&self.m),
+            c(self.n.extent as i64),
+            dynamic(&self.n),
+            c(self.k.extent as i64),
+            dynamic(&self.k),
+            c(flags),
+        ]
+    }
+
+    /// Rows per call: the block's, or all of them.
+    pub fn rows_per_call(&self) -> usize {
+        self.rows.map_or(self.m.extent, |(_, per)| per.min(self.m.extent))
+    }
+}
+
+impl fmt::Display for GemmOperand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[@{}; {}, {}]", self.node, self.offset, self.rows, self.cols)
+    }
+}
+
+impl fmt::Display for GemmAxis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.extent)?;
+        match self.limit {
+            Some((s, 1)) => write!(f, " to {s}"),
+            Some((s, per)) => write!(f, " to {s}*{per}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Display for Gemm {
+    /// `gemm f32 fma n4[@0; 256, 1] := n3[@0; 784, 1] · n2[@0; 1, 784] (m 128 in blocks v5*64, n 256, k 784)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let step = if self.fused { "fma" } else { "mul-add" };
+        let assign = if self.accumulate { "+=" } else { ":=" };
+        let rows = self.rows.map_or(String::new(), |(v, per)| format!(" in blocks {v}*{per}"));
+        write!(
+            f,
+            "gemm {} {step} {} {assign} {} · {} (m {}{rows}, n {}, k {})",
+            self.prec.name(),
+            self.c,
+            self.a,
+            self.b,
+            self.m,
+            self.n,
+            self.k
+        )
+    }
 }
 
 impl Stmt {
@@ -613,6 +767,9 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::SetLocal { local, value } => {
             let _ = writeln!(out, "{pad}{local} := {value}");
         }
+        Stmt::Gemm(g) => {
+            let _ = writeln!(out, "{pad}{g}");
+        }
     }
 }
 
@@ -620,10 +777,10 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
 pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
     let mut out = Vec::new();
     for s in body {
-        s.visit(&mut |s| {
-            if let Stmt::Set { node, .. } = s {
-                out.push(*node);
-            }
+        s.visit(&mut |s| match s {
+            Stmt::Set { node, .. } => out.push(*node),
+            Stmt::Gemm(g) => out.extend(g.operands().map(|o| o.node)),
+            _ => {}
         });
         s.visit_exprs(&mut |e| {
             e.visit(&mut |e| {
@@ -726,6 +883,10 @@ pub fn flops(prog: &Program) -> u64 {
             Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
                 mult.saturating_mul(expr_flops(value))
             }
+            // Per call: its rows (a block's share of them) × columns × reduction, two each.
+            Stmt::Gemm(g) => mult.saturating_mul(
+                2 * (g.rows_per_call() * g.n.extent).saturating_mul(g.k.extent) as u64,
+            ),
             Stmt::Comment(_) => 0,
         }
     }

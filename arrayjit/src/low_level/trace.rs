@@ -66,6 +66,21 @@ fn walk(
             *pos += 1;
             record_reads(value, loops, *pos, uses);
         }
+        // A product reads its operands (and the result, when accumulating) many times per
+        // cell, and writes the result.
+        Stmt::Gemm(g) => {
+            *pos += 1;
+            let read = g.accumulate.then_some(g.c.node);
+            for n in [g.a.node, g.b.node].into_iter().chain(read) {
+                let u = uses.entry(n).or_insert_with(fresh_use);
+                u.read_sites += 1;
+                u.read_positions.push(*pos);
+                u.reads_once_per_cell = false;
+            }
+            let u = uses.entry(g.c.node).or_insert_with(fresh_use);
+            u.write_sites += 1;
+            u.write_positions.push(*pos);
+        }
     }
 }
 

@@ -66,6 +66,8 @@ struct Uses {
     read_positions: Vec<usize>,
     /// Read sites that may touch a cell more than once over their loops.
     multi_reads: usize,
+    /// Touched by a statement that needs its buffer (a [`super::Gemm`] call).
+    pinned: bool,
 }
 
 struct Table {
@@ -143,6 +145,11 @@ fn collect(
                 path.pop();
             }
         }
+        Stmt::Gemm(g) => {
+            for o in g.operands() {
+                t.uses.entry(o.node).or_default().pinned = true;
+            }
+        }
         Stmt::SetLocal { value, .. } => {
             let pos = t.sites.len();
             t.sites.push(Site { path: path.clone(), loops: loops.clone() });
@@ -207,7 +214,11 @@ fn eligible(prog: &Program, t: &Table, n: NodeId) -> bool {
     else {
         return false;
     };
-    if !node.memory.may_virtualize() || u.write_sites != 1 || u.read_positions.is_empty() {
+    if !node.memory.may_virtualize()
+        || u.pinned
+        || u.write_sites != 1
+        || u.read_positions.is_empty()
+    {
         return false;
     }
     if u.read_positions.iter().any(|&p| p <= d.pos) {
@@ -298,7 +309,7 @@ fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
     match &mut body[*first] {
         Stmt::For { body, .. } | Stmt::If { body, .. } => site_value_mut(body, rest),
         Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => value,
-        Stmt::Comment(_) => unreachable!("a site is an assignment"),
+        Stmt::Comment(_) | Stmt::Gemm(_) => unreachable!("a site is an assignment"),
     }
 }
 

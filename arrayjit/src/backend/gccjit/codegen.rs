@@ -52,7 +52,7 @@ pub type ReportFn = unsafe extern "C" fn(*mut u8, i64, i64, i64, i64);
 #[derive(Debug)]
 pub struct RunTable {
     /// Indexed by the `HELPER_*` constants.
-    pub helpers: [usize; 5],
+    pub helpers: [usize; HELPERS],
     /// The bounds-check report slot (opaque to generated code).
     pub slot: *const u8,
 }
@@ -67,6 +67,12 @@ pub const HELPER_BF16_TO_F32: usize = 2;
 pub const HELPER_F32_TO_BF16: usize = 3;
 /// The bounds-check report ([`ReportFn`]).
 pub const HELPER_REPORT: usize = 4;
+/// [`crate::kernels::rc_gemm_f32`].
+pub const HELPER_GEMM_F32: usize = 5;
+/// [`crate::kernels::rc_gemm_f64`].
+pub const HELPER_GEMM_F64: usize = 6;
+/// The number of helpers in the run table.
+pub const HELPERS: usize = 7;
 
 /// Where a build goes.
 pub enum Output<'a> {
@@ -503,7 +509,42 @@ impl<'c> Gen<'c> {
                 let v = if ty == lty { v } else { self.ctx.new_cast(None, v, lty) };
                 self.block.add_assignment(None, l, v);
             }
+            Stmt::Gemm(g) => self.gemm(g),
         }
+    }
+
+    /// A call of the shape-generic product through the run table: the descriptor in a local
+    /// array, the operands' first cells.
+    fn gemm(&mut self, g: &crate::low_level::Gemm) {
+        let desc = g.descriptor();
+        let arr_ty = self.ctx.new_array_type(None, self.t.i64, desc.len() as u64);
+        let name = self.name("gemm_desc");
+        let arr = self.func.new_local(None, arr_ty, name);
+        for (k, i) in desc.iter().enumerate() {
+            let v = self.index(i);
+            let slot = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(k as i64));
+            self.block.add_assignment(None, slot, v);
+        }
+        let elem = self.storage_type(g.prec);
+        let ptr_ty = elem.make_pointer();
+        let mut args = Vec::with_capacity(4);
+        for o in g.operands() {
+            let off = self.index(&o.offset);
+            let base = self.ptrs[&o.node].to_rvalue();
+            args.push(self.ctx.new_array_access(None, base, off).get_address(None));
+        }
+        let first = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(0));
+        args.push(first.get_address(None));
+        let fty = self.ctx.new_function_pointer_type(
+            None,
+            self.ctx.new_type::<()>(),
+            &[ptr_ty, ptr_ty, ptr_ty, self.t.i64.make_pointer()],
+            false,
+        );
+        let k = if g.prec == Prec::F64 { HELPER_GEMM_F64 } else { HELPER_GEMM_F32 };
+        let f = self.helper(k, fty);
+        let call = self.ctx.new_call_through_ptr(None, f, &args);
+        self.block.add_eval(None, call);
     }
 
     fn local(&mut self, l: LocalId) -> LValue<'c> {

@@ -232,6 +232,15 @@ impl Canon {
                 let value = self.expr(value);
                 Stmt::SetLocal { local: self.local(*local), value }
             }
+            Stmt::Gemm(g) => {
+                let mut g = (**g).clone();
+                for o in g.operands_mut() {
+                    o.node = self.node(o.node);
+                    o.offset = self.index(&o.offset);
+                }
+                g.rows = g.rows.map(|(v, per)| (self.var(v), per));
+                Stmt::Gemm(Box::new(g))
+            }
         }
     }
 
@@ -299,6 +308,13 @@ fn rebase(s: &Stmt, node_base: u32, local_base: u32) -> Stmt {
         }
         Stmt::SetLocal { local, value } => {
             Stmt::SetLocal { local: l(*local), value: expr(value, &n, &l) }
+        }
+        Stmt::Gemm(g) => {
+            let mut g = (**g).clone();
+            for o in g.operands_mut() {
+                o.node = n(o.node);
+            }
+            Stmt::Gemm(Box::new(g))
         }
         Stmt::Comment(c) => Stmt::Comment(c.clone()),
     }

@@ -65,13 +65,15 @@ extern "C" fn f32_to_bf16(x: f32) -> u16 {
 }
 
 /// The helper addresses of the run table, indexed by `codegen::HELPER_*`.
-fn helpers() -> [usize; 5] {
-    let mut h = [0usize; 5];
+fn helpers() -> [usize; codegen::HELPERS] {
+    let mut h = [0usize; codegen::HELPERS];
     h[codegen::HELPER_F16_TO_F32] = f16_to_f32 as *const () as usize;
     h[codegen::HELPER_F32_TO_F16] = f32_to_f16 as *const () as usize;
     h[codegen::HELPER_BF16_TO_F32] = bf16_to_f32 as *const () as usize;
     h[codegen::HELPER_F32_TO_BF16] = f32_to_bf16 as *const () as usize;
     h[codegen::HELPER_REPORT] = report_oob as *const () as usize;
+    h[codegen::HELPER_GEMM_F32] = crate::kernels::rc_gemm_f32 as *const () as usize;
+    h[codegen::HELPER_GEMM_F64] = crate::kernels::rc_gemm_f64 as *const () as usize;
     h
 }
 
@@ -167,8 +169,12 @@ impl Gccjit {
     /// The scheduled program and its steps.
     fn plan(&self, prog: &Program) -> (Program, Vec<(Vec<Stmt>, StepKind)>) {
         let mut prog = prog.clone();
-        schedule::schedule_cpu(&mut prog);
         let threads = self.pool.threads();
+        let opts = schedule::CpuSchedule {
+            threads,
+            kernel_calls: self.opts.kernel_calls && !self.opts.bounds_check,
+        };
+        schedule::schedule_cpu(&mut prog, &opts);
         let cuts = cut_points(&prog.body);
         let mut steps = Vec::new();
         let mut serial: Vec<Stmt> = Vec::new();
@@ -373,7 +379,7 @@ impl Gccjit {
     fn setup_key(&self) -> String {
         let v = gccjit::Version::get();
         format!(
-            "rocannl-gccjit {} codegen 6; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 7; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
@@ -554,6 +560,10 @@ pub fn work(s: &Stmt) -> usize {
             Stmt::If { body, .. } => body.iter().map(|b| go(b, mult)).sum(),
             Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
                 mult.saturating_mul(1 + value.cost() as usize)
+            }
+            // Three scalar operations (two reads, one multiply-add) per step.
+            Stmt::Gemm(g) => {
+                mult.saturating_mul(3 * (g.rows_per_call() * g.n.extent).saturating_mul(g.k.extent))
             }
             Stmt::Comment(_) => 0,
         }

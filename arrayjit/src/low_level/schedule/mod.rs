@@ -14,8 +14,11 @@
 //!
 //! with a reorderable `⊕` (sum, product, max, min; `fma` counts as a sum) — matmuls in every
 //! operand layout, batched products, attention scores, padded and strided convolutions and their
-//! gradients, bias gradients, row reductions — and rewrites it into one of two kernels:
+//! gradients, bias gradients, row reductions — and rewrites it into one of three kernels:
 //!
+//! - `gemm`: a product of two operands with rows, columns and a reduction becomes calls of the
+//!   shape-generic matrix product ([`crate::kernels`]), compiled with the crate: GCC compiles
+//!   only the loops around the call;
 //! - `axpy`: `c` accumulates in place with a column loop `j` innermost that is contiguous in
 //!   `c`; rows × reduction steps are register-blocked, guards are hoisted out of the column
 //!   loop, and operands that are not contiguous along `j` (the `B` of `A·Bᵀ`, a convolution's
@@ -29,7 +32,10 @@
 
 mod axpy;
 mod dot;
+mod gemm;
 mod pack;
+
+pub use gemm::MIN_GEMM_STEPS;
 
 use super::{Expr, Guard, Index, Limit, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, TernOp};
@@ -57,8 +63,25 @@ pub const MIN_WORK: usize = 512;
 /// more compile time than an in-place kernel, for a gain only long reductions show.
 pub const MIN_LANES_WORK: usize = 4096;
 
+/// Settings of the CPU schedule.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CpuSchedule {
+    /// Threads the routine's parallel loops are split across (products are cut into that many
+    /// blocks of rows when nothing else can be split).
+    pub threads: usize,
+    /// Products become calls of the shape-generic kernel (off: every nest is generated code,
+    /// e.g. so that bounds-check mode checks every access).
+    pub kernel_calls: bool,
+}
+
+impl Default for CpuSchedule {
+    fn default() -> Self {
+        CpuSchedule { threads: 2, kernel_calls: true }
+    }
+}
+
 /// Applies the schedule to every recognized top-level nest.
-pub fn schedule_cpu(prog: &mut Program) {
+pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
     let body = std::mem::take(&mut prog.body);
     let mut out = Vec::with_capacity(body.len());
     for s in body {
@@ -70,7 +93,10 @@ pub fn schedule_cpu(prog: &mut Program) {
             out.push(s);
             continue;
         };
-        match axpy::rewrite(prog, &nest).or_else(|| dot::rewrite(prog, &nest)) {
+        let call = if opts.kernel_calls { gemm::rewrite(prog, &nest, opts.threads) } else { None };
+        let rewritten =
+            call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
+        match rewritten {
             Some(stmts) => {
                 out.extend(before);
                 out.extend(stmts.into_iter().map(drop_unit_loops));

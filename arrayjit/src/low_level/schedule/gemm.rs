@@ -1,0 +1,307 @@
+//! Contractions as calls of the shape-generic matrix product ([`crate::kernels`]).
+//!
+//! A recognized nest whose update is a product of two operands (`t := fma(x, y, t)` or
+//! `t := t + x·y`) is a batch of matrix products: each cell loop is a row of the result when
+//! only `x` depends on it (`m`), a column when only `y` does (`n`), and a batch otherwise; the
+//! reduction loops are the product's `k`. Loops of one role that walk memory as one loop would
+//! (in every tensor they index) are merged, so `[batch, sequence, features] · W` is one product
+//! of `batch·sequence` rows. What remains becomes loops around the call.
+//!
+//! An operand that is not a plain read of a tensor in the nest's precision (an inlined
+//! activation such as `relu(h + b)`, a half-precision tensor) is first computed into a buffer
+//! of its own over the loops it depends on: the same value, rounded to the same precision, as
+//! the nest would compute at each step. The call then gives the nest's exact bits.
+//!
+//! When no batch loop can be split across threads, the rows are cut into one block per thread
+//! (a parallel loop around the call). Nests with guards, other reductions, or too little work
+//! are left to the other kernels.
+
+use super::{Loop, Nest, Update};
+use crate::indexing::Symbol;
+use crate::low_level::{
+    Expr, Gemm, GemmAxis, GemmOperand, IdxVar, Index, Limit, Program, Scratch, Stmt, Var,
+};
+use crate::ops::{BinOp, Prec, TernOp};
+use crate::tnode::{MemoryMode, NodeId, TensorNode, row_major_strides};
+
+/// Multiply-adds below which a nest is left to the generated kernels: the call's fixed cost
+/// (packing, a few microseconds) would outweigh what it saves.
+pub const MIN_GEMM_STEPS: usize = 32 * 1024;
+
+/// Rewrites a recognized nest into calls of the matrix product, or `None` (the program is then
+/// unchanged).
+pub(crate) fn rewrite(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
+    let (nodes, scratch, next_var) = (prog.nodes.len(), prog.scratch.len(), prog.next_var);
+    let out = calls(prog, nest, threads);
+    if out.is_none() {
+        // Forget the operand buffers made for it.
+        for s in prog.scratch.drain(scratch..) {
+            prog.nodes.remove(&s.node);
+        }
+        debug_assert_eq!(prog.nodes.len(), nodes);
+        prog.next_var = next_var;
+    }
+    out
+}
+
+fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
+    if !nest.cell_guards.is_empty() || !nest.point_guards.is_empty() {
+        return None;
+    }
+    if !matches!(nest.prec, Prec::F32 | Prec::F64) || nest.red.is_empty() {
+        return None;
+    }
+    let (x, y, fused, select) = product(&nest.update)?;
+    // A dynamic reduction's select must be the reduction loop's own limit (the loop stops
+    // there, so the steps it drops are never run).
+    if let Some((v, s)) = select {
+        let l = nest.red.iter().find(|l| l.var == v)?;
+        if l.limit.map(|l| (l.size, l.per)) != Some((s, 1)) {
+            return None;
+        }
+    }
+    if expr_prec(prog, x, nest.prec) != nest.prec || expr_prec(prog, y, nest.prec) != nest.prec {
+        return None;
+    }
+    // Every cell loop indexes one axis of the result alone: distinct iterations, distinct cells.
+    if nest.lhs.iter().any(|l| !super::sole_axis(nest, l.var)) {
+        return None;
+    }
+    let uses = |e: &Expr, v: Var| e.indices().iter().any(|i| i.uses(v));
+    let role = |want_x: bool| -> Vec<Loop> {
+        nest.lhs
+            .iter()
+            .filter(|l| uses(x, l.var) == want_x && uses(y, l.var) != want_x)
+            .copied()
+            .collect()
+    };
+    let (m_loops, n_loops) = (role(true), role(false));
+    if m_loops.is_empty() || n_loops.is_empty() {
+        return None;
+    }
+    let loops: Vec<Loop> = nest.lhs.iter().chain(&nest.red).copied().collect();
+    if loops.iter().map(|l| l.extent).product::<usize>() < MIN_GEMM_STEPS {
+        return None;
+    }
+    // Operands as strided tensors, computed into buffers where they are expressions.
+    let mut before = Vec::new();
+    let xo = operand(prog, x, &loops, nest.prec, &mut before)?;
+    let yo = operand(prog, y, &loops, nest.prec, &mut before)?;
+    let c = Strided { node: nest.node, idx: nest.idx.clone() };
+    let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
+    let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
+    let (k, k_rest) = merge(prog, &nest.red, &[&xo, &yo])?;
+    if !k_rest.is_empty() {
+        return None;
+    }
+    // Cell loops outside the product, in the nest's order.
+    let in_product = |v: Var| m.vars.contains(&v) || n.vars.contains(&v);
+    let mut batch: Vec<Loop> = nest.lhs.iter().filter(|l| !in_product(l.var)).copied().collect();
+    debug_assert!(
+        batch.len()
+            == m_rest.len() + n_rest.len() + (nest.lhs.len() - m_loops.len() - n_loops.len())
+    );
+    // Kernel orientation: its column loop should be contiguous in the result.
+    let (mut m, mut n, mut a, mut b) = (m, n, xo, yo);
+    if c.step(prog, &n).abs() != 1 && c.step(prog, &m).abs() == 1 {
+        std::mem::swap(&mut m, &mut n);
+        std::mem::swap(&mut a, &mut b);
+    }
+    let kernel_vars: Vec<Var> = m.vars.iter().chain(&n.vars).chain(&k.vars).copied().collect();
+    let gop = |s: &Strided, rows: &Merged, cols: &Merged| GemmOperand {
+        node: s.node,
+        offset: s.offset(prog, &kernel_vars),
+        rows: s.step(prog, rows),
+        cols: s.step(prog, cols),
+    };
+    let mut call = Gemm {
+        c: gop(&c, &m, &n),
+        a: gop(&a, &m, &k),
+        b: gop(&b, &k, &n),
+        m: m.axis,
+        n: n.axis,
+        k: k.axis,
+        rows: None,
+        accumulate: nest.init.is_none(),
+        fused,
+        prec: nest.prec,
+    };
+    // Threads: across the outermost batch loop when it is parallel with an iteration per
+    // thread, else across blocks of rows (a parallel loop around the batch loops).
+    let batch_parallel = batch.first().is_some_and(|l| l.parallel && l.extent >= threads.max(2));
+    let mut blocks = None;
+    if !batch_parallel && threads > 1 {
+        let unit = m.axis.limit.map_or(16, |(_, per)| lcm(16, per));
+        let per = m.axis.extent.div_ceil(threads).next_multiple_of(unit);
+        if per < m.axis.extent {
+            let v = prog.fresh_var();
+            call.rows = Some((v, per));
+            let limit =
+                m.axis.limit.map(|(size, rows_per_unit)| Limit { size, per: per / rows_per_unit });
+            blocks =
+                Some(Loop { var: v, extent: m.axis.extent.div_ceil(per), limit, parallel: true });
+            batch.iter_mut().for_each(|l| l.parallel = false);
+        }
+    }
+    let mut out = before;
+    let body = super::wrap(&batch, vec![Stmt::Gemm(Box::new(call))]);
+    out.extend(match blocks {
+        Some(b) => super::wrap(&[b], body),
+        None => body,
+    });
+    Some(out)
+}
+
+/// The two factors of a product update, whether it is fused, and a dynamic reduction's select
+/// `where(v < size, x·y, 0)` (its variable and symbol).
+type Product<'a> = (&'a Expr, &'a Expr, bool, Option<(Var, Symbol)>);
+
+fn product(u: &Update) -> Option<Product<'_>> {
+    match u {
+        Update::Fma(x, y) => Some((x, y, true, None)),
+        Update::Op(BinOp::Add, e) => {
+            let (e, select) = match e {
+                Expr::Ternop(TernOp::Where, cond, e, zero) if **zero == Expr::Const(0.0) => {
+                    let Expr::Binop(BinOp::Lt, v, s) = &**cond else { return None };
+                    let (Expr::IndexValue(v), Expr::IndexValue(s)) = (&**v, &**s) else {
+                        return None;
+                    };
+                    let v = v.as_var()?;
+                    let s = match (s.terms.as_slice(), s.offset) {
+                        ([(1, IdxVar::Sym(s))], 0) => *s,
+                        _ => return None,
+                    };
+                    (&**e, Some((v, s)))
+                }
+                e => (e, None),
+            };
+            match e {
+                Expr::Binop(BinOp::Mul, x, y) => Some((x, y, false, select)),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+fn expr_prec(prog: &Program, e: &Expr, target: Prec) -> Prec {
+    crate::backend::c_syntax::expr_prec(prog, e, target)
+}
+
+/// A tensor read with an affine index.
+#[derive(Clone, Debug)]
+struct Strided {
+    node: NodeId,
+    idx: Vec<Index>,
+}
+
+impl Strided {
+    /// The flat step when the merged loop moves by one.
+    fn step(&self, prog: &Program, g: &Merged) -> i64 {
+        g.vars.last().map_or(0, |v| coeff(prog, self.node, &self.idx, *v))
+    }
+
+    /// The flat offset with the kernel's loops at 0: affine in the batch loops and symbols.
+    fn offset(&self, prog: &Program, kernel: &[Var]) -> Index {
+        let strides = row_major_strides(&prog.nodes[&self.node].dims);
+        let mut terms = Vec::new();
+        let mut offset = 0;
+        for (i, s) in self.idx.iter().zip(strides) {
+            for &(c, x) in &i.terms {
+                if !matches!(x, IdxVar::Loop(v) if kernel.contains(&v)) {
+                    terms.push((c * s as i64, x));
+                }
+            }
+            offset += i.offset * s as i64;
+        }
+        Index::new(terms, offset)
+    }
+}
+
+/// The flat step of `node[idx]` when `v` grows by one.
+fn coeff(prog: &Program, node: NodeId, idx: &[Index], v: Var) -> i64 {
+    super::flat_stride(prog, node, idx, v)
+}
+
+/// An operand as a strided tensor: the read itself, or a buffer the expression is computed
+/// into first (statements appended to `before`).
+fn operand(
+    prog: &mut Program,
+    e: &Expr,
+    loops: &[Loop],
+    prec: Prec,
+    before: &mut Vec<Stmt>,
+) -> Option<Strided> {
+    if let Expr::Get(n, idx) = e
+        && prog.nodes.get(n).is_some_and(|t| t.prec == prec)
+    {
+        return Some(Strided { node: *n, idx: idx.clone() });
+    }
+    // Only loop variables of the nest (and symbols) may index the expression.
+    let used: Vec<Loop> =
+        loops.iter().filter(|l| e.indices().iter().any(|i| i.uses(l.var))).copied().collect();
+    let dims: Vec<usize> = used.iter().map(|l| l.extent).collect();
+    let id = prog.fresh_node_id();
+    let label = format!("gemm operand {}", id.0);
+    prog.nodes.insert(id, TensorNode::new(id, &label, &dims, prec, MemoryMode::Local));
+    prog.scratch.push(Scratch { node: id, per_thread: false });
+    // Fresh loops over the used variables, in the nest's order, all parallel (each cell once).
+    let fresh: Vec<Var> = used.iter().map(|_| prog.fresh_var()).collect();
+    let sub = |v: Var| used.iter().position(|l| l.var == v).map(|k| Index::var(fresh[k]));
+    let value = e.clone().subst(&sub);
+    let idx: Vec<Index> = fresh.iter().map(|v| Index::var(*v)).collect();
+    let fill: Vec<Loop> = used
+        .iter()
+        .zip(&fresh)
+        .map(|(l, v)| Loop { var: *v, extent: l.extent, limit: l.limit, parallel: true })
+        .collect();
+    before.extend(super::wrap(&fill, vec![Stmt::Set { node: id, idx: idx.clone(), value }]));
+    let vars: Vec<Index> = used.iter().map(|l| Index::var(l.var)).collect();
+    Some(Strided { node: id, idx: vars })
+}
+
+/// Loops of one role merged into one: the loops (outermost first), and the product's axis.
+#[derive(Clone, Debug)]
+struct Merged {
+    vars: Vec<Var>,
+    axis: GemmAxis,
+}
+
+/// Merges the innermost loops of `loops` (in order) that move every tensor as one loop would:
+/// `step(outer) = extent(inner) · step(inner)` in each. Returns the merged axis and the loops
+/// left outside it; `None` when the innermost loop's dynamic size is not one of rows. A dynamic
+/// size may sit only on the outermost merged loop (it then counts `extent(inner)` cells per
+/// unit).
+fn merge(prog: &Program, loops: &[Loop], tensors: &[&Strided]) -> Option<(Merged, Vec<Loop>)> {
+    let (last, outer) = loops.split_last()?;
+    let mut limit = match last.limit {
+        Some(l) if l.per != 1 => return None,
+        l => l.map(|l| (l.size, 1)),
+    };
+    let mut vars = vec![last.var];
+    let mut extent = last.extent;
+    let mut rest: Vec<Loop> = outer.to_vec();
+    while let Some(o) = rest.last().copied() {
+        let fits = limit.is_none()
+            && o.limit.is_none_or(|l| l.per == 1)
+            && tensors.iter().all(|t| {
+                coeff(prog, t.node, &t.idx, o.var)
+                    == extent as i64 * coeff(prog, t.node, &t.idx, last.var)
+            });
+        if !fits {
+            break;
+        }
+        rest.pop();
+        vars.insert(0, o.var);
+        limit = o.limit.map(|l| (l.size, extent));
+        extent *= o.extent;
+    }
+    Some((Merged { vars, axis: GemmAxis { extent, limit } }, rest))
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    a / gcd(a, b) * b
+}
