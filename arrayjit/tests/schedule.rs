@@ -593,20 +593,20 @@ fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
     // sizes no tile or block divides: one call each, and the interpreter's bits exactly.
     let cases = [
         abt(128, 256, 256, Prec::F32, true),
-        abt(97, 65, 61, Prec::F64, true),
+        abt(97, 131, 61, Prec::F64, true),
         abt(128, 256, 10, Prec::F32, true),
         atb(256, 128, 784, Prec::F32, false),
         atb(10, 128, 256, Prec::F32, true),
-        abt(64, 40, 48, Prec::Bf16, true),
-        abt(40, 64, 48, Prec::F16, false),
+        abt(64, 130, 48, Prec::Bf16, true),
+        abt(40, 128, 48, Prec::F16, false),
         contraction(
             "scores_big",
             "bhqkd",
-            &[2, 3, 33, 35, 19],
+            &[2, 3, 33, 35, 129],
             Arg(&[2, 3, 33, 35], "b,h,q,k", Prec::F32),
             &[
-                Arg(&[2, 3, 33, 19], "b,h,q,d", Prec::F32),
-                Arg(&[2, 3, 35, 19], "b,h,k,d", Prec::F32),
+                Arg(&[2, 3, 33, 129], "b,h,q,d", Prec::F32),
+                Arg(&[2, 3, 35, 129], "b,h,k,d", Prec::F32),
             ],
             BinOp::Add,
             true,
@@ -616,9 +616,9 @@ fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
         contraction(
             "dense_seq",
             "bsoi",
-            &[4, 37, 45, 50],
+            &[4, 37, 45, 150],
             Arg(&[4, 37, 45], "b,s,o", Prec::F32),
-            &[Arg(&[4, 37, 50], "b,s,i", Prec::F32), Arg(&[45, 50], "o,i", Prec::F32)],
+            &[Arg(&[4, 37, 150], "b,s,i", Prec::F32), Arg(&[45, 150], "o,i", Prec::F32)],
             BinOp::Add,
             true,
         ),
@@ -630,7 +630,9 @@ fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
     // The batch of sequences is one call over merged rows, split in two blocks.
     let text = scheduled(&cases[8]);
     assert!(text.contains("(m 148 in blocks"), "{text}");
-    // A reduction with too little work, and a matrix-vector product, stay generated.
+    // A reduction with too little work or too few steps, and a matrix-vector product, stay
+    // generated.
     assert_ne!(kernel(&abt(8, 16, 16, Prec::F32, true)), "gemm");
+    assert_ne!(kernel(&abt(128, 64, 128, Prec::F32, true)), "gemm");
     assert_ne!(kernel(&abt(300, 300, 1, Prec::F32, true)), "gemm");
 }

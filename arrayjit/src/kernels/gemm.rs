@@ -295,6 +295,22 @@ unsafe fn pack_a<T: Elem, const MR: usize>(
         let rows = MR.min(mc - ir);
         // SAFETY: inside the buffer (`mc` rounded up to `MR`, times `kc`).
         let dst = unsafe { out.add(panel * MR * kc) };
+        if rows == MR {
+            // A whole panel: `MR` row pointers walked step by step, no edge test (the common
+            // case, and the one the compiler can unroll).
+            // SAFETY: the panel's rows and steps are cells of A.
+            let first = unsafe { g.a.offset((ic + ir) as isize * g.rsa + pc as isize * g.csa) };
+            let rowp: [*const T; MR] =
+                std::array::from_fn(|r| unsafe { first.offset(r as isize * g.rsa) });
+            for p in 0..kc {
+                let col = p as isize * g.csa;
+                for (r, row) in rowp.iter().enumerate() {
+                    // SAFETY: as above; inside the panel.
+                    unsafe { *dst.add(p * MR + r) = *row.offset(col) };
+                }
+            }
+            continue;
+        }
         for p in 0..kc {
             let col = (pc + p) as isize * g.csa;
             for r in 0..MR {
@@ -333,6 +349,13 @@ unsafe fn pack_b<T: Elem>(
             if cols == nr && g.csb == 1 {
                 // SAFETY: `nr` contiguous cells of B; inside the panel.
                 unsafe { std::ptr::copy_nonoverlapping(row.add(jc + jr), d, nr) };
+            } else if cols == nr {
+                // A whole panel row with a stride (`B` transposed): no edge test.
+                // SAFETY: cells of B; inside the panel.
+                let src = unsafe { row.offset((jc + jr) as isize * g.csb) };
+                for j in 0..nr {
+                    unsafe { *d.add(j) = *src.offset(j as isize * g.csb) };
+                }
             } else {
                 for j in 0..nr {
                     let v = if j < cols {

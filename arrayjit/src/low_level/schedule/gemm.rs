@@ -28,6 +28,12 @@ use crate::tnode::{MemoryMode, NodeId, TensorNode, row_major_strides};
 /// (packing, a few microseconds) would outweigh what it saves.
 pub const MIN_GEMM_STEPS: usize = 32 * 1024;
 
+/// Reduction steps below which a product is left to the generated kernels: packing costs the
+/// kernel a copy of both operands per call, paid back over the reduction; with fewer steps the
+/// in-place kernel, which packs at most one operand, was as fast or faster (attention scores
+/// with 64 steps per cell: 0.72 ms generated, 0.76–0.86 ms called; docs/benchmarks.md).
+pub const MIN_GEMM_DEPTH: usize = 128;
+
 /// Rewrites a recognized nest into calls of the matrix product, or `None` (the program is then
 /// unchanged).
 pub(crate) fn rewrite(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
@@ -91,7 +97,7 @@ fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
     let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
     let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
     let (k, k_rest) = merge(prog, &nest.red, &[&xo, &yo])?;
-    if !k_rest.is_empty() {
+    if !k_rest.is_empty() || k.axis.extent < MIN_GEMM_DEPTH {
         return None;
     }
     // Cell loops outside the product, in the nest's order.
