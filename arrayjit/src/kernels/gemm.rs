@@ -1,18 +1,22 @@
-//! The matrix product `C (+)= A·B` over strided operands: packed panels, a register-tiled
-//! micro-kernel, cache blocking.
+//! The matrix product `C (+)= A·B` over strided operands: packed panels of `B`, a
+//! register-tiled micro-kernel, cache blocking.
 //!
-//! The classic structure (Goto and van de Geijn): the reduction is cut into blocks of `KC`
-//! steps and the columns into blocks of `NC`; for each, a block of `B` is copied into panels of
-//! `NR` columns laid out step by step, then blocks of `MC` rows of `A` into panels of `MR`
-//! rows; the micro-kernel keeps an `MR × NR` tile of `C` in registers and, for each step of the
-//! block, adds one panel row of `A` (broadcast) times one panel row of `B`. Packing makes every
-//! operand layout — transposed, strided, broadcast (stride 0) — the same contiguous stream, so
-//! the backward pass's `Aᵀ·B` and `A·Bᵀ` need no transpose of their own.
+//! The classic structure (Goto and van de Geijn), minus the packing of `A`: the reduction is cut
+//! into blocks of `KC` steps and the columns into blocks of `NC`; for each, a block of `B` is
+//! copied into panels of `NR` columns laid out step by step (every layout of `B` — transposed,
+//! strided, broadcast with step 0 — becomes the same contiguous stream, so the backward pass's
+//! `A·Bᵀ` needs no transpose of its own); the micro-kernel keeps an `MR × NR` tile of `C` in
+//! registers and, for each step, adds `MR` values of `A` (broadcast, read in place through one
+//! pointer per row, any steps) times one panel row of `B`. Rows are taken in blocks of `MC` so
+//! that the rows of `A` a block reads stay in L2 while every panel of `B` passes over them.
+//! (Packing `A` as well bought nothing measurable at these sizes: its rows are read as `MR`
+//! sequential streams.)
 //!
 //! Exactness: a cell's steps are applied in reduction order, block after block (a block
 //! starts from the cell's value stored by the previous one, which is exact), each step one
 //! `fma` or a rounded product then a rounded add, as the nest it replaces says. Panels are
-//! padded with zeros past the edges; the padded cells are computed and thrown away.
+//! padded with zeros past the edges and the rows of `A` past its last repeat that row; those
+//! cells are computed and thrown away.
 
 use std::cell::RefCell;
 use std::ops::{Add, Mul};
@@ -193,9 +197,9 @@ const NV: usize = 2;
 const MAX_TILE: usize = 8 * 2 * 16;
 
 thread_local! {
-    /// Each thread's packing buffers (`A` block, `B` block), kept between calls: a fresh
-    /// allocation of this size per call would be mapped and faulted in every time.
-    static PACK: RefCell<(Vec<u64>, Vec<u64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Each thread's packing buffer (a block of `B`), kept between calls: a fresh allocation
+    /// of this size per call would be mapped and faulted in every time.
+    static PACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A buffer of at least `len` elements of `T` (8-byte words, so aligned for f32 and f64).
@@ -230,16 +234,11 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
         return;
     }
     let kc_max = blk.kc.min(k);
-    let mc_max = blk.mc.min(m).next_multiple_of(MR);
     let nc_max = blk.nc.min(n).next_multiple_of(nr);
     // The buffers' addresses are taken out of the thread-local: code inside its closure would
     // be compiled without the caller's target features. Nothing else on this thread touches
     // them until this call returns (the kernels do not call back).
-    let (ap, bp): (*mut T, *mut T) = PACK.with(|pack| {
-        let mut pack = pack.borrow_mut();
-        let (abuf, bbuf) = &mut *pack;
-        (words::<T>(abuf, mc_max * kc_max), words::<T>(bbuf, nc_max * kc_max))
-    });
+    let bp: *mut T = PACK.with(|pack| words::<T>(&mut pack.borrow_mut(), nc_max * kc_max));
     for jc in (0..n).step_by(blk.nc) {
         let nc = blk.nc.min(n - jc);
         for pc in (0..k).step_by(blk.kc) {
@@ -249,8 +248,6 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
             let load = g.accumulate || pc > 0;
             for ic in (0..m).step_by(blk.mc) {
                 let mc = blk.mc.min(m - ic);
-                // SAFETY: as above, for A.
-                unsafe { pack_a::<T, MR>(g, ic, mc, pc, kc, ap) };
                 for jr in (0..nc).step_by(nr) {
                     for ir in (0..mc).step_by(MR) {
                         let (i, j) = ((ic + ir) as isize, (jc + jr) as isize);
@@ -258,7 +255,9 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                         unsafe {
                             let tile = Tile {
                                 kc,
-                                a: ap.add(ir * kc),
+                                a: g.a.offset(i * g.rsa + pc as isize * g.csa),
+                                rsa: g.rsa,
+                                csa: g.csa,
                                 b: bp.add(jr * kc),
                                 c: g.c.offset(i * g.rsc + j * g.csc),
                                 rsc: g.rsc,
@@ -275,53 +274,6 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                         }
                     }
                 }
-            }
-        }
-    }
-}
-
-/// Copies rows `ic..ic+mc` × steps `pc..pc+kc` of `A` into panels of `MR` rows, each laid out
-/// step by step (`MR` values per step), the last panel padded with zeros.
-#[inline(always)]
-unsafe fn pack_a<T: Elem, const MR: usize>(
-    g: &Gemm<T>,
-    ic: usize,
-    mc: usize,
-    pc: usize,
-    kc: usize,
-    out: *mut T,
-) {
-    for (panel, ir) in (0..mc).step_by(MR).enumerate() {
-        let rows = MR.min(mc - ir);
-        // SAFETY: inside the buffer (`mc` rounded up to `MR`, times `kc`).
-        let dst = unsafe { out.add(panel * MR * kc) };
-        if rows == MR {
-            // A whole panel: `MR` row pointers walked step by step, no edge test (the common
-            // case, and the one the compiler can unroll).
-            // SAFETY: the panel's rows and steps are cells of A.
-            let first = unsafe { g.a.offset((ic + ir) as isize * g.rsa + pc as isize * g.csa) };
-            let rowp: [*const T; MR] =
-                std::array::from_fn(|r| unsafe { first.offset(r as isize * g.rsa) });
-            for p in 0..kc {
-                let col = p as isize * g.csa;
-                for (r, row) in rowp.iter().enumerate() {
-                    // SAFETY: as above; inside the panel.
-                    unsafe { *dst.add(p * MR + r) = *row.offset(col) };
-                }
-            }
-            continue;
-        }
-        for p in 0..kc {
-            let col = (pc + p) as isize * g.csa;
-            for r in 0..MR {
-                let v = if r < rows {
-                    // SAFETY: a cell of A.
-                    unsafe { *g.a.offset((ic + ir + r) as isize * g.rsa + col) }
-                } else {
-                    T::ZERO
-                };
-                // SAFETY: inside the panel.
-                unsafe { *dst.add(p * MR + r) = v };
             }
         }
     }
@@ -376,7 +328,10 @@ unsafe fn pack_b<T: Elem>(
 /// part is `mr × nr`.
 struct Tile<T> {
     kc: usize,
+    /// `A` at the tile's first row and the block's first step, read in place.
     a: *const T,
+    rsa: isize,
+    csa: isize,
     b: *const T,
     c: *mut T,
     rsc: isize,
@@ -394,7 +349,7 @@ unsafe fn micro<V: Lanes, const MR: usize, const FUSED: bool>(t: &Tile<V::E>) {
     let nr = NV * V::W;
     if t.mr == MR && t.nr == nr && t.csc == 1 {
         // SAFETY: the whole tile lies in C.
-        unsafe { registers::<V, MR, FUSED>(t.kc, t.a, t.b, t.c, t.rsc, t.load) };
+        unsafe { registers::<V, MR, FUSED>(t, t.c, t.rsc) };
         return;
     }
     let mut buf = [V::E::ZERO; MAX_TILE];
@@ -408,7 +363,7 @@ unsafe fn micro<V: Lanes, const MR: usize, const FUSED: bool>(t: &Tile<V::E>) {
         }
     }
     // SAFETY: the buffer holds MR × nr cells.
-    unsafe { registers::<V, MR, FUSED>(t.kc, t.a, t.b, buf.as_mut_ptr(), nr as isize, t.load) };
+    unsafe { registers::<V, MR, FUSED>(t, buf.as_mut_ptr(), nr as isize) };
     for r in 0..t.mr {
         for j in 0..t.nr {
             // SAFETY: a valid cell of the tile.
@@ -417,23 +372,23 @@ unsafe fn micro<V: Lanes, const MR: usize, const FUSED: bool>(t: &Tile<V::E>) {
     }
 }
 
-/// The register tile: `MR × NV` vectors of accumulators over `kc` panel steps, `C`'s rows `rsc`
-/// apart and contiguous.
+/// The register tile: `MR × NV` vectors of accumulators over the tile's `kc` steps, into `c`
+/// (rows `rsc` apart, contiguous). `A`'s rows past the tile's valid ones repeat its last valid
+/// row: their results are dropped, and every read stays inside `A`.
 #[inline(always)]
 unsafe fn registers<V: Lanes, const MR: usize, const FUSED: bool>(
-    kc: usize,
-    a: *const V::E,
-    b: *const V::E,
+    t: &Tile<V::E>,
     c: *mut V::E,
     rsc: isize,
-    load: bool,
 ) {
     let nr = NV * V::W;
-    // SAFETY (whole function): the panels hold `kc` steps of MR and nr values; C's tile is
-    // writable (the caller's contract).
+    // SAFETY (whole function): `A`'s valid rows and the panel's `kc` steps of `nr` values are
+    // readable, C's tile is writable (the caller's contract).
     unsafe {
+        let rows: [*const V::E; MR] =
+            std::array::from_fn(|r| t.a.offset(r.min(t.mr - 1) as isize * t.rsa));
         let mut acc = [[V::zero(); NV]; MR];
-        if load {
+        if t.load {
             for (r, row) in acc.iter_mut().enumerate() {
                 let src = c.offset(r as isize * rsc);
                 for (v, x) in row.iter_mut().enumerate() {
@@ -441,14 +396,14 @@ unsafe fn registers<V: Lanes, const MR: usize, const FUSED: bool>(
                 }
             }
         }
-        for p in 0..kc {
-            let (ap, bp) = (a.add(p * MR), b.add(p * nr));
+        for p in 0..t.kc {
+            let (off, bp) = (p as isize * t.csa, t.b.add(p * nr));
             let mut bv = [V::zero(); NV];
             for (v, x) in bv.iter_mut().enumerate() {
                 *x = V::load(bp.add(v * V::W));
             }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = V::splat(*ap.add(r));
+            for (row, a) in acc.iter_mut().zip(&rows) {
+                let av = V::splat(*a.offset(off));
                 for (x, &bx) in row.iter_mut().zip(&bv) {
                     *x = if FUSED { V::fma(av, bx, *x) } else { V::mul_add_rounded(av, bx, *x) };
                 }
