@@ -244,7 +244,7 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
         for pc in (0..k).step_by(blk.kc) {
             let kc = blk.kc.min(k - pc);
             // SAFETY: the block lies inside B; the buffer holds `nc_max × kc_max`.
-            unsafe { pack_b(g, pc, kc, jc, nc, nr, bp) };
+            unsafe { pack_b::<V>(g, pc, kc, jc, nc, nr, bp) };
             let load = g.accumulate || pc > 0;
             for ic in (0..m).step_by(blk.mc) {
                 let mc = blk.mc.min(m - ic);
@@ -282,19 +282,28 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
 /// Copies steps `pc..pc+kc` × columns `jc..jc+nc` of `B` into panels of `nr` columns, each
 /// laid out step by step (`nr` values per step), the last panel padded with zeros.
 #[inline(always)]
-unsafe fn pack_b<T: Elem>(
-    g: &Gemm<T>,
+unsafe fn pack_b<V: Lanes>(
+    g: &Gemm<V::E>,
     pc: usize,
     kc: usize,
     jc: usize,
     nc: usize,
     nr: usize,
-    out: *mut T,
+    out: *mut V::E,
 ) {
     for (panel, jr) in (0..nc).step_by(nr).enumerate() {
         let cols = nr.min(nc - jr);
         // SAFETY: inside the buffer (`nc` rounded up to `nr`, times `kc`).
         let dst = unsafe { out.add(panel * nr * kc) };
+        if cols == nr && g.rsb == 1 && g.csb != 1 {
+            // `B` transposed (a weight stored `[out, in]`): columns contiguous along the steps.
+            // SAFETY: the panel's cells of B; the panel holds `kc × nr`.
+            unsafe {
+                let src = g.b.offset(pc as isize + (jc + jr) as isize * g.csb);
+                V::pack_columns(src, g.csb, kc, nr, dst);
+            }
+            continue;
+        }
         for p in 0..kc {
             // SAFETY: row `pc + p` of B, and step `p` of the panel.
             let (row, d) = unsafe { (g.b.offset((pc + p) as isize * g.rsb), dst.add(p * nr)) };
@@ -314,7 +323,7 @@ unsafe fn pack_b<T: Elem>(
                         // SAFETY: a cell of B.
                         unsafe { *row.offset((jc + jr + j) as isize * g.csb) }
                     } else {
-                        T::ZERO
+                        V::E::ZERO
                     };
                     // SAFETY: inside the panel.
                     unsafe { *d.add(j) = v };

@@ -44,6 +44,29 @@ pub trait Lanes: Copy {
     /// # Safety
     /// As [`Lanes::zero`].
     unsafe fn mul_add_rounded(a: Self, b: Self, c: Self) -> Self;
+
+    /// Packs `steps × cols` cells whose columns are contiguous along the steps (column `j`
+    /// starts at `src + j·col_step`) into `dst`, step by step (`cols` values per step): a
+    /// transpose. Copies values only; the vector versions move 8 × 8 blocks through registers.
+    ///
+    /// # Safety
+    /// As [`Lanes::zero`]; the cells must be readable and `dst` must hold `steps × cols`.
+    #[inline(always)]
+    unsafe fn pack_columns(
+        src: *const Self::E,
+        col_step: isize,
+        steps: usize,
+        cols: usize,
+        dst: *mut Self::E,
+    ) {
+        for j in 0..cols {
+            // SAFETY: the caller's contract.
+            let col = unsafe { src.offset(j as isize * col_step) };
+            for p in 0..steps {
+                unsafe { *dst.add(p * cols + j) = *col.add(p) };
+            }
+        }
+    }
 }
 
 macro_rules! scalar_lanes {
@@ -90,7 +113,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     macro_rules! vector_lanes {
-        ($v:ty, $e:ty, $w:expr, $zero:ident, $load:ident, $store:ident, $splat:ident, $fma:ident, $mul:ident, $add:ident) => {
+        ($v:ty, $e:ty, $w:expr, $zero:ident, $load:ident, $store:ident, $splat:ident, $fma:ident, $mul:ident, $add:ident $(, $pack:item)*) => {
             impl Lanes for $v {
                 type E = $e;
                 const W: usize = $w;
@@ -124,8 +147,71 @@ mod x86 {
                     // SAFETY: the caller's contract (the instruction set).
                     unsafe { $add(c, $mul(a, b)) }
                 }
+                $($pack)*
             }
         };
+    }
+
+    /// The 8 × 8 transpose of [`Lanes::pack_columns`] for f32 (AVX2 shuffles; AVX-512 hosts
+    /// have AVX2): whole blocks of 8 columns × 8 steps, the rest one value at a time.
+    #[inline(always)]
+    unsafe fn pack_columns_f32(
+        src: *const f32,
+        col_step: isize,
+        steps: usize,
+        cols: usize,
+        dst: *mut f32,
+    ) {
+        // SAFETY (whole function): the caller's contract ([`Lanes::pack_columns`]).
+        unsafe {
+            let (whole_cols, whole_steps) = (cols / 8 * 8, steps / 8 * 8);
+            for j in (0..whole_cols).step_by(8) {
+                let col = |i: usize| src.offset((j + i) as isize * col_step);
+                for p in (0..whole_steps).step_by(8) {
+                    let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(col(i).add(p)));
+                    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+                    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+                    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                    let o = [
+                        _mm256_permute2f128_ps::<0x20>(u0, u4),
+                        _mm256_permute2f128_ps::<0x20>(u1, u5),
+                        _mm256_permute2f128_ps::<0x20>(u2, u6),
+                        _mm256_permute2f128_ps::<0x20>(u3, u7),
+                        _mm256_permute2f128_ps::<0x31>(u0, u4),
+                        _mm256_permute2f128_ps::<0x31>(u1, u5),
+                        _mm256_permute2f128_ps::<0x31>(u2, u6),
+                        _mm256_permute2f128_ps::<0x31>(u3, u7),
+                    ];
+                    for (q, v) in o.iter().enumerate() {
+                        _mm256_storeu_ps(dst.add((p + q) * cols + j), *v);
+                    }
+                }
+                for p in whole_steps..steps {
+                    for i in 0..8 {
+                        *dst.add(p * cols + j + i) = *col(i).add(p);
+                    }
+                }
+            }
+            for j in whole_cols..cols {
+                let col = src.offset(j as isize * col_step);
+                for p in 0..steps {
+                    *dst.add(p * cols + j) = *col.add(p);
+                }
+            }
+        }
     }
 
     vector_lanes!(
@@ -138,7 +224,18 @@ mod x86 {
         _mm256_set1_ps,
         _mm256_fmadd_ps,
         _mm256_mul_ps,
-        _mm256_add_ps
+        _mm256_add_ps,
+        #[inline(always)]
+        unsafe fn pack_columns(
+            src: *const f32,
+            col_step: isize,
+            steps: usize,
+            cols: usize,
+            dst: *mut f32,
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe { pack_columns_f32(src, col_step, steps, cols, dst) }
+        }
     );
     vector_lanes!(
         __m256d,
@@ -162,7 +259,18 @@ mod x86 {
         _mm512_set1_ps,
         _mm512_fmadd_ps,
         _mm512_mul_ps,
-        _mm512_add_ps
+        _mm512_add_ps,
+        #[inline(always)]
+        unsafe fn pack_columns(
+            src: *const f32,
+            col_step: isize,
+            steps: usize,
+            cols: usize,
+            dst: *mut f32,
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe { pack_columns_f32(src, col_step, steps, cols, dst) }
+        }
     );
     vector_lanes!(
         __m512d,

@@ -19,7 +19,7 @@
 use super::{Loop, Nest, Update};
 use crate::indexing::Symbol;
 use crate::low_level::{
-    Expr, Gemm, GemmAxis, GemmOperand, IdxVar, Index, Limit, Program, Scratch, Stmt, Var,
+    Expr, Gemm, GemmAxis, GemmOperand, Guard, IdxVar, Index, Limit, Program, Scratch, Stmt, Var,
 };
 use crate::ops::{BinOp, Prec, TernOp};
 use crate::tnode::{MemoryMode, NodeId, TensorNode, row_major_strides};
@@ -90,9 +90,8 @@ fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
         return None;
     }
     // Operands as strided tensors, computed into buffers where they are expressions.
-    let mut before = Vec::new();
-    let xo = operand(prog, x, &loops, nest.prec, &mut before)?;
-    let yo = operand(prog, y, &loops, nest.prec, &mut before)?;
+    let (xo, xf) = operand(prog, x, &loops, nest.prec);
+    let (yo, yf) = operand(prog, y, &loops, nest.prec);
     let c = Strided { node: nest.node, idx: nest.idx.clone() };
     let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
     let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
@@ -108,10 +107,11 @@ fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
             == m_rest.len() + n_rest.len() + (nest.lhs.len() - m_loops.len() - n_loops.len())
     );
     // Kernel orientation: its column loop should be contiguous in the result.
-    let (mut m, mut n, mut a, mut b) = (m, n, xo, yo);
+    let (mut m, mut n, mut a, mut b, mut af, mut bf) = (m, n, xo, yo, xf, yf);
     if c.step(prog, &n).abs() != 1 && c.step(prog, &m).abs() == 1 {
         std::mem::swap(&mut m, &mut n);
         std::mem::swap(&mut a, &mut b);
+        std::mem::swap(&mut af, &mut bf);
     }
     let kernel_vars: Vec<Var> = m.vars.iter().chain(&n.vars).chain(&k.vars).copied().collect();
     let gop = |s: &Strided, rows: &Merged, cols: &Merged| GemmOperand {
@@ -149,8 +149,20 @@ fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
             batch.iter_mut().for_each(|l| l.parallel = false);
         }
     }
-    let mut out = before;
-    let body = super::wrap(&batch, vec![Stmt::Gemm(Box::new(call))]);
+    // Operand buffers: `B`'s (every block reads all of it) before the product; `A`'s inside
+    // each block of rows, for the block's rows only, when its only row loop is the product's
+    // (one step instead of two, and the rows are in cache when the product reads them).
+    let mut out: Vec<Stmt> = bf.iter().flat_map(|f| f.stmts(prog, None)).collect();
+    let mut body = vec![];
+    match (&af, blocks) {
+        (Some(f), Some(bl)) if f.rows_only(&m, &k) => {
+            let (v, per) = call.rows.unwrap_or((bl.var, m.axis.extent));
+            body.extend(f.stmts(prog, Some((v, per, m.vars[0], m.axis.extent))));
+        }
+        (Some(f), _) => out.extend(f.stmts(prog, None)),
+        (None, _) => {}
+    }
+    body.extend(super::wrap(&batch, vec![Stmt::Gemm(Box::new(call))]));
     out.extend(match blocks {
         Some(b) => super::wrap(&[b], body),
         None => body,
@@ -229,19 +241,13 @@ fn coeff(prog: &Program, node: NodeId, idx: &[Index], v: Var) -> i64 {
     super::flat_stride(prog, node, idx, v)
 }
 
-/// An operand as a strided tensor: the read itself, or a buffer the expression is computed
-/// into first (statements appended to `before`).
-fn operand(
-    prog: &mut Program,
-    e: &Expr,
-    loops: &[Loop],
-    prec: Prec,
-    before: &mut Vec<Stmt>,
-) -> Option<Strided> {
+/// An operand as a strided tensor: the read itself, or a buffer the expression is to be
+/// computed into first (its [`Fill`]).
+fn operand(prog: &mut Program, e: &Expr, loops: &[Loop], prec: Prec) -> (Strided, Option<Fill>) {
     if let Expr::Get(n, idx) = e
         && prog.nodes.get(n).is_some_and(|t| t.prec == prec)
     {
-        return Some(Strided { node: *n, idx: idx.clone() });
+        return (Strided { node: *n, idx: idx.clone() }, None);
     }
     // Only loop variables of the nest (and symbols) may index the expression.
     let used: Vec<Loop> =
@@ -251,19 +257,65 @@ fn operand(
     let label = format!("gemm operand {}", id.0);
     prog.nodes.insert(id, TensorNode::new(id, &label, &dims, prec, MemoryMode::Local));
     prog.scratch.push(Scratch { node: id, per_thread: false });
-    // Fresh loops over the used variables, in the nest's order, all parallel (each cell once).
-    let fresh: Vec<Var> = used.iter().map(|_| prog.fresh_var()).collect();
-    let sub = |v: Var| used.iter().position(|l| l.var == v).map(|k| Index::var(fresh[k]));
-    let value = e.clone().subst(&sub);
-    let idx: Vec<Index> = fresh.iter().map(|v| Index::var(*v)).collect();
-    let fill: Vec<Loop> = used
-        .iter()
-        .zip(&fresh)
-        .map(|(l, v)| Loop { var: *v, extent: l.extent, limit: l.limit, parallel: true })
-        .collect();
-    before.extend(super::wrap(&fill, vec![Stmt::Set { node: id, idx: idx.clone(), value }]));
     let vars: Vec<Index> = used.iter().map(|l| Index::var(l.var)).collect();
-    Some(Strided { node: id, idx: vars })
+    (Strided { node: id, idx: vars }, Some(Fill { node: id, used, value: e.clone() }))
+}
+
+/// An operand's buffer and how to fill it: `node[used loops] := value`, in the nest's loop
+/// variables.
+struct Fill {
+    node: NodeId,
+    used: Vec<Loop>,
+    value: Expr,
+}
+
+impl Fill {
+    /// Whether the buffer's loops are the product's one row loop and its reduction loops.
+    fn rows_only(&self, m: &Merged, k: &Merged) -> bool {
+        m.vars.len() == 1
+            && self.used.iter().filter(|l| l.var == m.vars[0]).count() == 1
+            && self.used.iter().all(|l| l.var == m.vars[0] || k.vars.contains(&l.var))
+    }
+
+    /// The statements filling the buffer: every cell (fresh parallel loops over the used
+    /// variables), or with `block = (v, per, row var, rows)` only rows `per·v ..` of the block
+    /// (a loop over the block's rows, guarded by the row count).
+    fn stmts(&self, prog: &mut Program, block: Option<(Var, usize, Var, usize)>) -> Vec<Stmt> {
+        let fresh: Vec<Var> = self.used.iter().map(|_| prog.fresh_var()).collect();
+        let row = |k: usize| block.filter(|b| b.2 == self.used[k].var);
+        let index = |k: usize| match row(k) {
+            Some((v, per, ..)) => {
+                Index::new(vec![(per as i64, IdxVar::Loop(v)), (1, IdxVar::Loop(fresh[k]))], 0)
+            }
+            None => Index::var(fresh[k]),
+        };
+        let sub = |v: Var| self.used.iter().position(|l| l.var == v).map(index);
+        let value = self.value.clone().subst(&sub);
+        let idx: Vec<Index> = (0..self.used.len()).map(index).collect();
+        let mut set = Stmt::Set { node: self.node, idx, value };
+        let mut guards = vec![];
+        let loops: Vec<Loop> = (0..self.used.len())
+            .map(|k| match row(k) {
+                Some((_, per, _, rows)) => {
+                    guards.push(Guard { index: index(k), bound: rows });
+                    Loop { var: fresh[k], extent: per, limit: None, parallel: false }
+                }
+                None => Loop {
+                    var: fresh[k],
+                    extent: self.used[k].extent,
+                    limit: self.used[k].limit,
+                    parallel: block.is_none(),
+                },
+            })
+            .collect();
+        if !guards.is_empty() {
+            // The row guard sits right inside the row loop (outermost, the buffer's first axis).
+            let (outer, inner) = loops.split_at(1);
+            set = Stmt::If { guards, body: super::wrap(inner, vec![set]) };
+            return super::wrap(outer, vec![set]);
+        }
+        super::wrap(&loops, vec![set])
+    }
 }
 
 /// Loops of one role merged into one: the loops (outermost first), and the product's axis.
