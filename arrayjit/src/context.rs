@@ -27,8 +27,14 @@ use crate::low_level::RuntimeCheck;
 use crate::ndarray::NdArray;
 use crate::tnode::{NodeId, NodeTable, TensorNode};
 
-/// The optimization level of [`Context::compile_once`].
+/// The optimization level of [`Context::compile_once`] when it builds native code.
 pub const RUN_ONCE_OPT_LEVEL: u8 = 1;
+
+/// The most work (scalar operations of one run, [`crate::low_level::estimate`]) of a routine
+/// that [`Context::compile_once`] runs on the interpreter rather than building native code: about
+/// 40 ms of the interpreter at ~40 ns per operation, less than GCC's fixed cost of one build
+/// (assembler and linker included) on the machines of docs/benchmarks.md.
+pub const RUN_ONCE_INTERP_WORK: u64 = 1 << 20;
 
 /// A compiled routine: a handle into the context that compiled it, plus what it was built from.
 #[derive(Clone, Debug)]
@@ -42,6 +48,8 @@ pub struct Routine {
     runtime_symbols: Vec<Symbol>,
     runtime_checks: Vec<RuntimeCheck>,
     report: CompileReport,
+    /// Run by the context's interpreter on the backend's host buffers, not by the backend.
+    interpreted: bool,
 }
 
 /// How a routine was compiled: where the time went and what the compile cache did.
@@ -122,6 +130,8 @@ pub struct Context {
     owner: Arc<()>,
     nodes: FxHashMap<NodeId, TensorNode>,
     symbol_scratch: Vec<i64>,
+    /// Runs the small run-once routines of a native backend ([`Context::compile_once`]).
+    interp: Interp,
 }
 
 impl std::fmt::Debug for Context {
@@ -144,12 +154,14 @@ impl Context {
             #[cfg(not(feature = "cuda"))]
             BackendKind::Cuda => return Err(Error::NotBuiltIn("cuda")),
         };
+        let interp = Interp::new(&opts);
         Ok(Context {
             backend,
             opts,
             owner: Arc::new(()),
             nodes: FxHashMap::default(),
             symbol_scratch: Vec::new(),
+            interp,
         })
     }
 
@@ -170,6 +182,16 @@ impl Context {
         name: &str,
         asgn: &Asgn,
         nodes: &NodeTable,
+    ) -> Result<Routine, Error> {
+        self.compile_with(name, asgn, nodes, false)
+    }
+
+    fn compile_with(
+        &mut self,
+        name: &str,
+        asgn: &Asgn,
+        nodes: &NodeTable,
+        once: bool,
     ) -> Result<Routine, Error> {
         let started = Instant::now();
         // Loop nests from projections, then the optimization pipeline.
@@ -212,9 +234,26 @@ impl Context {
             }
         }
         let low_level = prog.to_string();
-        let compiled = self.backend.compile(&prog);
+        // A small routine run once costs less on the interpreter than GCC's fixed cost, and
+        // computes the same bits.
+        // (Unless its native code is in the compile cache: loading it is faster still. If it is
+        // not, it is built for the cache in the background, for the next process.)
+        let mut interpreted = once
+            && self.backend.kind() != BackendKind::Interp
+            && need.work <= RUN_ONCE_INTERP_WORK
+            && self.backend.host_buffers().is_some();
+        let cached = if interpreted { self.backend.compile_cached(&prog, true)? } else { None };
+        interpreted &= cached.is_none();
+        let compiled = match (cached, self.backend.host_buffers()) {
+            (Some(c), _) => Ok(c),
+            (None, Some(buffers)) if interpreted => {
+                self.interp.compile_on(&prog, buffers).map(|i| (i, low_level.clone()))
+            }
+            _ => self.backend.compile(&prog),
+        };
         if let Some(dir) = &self.opts.debug_dir {
             let ext = match self.backend.kind() {
+                _ if interpreted => "interp.txt",
                 BackendKind::Interp => "interp.txt",
                 BackendKind::Gccjit => "c",
                 BackendKind::Cuda => "cu",
@@ -233,10 +272,12 @@ impl Context {
             ("lowering", (lowered - started).as_secs_f64()),
             ("optimization", (optimized - lowered).as_secs_f64()),
         ];
-        phases.extend(self.backend.last_compile_phases());
+        if !interpreted {
+            phases.extend(self.backend.last_compile_phases());
+        }
         let report = CompileReport {
             phases,
-            cache: self.backend.last_cache_outcome(),
+            cache: if interpreted { CacheOutcome::Off } else { self.backend.last_cache_outcome() },
             flops: crate::low_level::flops(&prog),
         };
         for n in &prog.virtual_nodes {
@@ -254,12 +295,15 @@ impl Context {
             runtime_symbols: prog.runtime_symbols,
             runtime_checks: prog.runtime_checks,
             report,
+            interpreted,
         })
     }
 
-    /// Compiles a routine that will run once (parameter initialization): for the least time
-    /// compiling plus running, native code is built at `-O1` (GCC's `-O3` time would exceed
-    /// any run time it saves). Otherwise as [`Context::compile`].
+    /// Compiles a routine that will run once (parameter initialization), for the least time
+    /// compiling plus running: on a native backend, a routine of at most
+    /// [`RUN_ONCE_INTERP_WORK`] operations runs on the interpreter, on the backend's buffers
+    /// (the same bits, and no GCC at all); a larger one is built at `-O1` (GCC's `-O3` time
+    /// would exceed any run time it saves), without tiers. Otherwise as [`Context::compile`].
     pub fn compile_once(
         &mut self,
         name: &str,
@@ -267,9 +311,26 @@ impl Context {
         nodes: &NodeTable,
     ) -> Result<Routine, Error> {
         self.backend.set_opt_level(self.opts.opt_level.min(RUN_ONCE_OPT_LEVEL));
-        let routine = self.compile(name, asgn, nodes);
+        self.backend.set_tiered(false);
+        let routine = self.compile_with(name, asgn, nodes, true);
         self.backend.set_opt_level(self.opts.opt_level);
+        self.backend.set_tiered(self.opts.tiered);
         routine
+    }
+
+    /// Waits until every routine runs its optimized build: with tiered builds
+    /// ([`CompileOptions::tiered`]) a routine first runs a quick build while the optimized one
+    /// is made in the background. Values are the same before and after; only speed changes.
+    /// Benchmarks call this before timing steady state.
+    pub fn finish_builds(&mut self) {
+        self.backend.finish_builds();
+    }
+
+    /// Whether a routine runs its final code: false while a tiered routine still runs its quick
+    /// first build (until a run after its optimized build is ready, or
+    /// [`Context::finish_builds`]).
+    pub fn runs_optimized(&self, routine: &Routine) -> bool {
+        routine.interpreted || self.backend.runs_optimized(routine.index)
     }
 
     /// Runs a routine with values for its runtime symbols.
@@ -301,6 +362,12 @@ impl Context {
                     bound: c.bound,
                 });
             }
+        }
+        if routine.interpreted {
+            let Some(buffers) = self.backend.host_buffers() else {
+                return Err(Error::ForeignRoutine(routine.name.clone()));
+            };
+            return self.interp.run_on(routine.index, &self.symbol_scratch, buffers);
         }
         self.backend.run(routine.index, &self.symbol_scratch)
     }

@@ -36,9 +36,22 @@ fn interp_without_virtualization() {
     conformance(BackendKind::Interp, &[Prec::F32, Prec::F64], opts);
 }
 
+/// Native code as it runs in steady state: the optimized build, with no quick first tier.
+#[cfg(feature = "gccjit")]
+fn optimized() -> CompileOptions {
+    CompileOptions { tiered: false, ..CompileOptions::default() }
+}
+
 #[cfg(feature = "gccjit")]
 #[test]
 fn gccjit_all_precisions() {
+    conformance(BackendKind::Gccjit, &Prec::ALL, optimized());
+}
+
+/// The first run of a tiered routine runs its quick `-O0` build.
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_first_tier_all_precisions() {
     conformance(BackendKind::Gccjit, &Prec::ALL, CompileOptions::default());
 }
 
@@ -74,7 +87,7 @@ fn gccjit_large_matmuls_match_interp() {
     {
         for prec in [Prec::F32, Prec::F64] {
             let case = matmul_case(m, k, n, prec);
-            let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+            let got = run_case(BackendKind::Gccjit, optimized(), &case);
             let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
             assert_close(&case.name, &got[0], &want[0], 1e-4);
         }
@@ -84,7 +97,7 @@ fn gccjit_large_matmuls_match_interp() {
     for (m, k, n) in [(64, 64, 64), (33, 47, 65), (5, 300, 17)] {
         for prec in [Prec::Bf16, Prec::F16] {
             for case in [matmul_case(m, k, n, prec), matmul_onto_case(m, k, n, prec)] {
-                let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+                let got = run_case(BackendKind::Gccjit, optimized(), &case);
                 let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
                 assert_close(&case.name, &got[0], &want[0], tolerance(prec));
                 let reference = &case.expected.as_ref().unwrap()[0];
@@ -124,8 +137,8 @@ fn a_dynamic_size_outside_one_to_its_maximum_is_an_error() {
 
 /// The optimization level changes speed, never values: GCC is not allowed to reassociate
 /// floating-point arithmetic (no `-ffast-math`) nor to contract it (`-ffp-contract=off`), so
-/// code built at `-O1` and at `-O3` computes the same bits. (What makes a fast first build that
-/// is later swapped for an optimized one safe.)
+/// code built at `-O0`, `-O1` and `-O3` computes the same bits. That is what makes a tiered
+/// routine's quick `-O0` build, later swapped for the optimized one, safe.
 #[cfg(feature = "gccjit")]
 #[test]
 fn gccjit_optimization_levels_compute_the_same_bits() {
@@ -136,16 +149,19 @@ fn gccjit_optimization_levels_compute_the_same_bits() {
     cases.push(matmul_onto_case(40, 70, 50, Prec::Bf16));
     for case in cases {
         let at = |level: u8| {
-            let opts = CompileOptions { opt_level: level, ..CompileOptions::default() };
+            let opts = CompileOptions { opt_level: level, ..optimized() };
             run_case(BackendKind::Gccjit, opts, &case)
         };
-        let (o1, o3) = (at(1), at(3));
-        for (k, (a, b)) in o1.iter().zip(&o3).enumerate() {
-            let same = a
-                .iter()
-                .zip(b)
-                .all(|(x, y)| x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan());
-            assert!(same, "{} output {k}: -O1 and -O3 differ", case.name);
+        let o3 = at(3);
+        for level in [0, 1] {
+            let other = at(level);
+            for (k, (a, b)) in other.iter().zip(&o3).enumerate() {
+                let same = a
+                    .iter()
+                    .zip(b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan());
+                assert!(same, "{} output {k}: -O{level} and -O3 differ", case.name);
+            }
         }
     }
 }

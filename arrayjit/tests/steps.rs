@@ -80,6 +80,8 @@ fn a_routine_sharing_its_steps_with_one_compiled_before_is_served_from_the_cache
         cache: rocannl_arrayjit::cache::CacheMode::Dir(dir.clone()),
         threads: Some(2),
         min_parallel_work: 1,
+        // Each compile stores its steps before it returns.
+        tiered: false,
         ..CompileOptions::default()
     };
     // A program of two matmuls of different shapes...

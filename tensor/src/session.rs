@@ -510,6 +510,26 @@ impl Session {
         Ok(())
     }
 
+    /// Waits until every compiled routine runs its optimized native code. A routine first
+    /// runs a quick build while the optimized one is made in the background
+    /// ([`CompileOptions::tiered`], on by default), so the first step comes sooner; the values
+    /// are the same bits either way. Call this before timing steady-state speed.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let x = g.vector("x", &[1.0, -2.0]);
+    /// let y = x.relu();
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// s.finish_builds();
+    /// s.run(&r).unwrap();
+    /// assert_eq!(s.read(&y).unwrap(), vec![1.0, 0.0]);
+    /// ```
+    pub fn finish_builds(&mut self) {
+        self.ctx.finish_builds();
+    }
+
     /// Runs a routine.
     pub fn run(&mut self, r: &Routine) -> Result<()> {
         self.run_with(r, &[])

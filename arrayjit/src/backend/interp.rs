@@ -126,6 +126,85 @@ impl Interp {
     }
 }
 
+impl Interp {
+    /// Compiles a program whose persistent buffers belong to `buffers`, another CPU backend's:
+    /// the interpreter runs routines for a native backend this way when building native code
+    /// would cost more than it saves ([`crate::Context::compile_once`]). Returns the routine's
+    /// index for [`Interp::run_on`].
+    pub fn compile_on(&mut self, prog: &Program, buffers: &HostBuffers) -> Result<usize, Error> {
+        compile_in(&mut self.routines, prog, buffers)
+    }
+
+    /// Runs a routine of [`Interp::compile_on`] on the buffers it was compiled against.
+    pub fn run_on(
+        &mut self,
+        routine: usize,
+        symbols: &[i64],
+        buffers: &HostBuffers,
+    ) -> Result<(), Error> {
+        run_in(&mut self.routines, routine, symbols, buffers, self.bounds_check)
+    }
+}
+
+fn compile_in(
+    routines: &mut Vec<Compiled>,
+    prog: &Program,
+    buffers: &HostBuffers,
+) -> Result<usize, Error> {
+    let sym_base = prog.next_var as usize;
+    let mut r = Resolver { prog, bufs: Vec::new(), buf_of: Default::default(), sym_base };
+    let body = r.stmts(&prog.body);
+    let bufs = r.bufs;
+    let mut labels = Vec::with_capacity(bufs.len());
+    let arena = HostArena::new(prog)?;
+    for b in &bufs {
+        if !buffers.contains(*b) && arena.slot(*b).is_none() {
+            return Err(Error::UnknownNode(b.0));
+        }
+        labels.push(prog.nodes.get(b).map_or_else(String::new, |n| n.label.clone()));
+    }
+    routines.push(Compiled {
+        body,
+        bufs,
+        labels,
+        env: vec![0; sym_base + prog.runtime_symbols.len()],
+        locals: vec![0.0; prog.locals.len()],
+        sym_base,
+        arena,
+    });
+    Ok(routines.len() - 1)
+}
+
+fn run_in(
+    routines: &mut [Compiled],
+    routine: usize,
+    symbols: &[i64],
+    buffers: &HostBuffers,
+    bounds_check: bool,
+) -> Result<(), Error> {
+    let Some(r) = routines.get_mut(routine) else {
+        return Err(Error::ForeignRoutine(format!("#{routine}")));
+    };
+    let mut views = Vec::with_capacity(r.bufs.len());
+    for b in &r.bufs {
+        // A routine's intermediates live in its arena, even where a later routine gave the
+        // node a buffer of its own.
+        let view = match (r.arena.slot(*b), buffers.get(*b)) {
+            (Some((ptr, node)), _) => View { ptr, len: node.num_elements(), prec: node.prec },
+            (None, Some(buf)) => View { ptr: buf.as_ptr(), len: buf.len(), prec: buf.prec() },
+            (None, None) => return Err(Error::UnknownNode(b.0)),
+        };
+        views.push(view);
+    }
+    for (k, v) in symbols.iter().enumerate() {
+        if let Some(slot) = r.env.get_mut(r.sym_base + k) {
+            *slot = *v;
+        }
+    }
+    let m = Machine { views: &views, labels: &r.labels, nodes: &r.bufs, bounds_check };
+    m.exec(&r.body, &mut r.env, &mut r.locals)
+}
+
 struct Resolver<'a> {
     prog: &'a Program,
     bufs: Vec<NodeId>,
@@ -467,28 +546,12 @@ impl Backend for Interp {
     }
 
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
-        let sym_base = prog.next_var as usize;
-        let mut r = Resolver { prog, bufs: Vec::new(), buf_of: Default::default(), sym_base };
-        let body = r.stmts(&prog.body);
-        let bufs = r.bufs;
-        let mut labels = Vec::with_capacity(bufs.len());
-        let arena = HostArena::new(prog)?;
-        for b in &bufs {
-            if !self.buffers.contains(*b) && arena.slot(*b).is_none() {
-                return Err(Error::UnknownNode(b.0));
-            }
-            labels.push(prog.nodes.get(b).map_or_else(String::new, |n| n.label.clone()));
-        }
-        self.routines.push(Compiled {
-            body,
-            bufs,
-            labels,
-            env: vec![0; sym_base + prog.runtime_symbols.len()],
-            locals: vec![0.0; prog.locals.len()],
-            sym_base,
-            arena,
-        });
-        Ok((self.routines.len() - 1, prog.to_string()))
+        let index = compile_in(&mut self.routines, prog, &self.buffers)?;
+        Ok((index, prog.to_string()))
+    }
+
+    fn host_buffers(&self) -> Option<&HostBuffers> {
+        Some(&self.buffers)
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
@@ -500,32 +563,7 @@ impl Backend for Interp {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        let Some(r) = self.routines.get_mut(routine) else {
-            return Err(Error::ForeignRoutine(format!("#{routine}")));
-        };
-        let mut views = Vec::with_capacity(r.bufs.len());
-        for b in &r.bufs {
-            // A routine's intermediates live in its arena, even where a later routine gave the
-            // node a buffer of its own.
-            let view = match (r.arena.slot(*b), self.buffers.get(*b)) {
-                (Some((ptr, node)), _) => View { ptr, len: node.num_elements(), prec: node.prec },
-                (None, Some(buf)) => View { ptr: buf.as_ptr(), len: buf.len(), prec: buf.prec() },
-                (None, None) => return Err(Error::UnknownNode(b.0)),
-            };
-            views.push(view);
-        }
-        for (k, v) in symbols.iter().enumerate() {
-            if let Some(slot) = r.env.get_mut(r.sym_base + k) {
-                *slot = *v;
-            }
-        }
-        let m = Machine {
-            views: &views,
-            labels: &r.labels,
-            nodes: &r.bufs,
-            bounds_check: self.bounds_check,
-        };
-        m.exec(&r.body, &mut r.env, &mut r.locals)
+        run_in(&mut self.routines, routine, symbols, &self.buffers, self.bounds_check)
     }
 
     fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {

@@ -102,6 +102,12 @@ pub struct CompileOptions {
     pub threads: Option<usize>,
     /// Inline intermediates into their consumers.
     pub virtualize: bool,
+    /// gccjit: a routine whose steps are not all in the compile cache is first built quickly
+    /// (`-O0`) and runs at once, while the build at `opt_level` is made in the background and
+    /// swapped in by a later run when ready ([`crate::Context::finish_builds`] waits for it).
+    /// Both builds compute the same bits. Off, a compile returns only once the optimized build
+    /// is done.
+    pub tiered: bool,
     /// Matrix products call the shape-generic kernel ([`crate::kernels`]) instead of being
     /// generated as loop nests (CPU backends; off in bounds-check mode, which checks every
     /// access of generated code). The results are the same bits either way.
@@ -124,6 +130,7 @@ impl Default for CompileOptions {
             march_native: true,
             threads: None,
             virtualize: true,
+            tiered: true,
             kernel_calls: true,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
@@ -150,6 +157,17 @@ pub trait Backend {
     /// Compiles a program whose buffers are already allocated; returns its routine index and
     /// the generated source it compiled (what [`Backend::render`] gives, rendered once).
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error>;
+    /// [`Backend::compile`] when every part of the program's code is in the compile cache, else
+    /// `None` (backends without a cache: always `None`). Then, with `prebuild`, the code is
+    /// built into the cache in the background (after the next run of any routine), for later
+    /// processes; this process does not use it.
+    fn compile_cached(
+        &mut self,
+        _prog: &Program,
+        _prebuild: bool,
+    ) -> Result<Option<(usize, String)>, Error> {
+        Ok(None)
+    }
     /// What the last [`Backend::compile`] found in the compile cache.
     fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
         crate::cache::CacheOutcome::Off
@@ -161,10 +179,25 @@ pub trait Backend {
     /// Sets the optimization level of the routines compiled from now on (native backends;
     /// the others ignore it).
     fn set_opt_level(&mut self, _level: u8) {}
+    /// Turns tiered builds ([`CompileOptions::tiered`]) on or off for the routines compiled
+    /// from now on (native backends; the others ignore it).
+    fn set_tiered(&mut self, _on: bool) {}
+    /// Whether a routine runs its final code (false while a tiered routine still runs its quick
+    /// first build).
+    fn runs_optimized(&self, _routine: usize) -> bool {
+        true
+    }
+    /// Waits for every routine's background build and swaps it in, and for the builds made
+    /// only for the compile cache (a no-op for backends without tiers).
+    fn finish_builds(&mut self) {}
     /// Allocates a zeroed buffer for a node unless it already has one.
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error>;
     /// Whether the node has a buffer.
     fn has_buffer(&self, node: NodeId) -> bool;
+    /// The buffers in host memory, for backends that keep them there (the CPU backends).
+    fn host_buffers(&self) -> Option<&host::HostBuffers> {
+        None
+    }
     /// Runs a compiled routine; `symbols` holds the runtime symbols' values in slot order.
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error>;
     /// Copies host data into a node's buffer (converting the precision).

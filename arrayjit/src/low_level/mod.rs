@@ -385,7 +385,7 @@ pub enum Stmt {
     Gemm(Box<Gemm>),
 }
 
-/// `c (+)= a·b` by the shape-generic kernel ([`crate::kernels::gemm`]): for each cell
+/// `c (+)= a·b` by the shape-generic kernel ([`crate::kernels::gemm()`]): for each cell
 /// `(i, j)` of an `m × n` product, `t := 0` (or `c[i, j]`), then for each `p` of `k` in order
 /// `t := fma(a[i, p], b[p, j], t)` (or `t := t + a·b` with the product rounded), stored in `c`
 /// — exactly the reduction nest it replaces.

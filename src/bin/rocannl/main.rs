@@ -307,6 +307,9 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
         }
     };
     let mut opts = SessionOptions { backend, prec, ..SessionOptions::default() };
+    // `eval` runs a routine once and `bench` times whole builds: no quick first tier (it would
+    // leave nothing optimized in the compile cache for the next process).
+    opts.compile.tiered = false;
     if let Some(Limit(m)) = c.limits.max_memory {
         opts.compile.limits.max_memory = m;
     }

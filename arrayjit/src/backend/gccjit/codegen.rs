@@ -178,6 +178,14 @@ fn build_unchecked(
     ctx.add_command_line_option("-ffp-contract=off");
     ctx.add_command_line_option("--param=vect-max-version-for-alias-checks=64");
     ctx.set_print_errors_to_stderr(false);
+    if let Output::SharedLibrary(_) = output {
+        // The library is linked against nothing: what it calls (the C math library, `memset`)
+        // is found in the process when it is loaded ([`load_library`] binds every symbol then,
+        // so anything missing is a failed load, never a failed call). The C library's startup
+        // files and the default libraries cost the linker more than GCC's `-O0` compile of a
+        // small routine.
+        ctx.add_driver_option("-nostdlib");
+    }
     for &k in &opts.steps {
         let (body, kind) = &steps[k];
         let mut g = Gen::new(&ctx, prog, &slots[k], opts.bounds_check, &names[k]);
@@ -206,6 +214,23 @@ fn build_unchecked(
         compile_s: built_ir.elapsed().as_secs_f64(),
     };
     Ok((built, times))
+}
+
+/// Loads a shared library this code generator built, binding every symbol at once
+/// (`RTLD_NOW`): a library that needs something the process does not have fails here, and its
+/// routine is compiled again in memory, linked normally.
+pub fn load_library(path: &std::path::Path) -> Option<libloading::Library> {
+    #[cfg(unix)]
+    {
+        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+        // SAFETY: a library of this code generator's: loading it runs no initializers of ours.
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.ok().map(Into::into)
+    }
+    #[cfg(not(unix))]
+    {
+        // SAFETY: as above.
+        unsafe { libloading::Library::new(path) }.ok()
+    }
 }
 
 /// Code generation flags for the host CPU. libgccjit cannot expand `-march=native` (that is the

@@ -58,6 +58,8 @@ pub fn spawn<'a>(
 ) -> Vec<Result<Child, Box<dyn FnOnce() -> bool + 'a>>> {
     quiet_in_children();
     let _guard = gcc_lock();
+    // SAFETY: no preconditions.
+    let parent = unsafe { libc::getpid() };
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
         // SAFETY: the child runs only the job (libgccjit and file writes, which need no lock
@@ -65,6 +67,18 @@ pub fn spawn<'a>(
         // lock is free because `GCC_LOCK` is held) and then `_exit`.
         match unsafe { libc::fork() } {
             0 => {
+                // The child dies with the thread that forked it (with the process, or with a
+                // background build's thread), so that nobody is left compiling for nothing.
+                #[cfg(target_os = "linux")]
+                // SAFETY: plain system calls on this process.
+                unsafe {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                }
+                #[cfg(not(target_os = "linux"))]
+                let _ = parent;
                 // A panic (libgccjit errors are panics in debug builds) is a failed job.
                 IN_CHILD.store(true, Ordering::Relaxed);
                 let ok =
@@ -80,6 +94,31 @@ pub fn spawn<'a>(
 }
 
 impl Child {
+    /// The child's process id.
+    pub fn pid(&self) -> libc::pid_t {
+        self.0
+    }
+
+    /// Waits until the child has ended without reaping it (its process id stays reserved, so
+    /// that it can still be signalled safely until [`Child::wait`]).
+    pub fn wait_ended(&self) {
+        loop {
+            // SAFETY: an all-zero `siginfo_t` is valid; waits for our own child.
+            let r = unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                libc::waitid(
+                    libc::P_PID,
+                    self.0 as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOWAIT,
+                )
+            };
+            if r == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+    }
+
     /// Waits for the child; whether it exited with status 0.
     pub fn wait(self) -> bool {
         let mut status = 0;

@@ -12,6 +12,7 @@ pub mod codegen;
 pub mod dedup;
 pub mod fork;
 pub mod pool;
+pub mod tier;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -116,8 +117,13 @@ struct BuildOutput {
 }
 
 struct Compiled {
-    /// Keeps the machine code alive (one per optimization level, see [`split_by_work`]).
-    _code: Vec<Code>,
+    /// Keeps the machine code alive (one per optimization level, see [`split_by_work`], plus
+    /// the optimized builds swapped in by [`tier`]).
+    code: Vec<Code>,
+    /// Each distinct step's function name.
+    names: Vec<String>,
+    /// The optimized build, made in the background while the steps run a first tier.
+    background: Option<tier::Tier>,
     /// The routine's own buffers (packed operands of the CPU schedule), in `table`.
     _scratch: Vec<HostBuffer>,
     /// The routine's intermediates ([`crate::low_level::memory`]), in `table`.
@@ -135,6 +141,26 @@ struct Compiled {
     run_table: Box<RunTable>,
 }
 
+impl Compiled {
+    /// Waits for the background build, if any, and swaps its functions in (a build that failed
+    /// leaves the first tier in place: same values, slower).
+    fn swap_in(&mut self) {
+        let Some(upgrade) = self.background.take().and_then(tier::Tier::finish) else {
+            return;
+        };
+        for (lib, ks) in upgrade.libs.into_iter().zip(upgrade.steps) {
+            let code = Code::Library(lib);
+            for k in ks {
+                if let Some(ptr) = code.function(&self.names[k]) {
+                    // SAFETY: every step function was built with exactly the `StepFn` signature.
+                    self.steps[k].0 = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr) };
+                }
+            }
+            self.code.push(code);
+        }
+    }
+}
+
 /// The gccjit backend.
 pub struct Gccjit {
     buffers: HostBuffers,
@@ -144,6 +170,8 @@ pub struct Gccjit {
     cache: Option<Cache>,
     last_outcome: CacheOutcome,
     last_phases: Vec<(&'static str, f64)>,
+    /// Builds made only for the compile cache ([`Backend::compile_cached`]).
+    prebuilds: Vec<tier::Tier>,
 }
 
 impl std::fmt::Debug for Gccjit {
@@ -163,6 +191,7 @@ impl Gccjit {
             cache: Cache::open(&opts.cache),
             last_outcome: CacheOutcome::Off,
             last_phases: Vec::new(),
+            prebuilds: Vec::new(),
         }
     }
 
@@ -231,13 +260,12 @@ impl Gccjit {
     /// Without anywhere to write, a build is compiled in memory. Returns the code of each
     /// build, the times, and each build's cache entry (`None` where it has none).
     fn build_all(
-        &mut self,
+        cache: Option<Cache>,
         input: &BuildInput<'_>,
         builds: &[BuildOptions],
         bin_of: &[usize],
     ) -> Result<BuildOutput, Error> {
         let BuildInput { prog, steps, slots, names, step_keys } = *input;
-        let cache = self.cache.clone();
         // A build's entry is named by the content keys of its steps, in order.
         let keys: Vec<String> = builds
             .iter()
@@ -251,9 +279,8 @@ impl Gccjit {
         if let Some(cache) = &cache {
             for (i, key) in keys.iter().enumerate() {
                 let Some(path) = cache.lookup(key) else { continue };
-                // SAFETY: the library is a routine this code generator built (its digest
-                // matches); loading it runs no initializers of ours.
-                if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
+                // The library is a routine this code generator built (its digest matches).
+                if let Some(lib) = codegen::load_library(&path) {
                     code[i] = Some(Code::Library(lib));
                     entries[i] = Some(key.clone());
                 }
@@ -339,13 +366,11 @@ impl Gccjit {
         for (i, target) in targets.iter().enumerate() {
             let Some((path, in_cache)) = target else { continue };
             let loaded = if *in_cache {
-                cache.as_ref().and_then(|c| c.store(&keys[i], path)).and_then(|entry| {
-                    // SAFETY: a library just built by this code generator.
-                    unsafe { libloading::Library::new(entry) }.ok()
-                })
+                let entry = cache.as_ref().and_then(|c| c.store(&keys[i], path));
+                entry.and_then(|e| codegen::load_library(&e))
             } else {
-                // SAFETY: as above. The file can go once loaded: the mapping stays.
-                let lib = unsafe { libloading::Library::new(path) }.ok();
+                // The file can go once loaded: the mapping stays.
+                let lib = codegen::load_library(path);
                 let _ = std::fs::remove_file(path);
                 lib
             };
@@ -388,6 +413,245 @@ impl Gccjit {
             codegen::host_arch_flags(),
             self.opts.bounds_check,
         )
+    }
+
+    /// Compiles a program; with `only_cached = Some(prebuild)`, only when every step is in the
+    /// compile cache (else `None`, and with `prebuild` the missing steps are built for the cache
+    /// in the background: see [`Backend::compile_cached`]).
+    fn compile_inner(
+        &mut self,
+        prog: &Program,
+        only_cached: Option<bool>,
+    ) -> Result<Option<(usize, String)>, Error> {
+        let started = Instant::now();
+        let (scheduled, planned_steps) = self.plan(prog);
+        let deduped = dedup::dedup(&scheduled, &planned_steps);
+        let planned = Instant::now();
+        let source = self.render_planned(&deduped);
+        self.last_phases = vec![
+            ("schedule", (planned - started).as_secs_f64()),
+            ("render", planned.elapsed().as_secs_f64()),
+        ];
+        // One buffer table per call, in its step's slot order.
+        let arena = HostArena::new(&scheduled)?;
+        let mut scratch: FxHashMap<NodeId, HostBuffer> = FxHashMap::default();
+        let mut labels: FxHashMap<NodeId, String> = FxHashMap::default();
+        let mut tables = Vec::with_capacity(deduped.calls.len());
+        for call in &deduped.calls {
+            let mut table = Vec::with_capacity(call.nodes.len());
+            for n in &call.nodes {
+                let ptr = match scheduled.scratch_of(*n) {
+                    Some(s) if s.per_thread => std::ptr::null_mut(),
+                    Some(_) => match scratch.entry(*n) {
+                        std::collections::hash_map::Entry::Occupied(b) => b.get().as_ptr(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(HostBuffer::new(&scheduled.nodes[n])?).as_ptr()
+                        }
+                    },
+                    None => match arena.slot(*n) {
+                        Some((ptr, node)) => {
+                            labels.insert(*n, node.label.clone());
+                            ptr
+                        }
+                        None => {
+                            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
+                            labels.insert(*n, b.node.label.clone());
+                            b.as_ptr()
+                        }
+                    },
+                };
+                table.push(ptr);
+            }
+            tables.push(table);
+        }
+        let steps = &deduped.steps;
+        let slots = &deduped.slots;
+        let mut counts = vec![0usize; steps.len()];
+        deduped.calls.iter().for_each(|c| counts[c.step] += 1);
+        let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
+        if let Some(d) = &self.opts.debug_dir {
+            let _ = std::fs::create_dir_all(d);
+        }
+        let level = self.opts.opt_level.min(3);
+        let parts = split_by_work(steps, &counts, level);
+        let mut level_of = vec![level; steps.len()];
+        for (l, ks) in &parts {
+            ks.iter().for_each(|k| level_of[*k] = *l);
+        }
+        // Each distinct step's content key (its canonical code, level and everything else its
+        // machine code depends on) and the function name derived from it, the same in every
+        // library that holds the step.
+        let setup = self.setup_key();
+        let step_keys: Vec<String> = (0..steps.len())
+            .map(|k| {
+                let level = format!("O{}", level_of[k]);
+                let symbols = format!("{:?}", deduped.prog.runtime_symbols);
+                let parts: [&[u8]; 4] = [
+                    setup.as_bytes(),
+                    level.as_bytes(),
+                    deduped.keys[k].as_bytes(),
+                    symbols.as_bytes(),
+                ];
+                Cache::key(&parts)
+            })
+            .collect();
+        let names: Vec<String> = step_keys.iter().map(|k| format!("step_{}", &k[..16])).collect();
+        let started = Instant::now();
+        // Steps compiled before, by this routine or another, come from their libraries.
+        let mut code: Vec<Code> = Vec::new();
+        let mut lib_of_entry: FxHashMap<String, Option<usize>> = FxHashMap::default();
+        let mut found: Vec<Option<usize>> = vec![None; steps.len()];
+        if let Some(cache) = self.cache.clone() {
+            for k in 0..steps.len() {
+                let Some(entry) = cache.lookup_step(&step_keys[k]) else { continue };
+                let lib = *lib_of_entry.entry(entry.clone()).or_insert_with(|| {
+                    let path = cache.lookup(&entry)?;
+                    // A library this code generator built (its digest matches).
+                    let lib = codegen::load_library(&path)?;
+                    code.push(Code::Library(lib));
+                    Some(code.len() - 1)
+                });
+                found[k] = lib.filter(|l| code[*l].function(&names[k]).is_some());
+            }
+        }
+        let missing: Vec<(u8, Vec<usize>)> = parts
+            .into_iter()
+            .map(|(l, ks)| (l, ks.into_iter().filter(|k| found[*k].is_none()).collect()))
+            .filter(|(_, ks): &(u8, Vec<usize>)| !ks.is_empty())
+            .collect();
+        let workers = self.opts.thread_count();
+        let make_builds = |missing: Vec<(u8, Vec<usize>)>, workers: usize| {
+            let mut builds: Vec<BuildOptions> = Vec::new();
+            let mut bin_of = Vec::new();
+            for (bin, parts) in balance(steps, missing, workers).into_iter().enumerate() {
+                for (level, part) in parts {
+                    let same = builds.iter().filter(|b| b.opt_level == level).count();
+                    let ext = if same == 0 {
+                        format!("O{level}.c")
+                    } else {
+                        format!("O{level}-{same}.c")
+                    };
+                    builds.push(BuildOptions {
+                        opt_level: level,
+                        march_native: self.opts.march_native,
+                        bounds_check: self.opts.bounds_check,
+                        dump: dump.as_ref().map(|d| d.with_extension(ext)),
+                        steps: part,
+                    });
+                    bin_of.push(bin);
+                }
+            }
+            (builds, bin_of)
+        };
+        if let Some(prebuild) = only_cached
+            && !missing.is_empty()
+        {
+            if prebuild {
+                let (builds, bin_of) = make_builds(missing, workers);
+                let owned = tier::Owned {
+                    prog: deduped.prog.clone(),
+                    steps: steps.clone(),
+                    slots: slots.clone(),
+                    names: names.clone(),
+                    step_keys: step_keys.clone(),
+                    builds,
+                    bin_of,
+                };
+                self.prebuilds
+                    .push(tier::Tier::Waiting(Some((Box::new(owned), self.cache.clone()))));
+            }
+            return Ok(None);
+        }
+        // Tiered ([`tier`]): the missing steps are built at `-O0` now, outside the cache, and at
+        // their own levels in the background.
+        let tiered = self.opts.tiered
+            && !self.opts.bounds_check
+            && missing.iter().any(|(l, _)| *l > tier::FIRST_TIER_LEVEL);
+        let (optimized, optimized_bins) = make_builds(missing.clone(), workers);
+        let (builds, bin_of, cache) = if tiered {
+            let mut all: Vec<usize> = missing.iter().flat_map(|(_, ks)| ks.clone()).collect();
+            all.sort_unstable();
+            let (b, bins) = make_builds(vec![(tier::FIRST_TIER_LEVEL, all)], workers);
+            (b, bins, None)
+        } else {
+            (optimized.clone(), optimized_bins.clone(), self.cache.clone())
+        };
+        let reused = code.len();
+        let input =
+            BuildInput { prog: &deduped.prog, steps, slots, names: &names, step_keys: &step_keys };
+        let BuildOutput { code: built, times, entries } =
+            Self::build_all(cache, &input, &builds, &bin_of)?;
+        // Record where the new steps are, for the next routine.
+        if let Some(cache) = &self.cache {
+            for (b, entry) in builds.iter().zip(&entries) {
+                for k in b.steps.iter().filter(|_| entry.is_some()) {
+                    cache.store_step(&step_keys[*k], entry.as_deref().unwrap_or_default());
+                }
+            }
+        }
+        for (i, b) in builds.iter().enumerate() {
+            b.steps.iter().for_each(|k| found[*k] = Some(reused + i));
+        }
+        let background = tiered.then(|| {
+            let owned = tier::Owned {
+                prog: deduped.prog.clone(),
+                steps: steps.clone(),
+                slots: slots.clone(),
+                names: names.clone(),
+                step_keys: step_keys.clone(),
+                builds: optimized,
+                bin_of: optimized_bins,
+            };
+            tier::Tier::Waiting(Some((Box::new(owned), self.cache.clone())))
+        });
+        code.extend(built);
+        let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
+        self.last_phases.extend([
+            ("cache", cache_s.max(0.0)),
+            ("codegen", times.codegen_s),
+            ("c compile", times.compile_s),
+        ]);
+        self.last_outcome = match (&self.cache, builds.is_empty()) {
+            (None, _) => CacheOutcome::Off,
+            // The optimized build is stored once made.
+            (Some(_), false) if tiered => CacheOutcome::Miss,
+            (Some(_), true) => CacheOutcome::Hit,
+            (Some(_), false) if entries.iter().any(Option::is_some) => CacheOutcome::Miss,
+            (Some(_), false) => CacheOutcome::Off,
+        };
+        let mut fns = Vec::with_capacity(steps.len());
+        for (k, (_, kind)) in steps.iter().enumerate() {
+            let name = &names[k];
+            let Some(ptr) = found[k].and_then(|l| code[l].function(name)) else {
+                return Err(Error::Compile {
+                    backend: "gccjit",
+                    routine: prog.name.clone(),
+                    log: format!("compiled code has no function {name}"),
+                });
+            };
+            // SAFETY: every step function was built with exactly the `StepFn` signature.
+            let f: StepFn = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr) };
+            fns.push((f, kind.clone()));
+        }
+        let oob: Box<OobSlot> = Box::default();
+        let run_table =
+            Box::new(RunTable { helpers: helpers(), slot: &*oob as *const OobSlot as *const u8 });
+        let calls = deduped.calls.iter().zip(tables).map(|(c, table)| (c.step, table)).collect();
+        let listing = calls_listing(&deduped);
+        self.routines.push(Compiled {
+            code,
+            names,
+            background,
+            _scratch: scratch.into_values().collect(),
+            _arena: arena,
+            steps: fns,
+            calls,
+            labels,
+            deduped,
+            oob,
+            run_table,
+        });
+        Ok(Some((self.routines.len() - 1, source + &listing)))
     }
 
     /// The C source of a planned program: what `render` shows, and the compile cache's key.
@@ -583,183 +847,23 @@ impl Backend for Gccjit {
     }
 
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
-        let started = Instant::now();
-        let (scheduled, planned_steps) = self.plan(prog);
-        let deduped = dedup::dedup(&scheduled, &planned_steps);
-        let planned = Instant::now();
-        let source = self.render_planned(&deduped);
-        self.last_phases = vec![
-            ("schedule", (planned - started).as_secs_f64()),
-            ("render", planned.elapsed().as_secs_f64()),
-        ];
-        // One buffer table per call, in its step's slot order.
-        let arena = HostArena::new(&scheduled)?;
-        let mut scratch: FxHashMap<NodeId, HostBuffer> = FxHashMap::default();
-        let mut labels: FxHashMap<NodeId, String> = FxHashMap::default();
-        let mut tables = Vec::with_capacity(deduped.calls.len());
-        for call in &deduped.calls {
-            let mut table = Vec::with_capacity(call.nodes.len());
-            for n in &call.nodes {
-                let ptr = match scheduled.scratch_of(*n) {
-                    Some(s) if s.per_thread => std::ptr::null_mut(),
-                    Some(_) => match scratch.entry(*n) {
-                        std::collections::hash_map::Entry::Occupied(b) => b.get().as_ptr(),
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            e.insert(HostBuffer::new(&scheduled.nodes[n])?).as_ptr()
-                        }
-                    },
-                    None => match arena.slot(*n) {
-                        Some((ptr, node)) => {
-                            labels.insert(*n, node.label.clone());
-                            ptr
-                        }
-                        None => {
-                            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
-                            labels.insert(*n, b.node.label.clone());
-                            b.as_ptr()
-                        }
-                    },
-                };
-                table.push(ptr);
-            }
-            tables.push(table);
-        }
-        let steps = &deduped.steps;
-        let slots = &deduped.slots;
-        let mut counts = vec![0usize; steps.len()];
-        deduped.calls.iter().for_each(|c| counts[c.step] += 1);
-        let dump = self.opts.debug_dir.as_ref().map(|d| d.join(format!("{}.gccjit.c", prog.name)));
-        if let Some(d) = &self.opts.debug_dir {
-            let _ = std::fs::create_dir_all(d);
-        }
-        let level = self.opts.opt_level.min(3);
-        let parts = split_by_work(steps, &counts, level);
-        let mut level_of = vec![level; steps.len()];
-        for (l, ks) in &parts {
-            ks.iter().for_each(|k| level_of[*k] = *l);
-        }
-        // Each distinct step's content key (its canonical code, level and everything else its
-        // machine code depends on) and the function name derived from it, the same in every
-        // library that holds the step.
-        let setup = self.setup_key();
-        let step_keys: Vec<String> = (0..steps.len())
-            .map(|k| {
-                let level = format!("O{}", level_of[k]);
-                let symbols = format!("{:?}", deduped.prog.runtime_symbols);
-                let parts: [&[u8]; 4] = [
-                    setup.as_bytes(),
-                    level.as_bytes(),
-                    deduped.keys[k].as_bytes(),
-                    symbols.as_bytes(),
-                ];
-                Cache::key(&parts)
-            })
-            .collect();
-        let names: Vec<String> = step_keys.iter().map(|k| format!("step_{}", &k[..16])).collect();
-        let started = Instant::now();
-        // Steps compiled before, by this routine or another, come from their libraries.
-        let mut code: Vec<Code> = Vec::new();
-        let mut lib_of_entry: FxHashMap<String, Option<usize>> = FxHashMap::default();
-        let mut found: Vec<Option<usize>> = vec![None; steps.len()];
-        if let Some(cache) = self.cache.clone() {
-            for k in 0..steps.len() {
-                let Some(entry) = cache.lookup_step(&step_keys[k]) else { continue };
-                let lib = *lib_of_entry.entry(entry.clone()).or_insert_with(|| {
-                    let path = cache.lookup(&entry)?;
-                    // SAFETY: a library this code generator built (its digest matches); loading
-                    // it runs no initializers of ours.
-                    let lib = unsafe { libloading::Library::new(&path) }.ok()?;
-                    code.push(Code::Library(lib));
-                    Some(code.len() - 1)
-                });
-                found[k] = lib.filter(|l| code[*l].function(&names[k]).is_some());
-            }
-        }
-        let missing: Vec<(u8, Vec<usize>)> = parts
-            .into_iter()
-            .map(|(l, ks)| (l, ks.into_iter().filter(|k| found[*k].is_none()).collect()))
-            .filter(|(_, ks): &(u8, Vec<usize>)| !ks.is_empty())
-            .collect();
-        let workers = self.opts.thread_count();
-        let mut builds: Vec<BuildOptions> = Vec::new();
-        let mut bin_of = Vec::new();
-        for (bin, parts) in balance(steps, missing, workers).into_iter().enumerate() {
-            for (level, part) in parts {
-                let same = builds.iter().filter(|b| b.opt_level == level).count();
-                let ext =
-                    if same == 0 { format!("O{level}.c") } else { format!("O{level}-{same}.c") };
-                builds.push(BuildOptions {
-                    opt_level: level,
-                    march_native: self.opts.march_native,
-                    bounds_check: self.opts.bounds_check,
-                    dump: dump.as_ref().map(|d| d.with_extension(ext)),
-                    steps: part,
-                });
-                bin_of.push(bin);
-            }
-        }
-        let reused = code.len();
-        let input =
-            BuildInput { prog: &deduped.prog, steps, slots, names: &names, step_keys: &step_keys };
-        let BuildOutput { code: built, times, entries } =
-            self.build_all(&input, &builds, &bin_of)?;
-        // Record where the new steps are, for the next routine.
-        if let Some(cache) = &self.cache {
-            for (b, entry) in builds.iter().zip(&entries) {
-                for k in b.steps.iter().filter(|_| entry.is_some()) {
-                    cache.store_step(&step_keys[*k], entry.as_deref().unwrap_or_default());
-                }
-            }
-        }
-        for (i, b) in builds.iter().enumerate() {
-            b.steps.iter().for_each(|k| found[*k] = Some(reused + i));
-        }
-        code.extend(built);
-        let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
-        self.last_phases.extend([
-            ("cache", cache_s.max(0.0)),
-            ("codegen", times.codegen_s),
-            ("c compile", times.compile_s),
-        ]);
-        self.last_outcome = match (&self.cache, builds.is_empty()) {
-            (None, _) => CacheOutcome::Off,
-            (Some(_), true) => CacheOutcome::Hit,
-            (Some(_), false) if entries.iter().any(Option::is_some) => CacheOutcome::Miss,
-            (Some(_), false) => CacheOutcome::Off,
-        };
-        let mut fns = Vec::with_capacity(steps.len());
-        for (k, (_, kind)) in steps.iter().enumerate() {
-            let name = &names[k];
-            let Some(ptr) = found[k].and_then(|l| code[l].function(name)) else {
-                return Err(Error::Compile {
-                    backend: "gccjit",
-                    routine: prog.name.clone(),
-                    log: format!("compiled code has no function {name}"),
-                });
-            };
-            // SAFETY: every step function was built with exactly the `StepFn` signature.
-            let f: StepFn = unsafe { std::mem::transmute::<*mut (), StepFn>(ptr) };
-            fns.push((f, kind.clone()));
-        }
-        let oob: Box<OobSlot> = Box::default();
-        let run_table =
-            Box::new(RunTable { helpers: helpers(), slot: &*oob as *const OobSlot as *const u8 });
-        let calls = deduped.calls.iter().zip(tables).map(|(c, table)| (c.step, table)).collect();
-        let listing = calls_listing(&deduped);
-        self.routines.push(Compiled {
-            _code: code,
-            _scratch: scratch.into_values().collect(),
-            _arena: arena,
-            steps: fns,
-            calls,
-            labels,
-            deduped,
-            oob,
-            run_table,
-        });
-        Ok((self.routines.len() - 1, source + &listing))
+        self.compile_inner(prog, None)?.ok_or_else(|| Error::Compile {
+            backend: "gccjit",
+            routine: prog.name.clone(),
+            log: "nothing was built".into(),
+        })
     }
 
+    fn compile_cached(
+        &mut self,
+        prog: &Program,
+        prebuild: bool,
+    ) -> Result<Option<(usize, String)>, Error> {
+        if self.cache.is_none() {
+            return Ok(None);
+        }
+        self.compile_inner(prog, Some(prebuild))
+    }
     fn last_cache_outcome(&self) -> CacheOutcome {
         self.last_outcome
     }
@@ -780,7 +884,33 @@ impl Backend for Gccjit {
         self.buffers.contains(node)
     }
 
+    fn host_buffers(&self) -> Option<&HostBuffers> {
+        Some(&self.buffers)
+    }
+
+    fn set_tiered(&mut self, on: bool) {
+        self.opts.tiered = on;
+    }
+
+    fn runs_optimized(&self, routine: usize) -> bool {
+        self.routines.get(routine).is_some_and(|r| r.background.is_none())
+    }
+
+    fn finish_builds(&mut self) {
+        for r in &mut self.routines {
+            r.swap_in();
+        }
+        for t in self.prebuilds.drain(..) {
+            let _ = t.finish();
+        }
+    }
+
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
+        if let Some(r) = self.routines.get_mut(routine)
+            && r.background.as_ref().is_some_and(tier::Tier::ready)
+        {
+            r.swap_in();
+        }
         let Some(r) = self.routines.get(routine) else {
             return Err(Error::ForeignRoutine(format!("#{routine}")));
         };
@@ -824,6 +954,15 @@ impl Backend for Gccjit {
                     });
                 }
             }
+        }
+        // A tiered routine's optimized build starts once its first run has ended, and so do the
+        // builds for the cache only (finished ones are let go).
+        if let Some(t) = &mut self.routines[routine].background {
+            t.start();
+        }
+        if !self.prebuilds.is_empty() {
+            self.prebuilds.iter_mut().for_each(tier::Tier::start);
+            self.prebuilds.retain(|t| !t.ready());
         }
         Ok(())
     }

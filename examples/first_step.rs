@@ -1,0 +1,98 @@
+//! How long a fresh process takes to its first training step: the anchors' W2 workload (an MLP
+//! 784→256→256→10 with ReLU, batch 128, MSE against one-hot targets, SGD with learning rate
+//! 0.01), as `../shared/anchors/perf/bench.py --workload first-step` measures it for JAX and
+//! PyTorch. Prints one JSON line:
+//!
+//! - `build_s`: the graph, its shape inference and the session;
+//! - `compile_s`: `Session::train_step` (lowering, optimization, the native build);
+//! - `first_step_s`: the first `Session::step` (parameter initialization, data, one step);
+//! - `to_first_step_s`: the three together, the figure compared with JAX's `t_first_step_s`;
+//! - `step_s`: the median of later steps, first while the optimized build is still being
+//!   made in the background (`early_step_s`) and then after it was swapped in.
+//!
+//! `cargo run --release --example first_step [-- --no-tier] [--opt-level N]`. Point
+//! `ROCANNL_CACHE_DIR` at an empty folder for a cold start, run again for a warm one.
+
+use std::time::Instant;
+
+use rocannl::tensor::nn::{Activation, Mlp, loss};
+use rocannl::tensor::{Graph, Optimizer, Session, SessionOptions};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn run() -> Result<(), rocannl::tensor::Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let mut opts = SessionOptions::default();
+    if args.iter().any(|a| a == "--no-tier") {
+        opts.compile.tiered = false;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--opt-level") {
+        opts.compile.opt_level = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(3);
+    }
+    let (batch, classes, features) = (128, 10, 784);
+    let inputs: Vec<f64> = (0..batch * features)
+        .map(|i| rocannl::arrayjit::ops::uniform(1, i as u64) * 2.0 - 1.0)
+        .collect();
+    let targets: Vec<f64> = (0..batch * classes)
+        .map(|i| if i % classes == (i / classes * 7) % classes { 1.0 } else { 0.0 })
+        .collect();
+
+    let t0 = Instant::now();
+    let g = Graph::with_seed(0);
+    let x = g.data("x", &[batch], &[], &[features]);
+    let y = g.data("y", &[batch], &[], &[classes]);
+    let out = Mlp::new(&g, "mlp", &[256, 256, classes], Activation::Relu).apply(&x);
+    let l = loss::mse(&out, &y);
+    let mut s = Session::with_options(&g, opts)?;
+    let built = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut step = s.train_step(&l, &Optimizer::sgd(), &[])?;
+    let compiled = t1.elapsed().as_secs_f64();
+    if std::env::var_os("FIRST_STEP_PHASES").is_some() {
+        eprintln!("{:?}", step.routine().report().phases);
+    }
+
+    let t2 = Instant::now();
+    s.write(&x, &inputs)?;
+    s.write(&y, &targets)?;
+    s.step(&mut step, 0.01, &[])?;
+    let first = t2.elapsed().as_secs_f64();
+    let loss1 = s.loss(&step)?;
+
+    // Steps while the optimized build may still be running, then after it is in place.
+    let mut early = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        s.step(&mut step, 0.01, &[])?;
+        early.push(t.elapsed().as_secs_f64());
+    }
+    let t3 = Instant::now();
+    s.finish_builds();
+    let waited = t3.elapsed().as_secs_f64();
+    let mut late = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        s.step(&mut step, 0.01, &[])?;
+        late.push(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "{{\"build_s\": {built:.5}, \"compile_s\": {compiled:.5}, \"first_step_s\": {first:.5}, \
+         \"to_first_step_s\": {:.5}, \"loss_after_step1\": {loss1:.6}, \"early_step_s\": {:.6}, \
+         \"wait_for_optimized_s\": {waited:.5}, \"step_s\": {:.6}}}",
+        built + compiled + first,
+        median(early),
+        median(late),
+    );
+    Ok(())
+}
