@@ -175,7 +175,8 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("compile_1000_statements");
     group.sample_size(10);
     for opt_level in [0u8, 2, 3] {
-        let opts = CompileOptions { opt_level, ..CompileOptions::default() };
+        // A whole build at this level each time (no quick first tier).
+        let opts = CompileOptions { opt_level, tiered: false, ..CompileOptions::default() };
         let mut ctx = Context::new(BackendKind::Gccjit, opts).expect("context");
         let r = ctx.compile("probe", &asgn, &nodes).expect("compile");
         eprintln!("low-level statements: {}", statements(r.low_level_text()));

@@ -50,7 +50,9 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     for kind in [BackendKind::Gccjit, BackendKind::Interp] {
         for n in [256, 512, 1024] {
-            let mut ctx = Context::new(kind, CompileOptions::default()).expect("context");
+            // Steady state: the optimized build, not a quick first tier.
+            let opts = CompileOptions { tiered: false, ..CompileOptions::default() };
+            let mut ctx = Context::new(kind, opts).expect("context");
             let r = matmul(&mut ctx, n);
             group.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
             group.bench_function(BenchmarkId::new(kind.name(), n), |bench| {

@@ -238,7 +238,9 @@ impl Context {
         // computes the same bits.
         // (Unless its native code is in the compile cache: loading it is faster still. If it is
         // not, it is built for the cache in the background, for the next process.)
+        // Only with tiers: a context without them builds everything natively and caches it.
         let mut interpreted = once
+            && self.opts.tiered
             && self.backend.kind() != BackendKind::Interp
             && need.work <= RUN_ONCE_INTERP_WORK
             && self.backend.host_buffers().is_some();
@@ -300,10 +302,12 @@ impl Context {
     }
 
     /// Compiles a routine that will run once (parameter initialization), for the least time
-    /// compiling plus running: on a native backend, a routine of at most
-    /// [`RUN_ONCE_INTERP_WORK`] operations runs on the interpreter, on the backend's buffers
-    /// (the same bits, and no GCC at all); a larger one is built at `-O1` (GCC's `-O3` time
-    /// would exceed any run time it saves), without tiers. Otherwise as [`Context::compile`].
+    /// compiling plus running: on a native backend with tiers ([`CompileOptions::tiered`]), a
+    /// routine of at most [`RUN_ONCE_INTERP_WORK`] operations whose native code is not in the
+    /// compile cache runs on the interpreter, on the backend's buffers (the same bits, and no
+    /// GCC at all), and is built for the cache in the background; otherwise it is built at
+    /// `-O1` (GCC's `-O3` time would exceed any run time it saves), without tiers. Otherwise as
+    /// [`Context::compile`].
     pub fn compile_once(
         &mut self,
         name: &str,

@@ -543,22 +543,26 @@ impl Gccjit {
             }
             (builds, bin_of)
         };
+        // A build for later: owns what it builds from.
+        let cache_handle = self.cache.clone();
+        let later = |builds: Vec<BuildOptions>, bin_of: Vec<usize>| {
+            let owned = tier::Owned {
+                prog: deduped.prog.clone(),
+                steps: steps.clone(),
+                slots: slots.clone(),
+                names: names.clone(),
+                step_keys: step_keys.clone(),
+                builds,
+                bin_of,
+            };
+            tier::Tier::Waiting(Some((Box::new(owned), cache_handle.clone())))
+        };
         if let Some(prebuild) = only_cached
             && !missing.is_empty()
         {
             if prebuild {
                 let (builds, bin_of) = make_builds(missing, workers);
-                let owned = tier::Owned {
-                    prog: deduped.prog.clone(),
-                    steps: steps.clone(),
-                    slots: slots.clone(),
-                    names: names.clone(),
-                    step_keys: step_keys.clone(),
-                    builds,
-                    bin_of,
-                };
-                self.prebuilds
-                    .push(tier::Tier::Waiting(Some((Box::new(owned), self.cache.clone()))));
+                self.prebuilds.push(later(builds, bin_of));
             }
             return Ok(None);
         }
@@ -592,18 +596,7 @@ impl Gccjit {
         for (i, b) in builds.iter().enumerate() {
             b.steps.iter().for_each(|k| found[*k] = Some(reused + i));
         }
-        let background = tiered.then(|| {
-            let owned = tier::Owned {
-                prog: deduped.prog.clone(),
-                steps: steps.clone(),
-                slots: slots.clone(),
-                names: names.clone(),
-                step_keys: step_keys.clone(),
-                builds: optimized,
-                bin_of: optimized_bins,
-            };
-            tier::Tier::Waiting(Some((Box::new(owned), self.cache.clone())))
-        });
+        let background = tiered.then(|| later(optimized, optimized_bins));
         code.extend(built);
         let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
         self.last_phases.extend([
