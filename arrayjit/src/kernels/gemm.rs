@@ -19,9 +19,9 @@
 //! cells are computed and thrown away.
 
 use std::cell::RefCell;
-use std::ops::{Add, Mul};
 
 use super::Isa;
+pub use super::simd::Elem;
 use super::simd::Lanes;
 
 /// A product `C (+)= A·B`: `C` has `m` rows and `n` columns, `A` `m` rows and `k` columns, `B`
@@ -57,30 +57,6 @@ pub struct Gemm<T> {
     pub accumulate: bool,
     /// Each step is one fused multiply-add (else a rounded product, then a rounded sum).
     pub fused: bool,
-}
-
-/// The element types the kernels compute in.
-pub trait Elem: Copy + Add<Output = Self> + Mul<Output = Self> + 'static {
-    /// Zero.
-    const ZERO: Self;
-    /// `a·b + c` rounded once.
-    fn fma(a: Self, b: Self, c: Self) -> Self;
-}
-
-impl Elem for f32 {
-    const ZERO: f32 = 0.0;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-}
-
-impl Elem for f64 {
-    const ZERO: f64 = 0.0;
-    #[inline(always)]
-    fn fma(a: f64, b: f64, c: f64) -> f64 {
-        a.mul_add(b, c)
-    }
 }
 
 /// The cache blocking: reduction steps per block, rows of `A` per packed block, columns of `B`

@@ -6,7 +6,31 @@
 //! inlined there. An operation on a vector is the same operation on each lane, rounded once per
 //! lane, exactly as the scalar code it stands for.
 
-use super::gemm::Elem;
+use std::ops::{Add, Mul};
+
+/// The element types the kernels compute in.
+pub trait Elem: Copy + Add<Output = Self> + Mul<Output = Self> + 'static {
+    /// Zero.
+    const ZERO: Self;
+    /// `a·b + c` rounded once.
+    fn fma(a: Self, b: Self, c: Self) -> Self;
+}
+
+impl Elem for f32 {
+    const ZERO: f32 = 0.0;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Elem for f64 {
+    const ZERO: f64 = 0.0;
+    #[inline(always)]
+    fn fma(a: f64, b: f64, c: f64) -> f64 {
+        a.mul_add(b, c)
+    }
+}
 
 /// A vector of `W` lanes of `E`.
 pub trait Lanes: Copy {
