@@ -137,7 +137,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     macro_rules! vector_lanes {
-        ($v:ty, $e:ty, $w:expr, $zero:ident, $load:ident, $store:ident, $splat:ident, $fma:ident, $mul:ident, $add:ident $(, $pack:item)*) => {
+        ($v:ty, $e:ty, $w:expr, $zero:ident, $load:ident, $store:ident, $splat:ident, $fma:ident, $mul:ident, $add:ident $(, pack_columns = $pack:ident)?) => {
             impl Lanes for $v {
                 type E = $e;
                 const W: usize = $w;
@@ -171,7 +171,19 @@ mod x86 {
                     // SAFETY: the caller's contract (the instruction set).
                     unsafe { $add(c, $mul(a, b)) }
                 }
-                $($pack)*
+                $(
+                #[inline(always)]
+                unsafe fn pack_columns(
+                    src: *const $e,
+                    col_step: isize,
+                    steps: usize,
+                    cols: usize,
+                    dst: *mut $e,
+                ) {
+                    // SAFETY: the caller's contract.
+                    unsafe { $pack(src, col_step, steps, cols, dst) }
+                }
+                )?
             }
         };
     }
@@ -249,17 +261,7 @@ mod x86 {
         _mm256_fmadd_ps,
         _mm256_mul_ps,
         _mm256_add_ps,
-        #[inline(always)]
-        unsafe fn pack_columns(
-            src: *const f32,
-            col_step: isize,
-            steps: usize,
-            cols: usize,
-            dst: *mut f32,
-        ) {
-            // SAFETY: the caller's contract.
-            unsafe { pack_columns_f32(src, col_step, steps, cols, dst) }
-        }
+        pack_columns = pack_columns_f32
     );
     vector_lanes!(
         __m256d,
@@ -284,17 +286,7 @@ mod x86 {
         _mm512_fmadd_ps,
         _mm512_mul_ps,
         _mm512_add_ps,
-        #[inline(always)]
-        unsafe fn pack_columns(
-            src: *const f32,
-            col_step: isize,
-            steps: usize,
-            cols: usize,
-            dst: *mut f32,
-        ) {
-            // SAFETY: the caller's contract.
-            unsafe { pack_columns_f32(src, col_step, steps, cols, dst) }
-        }
+        pack_columns = pack_columns_f32
     );
     vector_lanes!(
         __m512d,

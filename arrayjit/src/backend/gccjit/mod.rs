@@ -292,21 +292,14 @@ impl Gccjit {
                 if code[i].is_some() {
                     return None;
                 }
-                let in_cache = cache.as_ref().and_then(|c| c.temp_path(&keys[i]));
-                in_cache.map(|p| (p, true)).or_else(|| fork::temp_library().map(|p| (p, false)))
+                target(cache.as_ref(), &keys[i])
             })
             .collect();
         let mut times = BuildTimes::default();
         let started = Instant::now();
         let to_file = |i: usize| targets[i].as_ref().map(|(p, _)| p.as_path());
         // Builds by bin; the first bin with work is built here, the others in children.
-        let mut bins: Vec<Vec<usize>> = Vec::new();
-        for i in (0..builds.len()).filter(|i| to_file(*i).is_some()) {
-            match bins.iter_mut().find(|b| bin_of[b[0]] == bin_of[i]) {
-                Some(b) => b.push(i),
-                None => bins.push(vec![i]),
-            }
-        }
+        let bins = group_by_bin(bin_of, |i| to_file(i).is_some());
         let build_here = |i: usize, times: &mut BuildTimes| -> Result<(), Error> {
             let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
             let (_, t) = codegen::build(prog, steps, slots, names, &builds[i], out)?;
@@ -365,16 +358,7 @@ impl Gccjit {
         times.compile_s = started.elapsed().as_secs_f64() - times.codegen_s;
         for (i, target) in targets.iter().enumerate() {
             let Some((path, in_cache)) = target else { continue };
-            let loaded = if *in_cache {
-                let entry = cache.as_ref().and_then(|c| c.store(&keys[i], path));
-                entry.and_then(|e| codegen::load_library(&e))
-            } else {
-                // The file can go once loaded: the mapping stays.
-                let lib = codegen::load_library(path);
-                let _ = std::fs::remove_file(path);
-                lib
-            };
-            if let Some(lib) = loaded {
+            if let Some(lib) = install(cache.as_ref(), &keys[i], path, *in_cache) {
                 code[i] = Some(Code::Library(lib));
                 if *in_cache {
                     entries[i] = Some(keys[i].clone());
@@ -432,38 +416,6 @@ impl Gccjit {
             ("schedule", (planned - started).as_secs_f64()),
             ("render", planned.elapsed().as_secs_f64()),
         ];
-        // One buffer table per call, in its step's slot order.
-        let arena = HostArena::new(&scheduled)?;
-        let mut scratch: FxHashMap<NodeId, HostBuffer> = FxHashMap::default();
-        let mut labels: FxHashMap<NodeId, String> = FxHashMap::default();
-        let mut tables = Vec::with_capacity(deduped.calls.len());
-        for call in &deduped.calls {
-            let mut table = Vec::with_capacity(call.nodes.len());
-            for n in &call.nodes {
-                let ptr = match scheduled.scratch_of(*n) {
-                    Some(s) if s.per_thread => std::ptr::null_mut(),
-                    Some(_) => match scratch.entry(*n) {
-                        std::collections::hash_map::Entry::Occupied(b) => b.get().as_ptr(),
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            e.insert(HostBuffer::new(&scheduled.nodes[n])?).as_ptr()
-                        }
-                    },
-                    None => match arena.slot(*n) {
-                        Some((ptr, node)) => {
-                            labels.insert(*n, node.label.clone());
-                            ptr
-                        }
-                        None => {
-                            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
-                            labels.insert(*n, b.node.label.clone());
-                            b.as_ptr()
-                        }
-                    },
-                };
-                table.push(ptr);
-            }
-            tables.push(table);
-        }
         let steps = &deduped.steps;
         let slots = &deduped.slots;
         let mut counts = vec![0usize; steps.len()];
@@ -520,7 +472,7 @@ impl Gccjit {
             .filter(|(_, ks): &(u8, Vec<usize>)| !ks.is_empty())
             .collect();
         let workers = self.opts.thread_count();
-        let make_builds = |missing: Vec<(u8, Vec<usize>)>, workers: usize| {
+        let make_builds = |missing: Vec<(u8, Vec<usize>)>| {
             let mut builds: Vec<BuildOptions> = Vec::new();
             let mut bin_of = Vec::new();
             for (bin, parts) in balance(steps, missing, workers).into_iter().enumerate() {
@@ -561,7 +513,7 @@ impl Gccjit {
             && !missing.is_empty()
         {
             if prebuild {
-                let (builds, bin_of) = make_builds(missing, workers);
+                let (builds, bin_of) = make_builds(missing);
                 self.prebuilds.push(later(builds, bin_of));
             }
             return Ok(None);
@@ -571,15 +523,47 @@ impl Gccjit {
         let tiered = self.opts.tiered
             && !self.opts.bounds_check
             && missing.iter().any(|(l, _)| *l > tier::FIRST_TIER_LEVEL);
-        let (optimized, optimized_bins) = make_builds(missing.clone(), workers);
-        let (builds, bin_of, cache) = if tiered {
+        let (builds, bin_of, cache, optimized) = if tiered {
             let mut all: Vec<usize> = missing.iter().flat_map(|(_, ks)| ks.clone()).collect();
             all.sort_unstable();
-            let (b, bins) = make_builds(vec![(tier::FIRST_TIER_LEVEL, all)], workers);
-            (b, bins, None)
+            let (b, bins) = make_builds(vec![(tier::FIRST_TIER_LEVEL, all)]);
+            (b, bins, None, Some(make_builds(missing)))
         } else {
-            (optimized.clone(), optimized_bins.clone(), self.cache.clone())
+            let (b, bins) = make_builds(missing);
+            (b, bins, self.cache.clone(), None)
         };
+        // One buffer table per call, in its step's slot order.
+        let arena = HostArena::new(&scheduled)?;
+        let mut scratch: FxHashMap<NodeId, HostBuffer> = FxHashMap::default();
+        let mut labels: FxHashMap<NodeId, String> = FxHashMap::default();
+        let mut tables = Vec::with_capacity(deduped.calls.len());
+        for call in &deduped.calls {
+            let mut table = Vec::with_capacity(call.nodes.len());
+            for n in &call.nodes {
+                let ptr = match scheduled.scratch_of(*n) {
+                    Some(s) if s.per_thread => std::ptr::null_mut(),
+                    Some(_) => match scratch.entry(*n) {
+                        std::collections::hash_map::Entry::Occupied(b) => b.get().as_ptr(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(HostBuffer::new(&scheduled.nodes[n])?).as_ptr()
+                        }
+                    },
+                    None => match arena.slot(*n) {
+                        Some((ptr, node)) => {
+                            labels.insert(*n, node.label.clone());
+                            ptr
+                        }
+                        None => {
+                            let b = self.buffers.get(*n).ok_or(Error::UnknownNode(n.0))?;
+                            labels.insert(*n, b.node.label.clone());
+                            b.as_ptr()
+                        }
+                    },
+                };
+                table.push(ptr);
+            }
+            tables.push(table);
+        }
         let reused = code.len();
         let input =
             BuildInput { prog: &deduped.prog, steps, slots, names: &names, step_keys: &step_keys };
@@ -596,7 +580,7 @@ impl Gccjit {
         for (i, b) in builds.iter().enumerate() {
             b.steps.iter().for_each(|k| found[*k] = Some(reused + i));
         }
-        let background = tiered.then(|| later(optimized, optimized_bins));
+        let background = optimized.map(|(b, bins)| later(b, bins));
         code.extend(built);
         let cache_s = started.elapsed().as_secs_f64() - times.codegen_s - times.compile_s;
         self.last_phases.extend([
@@ -690,6 +674,44 @@ impl Gccjit {
             out.push_str("}\n");
         }
         out
+    }
+}
+
+/// Where a build writes its library: a temporary file in the cache folder (`true`), else in
+/// the temporary folder; `None` when neither is writable.
+fn target(cache: Option<&Cache>, key: &str) -> Option<(PathBuf, bool)> {
+    let in_cache = cache.and_then(|c| c.temp_path(key)).map(|p| (p, true));
+    in_cache.or_else(|| fork::temp_library().map(|p| (p, false)))
+}
+
+/// The builds `0..bin_of.len()` that `keep` keeps, grouped by bin (one process each), in order
+/// of first appearance.
+fn group_by_bin(bin_of: &[usize], keep: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
+    let mut bins: Vec<Vec<usize>> = Vec::new();
+    for i in (0..bin_of.len()).filter(|i| keep(*i)) {
+        match bins.iter_mut().find(|b| bin_of[b[0]] == bin_of[i]) {
+            Some(b) => b.push(i),
+            None => bins.push(vec![i]),
+        }
+    }
+    bins
+}
+
+/// Loads a library just built at `path`: moved into the cache as the entry `key` first when it
+/// was written there, else loaded and its file removed (the mapping stays).
+fn install(
+    cache: Option<&Cache>,
+    key: &str,
+    path: &Path,
+    in_cache: bool,
+) -> Option<libloading::Library> {
+    if in_cache {
+        let entry = cache.and_then(|c| c.store(key, path));
+        entry.and_then(|e| codegen::load_library(&e))
+    } else {
+        let lib = codegen::load_library(path);
+        let _ = std::fs::remove_file(path);
+        lib
     }
 }
 

@@ -177,8 +177,7 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
     // folder. Nowhere to write: no background build.
     let mut targets: Vec<(PathBuf, bool)> = Vec::new();
     for key in &keys {
-        let t = cache.and_then(|c| c.temp_path(key)).map(|p| (p, true));
-        match t.or_else(|| fork::temp_library().map(|p| (p, false))) {
+        match super::target(cache, key) {
             Some(t) => targets.push(t),
             None => {
                 remove(&targets);
@@ -186,13 +185,7 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
             }
         }
     }
-    let mut bins: Vec<Vec<usize>> = Vec::new();
-    for (i, bin) in owned.bin_of.iter().enumerate() {
-        match bins.iter_mut().find(|b| owned.bin_of[b[0]] == *bin) {
-            Some(b) => b.push(i),
-            None => bins.push(vec![i]),
-        }
-    }
+    let bins = super::group_by_bin(&owned.bin_of, |_| true);
     let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
         .iter()
         .map(|bin| {
@@ -243,21 +236,12 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
     }
     let mut libs = Vec::with_capacity(targets.len());
     for (i, (path, in_cache)) in targets.iter().enumerate() {
-        let lib = if *in_cache {
-            let entry = cache.and_then(|c| c.store(&keys[i], path));
-            let lib = entry.and_then(|e| codegen::load_library(&e));
-            if let (Some(c), Some(_)) = (cache, &lib) {
-                for k in &owned.builds[i].steps {
-                    c.store_step(&owned.step_keys[*k], &keys[i]);
-                }
+        let lib = super::install(cache, &keys[i], path, *in_cache);
+        if let (Some(c), Some(_), true) = (cache, &lib, *in_cache) {
+            for k in &owned.builds[i].steps {
+                c.store_step(&owned.step_keys[*k], &keys[i]);
             }
-            lib
-        } else {
-            // The file can go once loaded: the mapping stays.
-            let lib = codegen::load_library(path);
-            let _ = std::fs::remove_file(path);
-            lib
-        };
+        }
         match lib {
             Some(lib) => libs.push(lib),
             None => {
