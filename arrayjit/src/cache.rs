@@ -13,7 +13,8 @@
 //!
 //! Where: `$ROCANNL_CACHE_DIR` when set, else the user's cache directory (`directories`:
 //! `~/.cache/rocannl` on Linux); `ROCANNL_CACHE=off` disables it. Every entry is a file
-//! `<key>.so` with a sidecar `<key>.sha256` holding the SHA-256 of its bytes.
+//! `<key>.<kind>` — `.so` for a shared library of native code, `.ptx` or `.cubin` for CUDA
+//! modules ([`EntryKind`]) — with a sidecar `<key>.sha256` holding the SHA-256 of its bytes.
 //!
 //! Safety of concurrent and damaged caches:
 //! - entries are written to a temporary file in the cache directory and renamed into place, so a
@@ -61,6 +62,30 @@ pub enum CacheOutcome {
     Miss,
     /// Served from the cache.
     Hit,
+}
+
+/// What an entry holds, which is its file's extension.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A shared library of native code (gccjit).
+    SharedLibrary,
+    /// A CUDA module as PTX text (NVRTC).
+    Ptx,
+    /// A CUDA module as a cubin of SASS (NVRTC).
+    Cubin,
+}
+
+impl EntryKind {
+    const ALL: [EntryKind; 3] = [EntryKind::SharedLibrary, EntryKind::Ptx, EntryKind::Cubin];
+
+    /// The entry file's extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            EntryKind::SharedLibrary => "so",
+            EntryKind::Ptx => "ptx",
+            EntryKind::Cubin => "cubin",
+        }
+    }
 }
 
 /// An open cache folder.
@@ -122,7 +147,11 @@ impl Cache {
     }
 
     fn entry(&self, key: &str) -> PathBuf {
-        self.dir.join(format!("{key}.so"))
+        self.entry_of(key, EntryKind::SharedLibrary)
+    }
+
+    fn entry_of(&self, key: &str, kind: EntryKind) -> PathBuf {
+        self.dir.join(format!("{key}.{}", kind.extension()))
     }
 
     fn digest_file(&self, key: &str) -> PathBuf {
@@ -132,7 +161,13 @@ impl Cache {
     /// The path of a valid entry, its use recorded for eviction; `None` when there is none or it
     /// does not match its digest (a damaged entry is removed).
     pub fn lookup(&self, key: &str) -> Option<PathBuf> {
-        let path = self.entry(key);
+        self.lookup_bytes(key, EntryKind::SharedLibrary).map(|(path, _)| path)
+    }
+
+    /// The path and bytes of a valid entry of the given kind, its use recorded for eviction;
+    /// `None` when there is none or it does not match its digest (a damaged entry is removed).
+    pub fn lookup_bytes(&self, key: &str, kind: EntryKind) -> Option<(PathBuf, Vec<u8>)> {
+        let path = self.entry_of(key, kind);
         let bytes = fs::read(&path).ok()?;
         let want = fs::read_to_string(self.digest_file(key)).ok();
         if want.as_deref().map(str::trim) != Some(hex(&Sha256::digest(&bytes)).as_str()) {
@@ -144,7 +179,7 @@ impl Cache {
         if let Ok(f) = fs::File::options().append(true).open(&path) {
             let _ = f.set_modified(SystemTime::now());
         }
-        Some(path)
+        Some((path, bytes))
     }
 
     /// The entry holding the compiled step whose content key is `step`, if one was recorded
@@ -199,6 +234,23 @@ impl Cache {
     /// evicts old entries beyond the size cap. Returns the entry's path, or `None` (with a
     /// warning, the temporary file removed) when it could not be stored.
     pub fn store(&self, key: &str, temp: &Path) -> Option<PathBuf> {
+        self.store_as(key, temp, EntryKind::SharedLibrary)
+    }
+
+    /// Writes `bytes` as the entry of `key` (through a temporary file, as [`Cache::store`]);
+    /// `None`, with a warning, when the folder is unusable.
+    pub fn store_bytes(&self, key: &str, bytes: &[u8], kind: EntryKind) -> Option<PathBuf> {
+        let temp = self.temp_path(key)?;
+        if let Err(e) = fs::write(&temp, bytes) {
+            let _ = fs::remove_file(&temp);
+            warn(&format!("cannot write in {}: {e}", self.dir.display()));
+            return None;
+        }
+        self.store_as(key, &temp, kind)
+    }
+
+    /// [`Cache::store`] for an entry of any kind.
+    pub fn store_as(&self, key: &str, temp: &Path, kind: EntryKind) -> Option<PathBuf> {
         let stored = (|| -> std::io::Result<PathBuf> {
             let bytes = fs::read(temp)?;
             if bytes.is_empty() {
@@ -210,7 +262,7 @@ impl Cache {
             f.sync_all()?;
             drop(f);
             fs::rename(&digest_tmp, self.digest_file(key))?;
-            let path = self.entry(key);
+            let path = self.entry_of(key, kind);
             fs::rename(temp, &path)?;
             Ok(path)
         })();
@@ -245,7 +297,7 @@ impl Cache {
                 }
                 continue;
             }
-            if name.ends_with(".so") {
+            if EntryKind::ALL.iter().any(|k| name.ends_with(&format!(".{}", k.extension()))) {
                 total += meta.len();
                 entries.push((modified, meta.len(), path));
             }

@@ -176,3 +176,95 @@ fn context_without_device_is_no_device_else_conformance() {
         }
     }
 }
+
+/// A fresh cache folder under the system's temporary folder.
+fn cache_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("rocannl-cuda-cache-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn compiled_modules_are_cached_on_disk() {
+    use rocannl_arrayjit::CacheOutcome;
+    use rocannl_arrayjit::backend::cuda::module_cache;
+    use rocannl_arrayjit::cache::{Cache, CacheMode};
+    let Some(nvrtc) = nvrtc() else { return };
+    let dir = cache_dir("modules");
+    let cache = Cache::open(&CacheMode::Dir(dir.clone())).expect("a cache");
+    let case = softmax_case(Prec::F32, 3, 7);
+    let prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let src = render::render(&prog).source;
+    for (arch, cubin) in [(PTX_ARCH, false), (SASS_ARCH, true)] {
+        let fresh = nvrtc.compile("softmax", &src, arch, cubin).unwrap();
+        let (first, outcome) =
+            module_cache::compile(&nvrtc, Some(&cache), "softmax", &src, arch, cubin).unwrap();
+        assert_eq!(outcome, CacheOutcome::Miss);
+        assert_eq!(first, fresh, "{arch}: the stored module is what NVRTC compiles");
+        let (second, outcome) =
+            module_cache::compile(&nvrtc, Some(&cache), "softmax", &src, arch, cubin).unwrap();
+        assert_eq!(outcome, CacheOutcome::Hit, "{arch}");
+        assert_eq!(second, fresh, "{arch}");
+    }
+    let ext = |e: &str| {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|f| f.as_ref().unwrap().path().extension().is_some_and(|x| x == e))
+            .count()
+    };
+    assert_eq!((ext("ptx"), ext("cubin")), (1, 1));
+
+    // A different program, or the same one for another architecture, is another entry.
+    let other = render::render(
+        &compile_program("other", &case.asgn, &case.nodes, &CompileOptions::default()).unwrap(),
+    )
+    .source;
+    let k = |s: &str, a: &str| module_cache::key(&nvrtc, s, a, false);
+    assert_eq!(k(&src, PTX_ARCH), k(&src, PTX_ARCH));
+    assert_ne!(k(&src, PTX_ARCH), k(&src, "compute_80"));
+    if other != src {
+        assert_ne!(k(&src, PTX_ARCH), k(&other, PTX_ARCH));
+    }
+
+    // A damaged entry is compiled again (and rewritten), never used.
+    let key = k(&src, PTX_ARCH);
+    let entry = dir.join(format!("{key}.ptx"));
+    let mut bytes = std::fs::read(&entry).unwrap();
+    bytes.truncate(bytes.len() / 2);
+    std::fs::write(&entry, &bytes).unwrap();
+    let (again, outcome) =
+        module_cache::compile(&nvrtc, Some(&cache), "softmax", &src, PTX_ARCH, false).unwrap();
+    assert_eq!(outcome, CacheOutcome::Miss);
+    assert_eq!(again, nvrtc.compile("softmax", &src, PTX_ARCH, false).unwrap());
+    let (_, outcome) =
+        module_cache::compile(&nvrtc, Some(&cache), "softmax", &src, PTX_ARCH, false).unwrap();
+    assert_eq!(outcome, CacheOutcome::Hit);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unusable_cache_folder_only_means_compiling() {
+    use rocannl_arrayjit::CacheOutcome;
+    use rocannl_arrayjit::backend::cuda::module_cache;
+    use rocannl_arrayjit::cache::{Cache, CacheMode};
+    let Some(nvrtc) = nvrtc() else { return };
+    // A file where the folder should be: nothing can be created inside it.
+    let blocker = cache_dir("blocked");
+    std::fs::write(&blocker, b"not a folder").unwrap();
+    let cache = Cache::open(&CacheMode::Dir(blocker.join("inner"))).expect("a cache");
+    let case = matmul_case(4, 3, 5, Prec::F32);
+    let prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let src = render::render(&prog).source;
+    for _ in 0..2 {
+        let (ptx, outcome) =
+            module_cache::compile(&nvrtc, Some(&cache), "matmul", &src, PTX_ARCH, false).unwrap();
+        assert_eq!(outcome, CacheOutcome::Miss);
+        assert!(String::from_utf8_lossy(&ptx).contains(".entry k0("));
+    }
+    let (_, outcome) =
+        module_cache::compile(&nvrtc, None, "matmul", &src, PTX_ARCH, false).unwrap();
+    assert_eq!(outcome, CacheOutcome::Off);
+    let _ = std::fs::remove_file(&blocker);
+}

@@ -4,8 +4,11 @@
 //! Rendering ([`render::render`]) and compiling to PTX or SASS ([`nvrtc::Nvrtc::compile`])
 //! need no GPU and are tested everywhere NVRTC is installed. Creating the backend needs the
 //! driver library and a device: without them [`Cuda::new`] returns [`Error::NoDevice`] before
-//! any cudarc call that could panic.
+//! any cudarc call that could panic. Compiled modules are kept in the persistent compile
+//! cache ([`module_cache`]), so a process compiling a routine some earlier process compiled
+//! loads its PTX without running NVRTC.
 
+pub mod module_cache;
 pub mod nvrtc;
 pub mod render;
 
@@ -62,6 +65,8 @@ pub struct Cuda {
     nvrtc: nvrtc::Nvrtc,
     buffers: FxHashMap<NodeId, (TensorNode, CudaSlice<u8>)>,
     routines: Vec<Compiled>,
+    cache: Option<crate::cache::Cache>,
+    last_outcome: crate::cache::CacheOutcome,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -72,12 +77,20 @@ impl std::fmt::Debug for Cuda {
 
 impl Cuda {
     /// The backend on device 0; [`Error::NoDevice`] without a driver or device.
-    pub fn new(_opts: &CompileOptions) -> Result<Cuda, Error> {
+    pub fn new(opts: &CompileOptions) -> Result<Cuda, Error> {
         probe_device()?;
         let ctx = CudaContext::new(0).map_err(driver_err)?;
         let stream = ctx.default_stream();
         let nvrtc = nvrtc::Nvrtc::load()?;
-        Ok(Cuda { ctx, stream, nvrtc, buffers: FxHashMap::default(), routines: Vec::new() })
+        Ok(Cuda {
+            ctx,
+            stream,
+            nvrtc,
+            buffers: FxHashMap::default(),
+            routines: Vec::new(),
+            cache: crate::cache::Cache::open(&opts.cache),
+            last_outcome: crate::cache::CacheOutcome::Off,
+        })
     }
 }
 
@@ -92,7 +105,15 @@ impl Backend for Cuda {
 
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let src = render::render(prog);
-        let ptx = self.nvrtc.compile(&prog.name, &src.source, PTX_ARCH, false)?;
+        let (ptx, outcome) = module_cache::compile(
+            &self.nvrtc,
+            self.cache.as_ref(),
+            &prog.name,
+            &src.source,
+            PTX_ARCH,
+            false,
+        )?;
+        self.last_outcome = outcome;
         let text = String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string();
         let module =
             self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text)).map_err(driver_err)?;
@@ -113,6 +134,10 @@ impl Backend for Cuda {
         };
         self.routines.push(Compiled { kernels, arena, slots });
         Ok((self.routines.len() - 1, src.source))
+    }
+
+    fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
+        self.last_outcome
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {

@@ -103,6 +103,24 @@ impl Nvrtc {
         Ok(Nvrtc { dir, _libs: libs })
     }
 
+    /// NVRTC's version, `(major, minor)`; `(0, 0)` if it does not say.
+    pub fn version(&self) -> (i32, i32) {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: NVRTC is loaded (`self` exists); the pointers are valid for writes.
+        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS { (major, minor) } else { (0, 0) }
+    }
+
+    /// The options every compile passes for `arch`. `--fmad=false`: every operation rounds as
+    /// the interpreter does (the IR says `fma` where it wants one).
+    pub fn options(arch: &str) -> Vec<String> {
+        vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+            "--fmad=false".to_string(),
+        ]
+    }
+
     /// Compiles CUDA C to PTX (`arch` like `compute_90`) or to a cubin of SASS (`arch` like
     /// `sm_90`, with `cubin = true`).
     pub fn compile(
@@ -118,13 +136,7 @@ impl Nvrtc {
         let c_name = CString::new(format!("{name}.cu")).map_err(|e| fail(e.to_string()))?;
         let prog =
             result::create_program(&c_src, Some(&c_name)).map_err(|e| fail(format!("{e:?}")))?;
-        // `--fmad=false`: every operation rounds as the interpreter does (the IR says `fma`
-        // where it wants one).
-        let options = vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".to_string(),
-            "--fmad=false".to_string(),
-        ];
+        let options = Nvrtc::options(arch);
         // SAFETY: `prog` is a live program; the options are valid C strings.
         let compiled = unsafe { result::compile_program(prog, &options) };
         let out = match compiled {
