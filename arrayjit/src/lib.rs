@@ -27,6 +27,7 @@ pub mod indexing;
 pub mod kernels;
 pub mod low_level;
 pub mod lower;
+pub mod math;
 pub mod ndarray;
 pub mod ops;
 pub mod tnode;

@@ -182,7 +182,7 @@ impl UnOp {
             UnOp::Neg => ("neg", Custom, 1),
             UnOp::Relu => ("relu", Custom, 1),
             UnOp::Sat01 => ("sat01", Custom, 2),
-            UnOp::Exp => ("exp", Func("exp"), 10),
+            UnOp::Exp => ("exp", Custom, 10),
             UnOp::Log => ("log", Func("log"), 10),
             UnOp::Exp2 => ("exp2", Func("exp2"), 10),
             UnOp::Log2 => ("log2", Func("log2"), 10),
@@ -190,7 +190,7 @@ impl UnOp {
             UnOp::Recip => ("recip", Custom, 4),
             UnOp::Sin => ("sin", Func("sin"), 10),
             UnOp::Cos => ("cos", Func("cos"), 10),
-            UnOp::Tanh => ("tanh", Func("tanh"), 12),
+            UnOp::Tanh => ("tanh", Custom, 12),
             UnOp::Erf => ("erf", Func("erf"), 12),
             UnOp::Sigmoid => ("sigmoid", Custom, 12),
             UnOp::Abs => ("abs", Func("fabs"), 1),
@@ -217,7 +217,8 @@ impl UnOp {
     }
 
     /// The operation computed in `f32`, as compiled `f32` code computes it (the same formula,
-    /// every step rounded to `f32`, the C library's `f32` functions).
+    /// every step rounded to `f32`; `exp` and `tanh` from [`crate::math`], the other functions
+    /// the C library's).
     ///
     /// ```
     /// use rocannl_arrayjit::ops::UnOp;
@@ -503,7 +504,7 @@ trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $erf:ident) => {
+    ($t:ty, $erf:ident, $exp:path, $tanh:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -511,7 +512,7 @@ macro_rules! real {
                 self.clamp(0.0, 1.0)
             }
             fn exp(self) -> Self {
-                <$t>::exp(self)
+                $exp(self)
             }
             fn ln(self) -> Self {
                 <$t>::ln(self)
@@ -532,7 +533,7 @@ macro_rules! real {
                 <$t>::cos(self)
             }
             fn tanh(self) -> Self {
-                <$t>::tanh(self)
+                $tanh(self)
             }
             fn erf(self) -> Self {
                 $erf(self)
@@ -553,8 +554,10 @@ macro_rules! real {
     };
 }
 
-real!(f32, c_erff);
-real!(f64, c_erf);
+// `f32` `exp` and `tanh` are this crate's (`crate::math`), which every backend computes
+// bit for bit; `f64` keeps the C library's.
+real!(f32, c_erff, crate::math::exp_f32, crate::math::tanh_f32);
+real!(f64, c_erf, f64::exp, f64::tanh);
 
 // The error function of the C library, the one compiled code calls: Rust's own is not stable,
 // and computing exactly what the native backends compute is the interpreter's job.

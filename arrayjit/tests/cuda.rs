@@ -101,7 +101,7 @@ fn softmax_cuda_c() {
           if (gid >= 16LL) return;
           long long v2 = (gid / 8LL) % 2LL;
           long long v3 = (gid / 1LL) % 8LL;
-          p_n2[8LL * v2 + v3] = rc_f32_to_f16((float)(expf(((float)rc_f16_to_f32(p_n0[8LL * v2 + v3]) - (float)rc_f16_to_f32(p_n1[v2])))));
+          p_n2[8LL * v2 + v3] = rc_f32_to_f16((float)(rc_expf(((float)rc_f16_to_f32(p_n0[8LL * v2 + v3]) - (float)rc_f16_to_f32(p_n1[v2])))));
         }
 
         extern "C" __global__ void k2(unsigned short *__restrict__ p_n2, unsigned short *__restrict__ p_n3) {

@@ -9,6 +9,7 @@
 use std::fmt::Write as _;
 
 use crate::low_level::{Expr, IdxVar, Index, Program, Stmt};
+use crate::math;
 use crate::ops::{BinOp, CSyntax, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
 use crate::tnode::{NodeId, row_major_strides};
 
@@ -85,6 +86,34 @@ pub fn prelude(d: Dialect) -> String {
             }
         }
     }
+    // `exp` and `tanh` in `f32` are the operations of `crate::math`, as in every backend;
+    // in `f64`, the library's.
+    match d {
+        Dialect::Cuda => {
+            let _ = writeln!(
+                s,
+                "{q} unsigned int rc_f32_bits(float x) {{ return __float_as_uint(x); }}"
+            );
+            let _ = writeln!(
+                s,
+                "{q} float rc_bits_f32(unsigned int u) {{ return __uint_as_float(u); }}"
+            );
+        }
+        Dialect::C => {
+            let _ = writeln!(
+                s,
+                "{q} unsigned int rc_f32_bits(float x) {{ unsigned int u; __builtin_memcpy(&u, &x, 4); return u; }}"
+            );
+            let _ = writeln!(
+                s,
+                "{q} float rc_bits_f32(unsigned int u) {{ float x; __builtin_memcpy(&x, &u, 4); return x; }}"
+            );
+        }
+    }
+    s.push_str(&math::c_function(q, "rc_expf", math::Function::Exp));
+    s.push_str(&math::c_function(q, "rc_tanhf", math::Function::Tanh));
+    let _ = writeln!(s, "{q} double rc_exp(double x) {{ return exp(x); }}");
+    let _ = writeln!(s, "{q} double rc_tanh(double x) {{ return tanh(x); }}");
     for (t, sfx) in [("float", "f"), ("double", "")] {
         let _ = writeln!(
             s,
@@ -101,7 +130,7 @@ pub fn prelude(d: Dialect) -> String {
         );
         let _ = writeln!(
             s,
-            "{q} {t} rc_sigmoid{sfx}({t} x) {{ return ({t})1 / (({t})1 + exp{sfx}(-x)); }}"
+            "{q} {t} rc_sigmoid{sfx}({t} x) {{ return ({t})1 / (({t})1 + rc_exp{sfx}(-x)); }}"
         );
         let _ = writeln!(
             s,
@@ -203,6 +232,8 @@ impl CRenderer<'_> {
                     (UnOp::Relu, _) => format!("rc_relu{sfx}({a})"),
                     (UnOp::Sat01, _) => format!("rc_sat01{sfx}({a})"),
                     (UnOp::Sigmoid, _) => format!("rc_sigmoid{sfx}({a})"),
+                    (UnOp::Exp, _) => format!("rc_exp{sfx}({a})"),
+                    (UnOp::Tanh, _) => format!("rc_tanh{sfx}({a})"),
                     (UnOp::Recip, _) => format!("(({ty})1 / {a})"),
                     (UnOp::Not, _) => format!("(({a}) == 0 ? ({ty})1 : ({ty})0)"),
                     (op, _) => format!("{}{sfx}({a})", op.name()),

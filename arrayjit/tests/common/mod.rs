@@ -74,6 +74,24 @@ fn domain_un(op: UnOp) -> (f64, f64) {
     }
 }
 
+/// `y = op(x)` over the given inputs (no reference values).
+pub fn unop_case_on(op: UnOp, prec: Prec, xs: Vec<f64>) -> Case {
+    let n = xs.len();
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], prec);
+    let y = host(&mut nodes, "y", &[n], prec);
+    let p = Projections::identity(&[n], 1, &mut SymbolGen::default());
+    Case {
+        name: format!("{}_{}_{n}", op.name(), prec.name()),
+        asgn: accum(y, None, vec![x], ScalarExpr::un(op, ScalarExpr::Arg(0)), p, false),
+        nodes,
+        inputs: vec![(x, xs)],
+        outputs: vec![y],
+        bindings: vec![],
+        expected: None,
+    }
+}
+
 pub fn unop_case(op: UnOp, prec: Prec) -> Case {
     let n = 37;
     let mut nodes = NodeTable::default();

@@ -22,6 +22,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::c_syntax::{expr_prec, nodes_of};
 use crate::error::Error;
 use crate::low_level::{Expr, IdxVar, Index, Limit, LocalId, Program, Stmt, Var};
+use crate::math;
 use crate::ops::{BinOp, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
 use crate::tnode::{NodeId, row_major_strides};
 
@@ -862,6 +863,7 @@ impl<'c> Gen<'c> {
                 let lo = self.cmp(ComparisonOp::LessThan, a, zero);
                 self.select(lo, zero, top, ty)
             }
+            UnOp::Exp if ty == self.t.f32 => math::exp(&mut Inline(self), a),
             UnOp::Exp => self.builtin("exp", ty, &[a]),
             UnOp::Log => self.builtin("log", ty, &[a]),
             UnOp::Exp2 => self.builtin("exp2", ty, &[a]),
@@ -869,13 +871,14 @@ impl<'c> Gen<'c> {
             UnOp::Sqrt => self.builtin("sqrt", ty, &[a]),
             UnOp::Sin => self.builtin("sin", ty, &[a]),
             UnOp::Cos => self.builtin("cos", ty, &[a]),
+            UnOp::Tanh if ty == self.t.f32 => math::tanh(&mut Inline(self), a),
             UnOp::Tanh => self.builtin("tanh", ty, &[a]),
             UnOp::Erf => self.builtin("erf", ty, &[a]),
             UnOp::Abs => self.builtin("fabs", ty, &[a]),
             UnOp::Recip => self.ctx.new_binary_op(None, BinaryOp::Divide, ty, one, a),
             UnOp::Sigmoid => {
                 let neg = self.ctx.new_unary_op(None, UnaryOp::Minus, ty, a);
-                let e = self.builtin("exp", ty, &[neg]);
+                let e = self.unop(UnOp::Exp, neg, ty);
                 let den = self.ctx.new_binary_op(None, BinaryOp::Plus, ty, one, e);
                 self.ctx.new_binary_op(None, BinaryOp::Divide, ty, one, den)
             }
@@ -944,5 +947,83 @@ impl<'c> Gen<'c> {
         let f = self.ctx.new_cast(None, top, ty);
         let scale = self.float(1.0 / 16_777_216.0, ty);
         self.ctx.new_binary_op(None, BinaryOp::Mult, ty, f, scale)
+    }
+}
+
+/// `f32` `exp` and `tanh` emitted inline ([`crate::math`]): straight-line arithmetic that the
+/// loop vectorizer turns into vector code, the interpreter's operations one for one.
+struct Inline<'g, 'c>(&'g mut Gen<'c>);
+
+impl<'c> math::Emit for Inline<'_, 'c> {
+    type F = RValue<'c>;
+    type U = RValue<'c>;
+    fn f(&mut self, c: f32) -> RValue<'c> {
+        self.0.float(c as f64, self.0.t.f32)
+    }
+    fn u(&mut self, c: u32) -> RValue<'c> {
+        self.0.ctx.new_rvalue_from_long(self.0.t.u32, c as i64)
+    }
+    fn add(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Plus, self.0.t.f32, a, b)
+    }
+    fn sub(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Minus, self.0.t.f32, a, b)
+    }
+    fn mul(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Mult, self.0.t.f32, a, b)
+    }
+    fn div(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Divide, self.0.t.f32, a, b)
+    }
+    fn fma(&mut self, a: RValue<'c>, b: RValue<'c>, c: RValue<'c>) -> RValue<'c> {
+        self.0.builtin("fma", self.0.t.f32, &[a, b, c])
+    }
+    fn lt_select(
+        &mut self,
+        a: RValue<'c>,
+        b: RValue<'c>,
+        x: RValue<'c>,
+        y: RValue<'c>,
+    ) -> RValue<'c> {
+        let cond = self.0.cmp(ComparisonOp::LessThan, a, b);
+        let ty = self.0.t.f32;
+        self.0.select(cond, x, y, ty)
+    }
+    fn to_bits(&mut self, a: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_bitcast(None, a, self.0.t.u32)
+    }
+    fn bits_to_f32(&mut self, a: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_bitcast(None, a, self.0.t.f32)
+    }
+    fn uadd(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Plus, self.0.t.u32, a, b)
+    }
+    fn usub(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Minus, self.0.t.u32, a, b)
+    }
+    fn and(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::BitwiseAnd, self.0.t.u32, a, b)
+    }
+    fn or(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::BitwiseOr, self.0.t.u32, a, b)
+    }
+    fn shl(&mut self, a: RValue<'c>, s: u32) -> RValue<'c> {
+        let s = self.u(s);
+        self.0.ctx.new_binary_op(None, BinaryOp::LShift, self.0.t.u32, a, s)
+    }
+    fn sar(&mut self, a: RValue<'c>, s: u32) -> RValue<'c> {
+        let int = self.0.t.int;
+        let signed = self.0.ctx.new_cast(None, a, int);
+        let s = self.0.ctx.new_rvalue_from_int(int, s as i32);
+        let shifted = self.0.ctx.new_binary_op(None, BinaryOp::RShift, int, signed, s);
+        self.0.ctx.new_cast(None, shifted, self.0.t.u32)
+    }
+    fn keep(&mut self, a: RValue<'c>) -> RValue<'c> {
+        let ty = self.0.t.f32;
+        self.0.temp(a, ty)
+    }
+    fn keep_u(&mut self, a: RValue<'c>) -> RValue<'c> {
+        let ty = self.0.t.u32;
+        self.0.temp(a, ty)
     }
 }
