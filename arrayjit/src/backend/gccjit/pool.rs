@@ -14,6 +14,11 @@
 //! A chunk is claimed by raising its slot to the job's epoch (`fetch_max`): only one thread
 //! sees a lower value, and a worker that wakes up late with an older job cannot claim anything,
 //! since every chunk of that job was claimed before it completed.
+//!
+//! The jobs of a small model's step take microseconds, so the pool's own traffic matters: every
+//! claim slot and the completion counter sit on cache lines of their own (a claim does not
+//! bounce the line the caller is polling), each thread adds its finished chunks to the counter
+//! once per job, and the condition variable is signalled only when a worker is asleep on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -52,14 +57,27 @@ impl Job {
     }
 }
 
+/// A value alone on its cache lines (two, for the adjacent-line prefetcher).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Shared {
     threads: usize,
-    epoch: AtomicU64,
+    epoch: Padded<AtomicU64>,
     /// Per chunk, the epoch of the last job that claimed it.
-    claimed: Vec<AtomicU64>,
+    claimed: Vec<Padded<AtomicU64>>,
     /// Chunks of the current job finished.
-    done: AtomicUsize,
+    done: Padded<AtomicUsize>,
     job: Mutex<Option<(u64, Job)>>,
+    /// Workers waiting on `wake` (changed only under `job`'s lock).
+    sleepers: AtomicUsize,
     wake: Condvar,
     shutdown: AtomicBool,
 }
@@ -70,11 +88,15 @@ impl Shared {
     fn work(&self, id: usize, epoch: u64, job: &Job) {
         let own = job.parts * id / self.threads..job.parts * (id + 1) / self.threads;
         let others = (own.end..job.parts).chain(0..own.start);
+        let mut ran = 0;
         for part in own.clone().chain(others) {
             if self.claimed[part].fetch_max(epoch, Ordering::AcqRel) < epoch {
                 job.run_chunk(part);
-                self.done.fetch_add(1, Ordering::AcqRel);
+                ran += 1;
             }
+        }
+        if ran > 0 {
+            self.done.fetch_add(ran, Ordering::AcqRel);
         }
     }
 }
@@ -99,10 +121,11 @@ impl Pool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             threads,
-            epoch: AtomicU64::new(0),
-            claimed: (0..threads * CHUNKS_PER_THREAD).map(|_| AtomicU64::new(0)).collect(),
-            done: AtomicUsize::new(0),
+            epoch: Padded(AtomicU64::new(0)),
+            claimed: (0..threads * CHUNKS_PER_THREAD).map(|_| Padded(AtomicU64::new(0))).collect(),
+            done: Padded(AtomicUsize::new(0)),
             job: Mutex::new(None),
+            sleepers: AtomicUsize::new(0),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
         });
@@ -139,15 +162,19 @@ impl Pool {
             (0..parts).for_each(|p| job.run_chunk(p));
             return;
         }
-        let epoch = {
+        let (epoch, asleep) = {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             let epoch = self.shared.epoch.load(Ordering::Relaxed) + 1;
             self.shared.done.store(0, Ordering::Relaxed);
             *slot = Some((epoch, job));
             self.shared.epoch.store(epoch, Ordering::Release);
-            epoch
+            // A worker goes to sleep only under this lock, after seeing the old epoch: either
+            // it is counted here, or it sees the new epoch and does not sleep.
+            (epoch, self.shared.sleepers.load(Ordering::Relaxed) > 0)
         };
-        self.shared.wake.notify_all();
+        if asleep {
+            self.shared.wake.notify_all();
+        }
         self.shared.work(0, epoch, &job);
         let mut spins = 0u32;
         while self.shared.done.load(Ordering::Acquire) < parts {
@@ -176,7 +203,10 @@ fn worker(shared: &Shared, id: usize) {
                 if shared.epoch.load(Ordering::Acquire) == seen
                     && !shared.shutdown.load(Ordering::Acquire)
                 {
-                    drop(shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
+                    shared.sleepers.fetch_add(1, Ordering::Relaxed);
+                    let guard = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+                    shared.sleepers.fetch_sub(1, Ordering::Relaxed);
+                    drop(guard);
                 }
             }
         }
