@@ -57,8 +57,10 @@ impl NdArray {
             return Err(Error::DataLength { dims: dims.to_vec(), expected: n, got: data.len() });
         }
         let storage = match prec {
-            Prec::F16 => Storage::F16(data.iter().map(|&x| half::f16::from_f64(x)).collect()),
-            Prec::Bf16 => Storage::Bf16(data.iter().map(|&x| half::bf16::from_f64(x)).collect()),
+            Prec::F16 => Storage::F16(data.iter().map(|&x| crate::ops::f16_from_f64(x)).collect()),
+            Prec::Bf16 => {
+                Storage::Bf16(data.iter().map(|&x| crate::ops::bf16_from_f64(x)).collect())
+            }
             Prec::F32 => Storage::F32(data.iter().map(|&x| x as f32).collect()),
             Prec::F64 => Storage::F64(data.to_vec()),
         };

@@ -75,12 +75,54 @@ impl Prec {
     /// ```
     pub fn round(self, x: f64) -> f64 {
         match self {
-            Prec::F16 => half::f16::from_f64(x).to_f64(),
-            Prec::Bf16 => half::bf16::from_f64(x).to_f64(),
+            Prec::F16 => f16_from_f64(x).to_f64(),
+            Prec::Bf16 => bf16_from_f64(x).to_f64(),
             Prec::F32 => x as f32 as f64,
             Prec::F64 => x,
         }
     }
+}
+
+/// `x` rounded to `f32` toward zero, its last bit set when that was inexact ("round to odd").
+/// Rounding this to nearest even at 22 significant bits or fewer gives the correctly rounded
+/// `x`: the odd last bit stands for everything below it, so no tie is created or lost.
+fn f32_round_to_odd(x: f64) -> f32 {
+    let y = x as f32;
+    if !x.is_finite() || y as f64 == x {
+        return y;
+    }
+    let mut bits = y.to_bits();
+    if (y as f64).abs() > x.abs() {
+        // One step toward zero (sign and magnitude: the magnitude's bits); from an overflow
+        // to infinity, that is `f32::MAX`.
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// `x` correctly rounded (to nearest even) to bf16.
+///
+/// `half`'s own `bf16::from_f64` loses low bits before rounding: 0x202001·2⁻²⁴, just above a
+/// tie, comes out rounded down. This rounds once, correctly.
+///
+/// ```
+/// use rocannl_arrayjit::ops::bf16_from_f64;
+/// assert_eq!(bf16_from_f64(0x202001 as f64 / 16777216.0).to_f64(), 0.1259765625);
+/// assert_eq!(bf16_from_f64(1.0 + 1.0 / 256.0 + 1e-12).to_f64(), 1.0078125);
+/// ```
+pub fn bf16_from_f64(x: f64) -> half::bf16 {
+    half::bf16::from_f32(f32_round_to_odd(x))
+}
+
+/// `x` correctly rounded (to nearest even) to f16, subnormals included.
+///
+/// ```
+/// use rocannl_arrayjit::ops::f16_from_f64;
+/// assert_eq!(f16_from_f64(1.0 + 1.0 / 2048.0 + 1e-12).to_f64(), 1.0 + 1.0 / 1024.0);
+/// assert_eq!(f16_from_f64(65520.0).to_f64(), f64::INFINITY);
+/// ```
+pub fn f16_from_f64(x: f64) -> half::f16 {
+    half::f16::from_f32(f32_round_to_odd(x))
 }
 
 impl fmt::Display for Prec {
@@ -637,5 +679,48 @@ mod tests {
         let mean = xs.iter().sum::<f64>() / 1000.0;
         assert!((mean - 0.5).abs() < 0.05, "{mean}");
         assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::*;
+
+    /// Rounds `x` to `bits` significant bits, to nearest even, by exact integer arithmetic on
+    /// its significand (normal results only).
+    fn reference(x: f64, bits: u32) -> f64 {
+        let e = x.abs().log2().floor() as i32;
+        let scale = 2f64.powi(bits as i32 - 1 - e);
+        // `x · scale` is exact (a power of two) and below 2⁵³.
+        let m = x * scale;
+        let (fl, frac) = (m.floor(), m - m.floor());
+        let r = if frac > 0.5 || (frac == 0.5 && fl % 2.0 != 0.0) { fl + 1.0 } else { fl };
+        r / scale
+    }
+
+    #[test]
+    fn half_precisions_round_f64_once_and_correctly() {
+        // Values with bits far below f32's last place, ties and near-ties included.
+        let mut xs = vec![];
+        for k in 0..200_000u64 {
+            let u = uniform(3, k);
+            let tail = uniform(4, k) * 2f64.powi(-30);
+            xs.push(1.0 + u + tail);
+            xs.push(-(0.001 + u) * (1.0 + tail));
+            // Exactly on a bf16 tie, plus or minus a tiny amount.
+            let tie = 1.0 + ((k % 128) as f64 + 0.5) / 128.0;
+            xs.push(tie + 1e-13);
+            xs.push(tie - 1e-13);
+            xs.push(tie);
+        }
+        for x in xs {
+            assert_eq!(bf16_from_f64(x).to_f64(), reference(x, 8), "bf16 of {x:e}");
+            assert_eq!(f16_from_f64(x).to_f64(), reference(x, 11), "f16 of {x:e}");
+        }
+        assert_eq!(bf16_from_f64(1e39).to_f64(), f64::INFINITY);
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+        assert_eq!(bf16_from_f64(-0.0).to_bits(), 0x8000);
+        assert_eq!(f16_from_f64(1e-9).to_f64(), 0.0);
+        assert_eq!(f16_from_f64(6e-8).to_f64(), 2f64.powi(-24), "the smallest subnormal");
     }
 }

@@ -380,8 +380,10 @@ impl Machine<'_> {
             match v.prec {
                 Prec::F32 => *(v.ptr as *mut f32).add(off) = x as f32,
                 Prec::F64 => *(v.ptr as *mut f64).add(off) = x,
-                Prec::F16 => *(v.ptr as *mut u16).add(off) = f16::from_f64(x).to_bits(),
-                Prec::Bf16 => *(v.ptr as *mut u16).add(off) = bf16::from_f64(x).to_bits(),
+                // As compiled code stores: the value (computed in f32, or in f64 for a
+                // statement reading f64) goes to f32, then to nearest even.
+                Prec::F16 => *(v.ptr as *mut u16).add(off) = f16::from_f32(x as f32).to_bits(),
+                Prec::Bf16 => *(v.ptr as *mut u16).add(off) = bf16::from_f32(x as f32).to_bits(),
             }
         }
         Ok(())
