@@ -172,20 +172,30 @@ const NV: usize = 2;
 /// The most cells of a register tile (for the edge tiles' buffer).
 const MAX_TILE: usize = 8 * 2 * 16;
 
+/// A cache line of zeros: the unit of the packing buffer, so that every packed panel row
+/// starts on a line and a vector load never straddles two.
+#[derive(Copy, Clone)]
+#[repr(C, align(64))]
+struct Line([u64; 8]);
+
 thread_local! {
     /// Each thread's packing buffer (a block of `B`), kept between calls: a fresh allocation
     /// of this size per call would be mapped and faulted in every time.
-    static PACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static PACK: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A buffer of at least `len` elements of `T` (8-byte words, so aligned for f32 and f64).
-fn words<T>(buf: &mut Vec<u64>, len: usize) -> *mut T {
-    let need = (len * size_of::<T>()).div_ceil(8);
+/// A buffer of at least `len` elements of `T`, aligned to a cache line.
+fn words<T>(buf: &mut Vec<Line>, len: usize) -> *mut T {
+    let need = (len * size_of::<T>()).div_ceil(size_of::<Line>());
     if buf.len() < need {
-        buf.resize(need, 0);
+        buf.resize(need, Line([0; 8]));
     }
     buf.as_mut_ptr().cast()
 }
+
+/// The edge tiles' buffer, aligned as the packing buffer is.
+#[repr(C, align(64))]
+struct TileBuf<E>([E; MAX_TILE]);
 
 /// The blocked loops around packing and the micro-kernel: register tiles of `MR` rows ×
 /// `NV` vectors `V` of columns.
@@ -337,7 +347,8 @@ unsafe fn micro<V: Lanes, const MR: usize, const FUSED: bool>(t: &Tile<V::E>) {
         unsafe { registers::<V, MR, FUSED>(t, t.c, t.rsc) };
         return;
     }
-    let mut buf = [V::E::ZERO; MAX_TILE];
+    let mut tile = TileBuf([V::E::ZERO; MAX_TILE]);
+    let buf = &mut tile.0;
     let cell = |r: usize, j: usize| r as isize * t.rsc + j as isize * t.csc;
     if t.load {
         for r in 0..t.mr {
