@@ -16,7 +16,11 @@
 //!   to global norm 1, 2000 steps, f32.
 //!
 //! `cargo run --release --example char_gpt -- [--steps N] [--seed S] [--precision f32|bf16|f16]
-//! [--backend B] [--data FILE] [--json]`
+//! [--master f32|same] [--backend B] [--data FILE] [--json]`
+//!
+//! In bf16 and f16 the run is mixed precision by default: activations and their gradients in
+//! the half precision, parameters, their gradients and AdamW's state in f32 (`--master f32`),
+//! and in f16 dynamic loss scaling. `--master same` stores everything in the half precision.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -24,7 +28,7 @@ use std::time::Instant;
 use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::sample::Sampler;
 use rocannl::tensor::nn::{Activation, Module, loss};
-use rocannl::tensor::optim::{Optimizer, StepOptions};
+use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions};
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{BackendKind, Graph, Prec, Session, SessionOptions, Tensor};
 
@@ -50,6 +54,8 @@ struct Args {
     steps: usize,
     seed: u64,
     prec: Prec,
+    /// The master weights' precision, when it differs from `prec`.
+    master: Option<Prec>,
     backend: BackendKind,
     data: Option<String>,
     json: bool,
@@ -60,6 +66,7 @@ fn args() -> Result<Args, String> {
         steps: 2000,
         seed: 0,
         prec: Prec::F32,
+        master: Some(Prec::F32),
         backend: BackendKind::default(),
         data: None,
         json: false,
@@ -76,6 +83,13 @@ fn args() -> Result<Args, String> {
                     "bf16" => Prec::Bf16,
                     "f16" => Prec::F16,
                     other => return Err(format!("--precision {other}: f32, bf16 or f16")),
+                }
+            }
+            "--master" => {
+                a.master = match value()?.as_str() {
+                    "f32" => Some(Prec::F32),
+                    "same" => None,
+                    other => return Err(format!("--master {other}: f32 or same")),
                 }
             }
             "--backend" => {
@@ -156,7 +170,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let logits = gpt.apply(&x);
     let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
     let mean = per_position.mean_all();
-    let opts = SessionOptions { backend: a.backend, prec: a.prec, ..SessionOptions::default() };
+    let master = a.master.filter(|m| *m != a.prec);
+    let opts =
+        SessionOptions { backend: a.backend, prec: a.prec, master, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts)?;
     let params: usize = gpt
         .params()
@@ -164,7 +180,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0))
         .sum();
     let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
-    let clip = StepOptions { clip_grad_norm: Some(1.0) };
+    // f16's range needs loss scaling; bf16 has f32's.
+    let loss_scale = (a.prec == Prec::F16).then(LossScale::default);
+    let clip = StepOptions { clip_grad_norm: Some(1.0), loss_scale };
     let compile = Instant::now();
     let mut step = s.train_step_with(&mean, &adamw, &[], &clip)?;
     let eval = s.forward(&[&per_position, &logits])?;
@@ -217,6 +235,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let line = serde_json::json!({
             "train_loss": train_loss, "val_loss": val_loss, "steps_per_s": steps_per_s,
             "compile_s": compile_s, "wall_s": wall_s, "samples": samples, "params": params,
+            "precision": a.prec.name(), "master": s.master_prec().name(),
+            "skipped_steps": step.skipped_steps(),
             "data": {
                 "vocab": vocab, "train_tokens": d.train.len(), "val_tokens": d.val.len(),
                 "eval_windows": val.eval_starts().len(), "first_names": d.first,
@@ -228,6 +248,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "train loss (mean of the last 50 steps) {train_loss:.4}, validation loss {val_loss:.4}"
         );
         println!("{steps_per_s:.1} steps/s; compile {compile_s:.2} s; wall {wall_s:.2} s");
+        if step.skipped_steps() > 0 {
+            println!("loss scaling skipped {} steps", step.skipped_steps());
+        }
         println!("samples: {}", samples.join(" "));
         println!("parameters saved to char_gpt.safetensors");
     }

@@ -29,7 +29,7 @@ pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
 pub use init::Init;
-pub use optim::{Optimizer, StepOptions, TrainStep};
+pub use optim::{LossScale, Optimizer, StepOptions, TrainStep};
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so
 /// that a session can be configured from this crate alone.
 pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, Prec};

@@ -121,6 +121,71 @@ pub struct StepOptions {
     /// `min(1, max / (‖g‖ + 1e-6))`, `‖g‖` the 2-norm of all parameters' gradients together,
     /// before the optimizer uses them (PyTorch's `clip_grad_norm_`). `None`: no clipping.
     pub clip_grad_norm: Option<f64>,
+    /// Dynamic loss scaling, for f16 training: the loss's gradient is multiplied by a scale
+    /// before backpropagation, so small gradients do not flush to zero in f16, and the
+    /// parameters' gradients are divided by it again before the optimizer sees them. `None`:
+    /// no scaling.
+    pub loss_scale: Option<LossScale>,
+}
+
+/// Dynamic loss scaling (as PyTorch's `GradScaler`): a step whose gradients are not all finite
+/// (the scale was too large: something overflowed) is skipped — parameters and optimizer state
+/// untouched — and the scale multiplied by `backoff`; after `growth_interval` finite steps in a
+/// row it is multiplied by `growth`.
+///
+/// A scaled step runs as two routines: forward and backpropagation (the gradients unscaled and
+/// checked), then, if every gradient is finite, clipping and the update. Only the check's one
+/// number is read on the host.
+///
+/// ```
+/// use rocannl_tensor::{Graph, Init, LossScale, ParamSpec, Prec, Session, SessionOptions};
+/// use rocannl_tensor::optim::{Optimizer, StepOptions};
+/// let g = Graph::new();
+/// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+/// let loss = w.pointmul(&w).sum_all();
+/// // f16 activations, f32 master weights, the loss scaled by 2^15 at first.
+/// let opts = SessionOptions { prec: Prec::F16, master: Some(Prec::F32), ..Default::default() };
+/// let mut s = Session::with_options(&g, opts).unwrap();
+/// let scaling = LossScale { init: 32768.0, ..LossScale::default() };
+/// let step_opts = StepOptions { loss_scale: Some(scaling), ..StepOptions::default() };
+/// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
+/// s.step(&mut step, 0.25, &[]).unwrap();
+/// assert_eq!(s.read(&w).unwrap(), vec![1.5, 2.0]); // w - 0.25 · 2w, unscaled
+/// assert_eq!((step.skipped_steps(), step.loss_scale()), (0, Some(32768.0)));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossScale {
+    /// The first scale.
+    pub init: f64,
+    /// The factor after `growth_interval` finite steps in a row.
+    pub growth: f64,
+    /// The factor after a step with a gradient that is not finite.
+    pub backoff: f64,
+    /// How many finite steps in a row raise the scale.
+    pub growth_interval: u64,
+}
+
+impl Default for LossScale {
+    /// PyTorch's defaults: 2¹⁶, doubled after 2000 finite steps, halved on overflow.
+    fn default() -> Self {
+        LossScale { init: 65536.0, growth: 2.0, backoff: 0.5, growth_interval: 2000 }
+    }
+}
+
+/// The scaler's nodes and state.
+#[derive(Debug)]
+struct Scaler {
+    cfg: LossScale,
+    /// The update routine (clipping and the optimizer), run when the gradients are finite.
+    update: Routine,
+    /// The scale and its inverse (runtime scalars).
+    scale_node: NodeId,
+    inverse_node: NodeId,
+    /// Σ 0·g over every gradient: `nan` when one is not finite.
+    check_node: NodeId,
+    scale: f64,
+    good: u64,
+    skipped: u64,
 }
 
 /// A compiled training step.
@@ -131,15 +196,26 @@ pub struct TrainStep {
     scalars: [NodeId; 3],
     /// The squared global gradient norm of the last step, when clipping.
     grad_norm_sq: Option<NodeId>,
+    scaler: Option<Scaler>,
     steps: u64,
     /// The loss tensor.
     pub loss: Tensor,
 }
 
 impl TrainStep {
-    /// How many steps have run.
+    /// How many updates have been applied (a step skipped by loss scaling is not one).
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The current loss scale, under [`StepOptions::loss_scale`].
+    pub fn loss_scale(&self) -> Option<f64> {
+        self.scaler.as_ref().map(|s| s.scale)
+    }
+
+    /// How many steps loss scaling skipped because a gradient was not finite.
+    pub fn skipped_steps(&self) -> u64 {
+        self.scaler.as_ref().map_or(0, |s| s.skipped)
     }
 
     /// The compiled routine (for inspecting its code).
@@ -334,7 +410,7 @@ impl Session {
     /// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
     /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
     /// let mut s = Session::new(&g).unwrap();
-    /// let clip = StepOptions { clip_grad_norm: Some(1.0) };
+    /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
     /// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
     /// s.step(&mut step, 1.0, &[]).unwrap();
     /// assert!((s.grad_norm(&step).unwrap().unwrap() - 5.0).abs() < 1e-5);
@@ -355,37 +431,132 @@ impl Session {
                 "clip_grad_norm must be a positive number, not {max}"
             )));
         }
+        if let Some(ls) = &options.loss_scale {
+            let ok = ls.init > 0.0
+                && ls.init.is_finite()
+                && ls.growth >= 1.0
+                && ls.growth.is_finite()
+                && ls.backoff > 0.0
+                && ls.backoff < 1.0
+                && ls.growth_interval > 0;
+            if !ok {
+                return Err(Error::usage(format!(
+                    "loss_scale needs init > 0, growth >= 1, 0 < backoff < 1 and \
+                     growth_interval > 0, not {ls:?}"
+                )));
+            }
+        }
         let params = self.graph().params();
         if params.is_empty() {
             return Err(Error::usage("the graph has no parameters to train"));
         }
+        let trained: Vec<&Tensor> = params.iter().filter(|p| p.info().differentiable).collect();
         let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
         outs.push(loss.clone());
-        let plan = Plan { outputs: outs, backprop_from: Some(loss.clone()), grads: vec![] };
+        // Under loss scaling the gradients outlive the first routine.
+        let grads: Vec<Tensor> = match options.loss_scale {
+            Some(_) => trained.iter().map(|p| (*p).clone()).collect(),
+            None => vec![],
+        };
+        let plan = Plan { outputs: outs, backprop_from: Some(loss.clone()), grads };
         let mut code = self.plan_code(&plan)?;
         let scalars = [
             self.extra_node("lr", &[], true),
             self.extra_node("adam_c1", &[], true),
             self.extra_node("adam_c2", &[], true),
         ];
-        let trained: Vec<&Tensor> = params.iter().filter(|p| p.info().differentiable).collect();
-        let grad_norm_sq = match options.clip_grad_norm {
-            Some(max) => Some(self.clip_code(&trained, max, &mut code)?),
+        let scaling = match &options.loss_scale {
+            Some(cfg) => Some((cfg.clone(), self.scale_code(loss, &trained, &mut code)?)),
             None => None,
         };
-        for p in trained {
-            code.extend(self.update_code(opt, p, scalars)?);
+        let mut update = Vec::new();
+        let grad_norm_sq = match options.clip_grad_norm {
+            Some(max) => Some(self.clip_code(&trained, max, &mut update)?),
+            None => None,
+        };
+        for p in &trained {
+            update.extend(self.update_code(opt, p, scalars)?);
         }
         let visible = self.visible_nodes(&plan);
-        let routine = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
+        let (routine, scaler) = match scaling {
+            None => {
+                code.extend(update);
+                (self.compile_code("train_step", Asgn::Seq(code), &visible)?, None)
+            }
+            Some((cfg, [scale_node, inverse_node, check_node])) => {
+                let grads = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
+                let update = self.compile_code("train_update", Asgn::Seq(update), &visible)?;
+                let scale = cfg.init;
+                let scaler = Scaler {
+                    cfg,
+                    update,
+                    scale_node,
+                    inverse_node,
+                    check_node,
+                    scale,
+                    good: 0,
+                    skipped: 0,
+                };
+                (grads, Some(scaler))
+            }
+        };
         Ok(TrainStep {
             routine,
             optimizer: opt.clone(),
             scalars,
             grad_norm_sq,
+            scaler,
             steps: 0,
             loss: loss.clone(),
         })
+    }
+
+    /// Loss scaling's code after backpropagation: the loss's gradient seed multiplied by the
+    /// scale (right after it is set), every parameter's gradient multiplied by the inverse
+    /// scale, and `check = Σ_p Σ 0·g_p`, which is `nan` exactly when some gradient is not
+    /// finite. Returns the scale, inverse and check nodes.
+    fn scale_code(
+        &mut self,
+        loss: &Tensor,
+        params: &[&Tensor],
+        code: &mut Vec<Asgn>,
+    ) -> Result<[NodeId; 3]> {
+        let scale = self.extra_node("loss_scale", &[], true);
+        let inverse = self.extra_node("loss_scale_inverse", &[], true);
+        let check = self.extra_node("grad_check", &[], true);
+        let seed = self.grad_node(loss);
+        let dims = loss.dims()?;
+        let at = code
+            .iter()
+            .position(|c| matches!(c, Asgn::Fetch { lhs, .. } if *lhs == seed))
+            .ok_or_else(|| Error::usage("the loss has no gradient to scale"))?;
+        let scaled =
+            self.update(seed, vec![(seed, false), (scale, true)], b(BinOp::Mul, a(0), a(1)), &dims);
+        code.insert(at + 1, scaled);
+        code.push(Asgn::Comment("loss scaling: unscale and check the gradients".into()));
+        code.push(Asgn::Fetch {
+            lhs: check,
+            fetch: rocannl_arrayjit::assignments::FetchOp::Constant(0.0),
+        });
+        for p in params {
+            let dims = p.dims()?;
+            let g = self.grad_node(p);
+            code.push(self.update(
+                g,
+                vec![(g, false), (inverse, true)],
+                b(BinOp::Mul, a(0), a(1)),
+                &dims,
+            ));
+            code.push(Asgn::Accum {
+                lhs: check,
+                accum: Some(BinOp::Add),
+                rhs: vec![g],
+                expr: b(BinOp::Mul, a(0), k(0.0)),
+                projections: Arc::new(reduce_all(&dims, &mut self.symbols)),
+                initialize_neutral: false,
+            });
+        }
+        Ok([scale, inverse, check])
     }
 
     /// Clipping by global norm: `n2 = Σ_p Σ g_p²`, `c = min(1, max / (√n2 + 1e-6))`, every
@@ -443,22 +614,42 @@ impl Session {
     /// The graph's step counter ([`crate::Graph::step_symbol`]), if the step uses it, is bound
     /// to the step's number.
     pub fn step(&mut self, ts: &mut TrainStep, lr: f64, bindings: &[(Symbol, i64)]) -> Result<()> {
+        let mut all = bindings.to_vec();
+        if let Some(sym) = self.graph().existing_step_symbol()
+            && ts.routine.runtime_symbols().contains(&sym)
+            && !bindings.iter().any(|(s, _)| *s == sym)
+        {
+            all.push((sym, ts.steps as i64 + 1));
+        }
+        let values = ts.optimizer.scalars(ts.steps + 1, lr);
+        let Some(sc) = &mut ts.scaler else {
+            ts.steps += 1;
+            for (n, v) in ts.scalars.iter().zip(values) {
+                self.write_extra(*n, &[v])?;
+            }
+            return self.run_with(&ts.routine, &all);
+        };
+        self.write_extra(sc.scale_node, &[sc.scale])?;
+        self.write_extra(sc.inverse_node, &[1.0 / sc.scale])?;
+        self.run_with(&ts.routine, &all)?;
+        if !self.read_extra(sc.check_node)?[0].is_finite() {
+            // Overflow: skip the update, lower the scale.
+            sc.scale = (sc.scale * sc.cfg.backoff).max(f64::MIN_POSITIVE);
+            sc.good = 0;
+            sc.skipped += 1;
+            return Ok(());
+        }
         ts.steps += 1;
-        let values = ts.optimizer.scalars(ts.steps, lr);
         for (n, v) in ts.scalars.iter().zip(values) {
             self.write_extra(*n, &[v])?;
         }
-        match self.graph().existing_step_symbol() {
-            Some(sym)
-                if ts.routine.runtime_symbols().contains(&sym)
-                    && !bindings.iter().any(|(s, _)| *s == sym) =>
-            {
-                let mut all = bindings.to_vec();
-                all.push((sym, ts.steps as i64));
-                self.run_with(&ts.routine, &all)
-            }
-            _ => self.run_with(&ts.routine, bindings),
+        self.run_with(&sc.update, &all)?;
+        sc.good += 1;
+        if sc.good >= sc.cfg.growth_interval {
+            sc.scale *= sc.cfg.growth;
+            sc.good = 0;
         }
+        Ok(())
     }
 
     /// The loss after the last step (its cells summed).

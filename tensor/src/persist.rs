@@ -1,7 +1,7 @@
 //! Saving and loading parameters as safetensors.
 //!
 //! Each parameter is stored under its label with its dimensions in memory order (batch, output,
-//! input) and the session's precision, as raw little-endian bytes, so a round trip is
+//! input) and the parameters' precision ([`Session::master_prec`]), as raw little-endian bytes, so a round trip is
 //! bit-exact. Loading checks every name, shape and precision first and writes nothing unless all
 //! match, so a file that does not fit leaves the session unchanged.
 
@@ -64,13 +64,13 @@ impl Session {
             let values = self.read(p).map_err(|_| {
                 persist(format!("parameter '{name}' has no value yet: run a routine first"))
             })?;
-            let arr = NdArray::from_f64(self.prec(), &p.dims()?, &values)?;
+            let arr = NdArray::from_f64(self.master_prec(), &p.dims()?, &values)?;
             bytes.push((name.clone(), p.dims()?, arr.to_bytes()));
         }
         let views = bytes
             .iter()
             .map(|(n, dims, b)| {
-                TensorView::new(dtype(self.prec()), dims.clone(), b)
+                TensorView::new(dtype(self.master_prec()), dims.clone(), b)
                     .map(|v| (n.clone(), v))
                     .map_err(|e| persist(format!("parameter '{n}': {e}")))
             })
@@ -100,15 +100,15 @@ impl Session {
                     view.shape()
                 )));
             }
-            if view.dtype() != dtype(self.prec()) {
+            if view.dtype() != dtype(self.master_prec()) {
                 return Err(persist(format!(
                     "parameter '{name}' is {} but {} stores {:?}",
-                    self.prec().name(),
+                    self.master_prec().name(),
                     path.display(),
                     view.dtype()
                 )));
             }
-            let arr = NdArray::from_bytes(self.prec(), &dims, view.data())?;
+            let arr = NdArray::from_bytes(self.master_prec(), &dims, view.data())?;
             staged.push((p.clone(), arr));
         }
         if let Some(extra) = st.names().into_iter().find(|n| !params.contains_key(*n)) {

@@ -30,8 +30,14 @@ use crate::op::OpCtx;
 pub struct SessionOptions {
     /// The backend.
     pub backend: BackendKind,
-    /// The precision of every tensor.
+    /// The precision of every tensor (of the activations and their gradients, under
+    /// [`SessionOptions::master`]).
     pub prec: Prec,
+    /// Mixed precision: parameters, their gradients and the optimizer's state are stored in
+    /// this precision (f32 master weights), everything else in [`SessionOptions::prec`].
+    /// Arithmetic on values of half precisions is carried out in f32 either way, and products
+    /// accumulate in f32. `None`: everything in `prec`.
+    pub master: Option<Prec>,
     /// Compiler settings.
     pub compile: CompileOptions,
 }
@@ -41,6 +47,7 @@ impl Default for SessionOptions {
         SessionOptions {
             backend: BackendKind::default(),
             prec: Prec::F32,
+            master: None,
             compile: CompileOptions::default(),
         }
     }
@@ -51,6 +58,8 @@ pub struct Session {
     graph: Graph,
     ctx: Context,
     prec: Prec,
+    /// The precision of parameters, their gradients and optimizer state.
+    master: Prec,
     value: FxHashMap<TensorId, NodeId>,
     grad: FxHashMap<TensorId, NodeId>,
     /// Nodes that are not tensors of the graph (optimizer state, scratch, scalars).
@@ -111,6 +120,7 @@ impl Session {
             graph: graph.clone(),
             ctx,
             prec: opts.prec,
+            master: opts.master.unwrap_or(opts.prec),
             value: FxHashMap::default(),
             grad: FxHashMap::default(),
             extra: FxHashMap::default(),
@@ -134,9 +144,15 @@ impl Session {
         self.ctx.kind()
     }
 
-    /// The precision.
+    /// The precision of the tensors (of the activations, under mixed precision).
     pub fn prec(&self) -> Prec {
         self.prec
+    }
+
+    /// The precision parameters, their gradients and the optimizer's state are stored in
+    /// ([`SessionOptions::master`]; else [`Session::prec`]).
+    pub fn master_prec(&self) -> Prec {
+        self.master
     }
 
     fn fresh_node(&mut self) -> NodeId {
@@ -147,6 +163,15 @@ impl Session {
     /// The compiler node holding a tensor's value.
     pub fn node(&mut self, t: &Tensor) -> NodeId {
         self.node_of(t.id)
+    }
+
+    /// The storage precision of a tensor's value and gradient: the master precision for
+    /// parameters, the session's for everything else.
+    fn prec_of(&self, t: TensorId) -> Prec {
+        match self.graph.tensor(t).info().source {
+            Source::Leaf(Leaf::Param(_)) => self.master,
+            _ => self.prec,
+        }
     }
 
     fn node_of(&mut self, t: TensorId) -> NodeId {
@@ -171,7 +196,7 @@ impl Session {
     pub(crate) fn extra_node(&mut self, label: &str, dims: &[usize], persistent: bool) -> NodeId {
         let n = self.fresh_node();
         let mode = if persistent { MemoryMode::HostVisible } else { MemoryMode::Virtual };
-        self.extra.insert(n, TensorNode::new(n, label, dims, self.prec, mode));
+        self.extra.insert(n, TensorNode::new(n, label, dims, self.master, mode));
         if persistent {
             self.persistent.insert(n);
         }
@@ -359,7 +384,7 @@ impl Session {
                 MemoryMode::Virtual
             };
             let label = if is_grad { format!("grad_{}", tensor.label()) } else { tensor.label() };
-            table.insert(TensorNode::new(n, &label, &self.dims(t)?, self.prec, mode));
+            table.insert(TensorNode::new(n, &label, &self.dims(t)?, self.prec_of(t), mode));
         }
         Ok(table)
     }
@@ -445,24 +470,24 @@ impl Session {
         for (t, leaf) in leaves {
             let n = self.node_of(t);
             let dims = self.dims(t)?;
+            let prec = self.prec_of(t);
             let node = TensorNode::new(
                 n,
                 &self.graph.tensor(t).label(),
                 &dims,
-                self.prec,
+                prec,
                 MemoryMode::HostVisible,
             );
             self.ctx.ensure_buffer(&node)?;
             self.ready.insert(t);
             match leaf {
-                Leaf::Data(Some(values)) => self.write_node(n, &dims, &values)?,
+                Leaf::Data(Some(values)) => self.write_node(n, prec, &dims, &values)?,
                 Leaf::Data(None) => {}
                 Leaf::Param(init_spec) => {
                     let rows = self.graph.tensor(t).rows()?;
                     let (input, output) = (rows.input, rows.output);
                     let seed = derive_seed(self.graph.seed(), t.0);
                     let mut scratch = Vec::new();
-                    let prec = self.prec;
                     let next = &mut self.next_node;
                     let mut temps = || {
                         *next += 1;
@@ -488,7 +513,7 @@ impl Session {
                         nodes.insert(s);
                     }
                     if let Some(values) = code.host_values {
-                        self.write_node(n, &dims, &values)?;
+                        self.write_node(n, prec, &dims, &values)?;
                     } else {
                         nodes.insert(node);
                         init.push(code.asgn);
@@ -504,8 +529,8 @@ impl Session {
         Ok(())
     }
 
-    fn write_node(&mut self, n: NodeId, dims: &[usize], values: &[f64]) -> Result<()> {
-        let arr = NdArray::from_f64(self.prec, dims, values)?;
+    fn write_node(&mut self, n: NodeId, prec: Prec, dims: &[usize], values: &[f64]) -> Result<()> {
+        let arr = NdArray::from_f64(prec, dims, values)?;
         self.ctx.write(n, &arr)?;
         Ok(())
     }
@@ -552,11 +577,12 @@ impl Session {
     pub fn write(&mut self, t: &Tensor, values: &[f64]) -> Result<()> {
         let dims = t.dims()?;
         let n = self.node_of(t.id);
-        let node = TensorNode::new(n, &t.label(), &dims, self.prec, MemoryMode::HostVisible);
+        let prec = self.prec_of(t.id);
+        let node = TensorNode::new(n, &t.label(), &dims, prec, MemoryMode::HostVisible);
         let spread = self.spread_dynamic(t, &dims, values)?;
         self.ctx.ensure_buffer(&node)?;
         self.ready.insert(t.id);
-        self.write_node(n, &dims, spread.as_deref().unwrap_or(values))
+        self.write_node(n, prec, &dims, spread.as_deref().unwrap_or(values))
     }
 
     /// Writes integer ids (tokens, class labels) into a data tensor, checking each against the
@@ -642,7 +668,7 @@ impl Session {
     pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {
         let node = self.extra.get(&n).cloned().ok_or_else(|| Error::usage("unknown extra node"))?;
         self.ctx.ensure_buffer(&node)?;
-        self.write_node(n, &node.dims, values)
+        self.write_node(n, node.prec, &node.dims, values)
     }
 
     pub(crate) fn read_extra(&self, n: NodeId) -> Result<Vec<f64>> {

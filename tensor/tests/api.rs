@@ -427,7 +427,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
                 ..SessionOptions::default()
             };
             let mut s = Session::with_options(&g, opts).unwrap();
-            let clip = StepOptions { clip_grad_norm: Some(max) };
+            let clip = StepOptions { clip_grad_norm: Some(max), ..StepOptions::default() };
             let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
             s.step(&mut step, 0.5, &[]).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
@@ -450,7 +450,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     let mut s = Session::new(&g).unwrap();
     let step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
     assert_eq!(s.grad_norm(&step).unwrap(), None);
-    let bad = StepOptions { clip_grad_norm: Some(0.0) };
+    let bad = StepOptions { clip_grad_norm: Some(0.0), ..StepOptions::default() };
     let err = s.train_step_with(&loss, &Optimizer::sgd(), &[], &bad).unwrap_err();
     assert!(err.to_string().contains("clip_grad_norm"), "{err}");
 }

@@ -1,0 +1,138 @@
+//! Mixed precision (f32 master weights under half-precision activations) and dynamic loss
+//! scaling.
+
+use rocannl_tensor::nn::{Activation, Mlp, loss};
+use rocannl_tensor::{
+    BackendKind, Graph, Init, LossScale, Optimizer, ParamSpec, Prec, Session, SessionOptions,
+    StepOptions,
+};
+
+fn backends() -> Vec<BackendKind> {
+    BackendKind::available().into_iter().filter(|b| *b != BackendKind::Cuda).collect()
+}
+
+fn options(backend: BackendKind, prec: Prec, master: Option<Prec>) -> SessionOptions {
+    SessionOptions { backend, prec, master, ..SessionOptions::default() }
+}
+
+/// A small regression: 16 points, an MLP with GELU, mean squared error.
+fn regression(g: &Graph) -> (rocannl_tensor::Tensor, Vec<rocannl_tensor::Tensor>) {
+    let xs: Vec<f64> = (0..64).map(|i| ((i * 37 % 23) as f64 - 11.0) / 9.0).collect();
+    let ys: Vec<f64> = (0..16).map(|i| ((i * 5 % 7) as f64 - 3.0) / 4.0).collect();
+    let x = g.ndarray("x", &[16], &[], &[4], &xs);
+    let y = g.ndarray("y", &[16], &[], &[1], &ys);
+    let out = Mlp::new(g, "mlp", &[32, 1], Activation::GeluTanh).apply(&x);
+    let l = loss::mse(&out, &y);
+    (l, g.params())
+}
+
+#[test]
+fn master_weights_are_stored_in_f32_under_half_precision_activations() {
+    for backend in backends() {
+        for prec in [Prec::Bf16, Prec::F16] {
+            let g = Graph::with_seed(3);
+            let (l, params) = regression(&g);
+            let mut s = Session::with_options(&g, options(backend, prec, Some(Prec::F32))).unwrap();
+            assert_eq!((s.prec(), s.master_prec()), (prec, Prec::F32));
+            let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+            let first = {
+                s.step(&mut step, 1e-3, &[]).unwrap();
+                s.loss(&step).unwrap()
+            };
+            for _ in 0..200 {
+                s.step(&mut step, 1e-2, &[]).unwrap();
+            }
+            let last = s.loss(&step).unwrap();
+            assert!(last < first * 0.5, "{backend:?} {prec:?}: {first} -> {last}");
+            // Updates of 1e-3 on values of magnitude ~0.3 survive only in f32 storage: some
+            // weight is not representable in the half precision.
+            let w = s.read(&params[0]).unwrap();
+            let half = |v: f64| prec.round(v) == v;
+            assert!(w.iter().any(|v| !half(*v)), "{backend:?} {prec:?}: weights are not f32");
+            // Checkpoints hold the master weights.
+            let path = std::env::temp_dir().join(format!(
+                "rocannl-master-{}-{}.safetensors",
+                prec.name(),
+                std::process::id()
+            ));
+            s.save_params(&path).unwrap();
+            let before = s.read(&params[0]).unwrap();
+            s.write(&params[0], &vec![0.0; before.len()]).unwrap();
+            s.load_params(&path).unwrap();
+            assert_eq!(s.read(&params[0]).unwrap(), before);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A loss whose gradient is 2⁻²⁶ per parameter: below f16's smallest subnormal (2⁻²⁴), so
+/// without scaling it flushes to zero and nothing trains; scaled by 2¹⁴ it is representable,
+/// and the f32 master weights move as in f32.
+#[test]
+fn loss_scaling_keeps_small_f16_gradients() {
+    for backend in backends() {
+        let run = |prec: Prec, master: Option<Prec>, scale: Option<LossScale>| {
+            let g = Graph::with_seed(1);
+            let w = g.param_with("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
+            let l = w.sum_all().scale(2f64.powi(-26));
+            let mut s = Session::with_options(&g, options(backend, prec, master)).unwrap();
+            let opts = StepOptions { loss_scale: scale, ..StepOptions::default() };
+            let mut step = s.train_step_with(&l, &Optimizer::sgd(), &[], &opts).unwrap();
+            for _ in 0..4 {
+                s.step(&mut step, 1024.0, &[]).unwrap();
+            }
+            (s.read(&w).unwrap(), step.skipped_steps())
+        };
+        let (exact, _) = run(Prec::F32, None, None);
+        assert!((exact[0] - (1.0 - 4.0 * 1024.0 * 2f64.powi(-26))).abs() < 1e-9);
+        let (unscaled, _) = run(Prec::F16, Some(Prec::F32), None);
+        assert_eq!(unscaled, vec![1.0; 4], "{backend:?}: the gradient underflows in f16");
+        let scale = LossScale { init: 2f64.powi(14), ..LossScale::default() };
+        let (scaled, skipped) = run(Prec::F16, Some(Prec::F32), Some(scale));
+        assert_eq!(skipped, 0);
+        assert_eq!(scaled, exact, "{backend:?}: scaled f16 gradients train as f32 ones");
+    }
+}
+
+/// An overflowing scale skips the step (parameters and optimizer state untouched) and halves;
+/// finite steps in a row double it.
+#[test]
+fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
+    for backend in backends() {
+        let g = Graph::with_seed(1);
+        let w = g.param_with("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+        let l = w.pointmul(&w).sum_all();
+        let mut s =
+            Session::with_options(&g, options(backend, Prec::F16, Some(Prec::F32))).unwrap();
+        // The loss's gradient seed is the scale, stored in f16 (max 65504): 2²⁰ overflows until
+        // halved five times, to 2¹⁵. (The weights' gradients, 2w·scale, are f32 master ones.)
+        let cfg = LossScale { init: 2f64.powi(20), growth: 2.0, backoff: 0.5, growth_interval: 3 };
+        let opts = StepOptions { loss_scale: Some(cfg), ..StepOptions::default() };
+        let mut step = s.train_step_with(&l, &Optimizer::adam(), &[], &opts).unwrap();
+        let mut skipped = 0;
+        while step.steps() == 0 {
+            s.step(&mut step, 0.1, &[]).unwrap();
+            if step.steps() == 0 {
+                skipped += 1;
+                assert_eq!(s.read(&w).unwrap(), vec![1.0, 2.0, 3.0], "{backend:?}: a skipped step");
+            }
+            assert!(skipped < 20);
+        }
+        assert_eq!(step.skipped_steps(), skipped);
+        assert_eq!(skipped, 5, "{backend:?}");
+        let scale = step.loss_scale().unwrap();
+        assert_eq!(scale, 2f64.powi(15));
+        // Adam moved every weight down by about lr on the first applied step.
+        let w1 = s.read(&w).unwrap();
+        for (a, b) in w1.iter().zip([1.0, 2.0, 3.0]) {
+            assert!((b - a - 0.1).abs() < 1e-3, "{backend:?}: {w1:?}");
+        }
+        s.step(&mut step, 0.1, &[]).unwrap();
+        s.step(&mut step, 0.1, &[]).unwrap();
+        assert_eq!(step.loss_scale(), Some(scale * 2.0), "{backend:?}: 3 finite steps double it");
+        let bad = LossScale { backoff: 1.5, ..LossScale::default() };
+        let opts = StepOptions { loss_scale: Some(bad), ..StepOptions::default() };
+        let err = s.train_step_with(&l, &Optimizer::adam(), &[], &opts).unwrap_err();
+        assert!(err.to_string().contains("backoff"), "{err}");
+    }
+}
