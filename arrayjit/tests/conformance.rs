@@ -249,3 +249,59 @@ fn half_precision_stores_round_as_compiled_code_does() {
         }
     }
 }
+
+/// f16 loads and stores, inline in compiled code, convert exactly as the interpreter does:
+/// every f16 value to f32, and f32 values across the whole range (f16's subnormals and their
+/// ties, the overflow threshold, infinities, NaN) to f16, at `-O0` and `-O3`.
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_f16_conversions_match_the_interpreter() {
+    use rocannl_arrayjit::assignments::ScalarExpr;
+    use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+    use rocannl_arrayjit::tnode::NodeTable;
+    let copy = |from: Prec, to: Prec, xs: Vec<f64>| {
+        let n = xs.len();
+        let mut nodes = NodeTable::default();
+        let x = host(&mut nodes, "x", &[n], from);
+        let y = host(&mut nodes, "y", &[n], to);
+        let p = Projections::identity(&[n], 1, &mut SymbolGen::default());
+        Case {
+            name: format!("copy_{}_{}", from.name(), to.name()),
+            asgn: accum(y, None, vec![x], ScalarExpr::Arg(0), p, false),
+            nodes,
+            inputs: vec![(x, xs)],
+            outputs: vec![y],
+            bindings: vec![],
+            expected: None,
+        }
+    };
+    let every_f16: Vec<f64> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f64()).collect();
+    let mut f32s: Vec<f64> =
+        (0..=u32::MAX / 4099).map(|i| f32::from_bits(i.wrapping_mul(4099)) as f64).collect();
+    for b in 0..=u16::MAX {
+        // Each f16 value, the midpoints to its neighbours, and just either side of those.
+        let v = half::f16::from_bits(b).to_f32();
+        let next = half::f16::from_bits(b.wrapping_add(1)).to_f32();
+        if v.is_finite() && next.is_finite() && (b & 0x7fff) != 0x7bff {
+            let mid = (v as f64 + next as f64) / 2.0;
+            let m = mid as f32;
+            for d in [-1i32, 0, 1] {
+                f32s.push(f32::from_bits((m.to_bits() as i32 + d) as u32) as f64);
+            }
+        }
+    }
+    f32s.extend([65504.0, 65519.99, 65520.0, 65536.0, 1e10, f64::INFINITY, f64::NAN, 6e-8, 3e-8]);
+    for case in [copy(Prec::F16, Prec::F32, every_f16), copy(Prec::F32, Prec::F16, f32s)] {
+        let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+        for level in [0, 3] {
+            let opts = CompileOptions { opt_level: level, ..optimized() };
+            let got = run_case(BackendKind::Gccjit, opts, &case);
+            let bad = got[0]
+                .iter()
+                .zip(&want[0])
+                .enumerate()
+                .find(|(_, (g, w))| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+            assert!(bad.is_none(), "{} at -O{level}: {bad:?}", case.name);
+        }
+    }
+}

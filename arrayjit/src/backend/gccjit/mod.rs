@@ -387,8 +387,10 @@ impl Gccjit {
     /// [`dedup`]), so routines and programs with steps in common share them.
     fn setup_key(&self) -> String {
         let v = gccjit::Version::get();
+        // The codegen number changes whenever the code generated for the same program changes
+        // (8: exp and tanh inline, f16 conversions inline), so older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 7; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 8; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
