@@ -166,6 +166,40 @@ pub fn ternop_case(op: TernOp, prec: Prec) -> Case {
 }
 
 /// `c[i,j] = Σ_k a[i,k] * b[k,j]`.
+/// `c = a · bᵀ` with `b` stored `[n, k]` (a weight stored `[out, in]`, as in a backward
+/// product): a transposed operand.
+pub fn matmul_bt_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
+    let mut nodes = NodeTable::default();
+    let a = host(&mut nodes, "a", &[m, k], prec);
+    let b = host(&mut nodes, "b", &[n, k], prec);
+    let c = host(&mut nodes, "c", &[m, n], prec);
+    let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
+    let p = proj(
+        &[(i, m), (j, n), (kk, k)],
+        &[m, n],
+        vec![It(i), It(j)],
+        vec![(vec![m, k], vec![It(i), It(kk)]), (vec![n, k], vec![It(j), It(kk)])],
+    );
+    let av: Vec<f64> = data(m * k, 7, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let bv: Vec<f64> = data(k * n, 8, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let mut cv = vec![0.0; m * n];
+    for r in 0..m {
+        for q in 0..n {
+            cv[r * n + q] = prec.round((0..k).map(|t| av[r * k + t] * bv[q * k + t]).sum());
+        }
+    }
+    let expr = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+    Case {
+        name: format!("matmul_bt_{m}x{k}x{n}_{}", prec.name()),
+        asgn: accum(c, Some(BinOp::Add), vec![a, b], expr, p, true),
+        nodes,
+        inputs: vec![(a, av), (b, bv)],
+        outputs: vec![c],
+        bindings: vec![],
+        expected: Some(vec![cv]),
+    }
+}
+
 pub fn matmul_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
     let mut nodes = NodeTable::default();
     let a = host(&mut nodes, "a", &[m, k], prec);

@@ -250,8 +250,15 @@ fn operand(prog: &mut Program, e: &Expr, loops: &[Loop], prec: Prec) -> (Strided
         return (Strided { node: *n, idx: idx.clone() }, None);
     }
     // Only loop variables of the nest (and symbols) may index the expression.
-    let used: Vec<Loop> =
+    let mut used: Vec<Loop> =
         loops.iter().filter(|l| e.indices().iter().any(|i| i.uses(l.var))).copied().collect();
+    if let Expr::Get(n, idx) = e {
+        // A plain read in another precision (a half-precision tensor): the buffer is laid out
+        // as the tensor is, so that filling it reads and writes memory in order. (In the nest's
+        // order, a transposed operand — a weight in a backward product — was read one cell
+        // per cache line.) The kernel takes the buffer's strides as they come.
+        used.sort_by_key(|l| std::cmp::Reverse(coeff(prog, *n, idx, l.var).abs()));
+    }
     let dims: Vec<usize> = used.iter().map(|l| l.extent).collect();
     let id = prog.fresh_node_id();
     let label = format!("gemm operand {}", id.0);
@@ -273,6 +280,7 @@ impl Fill {
     /// Whether the buffer's loops are the product's one row loop and its reduction loops.
     fn rows_only(&self, m: &Merged, k: &Merged) -> bool {
         m.vars.len() == 1
+            && self.used.first().is_some_and(|l| l.var == m.vars[0])
             && self.used.iter().filter(|l| l.var == m.vars[0]).count() == 1
             && self.used.iter().all(|l| l.var == m.vars[0] || k.vars.contains(&l.var))
     }
