@@ -256,12 +256,13 @@ fn half_precision_stores_round_as_compiled_code_does() {
     }
 }
 
-/// f16 loads and stores, inline in compiled code, convert exactly as the interpreter does:
-/// every f16 value to f32, and f32 values across the whole range (f16's subnormals and their
-/// ties, the overflow threshold, infinities, NaN) to f16, at `-O0` and `-O3`.
+/// f16 and bf16 loads and stores, inline in compiled code, convert exactly as the interpreter
+/// does: every f16 and bf16 value to f32, and f32 values across the whole range (ties between
+/// neighbours and either side of them, f16's subnormals, the overflow thresholds, infinities,
+/// NaN) back, at `-O0` and `-O3`.
 #[cfg(feature = "gccjit")]
 #[test]
-fn gccjit_f16_conversions_match_the_interpreter() {
+fn gccjit_half_precision_conversions_match_the_interpreter() {
     use rocannl_arrayjit::assignments::ScalarExpr;
     use rocannl_arrayjit::indexing::{Projections, SymbolGen};
     use rocannl_arrayjit::tnode::NodeTable;
@@ -297,7 +298,22 @@ fn gccjit_f16_conversions_match_the_interpreter() {
         }
     }
     f32s.extend([65504.0, 65519.99, 65520.0, 65536.0, 1e10, f64::INFINITY, f64::NAN, 6e-8, 3e-8]);
-    for case in [copy(Prec::F16, Prec::F32, every_f16), copy(Prec::F32, Prec::F16, f32s)] {
+    // bf16 too: every value, and the ties between neighbours (and either side of them).
+    let every_bf16: Vec<f64> = (0..=u16::MAX).map(|b| half::bf16::from_bits(b).to_f64()).collect();
+    let mut bf16_ties: Vec<f64> = vec![3.4e38, f64::INFINITY, f64::NAN, 1e-40];
+    for b in (0..=u16::MAX).step_by(7) {
+        let mid = f32::from_bits(((b as u32) << 16) | 0x8000);
+        for d in [-1i32, 0, 1] {
+            bf16_ties.push(f32::from_bits((mid.to_bits() as i32 + d) as u32) as f64);
+        }
+    }
+    let cases = [
+        copy(Prec::F16, Prec::F32, every_f16),
+        copy(Prec::F32, Prec::F16, f32s),
+        copy(Prec::Bf16, Prec::F32, every_bf16),
+        copy(Prec::F32, Prec::Bf16, bf16_ties),
+    ];
+    for case in cases {
         let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
         for level in [0, 3] {
             let opts = CompileOptions { opt_level: level, ..optimized() };

@@ -697,25 +697,25 @@ impl<'c> Gen<'c> {
     }
 
     /// f32 to bf16 bits, inline, rounding to nearest even and keeping NaN a (quiet) NaN,
-    /// exactly as the `half` crate (and so the interpreter) does:
-    /// `nan ? hi | 0x40 : hi + (x & 0x8000 != 0 && x & 0x17fff != 0)`, with `hi = x >> 16`.
-    fn f32_to_bf16(&self, v: RValue<'c>) -> RValue<'c> {
+    /// exactly as the `half` crate (and so the interpreter) does: `(x + 0x7fff + lsb) >> 16`
+    /// with `lsb` the kept part's last bit (a carry out of the dropped half is the rounding,
+    /// up to infinity), and `nan ? (x >> 16) | 0x40`. Four integer operations and a blend per
+    /// value, all of which vectorize.
+    fn f32_to_bf16(&mut self, v: RValue<'c>) -> RValue<'c> {
         let u32t = self.t.u32;
-        let k = |c: i64| self.ctx.new_rvalue_from_long(u32t, c);
-        let bin = |op, a, b| self.ctx.new_binary_op(None, op, u32t, a, b);
-        let flag = |c: RValue<'c>| self.ctx.new_cast(None, c, u32t);
+        let k = |g: &Self, c: i64| g.ctx.new_rvalue_from_long(u32t, c);
+        let bin = |g: &Self, op, a, b| g.ctx.new_binary_op(None, op, u32t, a, b);
         let x = self.ctx.new_bitcast(None, v, u32t);
-        let hi = bin(BinaryOp::RShift, x, k(16));
-        let round_bit =
-            self.cmp(ComparisonOp::NotEquals, bin(BinaryOp::BitwiseAnd, x, k(0x8000)), k(0));
-        let sticky =
-            self.cmp(ComparisonOp::NotEquals, bin(BinaryOp::BitwiseAnd, x, k(0x17fff)), k(0));
-        let round = bin(BinaryOp::BitwiseAnd, flag(round_bit), flag(sticky));
-        let magnitude = bin(BinaryOp::BitwiseAnd, x, k(0x7fff_ffff));
-        let nan = flag(self.cmp(ComparisonOp::GreaterThan, magnitude, k(0x7f80_0000)));
-        let not_nan = bin(BinaryOp::Minus, k(1), nan);
-        let rounded = bin(BinaryOp::Plus, hi, bin(BinaryOp::Mult, round, not_nan));
-        let bits = bin(BinaryOp::BitwiseOr, rounded, bin(BinaryOp::Mult, nan, k(0x40)));
+        let x = self.temp(x, u32t);
+        let hi = bin(self, BinaryOp::RShift, x, k(self, 16));
+        let hi = self.temp(hi, u32t);
+        let lsb = bin(self, BinaryOp::BitwiseAnd, hi, k(self, 1));
+        let biased = bin(self, BinaryOp::Plus, bin(self, BinaryOp::Plus, x, k(self, 0x7fff)), lsb);
+        let rounded = bin(self, BinaryOp::RShift, biased, k(self, 16));
+        let magnitude = bin(self, BinaryOp::BitwiseAnd, x, k(self, 0x7fff_ffff));
+        let nan = self.cmp(ComparisonOp::GreaterThan, magnitude, k(self, 0x7f80_0000));
+        let quiet = bin(self, BinaryOp::BitwiseOr, hi, k(self, 0x40));
+        let bits = self.select(nan, quiet, rounded, u32t);
         self.ctx.new_cast(None, bits, self.t.u16)
     }
 

@@ -388,10 +388,10 @@ impl Gccjit {
     fn setup_key(&self) -> String {
         let v = gccjit::Version::get();
         // The codegen number changes whenever the code generated for the same program changes
-        // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks),
-        // so older cache entries are not used.
+        // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
+        // 10: f32 -> bf16 by one biased addition), so older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 9; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 10; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
