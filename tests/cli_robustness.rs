@@ -222,3 +222,44 @@ fn tensors_of_very_high_rank_are_evaluated() {
         assert_eq!(values.len(), 6, "{backend}");
     }
 }
+
+/// `--plot` draws compile and run times per backend and optimization level into an SVG file
+/// (gccjit at each of -O0..-O3), and leaves the JSON answer as it is: one run per backend.
+#[test]
+fn bench_plots_every_backend_and_optimization_level() {
+    let doc = json!({"expr": {"op": "matmul", "args": [
+        {"leaf": "param", "name": "a", "input": [8], "output": [8], "init": {"constant": 1}},
+        {"leaf": "param", "name": "b", "input": [8], "output": [8], "init": {"constant": 2}}]}});
+    let backends: &[&str] =
+        if cfg!(feature = "gccjit") { &["interp", "gccjit"] } else { &["interp"] };
+    let path = std::env::temp_dir().join(format!("rocannl-plot-{}.svg", std::process::id()));
+    let path_s = path.display().to_string();
+    let mut args = vec!["bench", "--json", "--reps", "2", "--plot", &path_s];
+    for b in backends {
+        args.extend(["--backend", b]);
+    }
+    args.push("-");
+    let (rc, v) = rocannl(&args, &doc.to_string());
+    assert_eq!(rc, 0, "{v}");
+    assert_eq!(v["runs"].as_array().map(Vec::len), Some(backends.len()), "{v}");
+    let svg = std::fs::read_to_string(&path).expect("the plot");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    let mut labels = vec!["interp".to_string()];
+    if cfg!(feature = "gccjit") {
+        labels.extend((0..=3).map(|l| format!("gccjit -O{l}")));
+    }
+    for label in labels.iter().chain(&["compile (s): cold | warm".to_string()]) {
+        assert!(svg.contains(label.as_str()), "no '{label}' in the plot");
+    }
+    // One bar per configuration and panel at least (and the warm bars of gccjit's).
+    assert!(svg.matches("<rect").count() > 2 * labels.len(), "{svg}");
+    let _ = std::fs::remove_file(&path);
+    // A plot that cannot be written is an error, not a panic.
+    let bad = "/nonexistent-folder/plot.svg";
+    let (rc, v) = rocannl(
+        &["bench", "--reps", "1", "--backend", "interp", "--plot", bad, "-"],
+        &doc.to_string(),
+    );
+    assert_eq!(rc, 1, "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("plot.svg")), "{v}");
+}

@@ -169,6 +169,48 @@ impl Run {
     }
 }
 
+/// The bars of `--plot`: every run, and gccjit at the optimization levels it did not run at
+/// (each benchmarked as the runs were, in its own fresh cache).
+pub fn bars(
+    document: &Document,
+    built: &Built,
+    runs: &[Run],
+    setup: &Setup,
+) -> Result<Vec<crate::plot::Bar>, CliError> {
+    let level = setup.base.compile.opt_level;
+    let mut bars = Vec::new();
+    for r in runs {
+        if r.backend != BackendKind::Gccjit {
+            bars.push(r.bar(r.backend.name().to_string()));
+            continue;
+        }
+        for l in 0..=3u8 {
+            if l == level {
+                bars.push(r.bar(format!("gccjit -O{l}")));
+            } else {
+                let mut at = Setup { base: setup.base.clone(), ..*setup };
+                at.base.compile.opt_level = l;
+                let other = bench_backend(document, built, BackendKind::Gccjit, &at)?;
+                bars.push(other.bar(format!("gccjit -O{l}")));
+            }
+        }
+    }
+    Ok(bars)
+}
+
+impl Run {
+    fn bar(&self, label: String) -> crate::plot::Bar {
+        crate::plot::Bar {
+            label,
+            cold_s: self.cold_s,
+            warm_s: self.warm_s,
+            run_median_s: self.median(),
+            run_min_s: self.runs_s.first().copied().unwrap_or(f64::NAN),
+            run_max_s: self.runs_s.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
 /// The table for people: one block per backend.
 pub fn table(runs: &[Run]) -> String {
     let mut out = String::new();

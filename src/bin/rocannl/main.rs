@@ -13,6 +13,7 @@
 
 mod bench;
 mod explain;
+mod plot;
 
 use std::io::{self, Read, Write};
 use std::process::ExitCode;
@@ -110,6 +111,10 @@ struct BenchArgs {
     /// The optimization level of native code, 0 to 3 (default 3).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     opt_level: Option<u8>,
+    /// Also draw compile and run times per backend and optimization level (gccjit at every
+    /// level, 0 to 3) into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// Fail instead of warning when closing has to guess a param's size.
     #[arg(long)]
     strict: bool,
@@ -392,11 +397,22 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
                     Err(e) => return Err(e.into()),
                 }
             }
+            let plotted = match &b.plot {
+                Some(path) => {
+                    let bars = bench::bars(&document, &built, &runs, &setup)?;
+                    plot::write(path, &b.file, &bars)?;
+                    Some(path)
+                }
+                None => None,
+            };
             if b.json {
                 let v = json!({"runs": runs.iter().map(bench::Run::json).collect::<Vec<_>>()});
                 out.raw(&format!("{v}\n"))?;
             } else {
                 out.raw(&bench::table(&runs))?;
+                if let Some(path) = plotted {
+                    out.raw(&format!("plot: {}\n", path.display()))?;
+                }
             }
             Ok(())
         }
