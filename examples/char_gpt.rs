@@ -154,8 +154,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // One batch size at run time: 32 windows to train, the rest of the validation windows,
     // 20 names to sample; the same compiled routines serve them all.
     let batch = g.dynamic("batch", BATCH);
-    let x = g.data_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
-    let y = g.data_dyn("targets", &batch, &[CONTEXT], &[], &[]);
+    let x = g.ids_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
+    let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
     let cfg = GptConfig {
         vocab,
         context: CONTEXT,

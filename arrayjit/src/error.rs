@@ -75,6 +75,15 @@ pub enum Error {
         got: usize,
     },
     /// An assignment that is inconsistent with its projections or nodes.
+    #[error(
+        "cell {index} holds {value}, which is not an unsigned 32-bit integer (a u32 array holds ids)"
+    )]
+    NotAnInteger {
+        /// The cell, in memory order.
+        index: usize,
+        /// Its value.
+        value: f64,
+    },
     #[error("invalid assignment to n{lhs}: {reason}")]
     InvalidAssignment {
         /// The assigned node.

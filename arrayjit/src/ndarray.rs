@@ -18,6 +18,8 @@ pub enum Storage {
     F32(Vec<f32>),
     /// Double precision.
     F64(Vec<f64>),
+    /// Unsigned 32-bit integers (ids).
+    U32(Vec<u32>),
 }
 
 /// A dense row-major host array.
@@ -46,11 +48,14 @@ impl NdArray {
             Prec::Bf16 => Storage::Bf16(vec![half::bf16::ZERO; n]),
             Prec::F32 => Storage::F32(vec![0.0; n]),
             Prec::F64 => Storage::F64(vec![0.0; n]),
+            Prec::U32 => Storage::U32(vec![0; n]),
         };
         NdArray { dims: dims.to_vec(), storage }
     }
 
-    /// An array of precision `prec` from `f64` values (rounded to nearest even).
+    /// An array of precision `prec` from `f64` values (rounded to nearest even; for
+    /// [`Prec::U32`], every value must be an integer in `0 .. 2³²`, else
+    /// [`Error::NotAnInteger`]).
     pub fn from_f64(prec: Prec, dims: &[usize], data: &[f64]) -> Result<NdArray, Error> {
         let n: usize = dims.iter().product();
         if n != data.len() {
@@ -63,6 +68,15 @@ impl NdArray {
             }
             Prec::F32 => Storage::F32(data.iter().map(|&x| x as f32).collect()),
             Prec::F64 => Storage::F64(data.to_vec()),
+            Prec::U32 => {
+                let bad = data
+                    .iter()
+                    .position(|&x| !((0.0..4_294_967_296.0).contains(&x) && x.fract() == 0.0));
+                if let Some(index) = bad {
+                    return Err(Error::NotAnInteger { index, value: data[index] });
+                }
+                Storage::U32(data.iter().map(|&x| x as u32).collect())
+            }
         };
         Ok(NdArray { dims: dims.to_vec(), storage })
     }
@@ -88,6 +102,7 @@ impl NdArray {
             Storage::Bf16(_) => Prec::Bf16,
             Storage::F32(_) => Prec::F32,
             Storage::F64(_) => Prec::F64,
+            Storage::U32(_) => Prec::U32,
         }
     }
 
@@ -103,6 +118,7 @@ impl NdArray {
             Storage::Bf16(v) => v.len(),
             Storage::F32(v) => v.len(),
             Storage::F64(v) => v.len(),
+            Storage::U32(v) => v.len(),
         }
     }
 
@@ -122,6 +138,7 @@ impl NdArray {
             Storage::Bf16(v) => v[i].to_f64(),
             Storage::F32(v) => v[i] as f64,
             Storage::F64(v) => v[i],
+            Storage::U32(v) => v[i] as f64,
         }
     }
 
@@ -132,6 +149,7 @@ impl NdArray {
             Storage::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
             Storage::F32(v) => v.iter().map(|&x| x as f64).collect(),
             Storage::F64(v) => v.clone(),
+            Storage::U32(v) => v.iter().map(|&x| x as f64).collect(),
         }
     }
 
@@ -151,6 +169,7 @@ impl NdArray {
             Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Storage::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 
@@ -182,6 +201,10 @@ impl NdArray {
                     a.copy_from_slice(c);
                     f64::from_le_bytes(a)
                 }),
+            )?),
+            Prec::U32 => Storage::U32(try_collect(
+                n,
+                bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             )?),
         };
         Ok(NdArray { dims: dims.to_vec(), storage })

@@ -28,32 +28,42 @@ pub enum Prec {
     F32,
     /// IEEE 754 double precision.
     F64,
+    /// Unsigned 32-bit integers: a storage type for token ids and class labels. A load gives
+    /// the integer as a value of the compute precision (exact below 2²⁴ in f32); a store of a
+    /// computed value truncates toward zero and saturates (`nan` and negatives to 0).
+    U32,
 }
 
 impl Prec {
-    /// Every precision, narrowest first.
+    /// Every floating-point precision, narrowest first.
     pub const ALL: [Prec; 4] = [Prec::F16, Prec::Bf16, Prec::F32, Prec::F64];
 
-    /// The short name: `f16`, `bf16`, `f32` or `f64`.
+    /// The short name: `f16`, `bf16`, `f32`, `f64` or `u32`.
     pub fn name(self) -> &'static str {
         match self {
             Prec::F16 => "f16",
             Prec::Bf16 => "bf16",
             Prec::F32 => "f32",
             Prec::F64 => "f64",
+            Prec::U32 => "u32",
         }
     }
 
     /// The inverse of [`Prec::name`].
     pub fn from_name(name: &str) -> Option<Prec> {
-        Prec::ALL.into_iter().find(|p| p.name() == name)
+        Prec::ALL.into_iter().chain([Prec::U32]).find(|p| p.name() == name)
+    }
+
+    /// Whether values of this precision are floating-point numbers (every one but [`Prec::U32`]).
+    pub fn is_float(self) -> bool {
+        self != Prec::U32
     }
 
     /// Bytes per element.
     pub fn size_in_bytes(self) -> usize {
         match self {
             Prec::F16 | Prec::Bf16 => 2,
-            Prec::F32 => 4,
+            Prec::F32 | Prec::U32 => 4,
             Prec::F64 => 8,
         }
     }
@@ -79,6 +89,7 @@ impl Prec {
             Prec::Bf16 => bf16_from_f64(x).to_f64(),
             Prec::F32 => x as f32 as f64,
             Prec::F64 => x,
+            Prec::U32 => x as u32 as f64,
         }
     }
 }

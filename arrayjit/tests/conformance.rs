@@ -327,3 +327,70 @@ fn gccjit_half_precision_conversions_match_the_interpreter() {
         }
     }
 }
+
+/// u32 tensors (ids): loads give the integers to f32 arithmetic (rounded as compiled code
+/// rounds them past 2²⁴), and a computed value stored as u32 is truncated toward zero and
+/// saturated, `nan` to 0 — on every backend, bit for bit.
+#[test]
+fn u32_tensors_load_and_store_alike_everywhere() {
+    use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
+    use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+    use rocannl_arrayjit::ops::BinOp;
+    use rocannl_arrayjit::tnode::NodeTable;
+    let ids: Vec<f64> =
+        vec![0.0, 1.0, 7.0, 26.0, 16_777_217.0, 4_294_967_295.0, 123_456_789.0, 3.0];
+    let xs: Vec<f64> =
+        vec![-3.5, 0.99, 2.5, 1e12, f64::NAN, 4_294_967_295.5, 17.0, f64::NEG_INFINITY];
+    let n = ids.len();
+    let mut nodes = NodeTable::default();
+    let id = host(&mut nodes, "ids", &[n], Prec::U32);
+    let x = host(&mut nodes, "x", &[n], Prec::F32);
+    let y = host(&mut nodes, "y", &[n], Prec::F32);
+    let z = host(&mut nodes, "z", &[n], Prec::U32);
+    let mut symbols = SymbolGen::default();
+    let p1 = Projections::identity(&[n], 2, &mut symbols);
+    let p2 = Projections::identity(&[n], 1, &mut symbols);
+    // y = ids · 0.5 + x, z = x (as an id).
+    let expr = ScalarExpr::bin(
+        BinOp::Add,
+        ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Const(0.5)),
+        ScalarExpr::Arg(1),
+    );
+    let case = Case {
+        name: "u32".into(),
+        asgn: Asgn::Seq(vec![
+            accum(y, None, vec![id, x], expr, p1, false),
+            accum(z, None, vec![x], ScalarExpr::Arg(0), p2, false),
+        ]),
+        nodes,
+        inputs: vec![(id, ids.clone()), (x, xs.clone())],
+        outputs: vec![y, z],
+        bindings: vec![],
+        expected: None,
+    };
+    let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+    // The ids reach f32 arithmetic as f32 values; the stored ids saturate.
+    for i in 0..n {
+        let v = ((ids[i] as f32) * 0.5 + xs[i] as f32) as f64;
+        assert!(want[0][i].to_bits() == v.to_bits() || (v.is_nan() && want[0][i].is_nan()));
+    }
+    let xs32: Vec<f64> = xs.iter().map(|v| *v as f32 as f64).collect();
+    assert_eq!(want[1], xs32.iter().map(|v| *v as u32 as f64).collect::<Vec<_>>());
+    assert_eq!(want[1][5], 4_294_967_295.0, "saturates");
+    assert_eq!((want[1][0], want[1][4]), (0.0, 0.0), "negatives and nan are 0");
+    #[cfg(feature = "gccjit")]
+    for level in [0, 3] {
+        let opts = CompileOptions { opt_level: level, ..optimized() };
+        let got = run_case(BackendKind::Gccjit, opts, &case);
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            let same = g
+                .iter()
+                .zip(w)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan());
+            assert!(same, "output {k} at -O{level}: {g:?} vs {w:?}");
+        }
+    }
+    // Writing a value that is not an id is an error naming the cell.
+    let err = rocannl_arrayjit::NdArray::from_f64(Prec::U32, &[2], &[1.0, 2.5]).unwrap_err();
+    assert!(err.to_string().contains("cell 1 holds 2.5"), "{err}");
+}

@@ -86,6 +86,8 @@ pub(crate) struct GraphInner {
     pub no_decay: rustc_hash::FxHashSet<TensorId>,
     /// Data tensors whose first axis has a dynamic size ([`Graph::data_dyn`]).
     pub dynamic: FxHashMap<TensorId, DynDim>,
+    /// Data tensors holding ids, stored as unsigned 32-bit integers ([`Graph::ids`]).
+    pub ids: rustc_hash::FxHashSet<TensorId>,
     /// Every dynamic size made by [`Graph::dynamic`].
     pub dyn_dims: Vec<DynDim>,
     /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
@@ -210,6 +212,7 @@ impl Graph {
                 param_sites: FxHashMap::default(),
                 no_decay: Default::default(),
                 dynamic: FxHashMap::default(),
+                ids: rustc_hash::FxHashSet::default(),
                 dyn_dims: Vec::new(),
                 within_depth: 0,
             })),
@@ -387,6 +390,50 @@ impl Graph {
         let t = self.data(label, &rows, input, output);
         self.borrow_mut().dynamic.insert(t.id, batch.clone());
         t
+    }
+
+    /// Host-written ids (token ids, class labels) of known shape, stored as unsigned 32-bit
+    /// integers whatever the session's precision: exact up to 2²⁴ (2³² in an f64 session),
+    /// and written with [`crate::Session::write_ids`], which checks each id against its
+    /// range. Operations read them as numbers (an embedding's one-hot comparison, a sparse
+    /// loss's targets); they have no gradient.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Prec, Session, SessionOptions};
+    /// let g = Graph::new();
+    /// let ids = g.ids("ids", &[3], &[], &[]);
+    /// let doubled = ids.scale(2.0);
+    /// // Even in bf16, whose integers are exact only up to 256, ids stay exact.
+    /// let opts = SessionOptions { prec: Prec::Bf16, ..Default::default() };
+    /// let mut s = Session::with_options(&g, opts).unwrap();
+    /// s.write_ids(&ids, &[1000, 4, 70_000], 100_000).unwrap();
+    /// let r = s.forward(&[&doubled]).unwrap();
+    /// s.run(&r).unwrap();
+    /// assert_eq!(s.read(&ids).unwrap(), vec![1000.0, 4.0, 70_000.0]);
+    /// ```
+    pub fn ids(&self, label: &str, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
+        let t = self.data(label, batch, input, output);
+        self.borrow_mut().ids.insert(t.id);
+        t
+    }
+
+    /// [`Graph::ids`] with a dynamic leading batch axis, as [`Graph::data_dyn`].
+    pub fn ids_dyn(
+        &self,
+        label: &str,
+        batch: &DynDim,
+        more_batch: &[usize],
+        input: &[usize],
+        output: &[usize],
+    ) -> Tensor {
+        let t = self.data_dyn(label, batch, more_batch, input, output);
+        self.borrow_mut().ids.insert(t.id);
+        t
+    }
+
+    /// Whether a tensor holds ids ([`Graph::ids`]).
+    pub fn holds_ids(&self, t: &Tensor) -> bool {
+        self.borrow().ids.contains(&t.id)
     }
 
     /// Constant data with explicit values in memory order (batch, output, input).

@@ -22,6 +22,7 @@ fn dtype(p: Prec) -> Dtype {
         Prec::Bf16 => Dtype::BF16,
         Prec::F32 => Dtype::F32,
         Prec::F64 => Dtype::F64,
+        Prec::U32 => Dtype::U32,
     }
 }
 

@@ -168,6 +168,9 @@ impl Session {
     /// The storage precision of a tensor's value and gradient: the master precision for
     /// parameters, the session's for everything else.
     fn prec_of(&self, t: TensorId) -> Prec {
+        if self.graph.borrow().ids.contains(&t) {
+            return Prec::U32;
+        }
         match self.graph.tensor(t).info().source {
             Source::Leaf(Leaf::Param(_)) => self.master,
             _ => self.prec,
@@ -578,6 +581,17 @@ impl Session {
         let dims = t.dims()?;
         let n = self.node_of(t.id);
         let prec = self.prec_of(t.id);
+        if prec == Prec::U32
+            && let Some((pos, v)) = values
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !(**v >= 0.0 && **v < 4_294_967_296.0 && v.fract() == 0.0))
+        {
+            return Err(Error::usage(format!(
+                "'{}' holds ids, but position {pos} is {v}, not an unsigned 32-bit integer",
+                t.label()
+            )));
+        }
         let node = TensorNode::new(n, &t.label(), &dims, prec, MemoryMode::HostVisible);
         let spread = self.spread_dynamic(t, &dims, values)?;
         self.ctx.ensure_buffer(&node)?;
@@ -587,9 +601,11 @@ impl Session {
 
     /// Writes integer ids (tokens, class labels) into a data tensor, checking each against the
     /// number of ids `bound` (a vocabulary's size): an id out of range is an error naming the
-    /// tensor, the position and the id, and nothing is written. Ids are stored as values of the
-    /// session's precision, exact up to its largest consecutive integer (2²⁴ in f32, 2⁵³ in
-    /// f64, 256 in bf16, 2048 in f16); a bound beyond it is an error too.
+    /// tensor, the position and the id, and nothing is written. A tensor made with
+    /// [`crate::Graph::ids`] stores them as u32 (exact up to 2²⁴, the compute precision's
+    /// integers); any other stores them as values of its precision, exact up to its largest
+    /// consecutive integer (2²⁴ in f32, 2⁵³ in f64, 256 in bf16, 2048 in f16). A bound beyond
+    /// it is an error too.
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Session};
@@ -602,17 +618,23 @@ impl Session {
     /// assert!(err.contains("'ids'") && err.contains("position 1") && err.contains("5"), "{err}");
     /// ```
     pub fn write_ids(&mut self, t: &Tensor, ids: &[u32], bound: usize) -> Result<()> {
-        let exact: u64 = match self.prec {
-            rocannl_arrayjit::Prec::Bf16 => 1 << 8,
-            rocannl_arrayjit::Prec::F16 => 1 << 11,
-            rocannl_arrayjit::Prec::F32 => 1 << 24,
-            rocannl_arrayjit::Prec::F64 => 1 << 53,
+        // Arithmetic on the ids is carried out in the compute precision (f32 but in f64
+        // sessions), whatever they are stored in.
+        let stored = self.prec_of(t.id);
+        let exact: u64 = match (stored, self.prec) {
+            (Prec::U32, Prec::F64) => 1 << 32,
+            (Prec::U32, _) | (Prec::F32, _) => 1 << 24,
+            (Prec::Bf16, _) => 1 << 8,
+            (Prec::F16, _) => 1 << 11,
+            (Prec::F64, _) => 1 << 53,
         };
         if bound as u64 > exact {
+            let hint = if stored == Prec::U32 { "" } else { " (store them as ids: Graph::ids)" };
             return Err(Error::usage(format!(
-                "ids of '{}' go up to {bound}, but {:?} holds integers exactly only up to {exact}",
+                "ids of '{}' go up to {bound}, but {:?} holds integers exactly only up to \
+                 {exact}{hint}",
                 t.label(),
-                self.prec
+                stored
             )));
         }
         if let Some((pos, id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= bound) {

@@ -45,6 +45,7 @@ pub fn storage_ctype(prec: Prec) -> &'static str {
         Prec::F16 | Prec::Bf16 => "unsigned short",
         Prec::F32 => "float",
         Prec::F64 => "double",
+        Prec::U32 => "unsigned int",
     }
 }
 
@@ -110,6 +111,11 @@ pub fn prelude(d: Dialect) -> String {
             );
         }
     }
+    // A computed value stored as an id: toward zero, saturating, `nan` to 0 (as Rust's `as`).
+    let _ = writeln!(
+        s,
+        "{q} unsigned int rc_to_u32(double x) {{ return (x != x || x <= 0) ? 0u : (x >= 4294967295.0 ? 4294967295u : (unsigned int)x); }}"
+    );
     s.push_str(&math::c_function(q, "rc_expf", math::Function::Exp));
     s.push_str(&math::c_function(q, "rc_tanhf", math::Function::Tanh));
     let _ = writeln!(s, "{q} double rc_exp(double x) {{ return exp(x); }}");
@@ -271,6 +277,7 @@ impl CRenderer<'_> {
             Prec::Bf16 => format!("rc_f32_to_bf16((float)({v}))"),
             Prec::F32 => format!("(float)({v})"),
             Prec::F64 => format!("(double)({v})"),
+            Prec::U32 => format!("rc_to_u32((double)({v}))"),
         }
     }
 

@@ -368,6 +368,7 @@ impl Machine<'_> {
                 Prec::F64 => *(v.ptr as *const f64).add(off),
                 Prec::F16 => f16::from_bits(*(v.ptr as *const u16).add(off)).to_f64(),
                 Prec::Bf16 => bf16::from_bits(*(v.ptr as *const u16).add(off)).to_f64(),
+                Prec::U32 => *(v.ptr as *const u32).add(off) as f64,
             }
         })
     }
@@ -384,6 +385,8 @@ impl Machine<'_> {
                 // statement reading f64) goes to f32, then to nearest even.
                 Prec::F16 => *(v.ptr as *mut u16).add(off) = f16::from_f32(x as f32).to_bits(),
                 Prec::Bf16 => *(v.ptr as *mut u16).add(off) = bf16::from_f32(x as f32).to_bits(),
+                // Toward zero, saturating, nan to 0: as compiled code (`rc_to_u32`).
+                Prec::U32 => *(v.ptr as *mut u32).add(off) = x as u32,
             }
         }
         Ok(())
@@ -397,7 +400,11 @@ impl Machine<'_> {
             IExpr::Const(c) => p.round(*c),
             // A statement computes in f32 only when it reads no f64 tensor or local, so loads and
             // locals are exact in its precision already.
-            IExpr::Load(a) => self.load(a, env)?,
+            IExpr::Load(a) => {
+                let x = self.load(a, env)?;
+                // An id converts to the compute precision as compiled code converts it.
+                if single && self.views[a.buf].prec == Prec::U32 { x as f32 as f64 } else { x }
+            }
             IExpr::Local(l) => locals[*l],
             IExpr::IndexValue(i) => p.round(i.eval(env) as f64),
             IExpr::Uniform(seed, i) => p.round(uniform(*seed, i.eval(env) as u64)),

@@ -671,6 +671,7 @@ pub fn tolerance(prec: Prec) -> f64 {
         Prec::Bf16 => 2e-2,
         Prec::F32 => 2e-5,
         Prec::F64 => 1e-11,
+        Prec::U32 => 0.0,
     }
 }
 

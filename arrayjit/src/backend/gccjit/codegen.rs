@@ -385,6 +385,7 @@ impl<'c> Gen<'c> {
             Prec::F16 | Prec::Bf16 => self.t.u16,
             Prec::F32 => self.t.f32,
             Prec::F64 => self.t.f64,
+            Prec::U32 => self.t.u32,
         }
     }
 
@@ -833,7 +834,25 @@ impl<'c> Gen<'c> {
                     self.ctx.new_cast(None, v, t.f64)
                 }
             }
+            Prec::U32 => self.id_value(v),
         }
+    }
+
+    /// A computed value stored as an id, as Rust's `as u32` (and so the interpreter) converts:
+    /// toward zero, saturating, `nan` to 0 (a C conversion out of range would be undefined).
+    fn id_value(&mut self, v: RValue<'c>) -> RValue<'c> {
+        let f64t = self.t.f64;
+        let x = self.cast(v, f64t);
+        let x = self.temp(x, f64t);
+        let max = self.float(4_294_967_295.0, f64t);
+        let zero = self.float(0.0, f64t);
+        let big = self.cmp(ComparisonOp::GreaterThanEquals, x, max);
+        let clamped = self.select(big, max, x, f64t);
+        let low = self.cmp(ComparisonOp::LessThanEquals, x, zero);
+        let clamped = self.select(low, zero, clamped, f64t);
+        let nan = self.cmp(ComparisonOp::NotEquals, x, x);
+        let clamped = self.select(nan, zero, clamped, f64t);
+        self.ctx.new_cast(None, clamped, self.t.u32)
     }
 
     fn cast(&self, v: RValue<'c>, ty: Type<'c>) -> RValue<'c> {
