@@ -10,7 +10,8 @@
 //! - `step_s`: the median of later steps, first while the optimized build is still being
 //!   made in the background (`early_step_s`) and then after it was swapped in.
 //!
-//! `cargo run --release --example first_step [-- --no-tier] [--opt-level N]`. Point
+//! `cargo run --release --example first_step [-- --no-tier] [--opt-level N] [--moons]`
+//! (`--moons`: the anchors' W3, an MLP 2→16→16→1 with ReLU, batch 32, hinge loss, SGD). Point
 //! `ROCANNL_CACHE_DIR` at an empty folder for a cold start, run again for a warm one.
 
 use std::time::Instant;
@@ -39,20 +40,29 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     if let Some(i) = args.iter().position(|a| a == "--opt-level") {
         opts.compile.opt_level = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(3);
     }
-    let (batch, classes, features) = (128, 10, 784);
+    // `--moons`: the anchors' W3 instead, an MLP 2→16→16→1 with ReLU, batch 32, hinge loss
+    // against ±1 labels, SGD with learning rate 0.01 (a step of a few microseconds: it
+    // measures per-step overhead).
+    let moons = args.iter().any(|a| a == "--moons");
+    let (batch, classes, features, hidden) =
+        if moons { (32, 1, 2, 16) } else { (128, 10, 784, 256) };
     let inputs: Vec<f64> = (0..batch * features)
         .map(|i| rocannl::arrayjit::ops::uniform(1, i as u64) * 2.0 - 1.0)
         .collect();
-    let targets: Vec<f64> = (0..batch * classes)
-        .map(|i| if i % classes == (i / classes * 7) % classes { 1.0 } else { 0.0 })
-        .collect();
+    let targets: Vec<f64> = if moons {
+        (0..batch).map(|i| if i < batch / 2 { 1.0 } else { -1.0 }).collect()
+    } else {
+        (0..batch * classes)
+            .map(|i| if i % classes == (i / classes * 7) % classes { 1.0 } else { 0.0 })
+            .collect()
+    };
 
     let t0 = Instant::now();
     let g = Graph::with_seed(0);
     let x = g.data("x", &[batch], &[], &[features]);
     let y = g.data("y", &[batch], &[], &[classes]);
-    let out = Mlp::new(&g, "mlp", &[256, 256, classes], Activation::Relu).apply(&x);
-    let l = loss::mse(&out, &y);
+    let out = Mlp::new(&g, "mlp", &[hidden, hidden, classes], Activation::Relu).apply(&x);
+    let l = if moons { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
     let mut s = Session::with_options(&g, opts)?;
     let built = t0.elapsed().as_secs_f64();
 

@@ -6,10 +6,11 @@
 Runs, on this machine and one after the other:
 - `rocannl bench --backend gccjit --json` on the documents of `../shared/tools/gen_docs.py`:
   W1 `matmul N` (N = 256, 512, 1024, 2048), W4 `attention` and `bmm`;
-- `examples/first_step` for W2, the whole training step the anchors time (forward, backward and
-  the SGD update; a document has no optimizer): its steady-state step, over 5 processes;
+- `examples/first_step` for W2 and (`--moons`) W3, the whole training steps the anchors time
+  (forward, backward and the SGD update; a document has no optimizer): the steady-state step,
+  over 5 processes;
 - the anchors' `bench.py` (`../shared/anchors/perf/`) for each framework that is installed:
-  workloads `matmul`, `einsum` and `mlp`.
+  workloads `matmul`, `einsum`, `mlp` and `moons`.
 
 Prints a Markdown table (medians, min–max over repetitions, the machine) and, unless
 `--no-write`, puts it in `docs/benchmarks.md` between the `compare_anchors` markers. Every
@@ -40,7 +41,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", OPENBLAS_NUM_TH
 ROWS = [(f"W1 matmul n={n}", "GFLOP/s", ["matmul", str(n)], ("matmul", f"n={n}")) for n in SIZES] + [
     ("W4 attention scores bhqd,bhkd->bhqk", "GFLOP/s", ["attention"], ("einsum", "attn_scores")),
     ("W4 bmm bij,bjk->bik", "GFLOP/s", ["bmm"], ("einsum", "bmm ")),
-    ("W2 MLP training step", "steps/s", None, ("mlp", "")),
+    ("W2 MLP training step", "steps/s", [], ("mlp", "")),
+    ("W3 moons training step", "steps/s", ["--moons"], ("moons", "")),
 ]
 
 
@@ -68,12 +70,12 @@ def machine():
     return f"{model}, {os.cpu_count()} vCPUs, {isa}, {platform.system()} {platform.release()}"
 
 
-def w2_steps(example):
-    """W2's steady-state steps/s from `examples/first_step`: the median over 5 processes of
-    each one's median step, and the range of those medians."""
+def train_steps(example, flags):
+    """A training step's steady-state steps/s from `examples/first_step`: the median over 5
+    processes of each one's median step, and the range of those medians."""
     rates = []
     for _ in range(5):
-        r = subprocess.run([example], capture_output=True, text=True, env=ENV)
+        r = subprocess.run([example, *flags], capture_output=True, text=True, env=ENV)
         if r.returncode != 0:
             log(f"first_step failed: {r.stderr}")
             return None
@@ -86,9 +88,9 @@ def rocannl_runs(binary, example, reps):
     """rocannl's figure per row: (median, min, max) in the row's unit."""
     out = {}
     for label, unit, gen, _ in ROWS:
-        if gen is None:
-            log("examples/first_step (W2)")
-            out[label] = w2_steps(example)
+        if unit == "steps/s":
+            log("examples/first_step", *gen)
+            out[label] = train_steps(example, gen)
             continue
         doc = subprocess.run([sys.executable, GEN, *gen], capture_output=True, text=True, check=True).stdout
         path = os.path.join(ROOT, "target", f"compare_{'_'.join(gen)}.json")
@@ -113,7 +115,7 @@ def rocannl_runs(binary, example, reps):
 def anchor_runs(framework, reps):
     """A framework's figure per row, or None when it is not installed."""
     out, versions = {}, None
-    for workload in ("matmul", "einsum", "mlp"):
+    for workload in ("matmul", "einsum", "mlp", "moons"):
         log(f"bench.py {framework} {workload}")
         r = subprocess.run([sys.executable, ANCHORS, "--framework", framework, "--workload", workload,
                             "--reps", str(reps), "--max-wait-s", "10"],
@@ -127,7 +129,7 @@ def anchor_runs(framework, reps):
             for label, _, _, (w, prefix) in ROWS:
                 if w == workload and res.get("case", "").startswith(prefix) and "reference" not in res.get("case", ""):
                     out[label] = (res["median"], res["min"], res["max"])
-                if w == workload == "mlp" and res.get("metric") == "steps/s":
+                if w == workload and workload in ("mlp", "moons") and res.get("metric") == "steps/s":
                     out[label] = (res["median"], res["min"], res["max"])
     return out, versions
 
@@ -157,8 +159,8 @@ def table(ours, others, versions, reps):
         f"medians and (min–max) over {reps} repetitions of about 0.3 s (rocannl: at least 30 single runs), "
         "2 threads everywhere, one process after "
         "the other. rocannl: `rocannl bench --backend gccjit` on `gen_docs.py` documents (f32, `-O3`), "
-        "W2 the steady-state step of `examples/first_step` (median of 5 processes' medians, their "
-        "range); the others: the anchors' `bench.py`.",
+        "W2 and W3 the steady-state step of `examples/first_step` (median of 5 processes' medians, "
+        "their range); the others: the anchors' `bench.py`.",
     ]
     if vers:
         notes.append(f"Versions: {vers}.")

@@ -534,29 +534,51 @@ impl Session {
             self.update(seed, vec![(seed, false), (scale, true)], b(BinOp::Mul, a(0), a(1)), &dims);
         code.insert(at + 1, scaled);
         code.push(Asgn::Comment("loss scaling: unscale and check the gradients".into()));
+        self.scale_grads(params, inverse, code)?;
+        self.sum_over_grads(params, check, b(BinOp::Mul, a(0), k(0.0)), code)?;
+        Ok([scale, inverse, check])
+    }
+
+    /// Every parameter's gradient multiplied by the scalar node `factor`.
+    fn scale_grads(
+        &mut self,
+        params: &[&Tensor],
+        factor: NodeId,
+        code: &mut Vec<Asgn>,
+    ) -> Result<()> {
+        for p in params {
+            let dims = p.dims()?;
+            let g = self.grad_node(p);
+            let times = b(BinOp::Mul, a(0), a(1));
+            code.push(self.update(g, vec![(g, false), (factor, true)], times, &dims));
+        }
+        Ok(())
+    }
+
+    /// `target = Σ_p Σ_cells expr(g_p)`, `expr` a function of its one argument, the gradient.
+    fn sum_over_grads(
+        &mut self,
+        params: &[&Tensor],
+        target: NodeId,
+        expr: ScalarExpr,
+        code: &mut Vec<Asgn>,
+    ) -> Result<()> {
         code.push(Asgn::Fetch {
-            lhs: check,
+            lhs: target,
             fetch: rocannl_arrayjit::assignments::FetchOp::Constant(0.0),
         });
         for p in params {
             let dims = p.dims()?;
-            let g = self.grad_node(p);
-            code.push(self.update(
-                g,
-                vec![(g, false), (inverse, true)],
-                b(BinOp::Mul, a(0), a(1)),
-                &dims,
-            ));
             code.push(Asgn::Accum {
-                lhs: check,
+                lhs: target,
                 accum: Some(BinOp::Add),
-                rhs: vec![g],
-                expr: b(BinOp::Mul, a(0), k(0.0)),
+                rhs: vec![self.grad_node(p)],
+                expr: expr.clone(),
                 projections: Arc::new(reduce_all(&dims, &mut self.symbols)),
                 initialize_neutral: false,
             });
         }
-        Ok([scale, inverse, check])
+        Ok(())
     }
 
     /// Clipping by global norm: `n2 = Σ_p Σ g_p²`, `c = min(1, max / (√n2 + 1e-6))`, every
@@ -565,38 +587,14 @@ impl Session {
         let n2 = self.extra_node("grad_norm_sq", &[], true);
         let c = self.extra_node("grad_clip", &[], false);
         code.push(Asgn::Comment(format!("clip gradients to global norm {max}")));
-        code.push(Asgn::Fetch {
-            lhs: n2,
-            fetch: rocannl_arrayjit::assignments::FetchOp::Constant(0.0),
-        });
-        for p in params {
-            let dims = p.dims()?;
-            let g = self.grad_node(p);
-            code.push(Asgn::Accum {
-                lhs: n2,
-                accum: Some(BinOp::Add),
-                rhs: vec![g],
-                expr: b(BinOp::Mul, a(0), a(0)),
-                projections: Arc::new(reduce_all(&dims, &mut self.symbols)),
-                initialize_neutral: false,
-            });
-        }
+        self.sum_over_grads(params, n2, b(BinOp::Mul, a(0), a(0)), code)?;
         let coef = b(
             BinOp::Min,
             k(1.0),
             b(BinOp::Div, k(max), b(BinOp::Add, ScalarExpr::un(UnOp::Sqrt, a(0)), k(1e-6))),
         );
         code.push(self.update(c, vec![(n2, true)], coef, &[]));
-        for p in params {
-            let dims = p.dims()?;
-            let g = self.grad_node(p);
-            code.push(self.update(
-                g,
-                vec![(g, false), (c, true)],
-                b(BinOp::Mul, a(0), a(1)),
-                &dims,
-            ));
-        }
+        self.scale_grads(params, c, code)?;
         Ok(n2)
     }
 

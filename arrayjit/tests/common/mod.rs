@@ -169,61 +169,42 @@ pub fn ternop_case(op: TernOp, prec: Prec) -> Case {
 /// `c = a · bᵀ` with `b` stored `[n, k]` (a weight stored `[out, in]`, as in a backward
 /// product): a transposed operand.
 pub fn matmul_bt_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
-    let mut nodes = NodeTable::default();
-    let a = host(&mut nodes, "a", &[m, k], prec);
-    let b = host(&mut nodes, "b", &[n, k], prec);
-    let c = host(&mut nodes, "c", &[m, n], prec);
-    let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
-    let p = proj(
-        &[(i, m), (j, n), (kk, k)],
-        &[m, n],
-        vec![It(i), It(j)],
-        vec![(vec![m, k], vec![It(i), It(kk)]), (vec![n, k], vec![It(j), It(kk)])],
-    );
-    let av: Vec<f64> = data(m * k, 7, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
-    let bv: Vec<f64> = data(k * n, 8, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
-    let mut cv = vec![0.0; m * n];
-    for r in 0..m {
-        for q in 0..n {
-            cv[r * n + q] = prec.round((0..k).map(|t| av[r * k + t] * bv[q * k + t]).sum());
-        }
-    }
-    let expr = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
-    Case {
-        name: format!("matmul_bt_{m}x{k}x{n}_{}", prec.name()),
-        asgn: accum(c, Some(BinOp::Add), vec![a, b], expr, p, true),
-        nodes,
-        inputs: vec![(a, av), (b, bv)],
-        outputs: vec![c],
-        bindings: vec![],
-        expected: Some(vec![cv]),
-    }
+    product_case(m, k, n, prec, true)
 }
 
 pub fn matmul_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
+    product_case(m, k, n, prec, false)
+}
+
+/// `c = a · b` (`b` stored `[k, n]`) or `a · bᵀ` (`b` stored `[n, k]`), with its reference.
+fn product_case(m: usize, k: usize, n: usize, prec: Prec, transposed: bool) -> Case {
     let mut nodes = NodeTable::default();
+    let b_dims = if transposed { vec![n, k] } else { vec![k, n] };
     let a = host(&mut nodes, "a", &[m, k], prec);
-    let b = host(&mut nodes, "b", &[k, n], prec);
+    let b = host(&mut nodes, "b", &b_dims, prec);
     let c = host(&mut nodes, "c", &[m, n], prec);
     let (i, j, kk) = (Symbol(0), Symbol(1), Symbol(2));
+    let b_idx = if transposed { vec![It(j), It(kk)] } else { vec![It(kk), It(j)] };
     let mut p = proj(
         &[(i, m), (j, n), (kk, k)],
         &[m, n],
         vec![It(i), It(j)],
-        vec![(vec![m, k], vec![It(i), It(kk)]), (vec![k, n], vec![It(kk), It(j)])],
+        vec![(vec![m, k], vec![It(i), It(kk)]), (b_dims, b_idx)],
     );
     p.debug_info = "matmul".into();
     let av: Vec<f64> = data(m * k, 7, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
     let bv: Vec<f64> = data(k * n, 8, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+    let b_at = |t: usize, q: usize| if transposed { bv[q * k + t] } else { bv[t * n + q] };
     let mut cv = vec![0.0; m * n];
     for r in 0..m {
         for q in 0..n {
-            cv[r * n + q] = prec.round((0..k).map(|t| av[r * k + t] * bv[t * n + q]).sum());
+            cv[r * n + q] = prec.round((0..k).map(|t| av[r * k + t] * b_at(t, q)).sum());
         }
     }
     let expr = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+    let kind = if transposed { "matmul_bt" } else { "matmul" };
     Case {
-        name: format!("matmul_{m}x{k}x{n}_{}", prec.name()),
+        name: format!("{kind}_{m}x{k}x{n}_{}", prec.name()),
         asgn: accum(c, Some(BinOp::Add), vec![a, b], expr, p, true),
         nodes,
         inputs: vec![(a, av), (b, bv)],

@@ -50,44 +50,57 @@ pub fn write(path: &Path, title: &str, bars: &[Bar]) -> Result<(), CliError> {
     root.fill(&WHITE).map_err(|e| failed(path, e))?;
     let root = root.titled(title, ("sans-serif", 18)).map_err(|e| failed(path, e))?;
     let (left, right) = root.split_horizontally(width);
-    let n = bars.len();
     let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
 
     // Compile: cold and warm bars per configuration.
     let range = decades(bars.iter().flat_map(|b| [Some(b.cold_s), b.warm_s]).flatten());
     let floor = range.start;
-    let mut chart = ChartBuilder::on(&left)
-        .caption("compile (s): cold | warm", ("sans-serif", 15))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(64)
-        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, range.log_scale())
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n.max(1))
-        .x_label_formatter(&|x| label_at(&labels, *x))
-        .y_label_formatter(&|y| format!("{y:.0e}"))
-        .draw()
-        .map_err(|e| failed(path, e))?;
+    let mut chart = panel(&left, "compile (s): cold | warm", range, &labels, path)?;
     for (i, b) in bars.iter().enumerate() {
         let x = i as f64;
-        chart
-            .draw_series([Rectangle::new([(x - 0.4, floor), (x - 0.02, b.cold_s)], COLD.filled())])
-            .map_err(|e| failed(path, e))?;
+        let mut rects =
+            vec![Rectangle::new([(x - 0.4, floor), (x - 0.02, b.cold_s)], COLD.filled())];
         if let Some(w) = b.warm_s {
-            chart
-                .draw_series([Rectangle::new([(x + 0.02, floor), (x + 0.4, w)], WARM.filled())])
-                .map_err(|e| failed(path, e))?;
+            rects.push(Rectangle::new([(x + 0.02, floor), (x + 0.4, w)], WARM.filled()));
         }
+        chart.draw_series(rects).map_err(|e| failed(path, e))?;
     }
 
     // Run: the median, with a line from the fastest to the slowest repetition.
     let range = decades(bars.iter().flat_map(|b| [b.run_min_s, b.run_max_s]));
     let floor = range.start;
-    let mut chart = ChartBuilder::on(&right)
-        .caption("run (s): median, min to max", ("sans-serif", 15))
+    let mut chart = panel(&right, "run (s): median, min to max", range, &labels, path)?;
+    for (i, b) in bars.iter().enumerate() {
+        let x = i as f64;
+        let bar = Rectangle::new([(x - 0.25, floor), (x + 0.25, b.run_median_s)], RUN.filled());
+        chart.draw_series([bar]).map_err(|e| failed(path, e))?;
+        let spread =
+            PathElement::new(vec![(x, b.run_min_s), (x, b.run_max_s)], BLACK.stroke_width(2));
+        chart.draw_series([spread]).map_err(|e| failed(path, e))?;
+    }
+    root.present().map_err(|e| failed(path, e))
+}
+
+type Panel<'a> = ChartContext<
+    'a,
+    SVGBackend<'a>,
+    Cartesian2d<
+        plotters::coord::types::RangedCoordf64,
+        plotters::coord::combinators::LogCoord<f64>,
+    >,
+>;
+
+/// One panel: configurations along x (each at a whole number), `range` on a log scale.
+fn panel<'a>(
+    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    caption: &str,
+    range: std::ops::Range<f64>,
+    labels: &[String],
+    path: &Path,
+) -> Result<Panel<'a>, CliError> {
+    let n = labels.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 15))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
@@ -97,26 +110,11 @@ pub fn write(path: &Path, title: &str, bars: &[Bar]) -> Result<(), CliError> {
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(n.max(1))
-        .x_label_formatter(&|x| label_at(&labels, *x))
+        .x_label_formatter(&|x| label_at(labels, *x))
         .y_label_formatter(&|y| format!("{y:.0e}"))
         .draw()
         .map_err(|e| failed(path, e))?;
-    for (i, b) in bars.iter().enumerate() {
-        let x = i as f64;
-        chart
-            .draw_series([Rectangle::new(
-                [(x - 0.25, floor), (x + 0.25, b.run_median_s)],
-                RUN.filled(),
-            )])
-            .map_err(|e| failed(path, e))?;
-        chart
-            .draw_series([PathElement::new(
-                vec![(x, b.run_min_s), (x, b.run_max_s)],
-                BLACK.stroke_width(2),
-            )])
-            .map_err(|e| failed(path, e))?;
-    }
-    root.present().map_err(|e| failed(path, e))
+    Ok(chart)
 }
 
 /// The label of configuration `x` (each sits at a whole number; other ticks stay unlabelled).
