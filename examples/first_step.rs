@@ -98,8 +98,8 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     }
     println!(
         "{{\"build_s\": {built:.5}, \"compile_s\": {compiled:.5}, \"first_step_s\": {first:.5}, \
-         \"to_first_step_s\": {:.5}, \"loss_after_step1\": {loss1:.6}, \"early_step_s\": {:.6}, \
-         \"wait_for_optimized_s\": {waited:.5}, \"step_s\": {:.6}}}",
+         \"to_first_step_s\": {:.5}, \"loss_after_step1\": {loss1:.6}, \"early_step_s\": {:.9}, \
+         \"wait_for_optimized_s\": {waited:.5}, \"step_s\": {:.9}}}",
         built + compiled + first,
         median(early),
         median(late),

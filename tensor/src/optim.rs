@@ -194,6 +194,8 @@ pub struct TrainStep {
     routine: Routine,
     optimizer: Optimizer,
     scalars: [NodeId; 3],
+    /// The values last written to `scalars`.
+    written: [Option<f64>; 3],
     /// The squared global gradient norm of the last step, when clipping.
     grad_norm_sq: Option<NodeId>,
     scaler: Option<Scaler>,
@@ -504,6 +506,7 @@ impl Session {
             routine,
             optimizer: opt.clone(),
             scalars,
+            written: [None; 3],
             grad_norm_sq,
             scaler,
             steps: 0,
@@ -622,9 +625,7 @@ impl Session {
         let values = ts.optimizer.scalars(ts.steps + 1, lr);
         let Some(sc) = &mut ts.scaler else {
             ts.steps += 1;
-            for (n, v) in ts.scalars.iter().zip(values) {
-                self.write_extra(*n, &[v])?;
-            }
+            self.write_scalars(&ts.scalars, &mut ts.written, values)?;
             return self.run_with(&ts.routine, &all);
         };
         self.write_extra(sc.scale_node, &[sc.scale])?;
@@ -638,14 +639,30 @@ impl Session {
             return Ok(());
         }
         ts.steps += 1;
-        for (n, v) in ts.scalars.iter().zip(values) {
-            self.write_extra(*n, &[v])?;
-        }
+        self.write_scalars(&ts.scalars, &mut ts.written, values)?;
         self.run_with(&sc.update, &all)?;
         sc.good += 1;
         if sc.good >= sc.cfg.growth_interval {
             sc.scale *= sc.cfg.growth;
             sc.good = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes the optimizer's runtime scalars that changed since the last step (with a
+    /// constant learning rate, SGD's never do: a small model's step is microseconds, and each
+    /// write is a conversion and a copy).
+    fn write_scalars(
+        &mut self,
+        nodes: &[NodeId; 3],
+        written: &mut [Option<f64>; 3],
+        values: [f64; 3],
+    ) -> Result<()> {
+        for ((n, last), v) in nodes.iter().zip(written.iter_mut()).zip(values) {
+            if last.is_none_or(|l| l.to_bits() != v.to_bits()) {
+                self.write_extra(*n, &[v])?;
+                *last = Some(v);
+            }
         }
         Ok(())
     }
