@@ -128,7 +128,20 @@ impl Background {
         let handle = std::thread::Builder::new()
             .name("rocannl-build".into())
             .spawn(move || {
-                let _one_at_a_time = BACKGROUND.lock().unwrap_or_else(|e| e.into_inner());
+                // One at a time; a build stopped while it waits for its turn (its context
+                // dropped) ends at once instead of after the build before it.
+                let _one_at_a_time = loop {
+                    if c.stop.load(Ordering::Acquire) {
+                        return None;
+                    }
+                    match BACKGROUND.try_lock() {
+                        Ok(guard) => break guard,
+                        Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                        Err(std::sync::TryLockError::WouldBlock) => {
+                            std::thread::sleep(std::time::Duration::from_millis(2))
+                        }
+                    }
+                };
                 if c.stop.load(Ordering::Acquire) {
                     return None;
                 }
