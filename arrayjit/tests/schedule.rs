@@ -17,7 +17,7 @@ use rocannl_arrayjit::low_level::schedule::{CpuSchedule, schedule_cpu};
 use rocannl_arrayjit::low_level::verify::verify;
 use rocannl_arrayjit::ops::{BinOp, Prec};
 use rocannl_arrayjit::tnode::{NodeId, NodeTable};
-use rocannl_arrayjit::{BackendKind, CompileOptions, compile_program};
+use rocannl_arrayjit::{BackendKind, CompileOptions, NdArray, compile_program};
 
 /// An axis index written like `2*o + k - 1` over single-letter iterators.
 fn ax(s: &str, letters: &str) -> AxisIndex {
@@ -132,7 +132,7 @@ fn generated_kernel(case: &Case, kernel_calls: bool) -> &'static str {
     let mut prog =
         compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
     let before = prog.to_string();
-    schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls });
+    schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls, bf16_pairs: false });
     verify(&prog, "schedule").unwrap();
     if prog.body.iter().any(|s| {
         let mut found = false;
@@ -635,4 +635,46 @@ fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
     assert_ne!(kernel(&abt(8, 16, 16, Prec::F32, true)), "gemm");
     assert_ne!(kernel(&abt(128, 64, 128, Prec::F32, true)), "gemm");
     assert_ne!(kernel(&abt(300, 300, 1, Prec::F32, true)), "gemm");
+}
+
+/// Products of two bf16 tensors into f32 call the bf16 dot-product kernel where the host has
+/// it (`kernels::bf16`: the factors read as they are, no f32 copies). The interpreter running
+/// the scheduled program computes the kernel's pairwise product and gives its bits; both are
+/// within one rounding of the nest's sequential product.
+#[test]
+fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
+    use rocannl_arrayjit::Backend;
+    use rocannl_arrayjit::backend::interp::Interp;
+    use rocannl_arrayjit::kernels::bf16::has_native;
+    for case in [matmul_case(64, 256, 48, Prec::Bf16), matmul_bt_case(33, 301, 40, Prec::Bf16)] {
+        let mut prog =
+            compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+                .unwrap();
+        schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls: true, bf16_pairs: true });
+        verify(&prog, "schedule").unwrap();
+        let text = prog.to_string();
+        assert!(text.contains("gemm f32 bf16-pairs"), "{text}");
+        assert!(!text.contains("gemm operand"), "no f32 copies of the factors: {text}");
+        // The scheduled program on the interpreter.
+        let mut interp = Interp::new(&CompileOptions::default());
+        // Every tensor gets a buffer, the schedule's f32 copy of the bf16 result included.
+        for node in prog.nodes.values() {
+            if !prog.virtual_nodes.contains(&node.id) {
+                interp.alloc(node).unwrap();
+            }
+        }
+        for (id, vals) in &case.inputs {
+            let node = case.nodes.get(*id).unwrap();
+            interp.write(*id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap()).unwrap();
+        }
+        let (r, _) = interp.compile(&prog).unwrap();
+        interp.run(r, &[]).unwrap();
+        let pairs = interp.read(case.outputs[0]).unwrap().to_f64_vec();
+        let sequential = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+        assert_close(&case.name, &pairs, &sequential[0], tolerance(Prec::Bf16));
+        if cfg!(feature = "gccjit") && has_native() {
+            let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+            assert_eq!(bits(&got[0]), bits(&pairs), "{}: gccjit and the interpreter", case.name);
+        }
+    }
 }

@@ -85,6 +85,10 @@ pub fn prelude(d: Dialect) -> String {
                     if t == "float" { "f32" } else { "f64" }
                 );
             }
+            let _ = writeln!(
+                s,
+                "extern void rc_gemm_bf16(float *c, const unsigned short *a, const unsigned short *b, const long long *desc);"
+            );
         }
     }
     // `exp` and `tanh` in `f32` are the operations of `crate::math`, as in every backend;
@@ -357,7 +361,7 @@ impl CRenderer<'_> {
                 let _ = writeln!(
                     out,
                     "{pad}  rc_gemm_{}({}, {}, {}, d);",
-                    g.prec.name(),
+                    if g.bf16_pairs { "bf16" } else { g.prec.name() },
                     ptr(&g.c),
                     ptr(&g.a),
                     ptr(&g.b)

@@ -94,6 +94,7 @@ struct IGemm {
     operands: [(usize, Lin); 3],
     desc: Vec<Lin>,
     prec: Prec,
+    bf16_pairs: bool,
 }
 
 #[derive(Debug)]
@@ -307,7 +308,12 @@ impl Resolver<'_> {
                     (buf, self.lin(&o.offset))
                 });
                 let desc = g.descriptor().iter().map(|i| self.lin(i)).collect();
-                IStmt::Gemm(Box::new(IGemm { operands, desc, prec: g.prec }))
+                IStmt::Gemm(Box::new(IGemm {
+                    operands,
+                    desc,
+                    prec: g.prec,
+                    bf16_pairs: g.bf16_pairs,
+                }))
             }
         })
     }
@@ -493,6 +499,27 @@ impl Machine<'_> {
             for j in 0..n as i64 {
                 let c = c0 + i * d.rsc + j * d.csc;
                 let mut t = if accumulate { self.load_flat(*cb, c)? } else { 0.0 };
+                if g.bf16_pairs {
+                    // The host's bf16 dot products' pairwise order (`kernels::bf16`).
+                    let factors = |p: i64| -> Result<(f32, f32), Error> {
+                        if p >= k as i64 {
+                            return Ok((0.0, 0.0));
+                        }
+                        let x = self.load_flat(*ab, a0 + i * d.rsa + p * d.csa)?;
+                        let y = self.load_flat(*bb, b0 + p * d.rsb + j * d.csb)?;
+                        Ok((x as f32, y as f32))
+                    };
+                    let mut s = t as f32;
+                    for p in 0..(k as i64 + 1) / 2 {
+                        s = crate::kernels::bf16::pair_step(
+                            s,
+                            factors(2 * p)?,
+                            factors(2 * p + 1)?,
+                        );
+                    }
+                    self.store_flat(*cb, c, s as f64)?;
+                    continue;
+                }
                 for p in 0..k as i64 {
                     let x = self.load_flat(*ab, a0 + i * d.rsa + p * d.csa)?;
                     let y = self.load_flat(*bb, b0 + p * d.rsb + j * d.csb)?;

@@ -15,9 +15,11 @@
 //! one cell or their order, so a kernel call gives the same bits as the interpreter running
 //! the nest.
 
+pub mod bf16;
 pub mod gemm;
 pub mod simd;
 
+pub use bf16::rc_gemm_bf16;
 pub use gemm::{Gemm, gemm};
 
 /// An instruction set a kernel is compiled for.

@@ -410,8 +410,11 @@ pub struct Gemm {
     pub accumulate: bool,
     /// Each step is one fused multiply-add.
     pub fused: bool,
-    /// The operands' precision (f32 or f64).
+    /// The result's precision, and the factors' where they have no other (f32 or f64).
     pub prec: Prec,
+    /// bf16 factors into an f32 result: the pairwise product of
+    /// [`crate::kernels::bf16`] (the host's bf16 dot products), not the nest's sequential one.
+    pub bf16_pairs: bool,
 }
 
 /// A tensor as an operand of a [`Gemm`]: the flat offset of the cell at row 0, column 0
@@ -520,7 +523,11 @@ impl fmt::Display for GemmAxis {
 impl fmt::Display for Gemm {
     /// `gemm f32 fma n4[@0; 256, 1] := n3[@0; 784, 1] · n2[@0; 1, 784] (m 128 in blocks v5*64, n 256, k 784)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let step = if self.fused { "fma" } else { "mul-add" };
+        let step = match (self.bf16_pairs, self.fused) {
+            (true, _) => "bf16-pairs",
+            (false, true) => "fma",
+            (false, false) => "mul-add",
+        };
         let assign = if self.accumulate { "+=" } else { ":=" };
         let rows = self.rows.map_or(String::new(), |(v, per)| format!(" in blocks {v}*{per}"));
         write!(

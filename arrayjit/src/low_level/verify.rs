@@ -100,7 +100,11 @@ impl Verifier<'_> {
             if self.prog.virtual_nodes.contains(&o.node) {
                 return Err(format!("gemm on virtualized node {}", o.node));
             }
-            if node.prec != g.prec {
+            let want = if g.bf16_pairs && o.node != g.c.node { Prec::Bf16 } else { g.prec };
+            if g.bf16_pairs && g.prec != Prec::F32 {
+                return Err(format!("bf16 pairs into {}", g.prec.name()));
+            }
+            if node.prec != want {
                 return Err(format!(
                     "gemm {} on {} node {}",
                     g.prec.name(),

@@ -72,8 +72,10 @@ pub const HELPER_REPORT: usize = 4;
 pub const HELPER_GEMM_F32: usize = 5;
 /// [`crate::kernels::rc_gemm_f64`].
 pub const HELPER_GEMM_F64: usize = 6;
+/// [`crate::kernels::rc_gemm_bf16`].
+pub const HELPER_GEMM_BF16: usize = 7;
 /// The number of helpers in the run table.
-pub const HELPERS: usize = 7;
+pub const HELPERS: usize = 8;
 
 /// Where a build goes.
 pub enum Output<'a> {
@@ -559,8 +561,8 @@ impl<'c> Gen<'c> {
             let slot = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(k as i64));
             self.block.add_assignment(None, slot, v);
         }
-        let elem = self.storage_type(g.prec);
-        let ptr_ty = elem.make_pointer();
+        let c_ty = self.storage_type(g.prec).make_pointer();
+        let factor_ty = if g.bf16_pairs { self.t.u16.make_pointer() } else { c_ty };
         let mut args = Vec::with_capacity(4);
         for o in g.operands() {
             let off = self.index(&o.offset);
@@ -572,10 +574,14 @@ impl<'c> Gen<'c> {
         let fty = self.ctx.new_function_pointer_type(
             None,
             self.ctx.new_type::<()>(),
-            &[ptr_ty, ptr_ty, ptr_ty, self.t.i64.make_pointer()],
+            &[c_ty, factor_ty, factor_ty, self.t.i64.make_pointer()],
             false,
         );
-        let k = if g.prec == Prec::F64 { HELPER_GEMM_F64 } else { HELPER_GEMM_F32 };
+        let k = match (g.bf16_pairs, g.prec) {
+            (true, _) => HELPER_GEMM_BF16,
+            (false, Prec::F64) => HELPER_GEMM_F64,
+            _ => HELPER_GEMM_F32,
+        };
         let f = self.helper(k, fty);
         let call = self.ctx.new_call_through_ptr(None, f, &args);
         self.block.add_eval(None, call);

@@ -75,6 +75,7 @@ fn helpers() -> [usize; codegen::HELPERS] {
     h[codegen::HELPER_REPORT] = report_oob as *const () as usize;
     h[codegen::HELPER_GEMM_F32] = crate::kernels::rc_gemm_f32 as *const () as usize;
     h[codegen::HELPER_GEMM_F64] = crate::kernels::rc_gemm_f64 as *const () as usize;
+    h[codegen::HELPER_GEMM_BF16] = crate::kernels::rc_gemm_bf16 as *const () as usize;
     h
 }
 
@@ -199,9 +200,11 @@ impl Gccjit {
     fn plan(&self, prog: &Program) -> (Program, Vec<(Vec<Stmt>, StepKind)>) {
         let mut prog = prog.clone();
         let threads = self.pool.threads();
+        let kernel_calls = self.opts.kernel_calls && !self.opts.bounds_check;
         let opts = schedule::CpuSchedule {
             threads,
-            kernel_calls: self.opts.kernel_calls && !self.opts.bounds_check,
+            kernel_calls,
+            bf16_pairs: kernel_calls && crate::kernels::bf16::has_native(),
         };
         schedule::schedule_cpu(&mut prog, &opts);
         let cuts = cut_points(&prog.body);
@@ -389,9 +392,10 @@ impl Gccjit {
         let v = gccjit::Version::get();
         // The codegen number changes whenever the code generated for the same program changes
         // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
-        // 10: f32 -> bf16 by one biased addition), so older cache entries are not used.
+        // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot), so
+        // older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 10; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 11; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,

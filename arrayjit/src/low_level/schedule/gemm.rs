@@ -36,9 +36,13 @@ pub const MIN_GEMM_DEPTH: usize = 128;
 
 /// Rewrites a recognized nest into calls of the matrix product, or `None` (the program is then
 /// unchanged).
-pub(crate) fn rewrite(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
+pub(crate) fn rewrite(
+    prog: &mut Program,
+    nest: &Nest,
+    opts: &super::CpuSchedule,
+) -> Option<Vec<Stmt>> {
     let (nodes, scratch, next_var) = (prog.nodes.len(), prog.scratch.len(), prog.next_var);
-    let out = calls(prog, nest, threads);
+    let out = calls(prog, nest, opts);
     if out.is_none() {
         // Forget the operand buffers made for it.
         for s in prog.scratch.drain(scratch..) {
@@ -50,7 +54,8 @@ pub(crate) fn rewrite(prog: &mut Program, nest: &Nest, threads: usize) -> Option
     out
 }
 
-fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
+fn calls(prog: &mut Program, nest: &Nest, opts: &super::CpuSchedule) -> Option<Vec<Stmt>> {
+    let threads = opts.threads;
     if !nest.cell_guards.is_empty() || !nest.point_guards.is_empty() {
         return None;
     }
@@ -89,9 +94,12 @@ fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
     if loops.iter().map(|l| l.extent).product::<usize>() < MIN_GEMM_STEPS {
         return None;
     }
+    // Two bf16 tensors into f32: the host's bf16 dot products read them as they are.
+    let is_bf16 = |e: &Expr| matches!(e, Expr::Get(n, _) if prog.nodes.get(n).is_some_and(|t| t.prec == Prec::Bf16));
+    let bf16_pairs = opts.bf16_pairs && nest.prec == Prec::F32 && is_bf16(x) && is_bf16(y);
     // Operands as strided tensors, computed into buffers where they are expressions.
-    let (xo, xf) = operand(prog, x, &loops, nest.prec);
-    let (yo, yf) = operand(prog, y, &loops, nest.prec);
+    let (xo, xf) = operand(prog, x, &loops, nest.prec, bf16_pairs);
+    let (yo, yf) = operand(prog, y, &loops, nest.prec, bf16_pairs);
     let c = Strided { node: nest.node, idx: nest.idx.clone() };
     let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
     let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
@@ -131,6 +139,7 @@ fn calls(prog: &mut Program, nest: &Nest, threads: usize) -> Option<Vec<Stmt>> {
         accumulate: nest.init.is_none(),
         fused,
         prec: nest.prec,
+        bf16_pairs,
     };
     // Threads: across the outermost batch loop when it is parallel with an iteration per
     // thread, else across blocks of rows (a parallel loop around the batch loops).
@@ -241,11 +250,17 @@ fn coeff(prog: &Program, node: NodeId, idx: &[Index], v: Var) -> i64 {
     super::flat_stride(prog, node, idx, v)
 }
 
-/// An operand as a strided tensor: the read itself, or a buffer the expression is to be
-/// computed into first (its [`Fill`]).
-fn operand(prog: &mut Program, e: &Expr, loops: &[Loop], prec: Prec) -> (Strided, Option<Fill>) {
+/// An operand as a strided tensor: the read itself (a plain read in `prec`, or any plain read
+/// with `as_read`), or a buffer the expression is to be computed into first (its [`Fill`]).
+fn operand(
+    prog: &mut Program,
+    e: &Expr,
+    loops: &[Loop],
+    prec: Prec,
+    as_read: bool,
+) -> (Strided, Option<Fill>) {
     if let Expr::Get(n, idx) = e
-        && prog.nodes.get(n).is_some_and(|t| t.prec == prec)
+        && (as_read || prog.nodes.get(n).is_some_and(|t| t.prec == prec))
     {
         return (Strided { node: *n, idx: idx.clone() }, None);
     }

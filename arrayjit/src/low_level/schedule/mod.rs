@@ -72,11 +72,14 @@ pub struct CpuSchedule {
     /// Products become calls of the shape-generic kernel (off: every nest is generated code,
     /// e.g. so that bounds-check mode checks every access).
     pub kernel_calls: bool,
+    /// Products of two bf16 tensors into f32 use the host's bf16 dot products (the pairwise
+    /// product of [`crate::kernels::bf16`]) instead of f32 copies of the factors.
+    pub bf16_pairs: bool,
 }
 
 impl Default for CpuSchedule {
     fn default() -> Self {
-        CpuSchedule { threads: 2, kernel_calls: true }
+        CpuSchedule { threads: 2, kernel_calls: true, bf16_pairs: false }
     }
 }
 
@@ -93,7 +96,7 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
             out.push(s);
             continue;
         };
-        let call = if opts.kernel_calls { gemm::rewrite(prog, &nest, opts.threads) } else { None };
+        let call = if opts.kernel_calls { gemm::rewrite(prog, &nest, opts) } else { None };
         let rewritten =
             call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
         match rewritten {
