@@ -65,20 +65,23 @@ fn daz(x: f32) -> f32 {
 }
 
 /// One pair of the pairwise product, on the values of bf16 factors:
-/// `(t + a_odd·b_odd) + a_even·b_even`, subnormal inputs and results flushed to zero. The one
-/// definition the kernel, its portable path and the interpreter share.
+/// `(t + a_odd·b_odd) + a_even·b_even`, as the instruction computes it: a subnormal factor or
+/// incoming `t` counts as zero, each product is exact (in f64: two 8-bit significands), each
+/// sum is rounded once to f32 and a subnormal sum becomes zero. (Checked against `vdpbf16ps`
+/// on millions of lanes chosen to produce subnormals, as well as on normal values.) The one
+/// definition the kernel's portable path and the interpreter share.
 ///
 /// ```
 /// use rocannl_arrayjit::kernels::bf16::pair_step;
 /// assert_eq!(pair_step(1.0, (2.0, 3.0), (0.5, 4.0)), 9.0);
 /// ```
 pub fn pair_step(t: f32, (a_even, b_even): (f32, f32), (a_odd, b_odd): (f32, f32)) -> f32 {
-    let product = |a: f32, b: f32| ftz(daz(a) * daz(b));
-    let t = ftz(t + product(a_odd, b_odd));
-    ftz(t + product(a_even, b_even))
+    let product = |a: f32, b: f32| daz(a) as f64 * daz(b) as f64;
+    let t = ftz((daz(t) as f64 + product(a_odd, b_odd)) as f32);
+    ftz((t as f64 + product(a_even, b_even)) as f32)
 }
 
-/// A subnormal result as zero of its sign (the instruction's FTZ).
+/// A subnormal value as zero of its sign (the instruction's FTZ and DAZ).
 fn ftz(x: f32) -> f32 {
     if x != 0.0 && x.abs() < f32::MIN_POSITIVE {
         f32::from_bits(x.to_bits() & 0x8000_0000)
@@ -359,6 +362,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_native_product_gives_the_reference_bits_near_the_bottom_of_the_range() {
+        if !has_native() {
+            return;
+        }
+        // Factors down to subnormal bf16, accumulators down to subnormal f32: products and
+        // sums underflow.
+        let (m, k, n) = (9, 35, 40);
+        let draw = |seed, i: usize, lo: u32, span: u32| -> u16 {
+            let u = crate::ops::uniform(seed, i as u64);
+            let e = lo + (u * span as f64) as u32;
+            let mantissa = (crate::ops::uniform(seed + 7, i as u64) * 128.0) as u32;
+            ((e << 7 | mantissa) as u16) | if i % 3 == 0 { 0x8000 } else { 0 }
+        };
+        let a: Vec<u16> = (0..m * k).map(|i| draw(11, i, 0, 70)).collect();
+        let b: Vec<u16> = (0..k * n).map(|i| draw(12, i, 40, 60)).collect();
+        let c0: Vec<f32> = (0..m * n)
+            .map(|i| f32::from_bits((draw(13, i, 0, 8) as u32) << 16 | i as u32 & 0xffff))
+            .collect();
+        let run = |f: unsafe fn(&GemmBf16)| {
+            let mut c = c0.clone();
+            let g = GemmBf16 {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                rsa: k as isize,
+                csa: 1,
+                b: b.as_ptr(),
+                rsb: n as isize,
+                csb: 1,
+                c: c.as_mut_ptr(),
+                rsc: n as isize,
+                csc: 1,
+                accumulate: true,
+            };
+            // SAFETY: the buffers hold every cell the sizes address.
+            unsafe { f(&g) };
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(native_entry), run(reference));
     }
 
     unsafe fn native_entry(g: &GemmBf16) {
