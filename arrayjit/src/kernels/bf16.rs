@@ -376,7 +376,7 @@ mod tests {
             let u = crate::ops::uniform(seed, i as u64);
             let e = lo + (u * span as f64) as u32;
             let mantissa = (crate::ops::uniform(seed + 7, i as u64) * 128.0) as u32;
-            ((e << 7 | mantissa) as u16) | if i % 3 == 0 { 0x8000 } else { 0 }
+            ((e << 7 | mantissa) as u16) | if i.is_multiple_of(3) { 0x8000 } else { 0 }
         };
         let a: Vec<u16> = (0..m * k).map(|i| draw(11, i, 0, 70)).collect();
         let b: Vec<u16> = (0..k * n).map(|i| draw(12, i, 40, 60)).collect();
