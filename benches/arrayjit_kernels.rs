@@ -87,6 +87,7 @@ fn bench(c: &mut Criterion) {
                         rsc: s,
                         csc: 1,
                         accumulate: false,
+                        fused: false,
                     };
                     // SAFETY: every operand is n×n with the strides above.
                     unsafe { if path == "native" { gemm_bf16(&g) } else { reference(&g) } }

@@ -119,12 +119,10 @@ pub fn exp<E: Emit>(e: &mut E, x: E::F) -> E::F {
     // (both comparisons are false).
     let x = e.keep(x);
     let lo = e.f(-104.0);
-    let lo2 = e.f(-104.0);
-    let x = e.lt_select(x.clone(), lo, lo2, x);
+    let x = e.lt_select(x.clone(), lo.clone(), lo, x);
     let x = e.keep(x);
     let hi = e.f(89.0);
-    let hi2 = e.f(89.0);
-    let x = e.lt_select(hi, x.clone(), hi2, x);
+    let x = e.lt_select(hi.clone(), x.clone(), hi, x);
     let x = e.keep(x);
     // n = round(x / ln2), as an integer in the low bits of `t` and as a float.
     let log2e = e.f(LOG2_E);

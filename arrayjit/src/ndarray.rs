@@ -69,9 +69,7 @@ impl NdArray {
             Prec::F32 => Storage::F32(data.iter().map(|&x| x as f32).collect()),
             Prec::F64 => Storage::F64(data.to_vec()),
             Prec::U32 => {
-                let bad = data
-                    .iter()
-                    .position(|&x| !((0.0..4_294_967_296.0).contains(&x) && x.fract() == 0.0));
+                let bad = data.iter().position(|&x| !Prec::is_u32_value(x));
                 if let Some(index) = bad {
                     return Err(Error::NotAnInteger { index, value: data[index] });
                 }

@@ -54,6 +54,16 @@ impl Prec {
         Prec::ALL.into_iter().chain([Prec::U32]).find(|p| p.name() == name)
     }
 
+    /// Whether `x` is a value [`Prec::U32`] holds: an integer in `0 .. 2³²`.
+    ///
+    /// ```
+    /// use rocannl_arrayjit::ops::Prec;
+    /// assert!(Prec::is_u32_value(7.0) && !Prec::is_u32_value(2.5) && !Prec::is_u32_value(-1.0));
+    /// ```
+    pub fn is_u32_value(x: f64) -> bool {
+        (0.0..4_294_967_296.0).contains(&x) && x.fract() == 0.0
+    }
+
     /// Whether values of this precision are floating-point numbers (every one but [`Prec::U32`]).
     pub fn is_float(self) -> bool {
         self != Prec::U32

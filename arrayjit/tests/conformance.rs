@@ -264,23 +264,9 @@ fn half_precision_stores_round_as_compiled_code_does() {
 #[test]
 fn gccjit_half_precision_conversions_match_the_interpreter() {
     use rocannl_arrayjit::assignments::ScalarExpr;
-    use rocannl_arrayjit::indexing::{Projections, SymbolGen};
-    use rocannl_arrayjit::tnode::NodeTable;
     let copy = |from: Prec, to: Prec, xs: Vec<f64>| {
-        let n = xs.len();
-        let mut nodes = NodeTable::default();
-        let x = host(&mut nodes, "x", &[n], from);
-        let y = host(&mut nodes, "y", &[n], to);
-        let p = Projections::identity(&[n], 1, &mut SymbolGen::default());
-        Case {
-            name: format!("copy_{}_{}", from.name(), to.name()),
-            asgn: accum(y, None, vec![x], ScalarExpr::Arg(0), p, false),
-            nodes,
-            inputs: vec![(x, xs)],
-            outputs: vec![y],
-            bindings: vec![],
-            expected: None,
-        }
+        let name = format!("copy_{}_{}", from.name(), to.name());
+        map_case(&name, from, to, ScalarExpr::Arg(0), xs)
     };
     let every_f16: Vec<f64> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f64()).collect();
     let mut f32s: Vec<f64> =

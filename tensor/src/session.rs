@@ -582,10 +582,8 @@ impl Session {
         let n = self.node_of(t.id);
         let prec = self.prec_of(t.id);
         if prec == Prec::U32
-            && let Some((pos, v)) = values
-                .iter()
-                .enumerate()
-                .find(|(_, v)| !(**v >= 0.0 && **v < 4_294_967_296.0 && v.fract() == 0.0))
+            && let Some((pos, v)) =
+                values.iter().enumerate().find(|(_, v)| !Prec::is_u32_value(**v))
         {
             return Err(Error::usage(format!(
                 "'{}' holds ids, but position {pos} is {v}, not an unsigned 32-bit integer",

@@ -18,25 +18,12 @@
 //! Only hosts with AVX-512 BF16 run it natively; the CPU schedule calls it only there
 //! ([`has_native`]), and elsewhere converts the operands to f32 for [`super::gemm()`].
 
-use super::{GEMM_ACCUMULATE, GemmDesc};
+use super::GemmDesc;
 
-/// A product as [`rc_gemm_bf16`] computes it (pointers at row 0, column 0 of this call).
-#[derive(Copy, Clone, Debug)]
-pub struct GemmBf16 {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub a: *const u16,
-    pub rsa: isize,
-    pub csa: isize,
-    pub b: *const u16,
-    pub rsb: isize,
-    pub csb: isize,
-    pub c: *mut f32,
-    pub rsc: isize,
-    pub csc: isize,
-    pub accumulate: bool,
-}
+/// A product as [`rc_gemm_bf16`] computes it: f32 `C`, bf16 factors as bits (pointers at row
+/// 0, column 0 of this call; the `fused` flag is not used: the pairwise product is one
+/// definition).
+pub type GemmBf16 = super::Gemm<f32, u16>;
 
 /// Whether this host has the bf16 dot-product instruction (detected once).
 pub fn has_native() -> bool {
@@ -54,9 +41,9 @@ pub fn has_native() -> bool {
     })
 }
 
-/// bf16 bits to f32, subnormals as zero (the instruction's DAZ).
+/// bf16 bits to f32 (exactly; [`pair_step`] flushes subnormals).
 fn widen(h: u16) -> f32 {
-    daz(f32::from_bits((h as u32) << 16))
+    f32::from_bits((h as u32) << 16)
 }
 
 /// A subnormal input as zero of its sign (the instruction's DAZ).
@@ -279,29 +266,8 @@ pub unsafe extern "C" fn rc_gemm_bf16(
     b: *const u16,
     desc: *const GemmDesc,
 ) {
-    // SAFETY: the caller's contract.
-    let d = unsafe { *desc };
-    let (m, n, k, start) = d.clip();
-    if m == 0 {
-        return;
-    }
-    // SAFETY: the first row lies inside the operands (the caller's contract).
-    let (c, a) = unsafe { (c.offset(start * d.rsc as isize), a.offset(start * d.rsa as isize)) };
-    let g = GemmBf16 {
-        m,
-        n,
-        k,
-        a,
-        rsa: d.rsa as isize,
-        csa: d.csa as isize,
-        b,
-        rsb: d.rsb as isize,
-        csb: d.csb as isize,
-        c,
-        rsc: d.rsc as isize,
-        csc: d.csc as isize,
-        accumulate: d.flags & GEMM_ACCUMULATE != 0,
-    };
+    // SAFETY: the caller's contract (the descriptor, and its first row inside `c` and `a`).
+    let Some(g) = (unsafe { (*desc).product(c, a, b) }) else { return };
     // SAFETY: the caller's contract.
     unsafe { gemm_bf16(&g) }
 }
@@ -338,6 +304,7 @@ mod tests {
             rsc: n as isize,
             csc: 1,
             accumulate: acc,
+            fused: false,
         };
         // SAFETY: the buffers hold every cell the sizes address.
         unsafe { f(&g) };
@@ -399,6 +366,7 @@ mod tests {
                 rsc: n as isize,
                 csc: 1,
                 accumulate: true,
+                fused: false,
             };
             // SAFETY: the buffers hold every cell the sizes address.
             unsafe { f(&g) };
@@ -434,7 +402,7 @@ mod tests {
             }
         }
         // Subnormal inputs count as zero, a subnormal sum becomes zero.
-        assert_eq!(widen(1), 0.0);
+        assert_eq!(daz(widen(1)), 0.0);
         assert_eq!(ftz(1e-40).to_bits(), 0);
         assert_eq!(ftz(-1e-40).to_bits(), 0x8000_0000);
     }

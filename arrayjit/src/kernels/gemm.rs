@@ -28,7 +28,7 @@ use super::simd::Lanes;
 /// `k` rows and `n` columns; `rs*` and `cs*` are the steps (in elements) between rows and
 /// between columns of each operand, any sign, 0 for a broadcast.
 #[derive(Copy, Clone, Debug)]
-pub struct Gemm<T> {
+pub struct Gemm<T, F = T> {
     /// Rows of `C` and `A`.
     pub m: usize,
     /// Columns of `C` and `B`.
@@ -36,13 +36,13 @@ pub struct Gemm<T> {
     /// The reduction: columns of `A`, rows of `B`.
     pub k: usize,
     /// `A`'s first cell.
-    pub a: *const T,
+    pub a: *const F,
     /// `A`'s row step.
     pub rsa: isize,
     /// `A`'s column step.
     pub csa: isize,
     /// `B`'s first cell.
-    pub b: *const T,
+    pub b: *const F,
     /// `B`'s row step.
     pub rsb: isize,
     /// `B`'s column step.

@@ -126,6 +126,39 @@ impl GemmDesc {
     }
 }
 
+impl GemmDesc {
+    /// The product this call computes, from the operands' first cells (row 0, column 0):
+    /// sizes clipped, pointers advanced to the call's first row; `None` when it has no rows.
+    ///
+    /// # Safety
+    /// The call's first row must lie inside `c` and `a`.
+    pub unsafe fn product<T, F>(&self, c: *mut T, a: *const F, b: *const F) -> Option<Gemm<T, F>> {
+        let (m, n, k, start) = self.clip();
+        if m == 0 {
+            return None;
+        }
+        // SAFETY: the caller's contract.
+        let (c, a) =
+            unsafe { (c.offset(start * self.rsc as isize), a.offset(start * self.rsa as isize)) };
+        Some(Gemm {
+            m,
+            n,
+            k,
+            a,
+            rsa: self.rsa as isize,
+            csa: self.csa as isize,
+            b,
+            rsb: self.rsb as isize,
+            csb: self.csb as isize,
+            c,
+            rsc: self.rsc as isize,
+            csc: self.csc as isize,
+            accumulate: self.flags & GEMM_ACCUMULATE != 0,
+            fused: self.flags & GEMM_FUSED != 0,
+        })
+    }
+}
+
 /// Flags of a [`GemmDesc`]: the result accumulates onto its old values.
 pub const GEMM_ACCUMULATE: i64 = 1;
 /// Flags of a [`GemmDesc`]: each step is one fused multiply-add.
@@ -150,31 +183,8 @@ macro_rules! entry {
             b: *const $t,
             desc: *const GemmDesc,
         ) {
-            // SAFETY: the caller's contract.
-            let d = unsafe { *desc };
-            let (m, n, k, start) = d.clip();
-            if m == 0 {
-                return;
-            }
-            // SAFETY: the first row lies inside the operands (the caller's contract).
-            let (c, a) =
-                unsafe { (c.offset(start * d.rsc as isize), a.offset(start * d.rsa as isize)) };
-            let g = Gemm {
-                m,
-                n,
-                k,
-                a,
-                rsa: d.rsa as isize,
-                csa: d.csa as isize,
-                b,
-                rsb: d.rsb as isize,
-                csb: d.csb as isize,
-                c,
-                rsc: d.rsc as isize,
-                csc: d.csc as isize,
-                accumulate: d.flags & GEMM_ACCUMULATE != 0,
-                fused: d.flags & GEMM_FUSED != 0,
-            };
+            // SAFETY: the caller's contract (the descriptor, and its first row inside `c`, `a`).
+            let Some(g) = (unsafe { (*desc).product(c, a, b) }) else { return };
             // SAFETY: the caller's contract.
             unsafe { gemm(&g, Isa::host()) }
         }

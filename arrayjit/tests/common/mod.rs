@@ -76,14 +76,21 @@ fn domain_un(op: UnOp) -> (f64, f64) {
 
 /// `y = op(x)` over the given inputs (no reference values).
 pub fn unop_case_on(op: UnOp, prec: Prec, xs: Vec<f64>) -> Case {
+    let name = format!("{}_{}_{}", op.name(), prec.name(), xs.len());
+    map_case(&name, prec, prec, ScalarExpr::un(op, ScalarExpr::Arg(0)), xs)
+}
+
+/// `y = expr(x)` cell by cell, `x` stored in `from` and `y` in `to`, over the given inputs (no
+/// reference values).
+pub fn map_case(name: &str, from: Prec, to: Prec, expr: ScalarExpr, xs: Vec<f64>) -> Case {
     let n = xs.len();
     let mut nodes = NodeTable::default();
-    let x = host(&mut nodes, "x", &[n], prec);
-    let y = host(&mut nodes, "y", &[n], prec);
+    let x = host(&mut nodes, "x", &[n], from);
+    let y = host(&mut nodes, "y", &[n], to);
     let p = Projections::identity(&[n], 1, &mut SymbolGen::default());
     Case {
-        name: format!("{}_{}_{n}", op.name(), prec.name()),
-        asgn: accum(y, None, vec![x], ScalarExpr::un(op, ScalarExpr::Arg(0)), p, false),
+        name: name.to_string(),
+        asgn: accum(y, None, vec![x], expr, p, false),
         nodes,
         inputs: vec![(x, xs)],
         outputs: vec![y],
