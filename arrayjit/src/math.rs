@@ -268,6 +268,7 @@ impl Emit for Scalar {
 /// assert_eq!(exp_f32(100.0), f32::INFINITY);
 /// assert_eq!(exp_f32(-200.0), 0.0);
 /// ```
+#[inline]
 pub fn exp_f32(x: f32) -> f32 {
     exp(&mut Scalar, x)
 }
@@ -281,6 +282,7 @@ pub fn exp_f32(x: f32) -> f32 {
 /// assert_eq!(tanh_f32(20.0), 1.0);
 /// assert!((tanh_f32(0.5) - 0.5f64.tanh() as f32).abs() <= f32::EPSILON);
 /// ```
+#[inline]
 pub fn tanh_f32(x: f32) -> f32 {
     tanh(&mut Scalar, x)
 }

@@ -292,7 +292,8 @@ impl UnOp {
     }
 
     /// The one definition of the operation, in either precision.
-    fn compute<T: Real>(self, x: T) -> T {
+    #[inline(always)]
+    pub(crate) fn compute<T: Real>(self, x: T) -> T {
         match self {
             UnOp::Identity => x,
             UnOp::Neg => -x,
@@ -437,7 +438,8 @@ impl BinOp {
     }
 
     /// The one definition of the operation, in either precision.
-    fn compute<T: Real>(self, a: T, b: T) -> T {
+    #[inline(always)]
+    pub(crate) fn compute<T: Real>(self, a: T, b: T) -> T {
         match self {
             BinOp::Add => a + b,
             BinOp::Sub => a - b,
@@ -520,7 +522,8 @@ impl TernOp {
     }
 
     /// The one definition of the operation, in either precision.
-    fn compute<T: Real>(self, a: T, b: T, c: T) -> T {
+    #[inline(always)]
+    pub(crate) fn compute<T: Real>(self, a: T, b: T, c: T) -> T {
         match self {
             TernOp::Where => {
                 if a != T::ZERO {
@@ -536,7 +539,7 @@ impl TernOp {
 
 /// The arithmetic the op table is defined with, in `f64` (the reference semantics) and `f32`
 /// (what compiled `f32` code computes: the same formulas, the C library's `f32` functions).
-trait Real:
+pub(crate) trait Real:
     Copy
     + PartialOrd
     + std::ops::Add<Output = Self>
@@ -571,45 +574,59 @@ macro_rules! real {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
+            #[inline(always)]
             fn clamp01(self) -> Self {
                 self.clamp(0.0, 1.0)
             }
+            #[inline(always)]
             fn exp(self) -> Self {
                 $exp(self)
             }
+            #[inline(always)]
             fn ln(self) -> Self {
                 <$t>::ln(self)
             }
+            #[inline(always)]
             fn exp2(self) -> Self {
                 <$t>::exp2(self)
             }
+            #[inline(always)]
             fn log2(self) -> Self {
                 <$t>::log2(self)
             }
+            #[inline(always)]
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
             }
+            #[inline(always)]
             fn sin(self) -> Self {
                 <$t>::sin(self)
             }
+            #[inline(always)]
             fn cos(self) -> Self {
                 <$t>::cos(self)
             }
+            #[inline(always)]
             fn tanh(self) -> Self {
                 $tanh(self)
             }
+            #[inline(always)]
             fn erf(self) -> Self {
                 $erf(self)
             }
+            #[inline(always)]
             fn abs(self) -> Self {
                 <$t>::abs(self)
             }
+            #[inline(always)]
             fn powf(self, b: Self) -> Self {
                 <$t>::powf(self, b)
             }
+            #[inline(always)]
             fn mul_add(self, b: Self, c: Self) -> Self {
                 <$t>::mul_add(self, b, c)
             }
+            #[inline(always)]
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
             }

@@ -13,7 +13,7 @@ use expect_test::expect;
 use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
 use rocannl_arrayjit::low_level::Stmt;
-use rocannl_arrayjit::low_level::schedule::{CpuSchedule, schedule_cpu};
+use rocannl_arrayjit::low_level::schedule::{CpuSchedule, MapCalls, schedule_cpu};
 use rocannl_arrayjit::low_level::verify::verify;
 use rocannl_arrayjit::ops::{BinOp, Prec};
 use rocannl_arrayjit::tnode::{NodeId, NodeTable};
@@ -132,7 +132,7 @@ fn generated_kernel(case: &Case, kernel_calls: bool) -> &'static str {
     let mut prog =
         compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
     let before = prog.to_string();
-    schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls, bf16_pairs: false });
+    schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls, ..CpuSchedule::default() });
     verify(&prog, "schedule").unwrap();
     if prog.body.iter().any(|s| {
         let mut found = false;
@@ -302,6 +302,86 @@ fn row_reductions_of_every_operator() {
             assert_eq!(generated_kernel(&cols, false), "in place");
             check(&cols);
         }
+    }
+}
+
+/// Calls of the map kernel (every map and reduction, with and without threads, a dynamic
+/// size) give the interpreter's bits exactly: each cell's operations in the nest's order. The
+/// scheduled program run by the interpreter (which runs a call as the nest it stands for)
+/// gives them too.
+fn check_map_calls(case: &Case) {
+    let want = run_case(BackendKind::Interp, CompileOptions::default(), case);
+    let mut prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    schedule_cpu(&mut prog, &CpuSchedule { map_calls: MapCalls::All, ..CpuSchedule::default() });
+    verify(&prog, "schedule").unwrap();
+    let mut calls = 0;
+    for s in &prog.body {
+        s.visit(&mut |s| calls += usize::from(matches!(s, Stmt::Map(_))));
+    }
+    assert!(calls > 0, "{}: no map call in\n{prog}", case.name);
+    for opts in [
+        CompileOptions::default(),
+        CompileOptions { threads: Some(1), ..CompileOptions::default() },
+        CompileOptions { threads: Some(3), min_parallel_work: 1, ..CompileOptions::default() },
+    ] {
+        let got = run_case(
+            BackendKind::Gccjit,
+            CompileOptions { map_calls: MapCalls::All, ..opts },
+            case,
+        );
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(bits(g), bits(w), "{}", case.name);
+        }
+    }
+}
+
+#[test]
+fn map_calls_give_the_interpreters_bits() {
+    for prec in [Prec::F32, Prec::F64] {
+        for op in [BinOp::Add, BinOp::Mul, BinOp::Max, BinOp::Min] {
+            for init in [true, false] {
+                // Rows (contiguous reduction: each cell alone, points in runs) and columns
+                // (cells together); odd and prime sizes, one longer than a chunk.
+                check_map_calls(&contraction(
+                    &format!("map_rows_{}_{}_{init}", op.name(), prec.name()),
+                    "ik",
+                    &[6, 701],
+                    Arg(&[6], "i", prec),
+                    &[Arg(&[6, 701], "i,k", prec)],
+                    op,
+                    init,
+                ));
+                check_map_calls(&contraction(
+                    &format!("map_cols_{}_{}_{init}", op.name(), prec.name()),
+                    "kj",
+                    &[9, 131],
+                    Arg(&[131], "j", prec),
+                    &[Arg(&[9, 131], "k,j", prec)],
+                    op,
+                    init,
+                ));
+            }
+        }
+        // A bias gradient over a batch and a sequence; a layout copy (pointwise).
+        check_map_calls(&contraction(
+            &format!("map_bias_grad_{}", prec.name()),
+            "bsj",
+            &[5, 7, 33],
+            Arg(&[33], "j", prec),
+            &[Arg(&[5, 7, 33], "b,s,j", prec)],
+            BinOp::Add,
+            false,
+        ));
+        check_map_calls(&contraction(
+            &format!("map_transpose_{}", prec.name()),
+            "hqd",
+            &[3, 17, 4],
+            Arg(&[17, 3, 4], "q,h,d", prec),
+            &[Arg(&[3, 17, 4], "h,q,d", prec)],
+            BinOp::Add,
+            true,
+        ));
     }
 }
 
@@ -650,7 +730,15 @@ fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
         let mut prog =
             compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
                 .unwrap();
-        schedule_cpu(&mut prog, &CpuSchedule { threads: 2, kernel_calls: true, bf16_pairs: true });
+        schedule_cpu(
+            &mut prog,
+            &CpuSchedule {
+                threads: 2,
+                kernel_calls: true,
+                bf16_pairs: true,
+                ..CpuSchedule::default()
+            },
+        );
         verify(&prog, "schedule").unwrap();
         let text = prog.to_string();
         assert!(text.contains("gemm f32 bf16-pairs"), "{text}");

@@ -84,6 +84,11 @@ pub fn prelude(d: Dialect) -> String {
                     "extern void rc_gemm_{}({t} *c, const {t} *a, const {t} *b, const long long *desc);",
                     if t == "float" { "f32" } else { "f64" }
                 );
+                let _ = writeln!(
+                    s,
+                    "extern void rc_map_{}({t} *const *ptrs, const long long *desc);",
+                    if t == "float" { "f32" } else { "f64" }
+                );
             }
             let _ = writeln!(
                 s,
@@ -366,6 +371,19 @@ impl CRenderer<'_> {
                     ptr(&g.a),
                     ptr(&g.b)
                 );
+                let _ = writeln!(out, "{pad}}}");
+            }
+            Stmt::Map(m) => {
+                let desc: Vec<String> = m.descriptor().iter().map(|i| self.index(i)).collect();
+                let ptrs: Vec<String> = m
+                    .operands()
+                    .map(|o| format!("{} + ({})", Self::ptr_name(o.node), self.index(&o.offset)))
+                    .collect();
+                let t = if m.prec == Prec::F64 { "double" } else { "float" };
+                let _ = writeln!(out, "{pad}{{");
+                let _ = writeln!(out, "{pad}  {t} *const p[] = {{{}}};", ptrs.join(", "));
+                let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
+                let _ = writeln!(out, "{pad}  rc_map_{}(p, d);", m.prec.name());
                 let _ = writeln!(out, "{pad}}}");
             }
         }

@@ -84,6 +84,17 @@ enum IStmt {
     },
     /// A matrix product, run as the reduction nest it stands for.
     Gemm(Box<IGemm>),
+    /// A call of the map kernel, run as the nest it stands for.
+    Map(Box<IMap>),
+}
+
+/// A [`crate::low_level::Map`] resolved: the operands' buffers and first cells (the result
+/// first), and the descriptor's words.
+#[derive(Clone, Debug)]
+struct IMap {
+    operands: Vec<(usize, Lin)>,
+    desc: Vec<Lin>,
+    prec: Prec,
 }
 
 /// A [`crate::low_level::Gemm`] resolved: the operands' buffers and first cells, and the
@@ -315,6 +326,21 @@ impl Resolver<'_> {
                     bf16_pairs: g.bf16_pairs,
                 }))
             }
+            Stmt::Map(m) => {
+                let operands = m
+                    .operands()
+                    .map(|o| {
+                        let next = self.bufs.len();
+                        let buf = *self.buf_of.entry(o.node).or_insert(next);
+                        if buf == next {
+                            self.bufs.push(o.node);
+                        }
+                        (buf, self.lin(&o.offset))
+                    })
+                    .collect();
+                let desc = m.descriptor().iter().map(|i| self.lin(i)).collect();
+                IStmt::Map(Box::new(IMap { operands, desc, prec: m.prec }))
+            }
         })
     }
 }
@@ -463,6 +489,7 @@ impl Machine<'_> {
                     locals[*local] = prec.round(x);
                 }
                 IStmt::Gemm(g) => self.gemm(g, env)?,
+                IStmt::Map(m) => self.map(m, env)?,
             }
         }
         Ok(())
@@ -532,6 +559,92 @@ impl Machine<'_> {
                 }
                 self.store_flat(*cb, c, t)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A map or reduction cell by cell, each cell's points in row-major order, every operation
+    /// rounded to the call's precision — the nest the call stands for.
+    fn map(&self, m: &IMap, env: &[i64]) -> Result<(), Error> {
+        use crate::kernels::map::{MapAxisDesc, MapCode, MapDesc};
+        let words: Vec<i64> = m.desc.iter().map(|l| l.eval(env)).collect();
+        let d = MapDesc::decode(&words).ok_or_else(|| Error::Verify {
+            pass: "schedule",
+            reason: format!("a map call's descriptor does not decode: {words:?}"),
+        })?;
+        let single = m.prec == Prec::F32;
+        let round = |x: f64| if single { x as f32 as f64 } else { x };
+        let bases: Vec<i64> = m.operands.iter().map(|(_, l)| l.eval(env)).collect();
+        // Offsets of the result and inputs at every point of `axes`, row-major.
+        fn points(axes: &[MapAxisDesc], base: Vec<i64>, out: &mut Vec<Vec<i64>>) {
+            match axes.split_first() {
+                None => out.push(base),
+                Some((a, rest)) => {
+                    for i in 0..a.n as i64 {
+                        let mut o = base.clone();
+                        o[0] += i * a.out as i64;
+                        for (x, s) in o[1..].iter_mut().zip(&a.steps) {
+                            *x += i * *s as i64;
+                        }
+                        points(rest, o, out);
+                    }
+                }
+            }
+        }
+        let value = |at: &[i64]| -> Result<f64, Error> {
+            let mut stack: Vec<f64> = Vec::with_capacity(8);
+            for c in &d.code {
+                let x = match *c {
+                    MapCode::Input(i) => self.load_flat(m.operands[1 + i].0, at[1 + i])?,
+                    MapCode::Const(x) => round(x),
+                    MapCode::Un(op) => {
+                        let a = stack.pop().unwrap_or_default();
+                        if single { op.apply_f32(a as f32) as f64 } else { op.apply(a) }
+                    }
+                    MapCode::Bin(op) => {
+                        let b = stack.pop().unwrap_or_default();
+                        let a = stack.pop().unwrap_or_default();
+                        if single {
+                            op.apply_f32(a as f32, b as f32) as f64
+                        } else {
+                            op.apply(a, b)
+                        }
+                    }
+                    MapCode::Tern(op) => {
+                        let c = stack.pop().unwrap_or_default();
+                        let b = stack.pop().unwrap_or_default();
+                        let a = stack.pop().unwrap_or_default();
+                        if single {
+                            op.apply_f32(a as f32, b as f32, c as f32) as f64
+                        } else {
+                            op.apply(a, b, c)
+                        }
+                    }
+                };
+                stack.push(x);
+            }
+            Ok(stack.pop().unwrap_or_default())
+        };
+        let mut cells = Vec::new();
+        points(&d.cells, bases, &mut cells);
+        let out_buf = m.operands[0].0;
+        for cell in cells {
+            let Some(r) = d.reduce else {
+                let x = value(&cell)?;
+                self.store_flat(out_buf, cell[0], x)?;
+                continue;
+            };
+            let mut t = match (d.accumulate, r.neutral()) {
+                (true, _) | (false, None) => self.load_flat(out_buf, cell[0])?,
+                (false, Some(n)) => round(n),
+            };
+            let mut pts = Vec::new();
+            points(&d.points, cell.clone(), &mut pts);
+            for p in pts {
+                let x = value(&p)?;
+                t = if single { r.apply_f32(t as f32, x as f32) as f64 } else { r.apply(t, x) };
+            }
+            self.store_flat(out_buf, cell[0], t)?;
         }
         Ok(())
     }

@@ -112,6 +112,10 @@ pub struct CompileOptions {
     /// generated as loop nests (CPU backends; off in bounds-check mode, which checks every
     /// access of generated code). The results are the same bits either way.
     pub kernel_calls: bool,
+    /// Pointwise maps and reductions call the shape-generic map kernel instead of being
+    /// generated (gccjit; [`crate::low_level::schedule::MapCalls`]): a cheaper compile for a
+    /// slower step, the same bits. Off by default.
+    pub map_calls: crate::low_level::schedule::MapCalls,
     /// Loop nests with fewer scalar operations than this run on the calling thread.
     pub min_parallel_work: usize,
     /// The persistent compile cache (see [`crate::cache`]); from the environment by default.
@@ -132,6 +136,7 @@ impl Default for CompileOptions {
             virtualize: true,
             tiered: true,
             kernel_calls: true,
+            map_calls: crate::low_level::schedule::MapCalls::Off,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
             limits: crate::low_level::estimate::Limits::default(),

@@ -17,10 +17,12 @@
 
 pub mod bf16;
 pub mod gemm;
+pub mod map;
 pub mod simd;
 
 pub use bf16::rc_gemm_bf16;
 pub use gemm::{Gemm, gemm};
+pub use map::{rc_map_f32, rc_map_f64};
 
 /// An instruction set a kernel is compiled for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

@@ -17,6 +17,7 @@
 pub mod cse;
 pub mod dse;
 pub mod estimate;
+pub mod map;
 pub mod memory;
 pub mod optimize;
 pub mod schedule;
@@ -33,6 +34,8 @@ use crate::assignments::fmt_f64;
 use crate::indexing::Symbol;
 use crate::ops::{BinOp, Prec, TernOp, UnOp};
 use crate::tnode::{NodeId, TensorNode};
+
+pub use map::{Map, MapAxis, MapOperand};
 
 /// A loop variable, printed `v{n}`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -383,6 +386,9 @@ pub enum Stmt {
     },
     /// A call of the shape-generic matrix product (introduced by the CPU schedule).
     Gemm(Box<Gemm>),
+    /// A call of the map kernel: a pointwise map or a reduction (introduced by the CPU
+    /// schedule).
+    Map(Box<Map>),
 }
 
 /// `c (+)= a·b` by the shape-generic kernel ([`crate::kernels::gemm()`]): for each cell
@@ -777,6 +783,9 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::Gemm(g) => {
             let _ = writeln!(out, "{pad}{g}");
         }
+        Stmt::Map(m) => {
+            let _ = writeln!(out, "{pad}{m}");
+        }
     }
 }
 
@@ -787,6 +796,7 @@ pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
         s.visit(&mut |s| match s {
             Stmt::Set { node, .. } => out.push(*node),
             Stmt::Gemm(g) => out.extend(g.operands().map(|o| o.node)),
+            Stmt::Map(m) => out.extend(m.operands().map(|o| o.node)),
             _ => {}
         });
         s.visit_exprs(&mut |e| {
@@ -894,6 +904,9 @@ pub fn flops(prog: &Program) -> u64 {
             Stmt::Gemm(g) => mult.saturating_mul(
                 2 * (g.rows_per_call() * g.n.extent).saturating_mul(g.k.extent) as u64,
             ),
+            Stmt::Map(m) => {
+                mult.saturating_mul(m.points_total() as u64).saturating_mul(m.flops_per_point())
+            }
             Stmt::Comment(_) => 0,
         }
     }

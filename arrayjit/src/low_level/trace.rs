@@ -81,6 +81,21 @@ fn walk(
             u.write_sites += 1;
             u.write_positions.push(*pos);
         }
+        // A map reads its inputs (and the result, when a reduction accumulates) and writes
+        // the result; a reduction reads its inputs many times per cell.
+        Stmt::Map(m) => {
+            *pos += 1;
+            let read = m.accumulate.then_some(m.out.node);
+            for n in m.inputs.iter().map(|o| o.node).chain(read) {
+                let u = uses.entry(n).or_insert_with(fresh_use);
+                u.read_sites += 1;
+                u.read_positions.push(*pos);
+                u.reads_once_per_cell = false;
+            }
+            let u = uses.entry(m.out.node).or_insert_with(fresh_use);
+            u.write_sites += 1;
+            u.write_positions.push(*pos);
+        }
     }
 }
 

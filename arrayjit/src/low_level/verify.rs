@@ -76,6 +76,7 @@ impl Verifier<'_> {
                 Ok(())
             }
             Stmt::Gemm(g) => self.gemm(g),
+            Stmt::Map(m) => self.map(m),
         }
     }
 
@@ -126,6 +127,118 @@ impl Verifier<'_> {
             }
         }
         Ok(())
+    }
+
+    fn map(&self, m: &super::Map) -> Result<(), String> {
+        if !matches!(m.prec, Prec::F32 | Prec::F64) {
+            return Err(format!("map in {}", m.prec.name()));
+        }
+        let words: Vec<i64> =
+            m.descriptor().iter().map(|i| if i.terms.is_empty() { i.offset } else { 0 }).collect();
+        if crate::kernels::map::MapDesc::decode(&words).is_none() {
+            return Err(format!("map with a malformed program or too many axes: {m}"));
+        }
+        for a in m.cells.iter().chain(&m.points) {
+            if a.steps.len() != m.inputs.len() {
+                return Err(format!(
+                    "map axis with {} steps for {} inputs",
+                    a.steps.len(),
+                    m.inputs.len()
+                ));
+            }
+        }
+        for o in m.operands() {
+            let Some(node) = self.prog.nodes.get(&o.node) else {
+                return Err(format!("map on unknown node {}", o.node));
+            };
+            if self.prog.virtual_nodes.contains(&o.node) {
+                return Err(format!("map on virtualized node {}", o.node));
+            }
+            if node.prec != m.prec {
+                return Err(format!(
+                    "map {} on {} node {}",
+                    m.prec.name(),
+                    node.prec.name(),
+                    o.node
+                ));
+            }
+        }
+        m.indices().iter().try_for_each(|i| self.index(i))?;
+        // Every cell the call reaches, for every value of the loops its offsets and counts
+        // depend on (a parallel loop's blocks: few); with runtime symbols, checked when running.
+        let indices = m.indices();
+        if indices.iter().any(|i| i.terms.iter().any(|(_, x)| matches!(x, IdxVar::Sym(_)))) {
+            return Ok(());
+        }
+        let mut vars: Vec<(Var, usize)> = Vec::new();
+        for i in &indices {
+            for (_, x) in &i.terms {
+                if let IdxVar::Loop(v) = x
+                    && !vars.iter().any(|(w, _)| w == v)
+                {
+                    let k = self.bound.iter().position(|b| b == v).unwrap_or(0);
+                    vars.push((*v, self.extents.get(k).copied().unwrap_or(1)));
+                }
+            }
+        }
+        if vars.iter().map(|(_, e)| *e).product::<usize>() > 4096 {
+            return Ok(());
+        }
+        let mut at = vec![0usize; vars.len()];
+        loop {
+            let value = |i: &Index| {
+                i.offset
+                    + i.terms
+                        .iter()
+                        .map(|(c, x)| match x {
+                            IdxVar::Loop(v) => {
+                                c * vars.iter().position(|(w, _)| w == v).map_or(0, |k| at[k])
+                                    as i64
+                            }
+                            IdxVar::Sym(_) => 0,
+                        })
+                        .sum::<i64>()
+            };
+            let count = |a: &super::MapAxis| match &a.count {
+                Some((size, per)) => {
+                    (a.extent as i64).min((value(size) + *per as i64 - 1) / *per as i64).max(0)
+                }
+                None => a.extent as i64,
+            };
+            let axes: Vec<(i64, &super::MapAxis)> =
+                m.cells.iter().chain(&m.points).map(|a| (count(a), a)).collect();
+            if axes.iter().all(|(n, _)| *n > 0) {
+                for (k, o) in m.operands().enumerate() {
+                    let node = &self.prog.nodes[&o.node];
+                    let (mut first, mut last) = (value(&o.offset), value(&o.offset));
+                    for (n, a) in &axes {
+                        let step = if k == 0 { a.out } else { a.steps[k - 1] };
+                        first += (step * (n - 1)).min(0);
+                        last += (step * (n - 1)).max(0);
+                    }
+                    if first < 0 || last >= node.num_elements() as i64 {
+                        return Err(format!(
+                            "map reaches cells {first}..={last} of {} ({} cells)",
+                            o.node,
+                            node.num_elements()
+                        ));
+                    }
+                }
+            }
+            // The next assignment of the loops.
+            let mut k = 0;
+            while k < at.len() {
+                at[k] += 1;
+                if at[k] < vars[k].1 {
+                    break;
+                }
+                at[k] = 0;
+                k += 1;
+            }
+            if k == at.len() {
+                return Ok(());
+            }
+        }
     }
 
     fn index(&self, i: &Index) -> Result<(), String> {

@@ -150,6 +150,11 @@ fn collect(
                 t.uses.entry(o.node).or_default().pinned = true;
             }
         }
+        Stmt::Map(m) => {
+            for o in m.operands() {
+                t.uses.entry(o.node).or_default().pinned = true;
+            }
+        }
         Stmt::SetLocal { value, .. } => {
             let pos = t.sites.len();
             t.sites.push(Site { path: path.clone(), loops: loops.clone() });
@@ -309,7 +314,7 @@ fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
     match &mut body[*first] {
         Stmt::For { body, .. } | Stmt::If { body, .. } => site_value_mut(body, rest),
         Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => value,
-        Stmt::Comment(_) | Stmt::Gemm(_) => unreachable!("a site is an assignment"),
+        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) => unreachable!("a site is an assignment"),
     }
 }
 

@@ -74,8 +74,12 @@ pub const HELPER_GEMM_F32: usize = 5;
 pub const HELPER_GEMM_F64: usize = 6;
 /// [`crate::kernels::rc_gemm_bf16`].
 pub const HELPER_GEMM_BF16: usize = 7;
+/// [`crate::kernels::rc_map_f32`].
+pub const HELPER_MAP_F32: usize = 8;
+/// [`crate::kernels::rc_map_f64`].
+pub const HELPER_MAP_F64: usize = 9;
 /// The number of helpers in the run table.
-pub const HELPERS: usize = 8;
+pub const HELPERS: usize = 10;
 
 /// Where a build goes.
 pub enum Output<'a> {
@@ -546,6 +550,7 @@ impl<'c> Gen<'c> {
                 self.block.add_assignment(None, l, v);
             }
             Stmt::Gemm(g) => self.gemm(g),
+            Stmt::Map(m) => self.map(m),
         }
     }
 
@@ -584,6 +589,48 @@ impl<'c> Gen<'c> {
         };
         let f = self.helper(k, fty);
         let call = self.ctx.new_call_through_ptr(None, f, &args);
+        self.block.add_eval(None, call);
+    }
+
+    /// A call of the map kernel through the run table: the operands' first cells and the
+    /// descriptor's words in local arrays.
+    fn map(&mut self, m: &crate::low_level::Map) {
+        let desc = m.descriptor();
+        let arr_ty = self.ctx.new_array_type(None, self.t.i64, desc.len() as u64);
+        let name = self.name("map_desc");
+        let arr = self.func.new_local(None, arr_ty, name);
+        for (k, i) in desc.iter().enumerate() {
+            let v = self.index(i);
+            let slot = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(k as i64));
+            self.block.add_assignment(None, slot, v);
+        }
+        let elem_ptr = self.storage_type(m.prec).make_pointer();
+        let n = 1 + m.inputs.len();
+        let ptrs_ty = self.ctx.new_array_type(None, elem_ptr, n as u64);
+        let name = self.name("map_ptrs");
+        let ptrs = self.func.new_local(None, ptrs_ty, name);
+        for (k, o) in m.operands().enumerate() {
+            let off = self.index(&o.offset);
+            let base = self.ptrs[&o.node].to_rvalue();
+            let cell = self.ctx.new_array_access(None, base, off).get_address(None);
+            let slot = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(k as i64));
+            self.block.add_assignment(None, slot, cell);
+        }
+        let fty = self.ctx.new_function_pointer_type(
+            None,
+            self.ctx.new_type::<()>(),
+            &[elem_ptr.make_pointer(), self.t.i64.make_pointer()],
+            false,
+        );
+        let k = if m.prec == Prec::F64 { HELPER_MAP_F64 } else { HELPER_MAP_F32 };
+        let f = self.helper(k, fty);
+        let first_ptr = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(0));
+        let first_word = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(0));
+        let call = self.ctx.new_call_through_ptr(
+            None,
+            f,
+            &[first_ptr.get_address(None), first_word.get_address(None)],
+        );
         self.block.add_eval(None, call);
     }
 

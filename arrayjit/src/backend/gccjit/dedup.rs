@@ -241,6 +241,19 @@ impl Canon {
                 g.rows = g.rows.map(|(v, per)| (self.var(v), per));
                 Stmt::Gemm(Box::new(g))
             }
+            Stmt::Map(m) => {
+                let mut m = (**m).clone();
+                for o in m.operands_mut() {
+                    o.node = self.node(o.node);
+                    o.offset = self.index(&o.offset);
+                }
+                for a in m.cells.iter_mut().chain(&mut m.points) {
+                    if let Some((size, _)) = &mut a.count {
+                        *size = self.index(size);
+                    }
+                }
+                Stmt::Map(Box::new(m))
+            }
         }
     }
 
@@ -315,6 +328,13 @@ fn rebase(s: &Stmt, node_base: u32, local_base: u32) -> Stmt {
                 o.node = n(o.node);
             }
             Stmt::Gemm(Box::new(g))
+        }
+        Stmt::Map(m) => {
+            let mut m = (**m).clone();
+            for o in m.operands_mut() {
+                o.node = n(o.node);
+            }
+            Stmt::Map(Box::new(m))
         }
         Stmt::Comment(c) => Stmt::Comment(c.clone()),
     }

@@ -76,6 +76,8 @@ fn helpers() -> [usize; codegen::HELPERS] {
     h[codegen::HELPER_GEMM_F32] = crate::kernels::rc_gemm_f32 as *const () as usize;
     h[codegen::HELPER_GEMM_F64] = crate::kernels::rc_gemm_f64 as *const () as usize;
     h[codegen::HELPER_GEMM_BF16] = crate::kernels::rc_gemm_bf16 as *const () as usize;
+    h[codegen::HELPER_MAP_F32] = crate::kernels::rc_map_f32 as *const () as usize;
+    h[codegen::HELPER_MAP_F64] = crate::kernels::rc_map_f64 as *const () as usize;
     h
 }
 
@@ -205,6 +207,7 @@ impl Gccjit {
             threads,
             kernel_calls,
             bf16_pairs: kernel_calls && crate::kernels::bf16::has_native(),
+            map_calls: self.opts.map_calls,
         };
         schedule::schedule_cpu(&mut prog, &opts);
         let cuts = cut_points(&prog.body);
@@ -392,10 +395,11 @@ impl Gccjit {
         let v = gccjit::Version::get();
         // The codegen number changes whenever the code generated for the same program changes
         // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
-        // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot), so
-        // older cache entries are not used.
+        // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot;
+        // 12: maps and reductions call the map kernel, two new slots), so older cache entries
+        // are not used.
         format!(
-            "rocannl-gccjit {} codegen 11; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 12; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
@@ -851,6 +855,8 @@ pub fn work(s: &Stmt) -> usize {
             Stmt::Gemm(g) => {
                 mult.saturating_mul(3 * (g.rows_per_call() * g.n.extent).saturating_mul(g.k.extent))
             }
+            // Each point: its reads and operations.
+            Stmt::Map(m) => mult.saturating_mul(m.points_total().saturating_mul(1 + m.code.len())),
             Stmt::Comment(_) => 0,
         }
     }
