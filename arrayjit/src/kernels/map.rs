@@ -597,8 +597,8 @@ macro_rules! entry {
         /// # Safety
         /// `words` must be a descriptor the schedule built, and `ptrs` hold the result's and
         /// each input's first cell, every cell the descriptor addresses valid for the access
-        /// (see [`map`]). A descriptor that does not decode is a defect of the schedule: the
-        /// call then aborts rather than guess.
+        /// (see the module documentation). A descriptor that does not decode is a defect of
+        /// the schedule: the call then aborts rather than guess.
         pub unsafe extern "C" fn $name(ptrs: *const *mut $t, words: *const i64) {
             // SAFETY: the caller's contract: the header, then the words it counts.
             let d = unsafe {
