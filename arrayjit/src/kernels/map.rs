@@ -20,11 +20,14 @@
 //!
 //! `e` is a postfix program over the inputs ([`MapCode`]), every operation rounded to the
 //! precision `T` exactly as the interpreter and generated code round it (the op table's one
-//! definition, [`crate::ops`]). So a call gives the bits of the nest it replaces: the
-//! kernel vectorizes across cells — 64 cells of one axis evaluated together, operation by
-//! operation — or, when no cell axis is long, evaluates `e` for 64 consecutive points at
-//! once and folds them into `t` in order; neither changes any cell's operations or their
-//! order.
+//! definition, [`crate::ops`]). So a call gives the bits of the nest it replaces. The kernel
+//! vectorizes across cells: up to 128 cells, consecutive in the row-major order of the cell
+//! axes (the axis whose operands are closest to contiguous put innermost), are evaluated
+//! together operation by operation, and each point is folded into their 128 accumulators in
+//! turn; an operand's cells in a chunk are one strided run, or any cells through a table of
+//! offsets. With fewer than 8 cells (a whole-tensor sum), it evaluates `e` for up to 128
+//! consecutive points of one cell and folds them into `t` left to right. Neither changes any
+//! cell's operations or their order.
 
 use super::Isa;
 use crate::ops::{BinOp, Real, TernOp, UnOp};
@@ -45,7 +48,7 @@ pub const MAP_HEADER: usize = 6;
 pub const NO_COUNT: i64 = i64::MIN;
 /// Cells (or points) evaluated together.
 const CHUNK: usize = 128;
-/// The shortest cell axis the kernel vectorizes across; below it, points are vectorized.
+/// Cells below which the kernel evaluates points together instead (one cell at a time).
 const MIN_VECTOR_CELLS: usize = 8;
 
 /// One instruction of a map's expression, in postfix order.
@@ -303,108 +306,242 @@ impl<'a> Odometer<'a> {
     }
 }
 
-/// The cell axis to vectorize across: among those at least [`MIN_VECTOR_CELLS`] long, the one
-/// whose operands are closest to contiguous (ties: the innermost).
-fn vector_axis(d: &MapDesc) -> Option<usize> {
-    let cost = |a: &MapAxisDesc| {
-        let far = |s: isize| usize::from(s.unsigned_abs() > 1);
-        far(a.out) * 2 + a.steps[..d.inputs].iter().map(|s| far(*s)).sum::<usize>()
-    };
-    (0..d.cells.len())
-        .filter(|&k| d.cells[k].n >= MIN_VECTOR_CELLS)
-        .min_by_key(|&k| (cost(&d.cells[k]), d.cells.len() - k))
+/// Where one operand's cells of a chunk are: `start + l·step` for lane `l`, or anywhere (the
+/// chunk's offset table).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Lanes {
+    Strided(isize, isize),
+    Table,
+}
+
+/// Up to [`CHUNK`] cells, consecutive in the row-major order of the cell axes (so a chunk is
+/// full whatever the axes' lengths), with every operand's offset for each lane.
+struct Chunk {
+    w: usize,
+    offs: [[isize; CHUNK]; 1 + MAX_INPUTS],
+    lanes: [Lanes; 1 + MAX_INPUTS],
+}
+
+/// The cells of a call, chunk by chunk: an odometer over the cell axes but the last, and a
+/// position along the last.
+struct Cells<'a> {
+    outer: Odometer<'a>,
+    last: MapAxisDesc,
+    base: Option<Offs>,
+    j: usize,
+    operands: usize,
+}
+
+impl<'a> Cells<'a> {
+    #[inline(always)]
+    fn new(cells: &'a [MapAxisDesc], operands: usize) -> Self {
+        let (outer, last) = match cells.split_last() {
+            Some((l, o)) => (o, *l),
+            None => (cells, MapAxisDesc { n: 1, ..Default::default() }),
+        };
+        let mut outer = Odometer::new(outer, [0; 1 + MAX_INPUTS]);
+        let base = if last.n == 0 { None } else { outer.next() };
+        Cells { outer, last, base, j: 0, operands }
+    }
+
+    /// Fills the next chunk; `false` when no cell is left.
+    #[inline(always)]
+    fn next(&mut self, c: &mut Chunk) -> bool {
+        let Some(base) = self.base else { return false };
+        // A run of the last axis that fills the chunk: its operands are strided, no table.
+        let run = (self.last.n - self.j).min(CHUNK);
+        if run == CHUNK || self.j + run == self.last.n && self.outer.done {
+            for (k, b) in base.iter().enumerate().take(self.operands) {
+                let step = if k == 0 { self.last.out } else { self.last.steps[k - 1] };
+                c.lanes[k] = Lanes::Strided(b + self.j as isize * step, step);
+            }
+            c.w = run;
+            self.j += run;
+            if self.j == self.last.n {
+                self.j = 0;
+                self.base = self.outer.next();
+            }
+            return true;
+        }
+        let mut l = 0;
+        while l < CHUNK {
+            let Some(base) = self.base else { break };
+            let run = (self.last.n - self.j).min(CHUNK - l);
+            for (k, b) in base.iter().enumerate().take(self.operands) {
+                let step = if k == 0 { self.last.out } else { self.last.steps[k - 1] };
+                let first = b + self.j as isize * step;
+                for (r, o) in c.offs[k][l..l + run].iter_mut().enumerate() {
+                    *o = first + r as isize * step;
+                }
+            }
+            l += run;
+            self.j += run;
+            if self.j == self.last.n {
+                self.j = 0;
+                self.base = self.outer.next();
+            }
+        }
+        c.w = l;
+        for k in 0..self.operands {
+            let o = &c.offs[k];
+            let step = if l > 1 { o[1] - o[0] } else { 1 };
+            let strided = (1..l).all(|i| o[i] - o[i - 1] == step);
+            c.lanes[k] = if strided { Lanes::Strided(o[0], step) } else { Lanes::Table };
+        }
+        l > 0
+    }
 }
 
 #[inline(always)]
 unsafe fn run<T: MapElem>(ptrs: &[*mut T], d: &MapDesc) {
-    if d.cells.iter().any(|a| a.n == 0) {
+    let total: usize = d.cells.iter().map(|a| a.n).product();
+    if total == 0 {
         return;
     }
     let mut ev = Eval::<T> { stack: [[T::default(); CHUNK]; MAX_STACK] };
     let neutral = d.reduce.and_then(|r| r.neutral()).map_or(T::default(), T::of);
     let out = ptrs[0];
-    let vector = vector_axis(d)
-        .or_else(|| (d.points.is_empty() && !d.cells.is_empty()).then(|| d.cells.len() - 1));
-    if let Some(v) = vector {
-        // Cells of axis `v` together, each cell's points in order.
-        let va = d.cells[v];
-        let mut others = [MapAxisDesc::default(); MAX_AXES];
-        let mut n_others = 0;
-        for (k, a) in d.cells.iter().enumerate() {
-            if k != v {
-                others[n_others] = *a;
-                n_others += 1;
-            }
+    if total >= MIN_VECTOR_CELLS || d.points.is_empty() {
+        // Cells together, each cell's points in order.
+        let mut chunk = Chunk {
+            w: 0,
+            offs: [[0; CHUNK]; 1 + MAX_INPUTS],
+            lanes: [Lanes::Table; 1 + MAX_INPUTS],
+        };
+        // The axis whose operands are closest to contiguous goes innermost (the order of the
+        // cells changes no cell's value), so that a chunk is one strided run where it can be.
+        let mut order = [MapAxisDesc::default(); MAX_AXES];
+        let nc = d.cells.len();
+        order[..nc].copy_from_slice(&d.cells);
+        let far = |s: isize| usize::from(s.unsigned_abs() != 1);
+        let cost = |a: &MapAxisDesc| {
+            2 * far(a.out) + a.steps[..d.inputs].iter().map(|s| far(*s)).sum::<usize>()
+        };
+        if let Some(best) = (0..nc)
+            .filter(|&k| order[k].n >= MIN_VECTOR_CELLS)
+            .min_by_key(|&k| (cost(&order[k]), nc - k))
+        {
+            order[best..nc].rotate_left(1);
         }
+        let mut cells = Cells::new(&order[..nc], 1 + d.inputs);
         let mut acc = [T::default(); CHUNK];
-        let mut cells = Odometer::new(&others[..n_others], [0; 1 + MAX_INPUTS]);
-        while let Some(cell) = cells.next() {
-            let mut start = 0;
-            while start < va.n {
-                let w = CHUNK.min(va.n - start);
-                let mut at = cell;
-                at[0] += start as isize * va.out;
-                for (x, s) in at[1..].iter_mut().zip(&va.steps) {
-                    *x += start as isize * s;
+        // A reduction of one plain read folds straight from memory.
+        let plain = d.code == [MapCode::Input(0)];
+        while cells.next(&mut chunk) {
+            let w = chunk.w;
+            // SAFETY: the caller's contract covers every cell and point.
+            unsafe {
+                let Some(r) = d.reduce else {
+                    ev.eval(d, ptrs, &chunk, &[0; 1 + MAX_INPUTS]);
+                    put(out, chunk.lanes[0], &chunk.offs[0], &ev.stack[0], w);
+                    continue;
+                };
+                if d.accumulate {
+                    get(out, chunk.lanes[0], &chunk.offs[0], 0, &mut acc, w);
+                } else {
+                    acc[..w].fill(neutral);
                 }
-                // SAFETY: the caller's contract covers every cell and point.
-                unsafe {
-                    match d.reduce {
-                        None => {
-                            ev.eval(d, ptrs, &at, &va.steps, w);
-                            store(out.offset(at[0]), va.out, &ev.stack[0], w);
+                // The points: an odometer over all axes but the last, a counted loop along it.
+                let (outer, last) = match d.points.split_last() {
+                    Some((l, o)) => (o, *l),
+                    None => (&d.points[..0], MapAxisDesc { n: 1, ..Default::default() }),
+                };
+                let mut points = Odometer::new(outer, [0; 1 + MAX_INPUTS]);
+                while let Some(base) = points.next() {
+                    let mut p = base;
+                    for _ in 0..last.n {
+                        if plain {
+                            get(ptrs[1], chunk.lanes[1], &chunk.offs[1], p[1], &mut ev.stack[0], w);
+                        } else {
+                            ev.eval(d, ptrs, &chunk, &p);
                         }
-                        Some(r) => {
-                            if d.accumulate {
-                                load(out.offset(at[0]), va.out, &mut acc, w);
-                            } else {
-                                acc[..w].fill(neutral);
-                            }
-                            let mut points = Odometer::new(&d.points, at);
-                            while let Some(p) = points.next() {
-                                ev.eval(d, ptrs, &p, &va.steps, w);
-                                fold_lanes(r, &mut acc, &ev.stack[0], w);
-                            }
-                            store(out.offset(at[0]), va.out, &acc, w);
+                        fold_lanes(r, &mut acc, &ev.stack[0], w);
+                        for (x, s) in p[1..=d.inputs].iter_mut().zip(&last.steps) {
+                            *x += s;
                         }
                     }
                 }
-                start += w;
+                put(out, chunk.lanes[0], &chunk.offs[0], &acc, w);
             }
         }
         return;
     }
-    // Each cell alone: `e` for runs of the innermost point axis, folded in order.
+    // A few cells with many points each: `e` for runs of the innermost point axis, folded in
+    // order.
     let (outer, last) = match d.points.split_last() {
         Some((l, o)) => (o, *l),
         None => (&d.points[..0], MapAxisDesc { n: 1, ..Default::default() }),
     };
+    let mut chunk =
+        Chunk { w: 0, offs: [[0; CHUNK]; 1 + MAX_INPUTS], lanes: [Lanes::Table; 1 + MAX_INPUTS] };
     let mut cells = Odometer::new(&d.cells, [0; 1 + MAX_INPUTS]);
     while let Some(cell) = cells.next() {
         // SAFETY: the caller's contract covers every cell and point.
         unsafe {
             let o = out.offset(cell[0]);
-            let Some(r) = d.reduce else {
-                ev.eval(d, ptrs, &cell, &last.steps, 1);
-                *o = ev.stack[0][0];
-                continue;
-            };
+            let Some(r) = d.reduce else { unreachable!("maps have cells") };
             let mut t = if d.accumulate { *o } else { neutral };
             let mut points = Odometer::new(outer, cell);
             while let Some(p) = points.next() {
                 let mut start = 0;
                 while start < last.n {
                     let w = CHUNK.min(last.n - start);
-                    let mut at = p;
-                    for (x, s) in at[1..].iter_mut().zip(&last.steps) {
-                        *x += start as isize * s;
+                    chunk.w = w;
+                    for (k, pk) in p.iter().enumerate().take(1 + d.inputs).skip(1) {
+                        let step = last.steps[k - 1];
+                        chunk.lanes[k] = Lanes::Strided(pk + start as isize * step, step);
                     }
-                    ev.eval(d, ptrs, &at, &last.steps, w);
+                    ev.eval(d, ptrs, &chunk, &[0; 1 + MAX_INPUTS]);
                     t = fold_in_order(r, t, &ev.stack[0], w);
                     start += w;
                 }
             }
             *o = t;
+        }
+    }
+}
+
+/// Reads an operand's `w` lanes, each moved by `delta`.
+#[inline(always)]
+unsafe fn get<T: MapElem>(
+    p: *const T,
+    lanes: Lanes,
+    table: &[isize; CHUNK],
+    delta: isize,
+    buf: &mut [T; CHUNK],
+    w: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match lanes {
+            Lanes::Strided(start, step) => load(p.offset(start + delta), step, buf, w),
+            Lanes::Table => {
+                for (x, o) in buf[..w].iter_mut().zip(&table[..w]) {
+                    *x = *p.offset(o + delta);
+                }
+            }
+        }
+    }
+}
+
+/// Writes `w` lanes of the result.
+#[inline(always)]
+unsafe fn put<T: MapElem>(
+    p: *mut T,
+    lanes: Lanes,
+    table: &[isize; CHUNK],
+    buf: &[T; CHUNK],
+    w: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match lanes {
+            Lanes::Strided(start, step) => store(p.offset(start), step, buf, w),
+            Lanes::Table => {
+                for (x, o) in buf[..w].iter().zip(&table[..w]) {
+                    *p.offset(*o) = *x;
+                }
+            }
         }
     }
 }
@@ -503,17 +640,25 @@ struct Eval<T> {
 }
 
 impl<T: MapElem> Eval<T> {
-    /// Evaluates the program for `w` lanes, the lane `l` at offsets `at + l·steps`; the
-    /// result is left in `stack[0]`.
+    /// Evaluates the program for the chunk's lanes, each input read at its lane's offset moved
+    /// by the point's `delta`; the result is left in `stack[0]`.
     #[inline(always)]
-    unsafe fn eval(&mut self, d: &MapDesc, ptrs: &[*mut T], at: &Offs, steps: &[isize], w: usize) {
+    unsafe fn eval(&mut self, d: &MapDesc, ptrs: &[*mut T], c: &Chunk, delta: &Offs) {
+        let w = c.w;
         let mut sp = 0usize;
-        for c in &d.code {
-            match *c {
+        for code in &d.code {
+            match *code {
                 MapCode::Input(i) => {
                     // SAFETY: the caller's contract.
                     unsafe {
-                        load(ptrs[1 + i].offset(at[1 + i]), steps[i], &mut self.stack[sp], w)
+                        get(
+                            ptrs[1 + i],
+                            c.lanes[1 + i],
+                            &c.offs[1 + i],
+                            delta[1 + i],
+                            &mut self.stack[sp],
+                            w,
+                        )
                     };
                     sp += 1;
                 }

@@ -111,6 +111,10 @@ struct BenchArgs {
     /// The optimization level of native code, 0 to 3 (default 3).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     opt_level: Option<u8>,
+    /// Which nests call the shape-generic map kernel (gccjit): off (default), reductions
+    /// (those that are not products) or all (those and pointwise maps).
+    #[arg(long, value_name = "off|reductions|all")]
+    map_calls: Option<String>,
     /// Also draw compile and run times per backend and optimization level (gccjit at every
     /// level, 0 to 3) into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
@@ -382,6 +386,23 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
             let mut base = options(&common)?;
             if let Some(l) = b.opt_level {
                 base.compile.opt_level = l;
+            }
+            if let Some(m) = &b.map_calls {
+                use rocannl::arrayjit::low_level::schedule::MapCalls;
+                base.compile.map_calls = match m.as_str() {
+                    "off" => MapCalls::Off,
+                    "reductions" => MapCalls::Reductions,
+                    "all" => MapCalls::All,
+                    other => {
+                        return Err(CliError {
+                            kind: ErrorKind::Usage,
+                            message: format!(
+                                "--map-calls takes off, reductions or all, not `{other}`"
+                            ),
+                        }
+                        .into());
+                    }
+                };
             }
             let backends = bench::backends(&b.backend)?;
             let started = std::time::Instant::now();

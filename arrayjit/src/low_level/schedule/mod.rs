@@ -81,16 +81,17 @@ pub struct CpuSchedule {
 }
 
 /// Which nests call the map kernel ([`crate::kernels::map`]) instead of being generated: the
-/// same bits either way; fewer nests for GCC to compile, but each runs slower than code
-/// generated for its shapes (`docs/benchmarks.md`), so none by default.
+/// same bits either way (each cell's operations in the nest's order); fewer nests for GCC to
+/// compile, but each runs slower than code generated for its shapes (`docs/benchmarks.md`),
+/// so none by default.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MapCalls {
     /// Every nest is generated (or calls the product kernel).
     #[default]
     Off,
-    /// Nests outside the hot statements ([`MAP_HOT_SHARE`] of the work).
-    Cold,
-    /// Every map and reduction the kernel takes.
+    /// Reductions other than products (row maxima and sums, means, bias gradients).
+    Reductions,
+    /// Those reductions and every pointwise map the kernel takes.
     All,
 }
 
@@ -104,21 +105,16 @@ impl Default for CpuSchedule {
 pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
     let body = std::mem::take(&mut prog.body);
     let mut out = Vec::with_capacity(body.len());
-    let hot = hot_statements(&body);
-    for (k, s) in body.into_iter().enumerate() {
+    for s in body {
         let recognized = Nest::recognize(prog, &s);
-        // Maps and reductions other than products, outside the hot statements: calls of the map
-        // kernel, whatever their size (a small nest of constant trip counts costs GCC as much
-        // to compile as a large one).
-        let mapped = match opts.map_calls {
-            MapCalls::Off => false,
-            MapCalls::Cold => !hot[k],
-            MapCalls::All => true,
-        };
-        if opts.kernel_calls && mapped {
+        // Reductions other than products (and, with `MapCalls::All`, pointwise maps): calls of
+        // the map kernel, whatever their size (a small nest of constant trip counts costs GCC as
+        // much to compile as a large one).
+        if opts.kernel_calls && opts.map_calls != MapCalls::Off {
             let call = match &recognized {
                 Some(nest) => map::reduction(prog, nest, opts.threads),
-                None => map::pointwise(prog, &s, opts.threads),
+                None if opts.map_calls == MapCalls::All => map::pointwise(prog, &s, opts.threads),
+                None => None,
             };
             if let Some(stmts) = call {
                 out.extend(stmts);
@@ -146,43 +142,6 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
         }
     }
     prog.body = out;
-}
-
-/// The share of a routine's work its hot statements do: they keep generated code, which GCC
-/// fuses and vectorizes for their exact shapes, while the rest — many small nests doing little
-/// of the work — become calls of the map kernel, which costs GCC nothing to compile but runs
-/// a nest about 1.5–2× slower than code generated for it (`docs/benchmarks.md`).
-pub const MAP_HOT_SHARE: f64 = 0.9;
-
-/// Which top-level statements are hot: the fewest, largest first, that do
-/// [`MAP_HOT_SHARE`] of the work (iterations × operations).
-fn hot_statements(body: &[Stmt]) -> Vec<bool> {
-    fn work(s: &Stmt, mult: f64) -> f64 {
-        match s {
-            Stmt::For { extent, body, .. } => {
-                body.iter().map(|b| work(b, mult * *extent as f64)).sum()
-            }
-            Stmt::If { body, .. } => body.iter().map(|b| work(b, mult)).sum(),
-            Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => {
-                mult * (1.0 + value.cost() as f64)
-            }
-            _ => 0.0,
-        }
-    }
-    let works: Vec<f64> = body.iter().map(|s| work(s, 1.0)).collect();
-    let total: f64 = works.iter().sum();
-    let mut order: Vec<usize> = (0..body.len()).collect();
-    order.sort_by(|a, b| works[*b].total_cmp(&works[*a]));
-    let mut hot = vec![false; body.len()];
-    let mut covered = 0.0;
-    for k in order {
-        if covered >= MAP_HOT_SHARE * total {
-            break;
-        }
-        hot[k] = true;
-        covered += works[k];
-    }
-    hot
 }
 
 /// A nest whose result is stored in half precision (bf16, f16) accumulates in f32, as lowered
