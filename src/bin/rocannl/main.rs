@@ -111,8 +111,8 @@ struct BenchArgs {
     /// The optimization level of native code, 0 to 3 (default 3).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     opt_level: Option<u8>,
-    /// Which nests call the shape-generic map kernel (gccjit): off (default), reductions
-    /// (those that are not products) or all (those and pointwise maps).
+    /// Which nests call the shape-generic map kernel (gccjit): off, reductions (those that are
+    /// not products; the default) or all (those and pointwise maps).
     #[arg(long, value_name = "off|reductions|all")]
     map_calls: Option<String>,
     /// Also draw compile and run times per backend and optimization level (gccjit at every

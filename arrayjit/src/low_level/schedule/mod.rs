@@ -80,16 +80,18 @@ pub struct CpuSchedule {
     pub map_calls: MapCalls,
 }
 
-/// Which nests call the map kernel ([`crate::kernels::map`]) instead of being generated: the
-/// same bits either way (each cell's operations in the nest's order); fewer nests for GCC to
-/// compile, but each runs slower than code generated for its shapes (`docs/benchmarks.md`),
-/// so none by default.
+/// Which nests call the map kernel ([`crate::kernels::map`]) instead of being generated. A call
+/// gives the interpreter's bits (each cell's operations in the nest's order) and costs GCC
+/// nothing to compile. Reductions run about as fast as code generated for their shapes, so
+/// they call it by default; pointwise maps run much slower (GCC fuses and vectorizes them in
+/// registers, the kernel instruction by instruction), so they do not
+/// (`docs/benchmarks.md`, "The map kernel").
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MapCalls {
     /// Every nest is generated (or calls the product kernel).
-    #[default]
     Off,
     /// Reductions other than products (row maxima and sums, means, bias gradients).
+    #[default]
     Reductions,
     /// Those reductions and every pointwise map the kernel takes.
     All,
@@ -97,7 +99,12 @@ pub enum MapCalls {
 
 impl Default for CpuSchedule {
     fn default() -> Self {
-        CpuSchedule { threads: 2, kernel_calls: true, bf16_pairs: false, map_calls: MapCalls::Off }
+        CpuSchedule {
+            threads: 2,
+            kernel_calls: true,
+            bf16_pairs: false,
+            map_calls: MapCalls::default(),
+        }
     }
 }
 
