@@ -59,6 +59,23 @@ fn contraction(
     op: BinOp,
     init: bool,
 ) -> Case {
+    let expr = (1..args.len())
+        .fold(ScalarExpr::Arg(0), |e, k| ScalarExpr::bin(BinOp::Mul, e, ScalarExpr::Arg(k)));
+    accumulation(name, letters, extents, out, args, expr, op, init)
+}
+
+/// `out[..] op= expr(args[..])`, as [`contraction`] for any expression of the arguments.
+#[allow(clippy::too_many_arguments)]
+fn accumulation(
+    name: &str,
+    letters: &str,
+    extents: &[usize],
+    out: Arg<'_>,
+    args: &[Arg<'_>],
+    expr: ScalarExpr,
+    op: BinOp,
+    init: bool,
+) -> Case {
     let mut nodes = NodeTable::default();
     let idx = |s: &str| s.split(',').map(|a| ax(a, letters)).collect::<Vec<_>>();
     let ids: Vec<NodeId> = args
@@ -79,8 +96,6 @@ fn contraction(
         debug_info: name.to_string(),
         dynamic: vec![],
     };
-    let expr = (1..args.len())
-        .fold(ScalarExpr::Arg(0), |e, k| ScalarExpr::bin(BinOp::Mul, e, ScalarExpr::Arg(k)));
     let mut inputs: Vec<(NodeId, Vec<f64>)> = args
         .iter()
         .zip(&ids)
@@ -382,6 +397,85 @@ fn map_calls_give_the_interpreters_bits() {
             BinOp::Add,
             true,
         ));
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 24, ..Default::default() })]
+
+    /// Random reductions and maps through the map kernel (`MapCalls::All`) against the
+    /// interpreter, bit for bit: iteration spaces of 1 to 3 axes of sizes 1 to 37, the result
+    /// over a subset of them in any order, a first argument over all of them in any order, an
+    /// optional second one broadcast over a subset, combined by an operation that is not a
+    /// product; every reduction operator, from the neutral element or onto old values, f32 and
+    /// f64, with 1 to 3 threads.
+    #[test]
+    fn random_map_calls_give_the_interpreters_bits(
+        extents in proptest::collection::vec(1usize..38, 1..4),
+        order in proptest::collection::vec(0usize..6, 3),
+        out_mask in 1usize..8,
+        second in 0usize..8,
+        combine in 0usize..4,
+        op in 0usize..4,
+        init: bool,
+        f64_: bool,
+        threads in 1usize..4,
+    ) {
+        let letters = &"ijk"[..extents.len()];
+        let r = extents.len();
+        // Permutations of the letters from `order`.
+        let perm = |seed: usize, of: &[usize]| -> Vec<usize> {
+            let mut v = of.to_vec();
+            let n = v.len().max(1);
+            v.rotate_left(seed % n);
+            if seed % 2 == 1 && v.len() > 1 {
+                v.swap(0, 1);
+            }
+            v
+        };
+        let all: Vec<usize> = (0..r).collect();
+        let out_axes: Vec<usize> = perm(order[0], &all.iter().copied().filter(|a| out_mask >> a & 1 == 1).collect::<Vec<_>>());
+        let out_axes = if out_axes.is_empty() { vec![0] } else { out_axes };
+        let a_axes = perm(order[1], &all);
+        let b_axes: Vec<usize> = perm(order[2], &all.iter().copied().filter(|a| second >> a & 1 == 1).collect::<Vec<_>>());
+        let prec = if f64_ { Prec::F64 } else { Prec::F32 };
+        let dims = |axes: &[usize]| axes.iter().map(|a| extents[*a]).collect::<Vec<_>>();
+        let spec = |axes: &[usize]| {
+            axes.iter().map(|a| letters[*a..*a + 1].to_string()).collect::<Vec<_>>().join(",")
+        };
+        let (out_dims, a_dims, b_dims) = (dims(&out_axes), dims(&a_axes), dims(&b_axes));
+        let (out_spec, a_spec, b_spec) = (spec(&out_axes), spec(&a_axes), spec(&b_axes));
+        let mut args = vec![Arg(&a_dims, &a_spec, prec)];
+        let with_b = !b_axes.is_empty() && combine > 0;
+        if with_b {
+            args.push(Arg(&b_dims, &b_spec, prec));
+        }
+        let expr = match (with_b, combine) {
+            (false, _) => ScalarExpr::Arg(0),
+            (true, 1) => ScalarExpr::bin(BinOp::Add, ScalarExpr::Arg(0), ScalarExpr::Arg(1)),
+            (true, 2) => ScalarExpr::bin(BinOp::Max, ScalarExpr::Arg(0), ScalarExpr::Arg(1)),
+            (true, _) => ScalarExpr::bin(BinOp::Sub, ScalarExpr::Arg(1), ScalarExpr::Arg(0)),
+        };
+        let op = [BinOp::Add, BinOp::Mul, BinOp::Max, BinOp::Min][op];
+        let case = accumulation(
+            &format!("random_map_{extents:?}_{out_spec}_{a_spec}_{b_spec}_{combine}_{}", op.name()),
+            letters,
+            &extents,
+            Arg(&out_dims, &out_spec, prec),
+            &args,
+            expr,
+            op,
+            init,
+        );
+        let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+        let opts = CompileOptions {
+            map_calls: MapCalls::All,
+            threads: Some(threads),
+            min_parallel_work: 1,
+            ..CompileOptions::default()
+        };
+        let got = run_case(BackendKind::Gccjit, opts, &case);
+        proptest::prop_assert_eq!(bits(&got[0]), bits(&want[0]), "{}", case.name);
     }
 }
 
