@@ -153,6 +153,7 @@ impl Context {
             BackendKind::Cuda => Box::new(crate::backend::cuda::Cuda::new(&opts)?),
             #[cfg(not(feature = "cuda"))]
             BackendKind::Cuda => return Err(Error::NotBuiltIn("cuda")),
+            BackendKind::CudaSim => Box::new(crate::backend::cuda_sim::CudaSim::new()),
         };
         let interp = Interp::new(&opts);
         Ok(Context {
@@ -259,6 +260,7 @@ impl Context {
                 BackendKind::Interp => "interp.txt",
                 BackendKind::Gccjit => "c",
                 BackendKind::Cuda => "cu",
+                BackendKind::CudaSim => "kernels.txt",
             };
             // A compile that failed leaves its source too: that is when it is needed most.
             let source = match &compiled {

@@ -129,6 +129,15 @@ pub enum Error {
         /// The axis' size.
         bound: usize,
     },
+    /// The kernel simulator (`cuda-sim`) found what a GPU would not report: a data race, a
+    /// barrier some thread cannot reach, shared memory past the limit.
+    #[error("kernel {kernel}: {problem}")]
+    KernelCheck {
+        /// The kernel.
+        kernel: String,
+        /// What is wrong, with the threads and cells involved.
+        problem: String,
+    },
     /// A buffer that cannot be allocated.
     #[error("cannot allocate {bytes} bytes for {what}")]
     Alloc {

@@ -30,6 +30,13 @@ fn interp_all_precisions() {
     conformance(BackendKind::Interp, &Prec::ALL, CompileOptions::default());
 }
 
+/// The CUDA backend's kernels, executed by the simulator: every conformance case in every
+/// precision, with the checks for races, barriers and bounds on every launch.
+#[test]
+fn cuda_kernels_simulated_all_precisions() {
+    conformance(BackendKind::CudaSim, &Prec::ALL, CompileOptions::default());
+}
+
 #[test]
 fn interp_without_virtualization() {
     let opts = CompileOptions { virtualize: false, ..CompileOptions::default() };
@@ -120,7 +127,8 @@ fn gccjit_large_matmuls_match_interp() {
 
 #[test]
 fn a_dynamic_size_outside_one_to_its_maximum_is_an_error() {
-    for kind in BackendKind::available().into_iter().filter(|k| *k != BackendKind::Cuda) {
+    let kinds = BackendKind::available().into_iter().chain([BackendKind::CudaSim]);
+    for kind in kinds.filter(|k| *k != BackendKind::Cuda) {
         let case = dynamic_case(Prec::F32, 7);
         let mut ctx = rocannl_arrayjit::Context::new(kind, CompileOptions::default()).unwrap();
         let r = ctx.compile(&case.name, &case.asgn, &case.nodes).unwrap();

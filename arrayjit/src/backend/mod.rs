@@ -1,4 +1,5 @@
-//! Backends: one trait, three implementations.
+//! Backends: one trait, four implementations (the last a test backend that simulates the
+//! third's kernels).
 //!
 //! A backend keeps three steps apart:
 //! - **render**: a pure function from the low-level IR to source text (C for gccjit, CUDA C
@@ -13,10 +14,12 @@
 pub mod c_syntax;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod cuda_sim;
 #[cfg(feature = "gccjit")]
 pub mod gccjit;
 pub mod host;
 pub mod interp;
+pub mod kernel_ir;
 
 use std::path::PathBuf;
 
@@ -42,15 +45,19 @@ pub enum BackendKind {
     Gccjit,
     /// CUDA C through NVRTC and the CUDA driver.
     Cuda,
+    /// The CUDA backend's kernels executed on the CPU by a simulator that checks them (a test
+    /// backend: [`cuda_sim`]).
+    CudaSim,
 }
 
 impl BackendKind {
-    /// The backend called `name` (`interp`, `gccjit` or `cuda`).
+    /// The backend called `name` (`interp`, `gccjit`, `cuda` or the test backend `cuda-sim`).
     pub fn from_name(name: &str) -> Result<BackendKind, Error> {
         match name {
             "interp" => Ok(BackendKind::Interp),
             "gccjit" => Ok(BackendKind::Gccjit),
             "cuda" => Ok(BackendKind::Cuda),
+            "cuda-sim" => Ok(BackendKind::CudaSim),
             other => Err(Error::UnknownBackend(other.to_string())),
         }
     }
@@ -61,6 +68,7 @@ impl BackendKind {
             BackendKind::Interp => "interp",
             BackendKind::Gccjit => "gccjit",
             BackendKind::Cuda => "cuda",
+            BackendKind::CudaSim => "cuda-sim",
         }
     }
 

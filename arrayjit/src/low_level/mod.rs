@@ -754,7 +754,8 @@ impl fmt::Display for Program {
     }
 }
 
-fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
+/// Prints one statement at `depth`, as the program's printer does.
+pub fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
     let pad = "  ".repeat(depth);
     match s {
         Stmt::Comment(c) => {

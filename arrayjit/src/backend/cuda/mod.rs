@@ -51,7 +51,7 @@ pub fn probe_device() -> Result<(), Error> {
 }
 
 struct Compiled {
-    kernels: Vec<(CudaFunction, render::Kernel)>,
+    kernels: Vec<(CudaFunction, crate::backend::kernel_ir::Kernel)>,
     /// The routine's intermediates ([`crate::low_level::memory`]) and where each lives in it
     /// (byte offset and length).
     arena: Option<CudaSlice<u8>>,
@@ -184,10 +184,9 @@ impl Backend for Cuda {
             for s in symbols {
                 args.arg(s);
             }
-            let blocks = k.threads.div_ceil(render::BLOCK as u64).max(1);
             let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, 1, 1),
-                block_dim: (render::BLOCK.min(k.threads.max(1) as u32), 1, 1),
+                grid_dim: (k.blocks() as u32, 1, 1),
+                block_dim: (k.block, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: the kernel's parameters are exactly the pushed buffers (device pointers)

@@ -1,32 +1,18 @@
-//! CUDA C for a program: one kernel per top-level loop nest.
+//! CUDA C for a program: the kernels of the kernel IR ([`crate::backend::kernel_ir`]),
+//! printed.
 //!
-//! The leading parallel loops of a nest (those whose iterations write distinct cells) are
-//! flattened into one global thread index, mapped onto a 1-d grid of blocks of
-//! [`BLOCK`] threads; the rest of the nest — reduction loops with their scalar accumulators,
-//! guards — runs inside each thread. A reduction is therefore computed by the single thread
-//! owning its output cell: no two threads write one cell, no atomics, no races. Top-level
-//! statements outside parallel loops are grouped into single-thread kernels, in order; so is a
-//! parallel nest that reads a local assigned before it (locals do not cross kernels).
+//! The printer adds no logic: each kernel-level statement has one spelling (a thread's
+//! coordinates from its global index, early returns, `__syncthreads()`, `atomicAdd`, shared
+//! arrays as `__shared__` arrays), and per-thread statements are printed by the C-family
+//! renderer shared with the CPU backends.
 
 use std::fmt::Write as _;
 
-use crate::backend::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
-use crate::low_level::{Limit, Program, Stmt, Var, cut_points};
-use crate::tnode::NodeId;
+use crate::backend::c_syntax::{CRenderer, Dialect, prelude, storage_ctype};
+use crate::backend::kernel_ir::{self, KCond, KStmt, Kernel};
+use crate::low_level::{Program, Stmt};
 
-/// Threads per block.
-pub const BLOCK: u32 = 256;
-
-/// One kernel of a rendered program.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Kernel {
-    /// The kernel's name.
-    pub name: String,
-    /// The buffer arguments, in order (then one `long long` per runtime symbol slot).
-    pub buffers: Vec<NodeId>,
-    /// Total threads (the product of the flattened parallel loops' extents; 1 when serial).
-    pub threads: u64,
-}
+pub use kernel_ir::BLOCK;
 
 /// The CUDA C of a program and its kernels in launch order.
 #[derive(Clone, Debug)]
@@ -37,80 +23,120 @@ pub struct CudaSource {
     pub kernels: Vec<Kernel>,
 }
 
-/// Renders a program as CUDA C.
+/// Renders a program as CUDA C: its kernels ([`kernel_ir::lower`]), printed.
 pub fn render(prog: &Program) -> CudaSource {
+    render_kernels(prog, kernel_ir::lower(prog))
+}
+
+/// Prints kernels over a program's tensors, locals and runtime symbols as CUDA C.
+pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
     let r = CRenderer { prog, dialect: Dialect::Cuda, bounds_check: false };
     let mut out = prelude(Dialect::Cuda);
-    let mut kernels = Vec::new();
-    let mut serial: Vec<Stmt> = Vec::new();
-    // A kernel cannot see another kernel's locals: a parallel nest is a kernel of its own only
-    // where no local is live across its boundaries.
-    let cuts = cut_points(&prog.body);
-    for (i, s) in prog.body.iter().enumerate() {
-        match s {
-            Stmt::For { parallel: true, .. } if cuts[i] && cuts[i + 1] => {
-                flush(&r, &mut out, &mut kernels, &mut serial);
-                kernel(&r, &mut out, &mut kernels, std::slice::from_ref(s));
-            }
-            s => serial.push(s.clone()),
-        }
+    for k in &kernels {
+        kernel(&r, &mut out, k);
     }
-    flush(&r, &mut out, &mut kernels, &mut serial);
     CudaSource { source: out, kernels }
 }
 
-fn flush(r: &CRenderer<'_>, out: &mut String, kernels: &mut Vec<Kernel>, serial: &mut Vec<Stmt>) {
-    if serial.iter().any(|s| !matches!(s, Stmt::Comment(_))) {
-        kernel(r, out, kernels, serial);
-    }
-    serial.clear();
-}
-
-fn kernel(r: &CRenderer<'_>, out: &mut String, kernels: &mut Vec<Kernel>, body: &[Stmt]) {
-    let name = format!("k{}", kernels.len());
-    let buffers = nodes_of(body);
-    // The flattened parallel prefix.
-    let mut prefix: Vec<(Var, usize, Option<Limit>)> = Vec::new();
-    let mut inner = body;
-    while let [Stmt::For { var, extent, limit, parallel: true, body }] = inner {
-        prefix.push((*var, *extent, *limit));
-        inner = body;
-    }
-    let mut params: Vec<String> = buffers
+fn kernel(r: &CRenderer<'_>, out: &mut String, k: &Kernel) {
+    let mut params: Vec<String> = k
+        .buffers
         .iter()
         .map(|n| {
             let ty = storage_ctype(r.prog.nodes[n].prec);
             format!("{ty} *__restrict__ {}", CRenderer::ptr_name(*n))
         })
         .collect();
-    params.extend((0..r.prog.runtime_symbols.len()).map(|k| format!("long long sym{k}")));
-    let _ = writeln!(out, "\nextern \"C\" __global__ void {name}({}) {{", params.join(", "));
-    let threads: u64 = prefix.iter().map(|(_, e, _)| *e as u64).product();
-    if prefix.is_empty() {
-        let _ = writeln!(out, "  if (blockIdx.x != 0 || threadIdx.x != 0) return;");
-    } else {
-        let _ = writeln!(
-            out,
-            "  long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (gid >= {threads}LL) return;"
-        );
-        let mut stride: u64 = threads;
-        for (v, e, limit) in &prefix {
-            stride /= *e as u64;
-            let _ = writeln!(out, "  long long {v} = (gid / {stride}LL) % {e}LL;");
-            // A dynamic batch's threads past its rows have nothing to compute.
-            if let Some(l) = limit {
+    params.extend((0..r.prog.runtime_symbols.len()).map(|s| format!("long long sym{s}")));
+    let _ = writeln!(out, "\nextern \"C\" __global__ void {}({}) {{", k.name, params.join(", "));
+    for s in &k.shared {
+        let ty = storage_ctype(s.prec);
+        let _ = writeln!(out, "  __shared__ {ty} {}[{}];", CRenderer::ptr_name(s.node), s.len);
+    }
+    let uses_gid = k
+        .body
+        .iter()
+        .any(|s| matches!(s, KStmt::Coord { .. } | KStmt::ExitUnless(KCond::GlobalBelow(_))));
+    if uses_gid {
+        let _ =
+            writeln!(out, "  long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;");
+    }
+    // The thread's coordinates and exits, then every local of its statements declared once,
+    // then the rest.
+    let first = k
+        .body
+        .iter()
+        .position(|s| !matches!(s, KStmt::Coord { .. } | KStmt::ExitUnless(_)))
+        .unwrap_or(k.body.len());
+    body(r, out, &k.body[..first], 1);
+    let mut runs: Vec<Stmt> = Vec::new();
+    collect_runs(&k.body, &mut runs);
+    r.declarations(out, &runs, 1);
+    body(r, out, &k.body[first..], 1);
+    out.push_str("}\n");
+}
+
+fn collect_runs(stmts: &[KStmt], out: &mut Vec<Stmt>) {
+    for s in stmts {
+        match s {
+            KStmt::Run(s) => out.push(s.clone()),
+            KStmt::If { body, .. } => collect_runs(body, out),
+            _ => {}
+        }
+    }
+}
+
+fn body(r: &CRenderer<'_>, out: &mut String, stmts: &[KStmt], depth: usize) {
+    let pad = "  ".repeat(depth);
+    for s in stmts {
+        match s {
+            KStmt::Coord { var, stride, extent } => {
+                let _ = writeln!(out, "{pad}long long {var} = (gid / {stride}LL) % {extent}LL;");
+            }
+            KStmt::ThreadInBlock { var } => {
+                let _ = writeln!(out, "{pad}long long {var} = threadIdx.x;");
+            }
+            KStmt::ExitUnless(KCond::GlobalBelow(n)) => {
+                let _ = writeln!(out, "{pad}if (gid >= {n}LL) return;");
+            }
+            KStmt::ExitUnless(KCond::First) => {
+                let _ = writeln!(out, "{pad}if (blockIdx.x != 0 || threadIdx.x != 0) return;");
+            }
+            KStmt::ExitUnless(KCond::BelowLimit(v, l)) => {
                 let slot = r.prog.symbol_slot(l.size).unwrap_or(0);
                 let _ = writeln!(
                     out,
-                    "  if ({v} >= (sym{slot} + {}LL) / {}LL) return;",
+                    "{pad}if ({v} >= (sym{slot} + {}LL) / {}LL) return;",
                     l.per - 1,
                     l.per
                 );
             }
+            KStmt::Run(s) => r.stmts(out, std::slice::from_ref(s), depth),
+            KStmt::Barrier => {
+                let _ = writeln!(out, "{pad}__syncthreads();");
+            }
+            KStmt::If { guards, body: inner } => {
+                let conds: Vec<String> = guards
+                    .iter()
+                    .map(|g| {
+                        let i = r.index(&g.index);
+                        format!("({i}) >= 0 && ({i}) < {}", g.bound)
+                    })
+                    .collect();
+                let _ = writeln!(out, "{pad}if ({}) {{", conds.join(" && "));
+                body(r, out, inner, depth + 1);
+                let _ = writeln!(out, "{pad}}}");
+            }
+            KStmt::AtomicAdd { node, idx, value } => {
+                let prec = r.prog.nodes.get(node).map_or(crate::ops::Prec::F32, |n| n.prec);
+                let ty = crate::backend::c_syntax::compute_ctype(prec);
+                let _ = writeln!(
+                    out,
+                    "{pad}atomicAdd(&{}, ({ty})({}));",
+                    r.cell(*node, idx),
+                    r.expr(value, ty)
+                );
+            }
         }
     }
-    r.declarations(out, inner, 1);
-    r.stmts(out, inner, 1);
-    out.push_str("}\n");
-    kernels.push(Kernel { name, buffers, threads: threads.max(1) });
 }

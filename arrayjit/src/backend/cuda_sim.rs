@@ -1,0 +1,522 @@
+//! `cuda-sim`: the CUDA backend's kernels executed on the CPU, a test backend.
+//!
+//! No GPU has been available to this project, so the kernels the CUDA backend launches are run
+//! here instead, from the same kernel IR the renderer prints ([`super::kernel_ir`]), with the
+//! semantics of a CUDA launch: a grid of blocks of threads, each thread with its own loop
+//! variables and locals, each block with its own shared arrays (filled with NaN, so a read
+//! before any write shows), `__syncthreads()` as a barrier every thread of the block must reach.
+//! The threads of a block run in lockstep over kernel-level statements; a per-thread statement
+//! (a loop nest) runs to its end for one thread before the next thread starts it, which is one
+//! of the interleavings a GPU may choose — and since any two of them give the same result only
+//! for race-free code, races are detected rather than tolerated.
+//!
+//! What a GPU would not report, the simulator reports as [`Error::KernelCheck`]:
+//! - a data race: two threads touching one cell, at least one writing, without an atomic — in
+//!   global memory anywhere in a launch (blocks have no barrier between them), in shared
+//!   memory between two barriers;
+//! - a barrier that a live thread of the block does not reach (inside a branch only some
+//!   threads take);
+//! - shared memory past [`SHARED_LIMIT`] per block;
+//!
+//! and an index outside a tensor as [`Error::OutOfBounds`], like bounds-check mode.
+//!
+//! Values are computed exactly as the interpreter computes them (each operation rounded to the
+//! statement's precision, stores rounded to the tensor's), so results can be compared with the
+//! interpreter's closely. Limits: one device, no streams, no timing; atomics are applied in
+//! thread order.
+
+use rustc_hash::FxHashMap;
+
+use super::kernel_ir::{self, KCond, KStmt, Kernel, SHARED_LIMIT};
+use super::{Backend, BackendKind};
+use crate::error::Error;
+use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
+use crate::ndarray::NdArray;
+use crate::ops::{Prec, uniform};
+use crate::tnode::{NodeId, TensorNode};
+
+/// A buffer: its node and its values, each exactly representable in the node's precision.
+#[derive(Clone, Debug)]
+struct Buf {
+    node: TensorNode,
+    vals: Vec<f64>,
+}
+
+impl Buf {
+    fn new(node: &TensorNode) -> Buf {
+        Buf { node: node.clone(), vals: vec![0.0; node.num_elements()] }
+    }
+}
+
+#[derive(Debug)]
+struct Routine {
+    prog: Program,
+    kernels: Vec<Kernel>,
+    /// The routine's intermediates, each in a buffer of its own.
+    arena: FxHashMap<NodeId, Buf>,
+}
+
+/// The simulator backend.
+#[derive(Debug, Default)]
+pub struct CudaSim {
+    buffers: FxHashMap<NodeId, Buf>,
+    routines: Vec<Routine>,
+}
+
+impl CudaSim {
+    /// A simulator with no buffers.
+    pub fn new() -> CudaSim {
+        CudaSim::default()
+    }
+
+    /// Runs kernels written by hand (the simulator's own tests): the program gives the
+    /// tensors, locals and runtime symbols; buffers must be allocated.
+    pub fn launch(
+        &mut self,
+        prog: &Program,
+        kernels: &[Kernel],
+        symbols: &[i64],
+    ) -> Result<(), Error> {
+        let mut arena = FxHashMap::default();
+        for k in kernels {
+            launch(prog, k, symbols, &mut self.buffers, &mut arena)?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaSim {
+    fn kind(&self) -> BackendKind {
+        BackendKind::CudaSim
+    }
+
+    fn render(&self, prog: &Program) -> Result<String, Error> {
+        Ok(kernel_ir::lower(prog).iter().map(|k| k.to_string()).collect())
+    }
+
+    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
+        let kernels = kernel_ir::lower(prog);
+        let text = kernels.iter().map(|k| k.to_string()).collect();
+        let mut arena = FxHashMap::default();
+        for slot in &prog.arena.slots {
+            let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
+            arena.insert(slot.node, Buf::new(node));
+        }
+        self.routines.push(Routine { prog: prog.clone(), kernels, arena });
+        Ok((self.routines.len() - 1, text))
+    }
+
+    fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
+        self.buffers.entry(node.id).or_insert_with(|| Buf::new(node));
+        Ok(())
+    }
+
+    fn has_buffer(&self, node: NodeId) -> bool {
+        self.buffers.contains_key(&node)
+    }
+
+    fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
+        let r = self
+            .routines
+            .get_mut(routine)
+            .ok_or_else(|| Error::ForeignRoutine(format!("#{routine}")))?;
+        for k in &r.kernels {
+            launch(&r.prog, k, symbols, &mut self.buffers, &mut r.arena)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
+        let b = self.buffers.get_mut(&node).ok_or(Error::UnknownNode(node.0))?;
+        if data.dims() != b.node.dims.as_slice() {
+            return Err(Error::ShapeMismatch {
+                id: node.0,
+                expected: b.node.dims.clone(),
+                got: data.dims().to_vec(),
+            });
+        }
+        b.vals = data.convert(b.node.prec).to_f64_vec();
+        Ok(())
+    }
+
+    fn read(&self, node: NodeId) -> Result<NdArray, Error> {
+        let b = self.buffers.get(&node).ok_or(Error::UnknownNode(node.0))?;
+        NdArray::from_f64(b.node.prec, &b.node.dims, &b.vals)
+    }
+}
+
+/// Who touched a cell during a launch (global memory) or since the last barrier (shared).
+#[derive(Clone, Copy, Debug, Default)]
+struct Touch {
+    writer: Option<u64>,
+    reader: Option<u64>,
+    readers: bool,
+    atomic: Option<u64>,
+    atomics: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+    Atomic,
+}
+
+impl Touch {
+    /// Records an access by thread `t`; `Err` holds the other thread it races with (`None`:
+    /// one of several).
+    fn record(&mut self, t: u64, kind: Kind) -> Result<(), Option<u64>> {
+        let other = |x: Option<u64>, many: bool| match x {
+            Some(o) if o != t => Some(Some(o)),
+            Some(_) if many => Some(None),
+            _ => None,
+        };
+        let writer = other(self.writer, false);
+        let conflict = match kind {
+            Kind::Read => writer.or(other(self.atomic, self.atomics)),
+            Kind::Write => {
+                writer.or(other(self.reader, self.readers)).or(other(self.atomic, self.atomics))
+            }
+            Kind::Atomic => writer.or(other(self.reader, self.readers)),
+        };
+        if let Some(o) = conflict {
+            return Err(o);
+        }
+        match kind {
+            Kind::Read => {
+                self.readers |= self.reader.is_some_and(|r| r != t);
+                self.reader = Some(t);
+            }
+            Kind::Write => self.writer = Some(t),
+            Kind::Atomic => {
+                self.atomics |= self.atomic.is_some_and(|a| a != t);
+                self.atomic = Some(t);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One thread's state.
+#[derive(Clone, Debug)]
+struct Thread {
+    gid: u64,
+    tid: u32,
+    vars: FxHashMap<Var, i64>,
+    locals: Vec<f64>,
+    live: bool,
+}
+
+/// A launch in progress.
+struct Launch<'a> {
+    prog: &'a Program,
+    kernel: &'a Kernel,
+    symbols: &'a [i64],
+    globals: &'a mut FxHashMap<NodeId, Buf>,
+    arena: &'a mut FxHashMap<NodeId, Buf>,
+    shared: FxHashMap<NodeId, Buf>,
+    global_log: FxHashMap<(NodeId, usize), Touch>,
+    shared_log: FxHashMap<(NodeId, usize), Touch>,
+}
+
+fn launch(
+    prog: &Program,
+    kernel: &Kernel,
+    symbols: &[i64],
+    globals: &mut FxHashMap<NodeId, Buf>,
+    arena: &mut FxHashMap<NodeId, Buf>,
+) -> Result<(), Error> {
+    if kernel.shared_bytes() > SHARED_LIMIT {
+        return Err(Error::KernelCheck {
+            kernel: kernel.name.clone(),
+            problem: format!(
+                "{} bytes of shared memory per block, past the limit of {SHARED_LIMIT}",
+                kernel.shared_bytes()
+            ),
+        });
+    }
+    let mut l = Launch {
+        prog,
+        kernel,
+        symbols,
+        globals,
+        arena,
+        shared: FxHashMap::default(),
+        global_log: FxHashMap::default(),
+        shared_log: FxHashMap::default(),
+    };
+    for b in 0..kernel.blocks() {
+        l.shared = kernel
+            .shared
+            .iter()
+            .map(|s| {
+                let node = TensorNode::new(
+                    s.node,
+                    "shared",
+                    &[s.len],
+                    s.prec,
+                    crate::tnode::MemoryMode::Local,
+                );
+                (s.node, Buf { node, vals: vec![f64::NAN; s.len] })
+            })
+            .collect();
+        l.shared_log.clear();
+        let mut threads: Vec<Thread> = (0..kernel.block)
+            .map(|t| Thread {
+                gid: b * u64::from(kernel.block) + u64::from(t),
+                tid: t,
+                vars: FxHashMap::default(),
+                locals: vec![0.0; prog.locals.len()],
+                live: true,
+            })
+            .collect();
+        let all: Vec<usize> = (0..threads.len()).collect();
+        l.block(&kernel.body, &all, &mut threads)?;
+    }
+    Ok(())
+}
+
+impl Launch<'_> {
+    fn check(&self, problem: String) -> Error {
+        Error::KernelCheck { kernel: self.kernel.name.clone(), problem }
+    }
+
+    /// Kernel statements for the threads `active` (in lockstep).
+    fn block(
+        &mut self,
+        body: &[KStmt],
+        active: &[usize],
+        threads: &mut [Thread],
+    ) -> Result<(), Error> {
+        for s in body {
+            let now: Vec<usize> = active.iter().copied().filter(|&t| threads[t].live).collect();
+            match s {
+                KStmt::Coord { var, stride, extent } => {
+                    for &t in &now {
+                        let th = &mut threads[t];
+                        th.vars.insert(*var, ((th.gid / stride) % extent) as i64);
+                    }
+                }
+                KStmt::ThreadInBlock { var } => {
+                    for &t in &now {
+                        let th = &mut threads[t];
+                        th.vars.insert(*var, i64::from(th.tid));
+                    }
+                }
+                KStmt::ExitUnless(c) => {
+                    for &t in &now {
+                        let go = match c {
+                            KCond::GlobalBelow(n) => threads[t].gid < *n,
+                            KCond::First => threads[t].gid == 0,
+                            KCond::BelowLimit(v, lim) => {
+                                let size = self.symbol(lim.size);
+                                let rows = (size + lim.per as i64 - 1) / lim.per as i64;
+                                threads[t].vars.get(v).copied().unwrap_or(0) < rows
+                            }
+                        };
+                        threads[t].live &= go;
+                    }
+                }
+                KStmt::Run(s) => {
+                    for &t in &now {
+                        self.stmt(s, &mut threads[t])?;
+                    }
+                }
+                KStmt::Barrier => {
+                    let live = threads.iter().filter(|t| t.live).count();
+                    if now.len() != live {
+                        let missing = threads
+                            .iter()
+                            .find(|t| t.live && !now.contains(&(t.tid as usize)))
+                            .map_or(0, |t| t.tid);
+                        return Err(self.check(format!(
+                            "barrier not reached by thread {missing} of its block ({} of {live} \
+                             live threads reach it)",
+                            now.len()
+                        )));
+                    }
+                    self.shared_log.clear();
+                }
+                KStmt::If { guards, body } => {
+                    let inside: Vec<usize> = now
+                        .iter()
+                        .copied()
+                        .filter(|&t| {
+                            guards.iter().all(|g| {
+                                (0..g.bound as i64).contains(&self.index(&g.index, &threads[t]))
+                            })
+                        })
+                        .collect();
+                    self.block(body, &inside, threads)?;
+                }
+                KStmt::AtomicAdd { node, idx, value } => {
+                    for &t in &now {
+                        let prec = self.prec_of(*node)?;
+                        let compute = super::c_syntax::expr_prec(self.prog, value, prec);
+                        let x = self.eval(value, &threads[t], compute)?;
+                        let (flat, _) = self.locate(*node, idx, &threads[t])?;
+                        self.touch(*node, flat, threads[t].gid, Kind::Atomic)?;
+                        let b = self.buf(*node)?;
+                        b.vals[flat] = prec.round(b.vals[flat] + x);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn symbol(&self, s: crate::indexing::Symbol) -> i64 {
+        self.prog.symbol_slot(s).and_then(|k| self.symbols.get(k)).copied().unwrap_or(0)
+    }
+
+    fn index(&self, i: &Index, t: &Thread) -> i64 {
+        i.offset
+            + i.terms
+                .iter()
+                .map(|(c, x)| {
+                    c * match x {
+                        IdxVar::Loop(v) => t.vars.get(v).copied().unwrap_or(0),
+                        IdxVar::Sym(s) => self.symbol(*s),
+                    }
+                })
+                .sum::<i64>()
+    }
+
+    fn buf(&mut self, node: NodeId) -> Result<&mut Buf, Error> {
+        if let Some(b) = self.shared.get_mut(&node) {
+            return Ok(b);
+        }
+        if let Some(b) = self.arena.get_mut(&node) {
+            return Ok(b);
+        }
+        self.globals.get_mut(&node).ok_or(Error::UnknownNode(node.0))
+    }
+
+    fn prec_of(&mut self, node: NodeId) -> Result<Prec, Error> {
+        Ok(self.buf(node)?.node.prec)
+    }
+
+    /// The flat offset of a cell, each index checked against its axis.
+    fn locate(&mut self, node: NodeId, idx: &[Index], t: &Thread) -> Result<(usize, Prec), Error> {
+        let values: Vec<i64> = idx.iter().map(|i| self.index(i, t)).collect();
+        let b = self.buf(node)?;
+        let mut flat = 0usize;
+        for (axis, (&i, &d)) in values.iter().zip(&b.node.dims).enumerate() {
+            if i < 0 || i >= d as i64 {
+                return Err(Error::OutOfBounds {
+                    node: node.0,
+                    label: b.node.label.clone(),
+                    axis,
+                    index: i,
+                    bound: d,
+                });
+            }
+            flat = flat * d + i as usize;
+        }
+        Ok((flat, b.node.prec))
+    }
+
+    fn touch(&mut self, node: NodeId, flat: usize, t: u64, kind: Kind) -> Result<(), Error> {
+        let shared = self.shared.contains_key(&node);
+        let log = if shared { &mut self.shared_log } else { &mut self.global_log };
+        if let Err(other) = log.entry((node, flat)).or_default().record(t, kind) {
+            let what = match kind {
+                Kind::Read => "reads",
+                Kind::Write => "writes",
+                Kind::Atomic => "atomically updates",
+            };
+            let block = u64::from(self.kernel.block.max(1));
+            let name = |x: u64| {
+                if shared { format!("thread {}", x % block) } else { format!("thread {x}") }
+            };
+            let (who, whom) = (name(t), other.map_or("another thread".to_string(), name));
+            let place = if shared { "shared array" } else { "tensor" };
+            return Err(self.check(format!(
+                "data race: {who} {what} cell {flat} of {place} {node}, which {whom} also \
+                 touched{}",
+                if shared { " since the last barrier" } else { " in this launch" }
+            )));
+        }
+        Ok(())
+    }
+
+    /// One thread runs a low-level statement to its end.
+    fn stmt(&mut self, s: &Stmt, t: &mut Thread) -> Result<(), Error> {
+        match s {
+            Stmt::Comment(_) => {}
+            Stmt::For { var, extent, limit, body, .. } => {
+                let end = match limit {
+                    Some(l) => {
+                        let size = self.symbol(l.size);
+                        (*extent as i64).min((size + l.per as i64 - 1) / l.per as i64)
+                    }
+                    None => *extent as i64,
+                };
+                for i in 0..end {
+                    t.vars.insert(*var, i);
+                    for b in body {
+                        self.stmt(b, t)?;
+                    }
+                }
+            }
+            Stmt::If { guards, body } => {
+                if guards.iter().all(|g| (0..g.bound as i64).contains(&self.index(&g.index, t))) {
+                    for b in body {
+                        self.stmt(b, t)?;
+                    }
+                }
+            }
+            Stmt::Set { node, idx, value } => {
+                let prec = self.prec_of(*node)?;
+                let compute = super::c_syntax::expr_prec(self.prog, value, prec);
+                let x = self.eval(value, t, compute)?;
+                let (flat, _) = self.locate(*node, idx, t)?;
+                self.touch(*node, flat, t.gid, Kind::Write)?;
+                self.buf(*node)?.vals[flat] = prec.round(x);
+            }
+            Stmt::SetLocal { local, value } => {
+                let prec = self.prog.locals[local.0 as usize];
+                let compute = super::c_syntax::expr_prec(self.prog, value, prec);
+                let x = self.eval(value, t, compute)?;
+                t.locals[local.0 as usize] = prec.round(x);
+            }
+            Stmt::Gemm(_) | Stmt::Map(_) => {
+                return Err(self.check("a CPU kernel call in a GPU kernel".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// An expression computed in `p` (f32 or f64), as the interpreter computes it.
+    fn eval(&mut self, e: &Expr, t: &Thread, p: Prec) -> Result<f64, Error> {
+        let single = p == Prec::F32;
+        Ok(match e {
+            Expr::Const(c) => p.round(*c),
+            Expr::Get(n, idx) => {
+                let (flat, prec) = self.locate(*n, idx, t)?;
+                self.touch(*n, flat, t.gid, Kind::Read)?;
+                let x = self.buf(*n)?.vals[flat];
+                if single && prec == Prec::U32 { x as f32 as f64 } else { x }
+            }
+            Expr::Local(l) => t.locals[l.0 as usize],
+            Expr::IndexValue(i) => p.round(self.index(i, t) as f64),
+            Expr::Uniform { seed, offset } => p.round(uniform(*seed, self.index(offset, t) as u64)),
+            Expr::Unop(op, a) => {
+                let a = self.eval(a, t, p)?;
+                if single { op.apply_f32(a as f32) as f64 } else { op.apply(a) }
+            }
+            Expr::Binop(op, a, b) => {
+                let (a, b) = (self.eval(a, t, p)?, self.eval(b, t, p)?);
+                if single { op.apply_f32(a as f32, b as f32) as f64 } else { op.apply(a, b) }
+            }
+            Expr::Ternop(op, a, b, c) => {
+                let (a, b, c) = (self.eval(a, t, p)?, self.eval(b, t, p)?, self.eval(c, t, p)?);
+                if single {
+                    op.apply_f32(a as f32, b as f32, c as f32) as f64
+                } else {
+                    op.apply(a, b, c)
+                }
+            }
+        })
+    }
+}

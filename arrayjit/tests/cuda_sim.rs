@@ -1,0 +1,308 @@
+//! The kernel simulator (`cuda-sim`) on kernels written by hand: a block tree sum in shared
+//! memory with barriers and an atomic sum run right and race-free; a missing barrier, threads
+//! writing one cell, an index past the end, a barrier inside a branch and too much shared
+//! memory are each reported. (The lowered kernels of every conformance case run in
+//! `conformance.rs`.)
+
+use rocannl_arrayjit::backend::Backend;
+use rocannl_arrayjit::backend::cuda_sim::CudaSim;
+use rocannl_arrayjit::backend::kernel_ir::{BLOCK, KStmt, Kernel, SharedArray};
+use rocannl_arrayjit::low_level::{Arena, Expr, Guard, IdxVar, Index, LocalId, Program, Stmt, Var};
+use rocannl_arrayjit::ops::{BinOp, Prec};
+use rocannl_arrayjit::tnode::{MemoryMode, NodeId, TensorNode};
+use rocannl_arrayjit::{Error, NdArray};
+use rustc_hash::FxHashMap;
+
+const X: NodeId = NodeId(0);
+const Y: NodeId = NodeId(1);
+const S: NodeId = NodeId(2);
+const N: usize = 1000;
+
+/// The tensors `x[N]`, `y[4]`, the shared array `s[BLOCK]` and one local `t0`, all f64.
+fn program() -> Program {
+    let mut nodes = FxHashMap::default();
+    nodes.insert(X, TensorNode::new(X, "x", &[N], Prec::F64, MemoryMode::HostVisible));
+    nodes.insert(Y, TensorNode::new(Y, "y", &[4], Prec::F64, MemoryMode::HostVisible));
+    nodes.insert(S, TensorNode::new(S, "s", &[BLOCK as usize], Prec::F64, MemoryMode::Local));
+    Program {
+        name: "hand".into(),
+        body: vec![],
+        locals: vec![Prec::F64],
+        next_var: 10,
+        nodes,
+        virtual_nodes: vec![],
+        runtime_symbols: vec![],
+        runtime_checks: vec![],
+        scratch: vec![],
+        arena: Arena::default(),
+    }
+}
+
+fn sim(prog: &Program) -> (CudaSim, Vec<f64>) {
+    let mut sim = CudaSim::new();
+    for n in [X, Y] {
+        sim.alloc(&prog.nodes[&n]).unwrap();
+    }
+    let x: Vec<f64> = (0..N).map(|i| ((i * 37) % 101) as f64 / 8.0 - 6.0).collect();
+    sim.write(X, &NdArray::from_f64(Prec::F64, &[N], &x).unwrap()).unwrap();
+    (sim, x)
+}
+
+const T: Var = Var(0);
+
+fn v(var: Var) -> Index {
+    Index::var(var)
+}
+
+fn below(i: Index, bound: usize) -> Vec<Guard> {
+    vec![Guard { index: i, bound }]
+}
+
+fn get(n: NodeId, i: Index) -> Expr {
+    Expr::Get(n, vec![i])
+}
+
+fn set(n: NodeId, i: Index, value: Expr) -> KStmt {
+    KStmt::Run(Stmt::Set { node: n, idx: vec![i], value })
+}
+
+/// One block: each thread sums its strided share of `x` into `s[t]`, then a tree halves the
+/// live threads at each step, a barrier after each; thread 0 writes `y[0]`. `skip` leaves out
+/// the barrier after that tree step.
+fn tree_sum(skip: Option<usize>) -> Kernel {
+    let mut body = vec![
+        KStmt::ThreadInBlock { var: T },
+        KStmt::Run(Stmt::SetLocal { local: LocalId(0), value: Expr::Const(0.0) }),
+        KStmt::Run(Stmt::For {
+            var: Var(1),
+            extent: N.div_ceil(BLOCK as usize),
+            limit: None,
+            parallel: false,
+            body: vec![Stmt::If {
+                guards: below(
+                    Index::new(vec![(BLOCK as i64, IdxVar::Loop(Var(1))), (1, IdxVar::Loop(T))], 0),
+                    N,
+                ),
+                body: vec![Stmt::SetLocal {
+                    local: LocalId(0),
+                    value: Expr::bin(
+                        BinOp::Add,
+                        Expr::Local(LocalId(0)),
+                        get(
+                            X,
+                            Index::new(
+                                vec![(BLOCK as i64, IdxVar::Loop(Var(1))), (1, IdxVar::Loop(T))],
+                                0,
+                            ),
+                        ),
+                    ),
+                }],
+            }],
+        }),
+        set(S, v(T), Expr::Local(LocalId(0))),
+        KStmt::Barrier,
+    ];
+    let mut stride = BLOCK as usize / 2;
+    let mut step = 0;
+    while stride > 0 {
+        body.push(KStmt::If {
+            guards: below(v(T), stride),
+            body: vec![set(
+                S,
+                v(T),
+                Expr::bin(
+                    BinOp::Add,
+                    get(S, v(T)),
+                    get(S, Index::new(vec![(1, IdxVar::Loop(T))], stride as i64)),
+                ),
+            )],
+        });
+        if skip != Some(step) {
+            body.push(KStmt::Barrier);
+        }
+        stride /= 2;
+        step += 1;
+    }
+    body.push(KStmt::If {
+        guards: below(v(T), 1),
+        body: vec![set(Y, Index::fixed(0), get(S, Index::fixed(0)))],
+    });
+    Kernel {
+        name: "tree_sum".into(),
+        buffers: vec![X, Y],
+        threads: u64::from(BLOCK),
+        block: BLOCK,
+        shared: vec![SharedArray { node: S, prec: Prec::F64, len: BLOCK as usize }],
+        body,
+    }
+}
+
+/// The tree's order of additions, on the host.
+fn tree_order(x: &[f64]) -> f64 {
+    let b = BLOCK as usize;
+    let mut s: Vec<f64> =
+        (0..b).map(|t| (t..N).step_by(b).fold(0.0, |acc, i| acc + x[i])).collect();
+    let mut stride = b / 2;
+    while stride > 0 {
+        for t in 0..stride {
+            s[t] += s[t + stride];
+        }
+        stride /= 2;
+    }
+    s[0]
+}
+
+fn one_block(name: &str, threads: u32, body: Vec<KStmt>) -> Kernel {
+    Kernel {
+        name: name.into(),
+        buffers: vec![X, Y],
+        threads: u64::from(threads),
+        block: threads,
+        shared: vec![],
+        body,
+    }
+}
+
+fn check_error(result: Result<(), Error>, want: &str) -> String {
+    match result {
+        Err(e @ Error::KernelCheck { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(want), "{text}");
+            text
+        }
+        other => panic!("expected a kernel check with `{want}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_block_tree_sum_in_shared_memory_is_race_free_and_right() {
+    let prog = program();
+    let (mut sim, x) = sim(&prog);
+    sim.launch(&prog, &[tree_sum(None)], &[]).unwrap();
+    let y = sim.read(Y).unwrap().to_f64_vec();
+    assert_eq!(y[0].to_bits(), tree_order(&x).to_bits());
+    assert!((y[0] - x.iter().sum::<f64>()).abs() < 1e-9);
+}
+
+#[test]
+fn a_missing_barrier_is_a_race_in_shared_memory() {
+    let prog = program();
+    let (mut sim, _) = sim(&prog);
+    let text = check_error(sim.launch(&prog, &[tree_sum(Some(0))], &[]), "data race");
+    assert!(text.contains("shared array n2") && text.contains("since the last barrier"), "{text}");
+}
+
+#[test]
+fn threads_writing_one_cell_race_and_atomic_adds_do_not() {
+    let prog = program();
+    let (mut sim, x) = sim(&prog);
+    let plain = one_block(
+        "plain",
+        64,
+        vec![KStmt::ThreadInBlock { var: T }, set(Y, Index::fixed(1), get(X, v(T)))],
+    );
+    let text = check_error(sim.launch(&prog, &[plain], &[]), "data race");
+    assert!(text.contains("cell 1 of tensor n1"), "{text}");
+    let atomic = one_block(
+        "atomic",
+        64,
+        vec![
+            KStmt::ThreadInBlock { var: T },
+            KStmt::AtomicAdd { node: Y, idx: vec![Index::fixed(2)], value: get(X, v(T)) },
+        ],
+    );
+    sim.launch(&prog, &[atomic], &[]).unwrap();
+    let want: f64 = x[..64].iter().sum();
+    assert!((sim.read(Y).unwrap().to_f64_vec()[2] - want).abs() < 1e-12);
+}
+
+#[test]
+fn an_index_past_the_end_is_out_of_bounds() {
+    let prog = program();
+    let (mut sim, _) = sim(&prog);
+    // y has 4 cells; thread 3 writes y[4].
+    let k = one_block(
+        "past_the_end",
+        4,
+        vec![
+            KStmt::ThreadInBlock { var: T },
+            set(Y, Index::new(vec![(1, IdxVar::Loop(T))], 1), Expr::Const(1.0)),
+        ],
+    );
+    match sim.launch(&prog, &[k], &[]) {
+        Err(Error::OutOfBounds { node: 1, index: 4, bound: 4, .. }) => {}
+        other => panic!("expected an out-of-bounds error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_barrier_inside_a_branch_is_an_error() {
+    let prog = program();
+    let (mut sim, _) = sim(&prog);
+    let k = one_block(
+        "divergent",
+        32,
+        vec![
+            KStmt::ThreadInBlock { var: T },
+            KStmt::If { guards: below(v(T), 5), body: vec![KStmt::Barrier] },
+        ],
+    );
+    check_error(sim.launch(&prog, &[k], &[]), "barrier not reached by thread 5");
+    // Threads that stopped before it do not count: a barrier after an early exit is fine.
+    let k = one_block(
+        "exited",
+        32,
+        vec![
+            KStmt::ThreadInBlock { var: T },
+            KStmt::ExitUnless(rocannl_arrayjit::backend::kernel_ir::KCond::GlobalBelow(5)),
+            KStmt::Barrier,
+        ],
+    );
+    sim.launch(&prog, &[k], &[]).unwrap();
+}
+
+#[test]
+fn shared_memory_past_the_limit_is_an_error() {
+    let prog = program();
+    let (mut sim, _) = sim(&prog);
+    let mut k = tree_sum(None);
+    k.shared[0].len = 7000; // 56 000 bytes of f64
+    check_error(sim.launch(&prog, &[k], &[]), "past the limit of 49152");
+}
+
+/// The hand-written kernels print as CUDA C that NVRTC compiles to PTX (where NVRTC is
+/// installed; `ROCANNL_REQUIRE_NVRTC` makes its absence a failure, as in CI), and the shared
+/// array, barriers and atomic are spelled as CUDA spells them.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_hand_written_kernels_compile_to_ptx() {
+    use rocannl_arrayjit::backend::cuda::nvrtc::Nvrtc;
+    use rocannl_arrayjit::backend::cuda::{PTX_ARCH, render};
+    let prog = program();
+    let atomic = one_block(
+        "atomic",
+        64,
+        vec![
+            KStmt::ThreadInBlock { var: T },
+            KStmt::AtomicAdd { node: Y, idx: vec![Index::fixed(2)], value: get(X, v(T)) },
+        ],
+    );
+    let src = render::render_kernels(&prog, vec![tree_sum(None), atomic]);
+    for want in ["__shared__ double p_n2[256];", "__syncthreads();", "atomicAdd(&p_n1[2LL]"] {
+        assert!(src.source.contains(want), "no `{want}` in\n{}", src.source);
+    }
+    let nvrtc = match Nvrtc::load() {
+        Ok(n) => n,
+        Err(e) if std::env::var_os("ROCANNL_REQUIRE_NVRTC").is_some() => {
+            panic!("NVRTC is required (run scripts/setup.sh --cuda): {e}")
+        }
+        Err(_) => return,
+    };
+    let ptx = nvrtc
+        .compile("hand", &src.source, PTX_ARCH, false)
+        .unwrap_or_else(|e| panic!("{e}\n{}", src.source));
+    let ptx = String::from_utf8_lossy(&ptx);
+    for k in ["tree_sum", "atomic"] {
+        assert!(ptx.contains(&format!(".entry {k}(")), "no kernel {k}");
+    }
+}
