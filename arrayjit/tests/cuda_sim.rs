@@ -4,6 +4,8 @@
 //! memory are each reported. (The lowered kernels of every conformance case run in
 //! `conformance.rs`.)
 
+mod common;
+
 use rocannl_arrayjit::backend::Backend;
 use rocannl_arrayjit::backend::cuda_sim::CudaSim;
 use rocannl_arrayjit::backend::kernel_ir::{BLOCK, KStmt, Kernel, SharedArray};
@@ -305,4 +307,117 @@ fn the_hand_written_kernels_compile_to_ptx() {
     for k in ["tree_sum", "atomic"] {
         assert!(ptx.contains(&format!(".entry {k}(")), "no kernel {k}");
     }
+    // The lowered block reductions too.
+    for prec in [Prec::F32, Prec::F64] {
+        for case in
+            [reduce_case_sized(BinOp::Max, prec, 3, 5000), matmul_onto_case(2, 4096, 2, prec)]
+        {
+            let prog =
+                compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+                    .unwrap();
+            let src = render::render(&prog);
+            assert!(src.source.contains("__syncthreads();"), "{}", src.source);
+            nvrtc
+                .compile(&case.name, &src.source, PTX_ARCH, false)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", case.name, src.source));
+        }
+    }
+}
+
+use common::{assert_close, matmul_case, matmul_onto_case, reduce_case_sized, run_case, tolerance};
+use rocannl_arrayjit::backend::kernel_ir::lower;
+use rocannl_arrayjit::{BackendKind, CompileOptions, compile_program};
+
+/// Long reductions into few cells run a block per cell — a tree in shared memory with a
+/// barrier after each halving — race-free, and agree with the interpreter and the reference:
+/// sums, maxima and minima of 3 rows of 5000, products of 2 × 4096 by 4096 × 2 from zero and
+/// onto old values, in f32 and f64.
+#[test]
+fn long_reductions_run_a_block_per_cell() {
+    for prec in [Prec::F32, Prec::F64] {
+        let mut cases: Vec<_> = [BinOp::Add, BinOp::Max, BinOp::Min]
+            .map(|op| reduce_case_sized(op, prec, 3, 5000))
+            .into();
+        cases.push(matmul_case(2, 4096, 2, prec));
+        cases.push(matmul_onto_case(2, 4096, 2, prec));
+        for case in cases {
+            let prog =
+                compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+                    .unwrap();
+            let kernels = lower(&prog);
+            assert!(
+                kernels.iter().any(|k| k.body.contains(&KStmt::Barrier) && k.shared.len() == 1),
+                "{}: no block reduction in\n{}",
+                case.name,
+                kernels.iter().map(|k| k.to_string()).collect::<String>()
+            );
+            let got = run_case(BackendKind::CudaSim, CompileOptions::default(), &case);
+            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            // Sums in another order: the tolerance of a 5000-term sum.
+            let tol = tolerance(prec) * 50.0;
+            assert_close(&case.name, &got[0], &want[0], tol);
+            if let Some(expected) = &case.expected {
+                assert_close(&format!("{} vs reference", case.name), &got[0], &expected[0], tol);
+            }
+        }
+    }
+}
+
+/// The kernel IR's printer, on a block reduction (the snapshot is the format).
+#[test]
+fn snapshot_block_reduction_kernel() {
+    let case = reduce_case_sized(BinOp::Add, Prec::F32, 2, 2048);
+    let prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let text: String = lower(&prog).iter().map(|k| k.to_string()).collect();
+    expect_test::expect![[r#"
+        kernel k0(n0, n1) threads 512 in blocks of 256
+          shared f32 n2[256]
+          v2 := thread in block
+          v0 := gid / 256 % 2
+          t0 := 0
+          for v3 in 0..8 {
+            if 0 <= 256*v3 + v2 < 2048 {
+              t0 := add(t0, n0[v0, 256*v3 + v2])
+            }
+          }
+          n2[v2] := t0
+          barrier
+          if 0 <= v2 < 128 {
+            n2[v2] := add(n2[v2], n2[v2 + 128])
+          }
+          barrier
+          if 0 <= v2 < 64 {
+            n2[v2] := add(n2[v2], n2[v2 + 64])
+          }
+          barrier
+          if 0 <= v2 < 32 {
+            n2[v2] := add(n2[v2], n2[v2 + 32])
+          }
+          barrier
+          if 0 <= v2 < 16 {
+            n2[v2] := add(n2[v2], n2[v2 + 16])
+          }
+          barrier
+          if 0 <= v2 < 8 {
+            n2[v2] := add(n2[v2], n2[v2 + 8])
+          }
+          barrier
+          if 0 <= v2 < 4 {
+            n2[v2] := add(n2[v2], n2[v2 + 4])
+          }
+          barrier
+          if 0 <= v2 < 2 {
+            n2[v2] := add(n2[v2], n2[v2 + 2])
+          }
+          barrier
+          if 0 <= v2 < 1 {
+            n2[v2] := add(n2[v2], n2[v2 + 1])
+          }
+          barrier
+          if 0 <= v2 < 1 {
+            n1[v0] := n2[0]
+          }
+    "#]]
+    .assert_eq(&text);
 }

@@ -15,14 +15,18 @@
 //!
 //! [`lower`] builds the kernels of a program: the leading parallel loops of a top-level nest
 //! (iterations writing distinct cells) become one thread per cell on a 1-d grid of blocks of
-//! [`BLOCK`] threads, the rest of the nest runs inside each thread; statements outside parallel
-//! loops are grouped into single-thread kernels, in order (as is a parallel nest that reads a
-//! local assigned before it: locals do not cross kernels).
+//! [`BLOCK`] threads, the rest of the nest runs inside each thread; a long reduction into few
+//! cells becomes a block per cell, its threads' partial results combined by a tree in shared
+//! memory with barriers; statements outside parallel loops are grouped into single-thread
+//! kernels, in order (as is a parallel nest that reads a local assigned before it: locals do
+//! not cross kernels).
 
 use std::fmt;
 
-use crate::low_level::{Guard, Index, Limit, Program, Stmt, Var, cut_points, nodes_of};
-use crate::ops::Prec;
+use crate::low_level::{
+    Expr, Guard, IdxVar, Index, Limit, LocalId, Program, Stmt, Var, cut_points, nodes_of,
+};
+use crate::ops::{BinOp, Prec, TernOp};
 use crate::tnode::NodeId;
 
 /// Threads per block.
@@ -119,17 +123,234 @@ pub fn lower(prog: &Program) -> Vec<Kernel> {
     let mut kernels = Vec::new();
     let mut serial: Vec<Stmt> = Vec::new();
     let cuts = cut_points(&prog.body);
-    for (i, s) in prog.body.iter().enumerate() {
-        match s {
-            Stmt::For { parallel: true, .. } if cuts[i] && cuts[i + 1] => {
+    let body = &prog.body;
+    let mut i = 0;
+    'statements: while i < body.len() {
+        // A long reduction into few cells: a block per cell.
+        for len in [1, 3] {
+            if i + len <= body.len()
+                && cuts[i]
+                && cuts[i + len]
+                && let Some(r) = Reduction::recognize(prog, &body[i..i + len])
+            {
+                flush(&mut kernels, &mut serial);
+                kernels.push(r.kernel(prog, kernels.len()));
+                i += len;
+                continue 'statements;
+            }
+        }
+        match &body[i] {
+            s @ Stmt::For { parallel: true, .. } if cuts[i] && cuts[i + 1] => {
                 flush(&mut kernels, &mut serial);
                 kernels.push(kernel(kernels.len(), std::slice::from_ref(s)));
             }
             s => serial.push(s.clone()),
         }
+        i += 1;
     }
     flush(&mut kernels, &mut serial);
     kernels
+}
+
+/// Reduction points below which a reduction stays in the thread that owns its cell.
+pub const MIN_BLOCK_REDUCTION: usize = 2048;
+/// Cells above which a reduction stays one thread per cell (there is parallelism enough).
+pub const MAX_BLOCK_REDUCTION_CELLS: usize = 4096;
+
+/// `for <parallel cell loops> { t := start; for r1 { .. t := t ⊕ e .. }; c[idx] := t }` with
+/// few cells and a long reduction (the sum of a loss, a bias gradient over a large batch).
+struct Reduction<'a> {
+    cells: Vec<(Var, usize, Option<Limit>)>,
+    local: LocalId,
+    /// `None`: the neutral element; `Some`: the cell's old value.
+    onto: Option<&'a Expr>,
+    red_var: Var,
+    red_extent: usize,
+    red_body: &'a [Stmt],
+    op: BinOp,
+    node: NodeId,
+    idx: &'a [Index],
+}
+
+impl<'a> Reduction<'a> {
+    fn recognize(prog: &Program, stmts: &'a [Stmt]) -> Option<Reduction<'a>> {
+        let mut cells = Vec::new();
+        let mut cur = stmts;
+        while let [Stmt::For { var, extent, limit, parallel: true, body }] = cur {
+            cells.push((*var, *extent, *limit));
+            cur = body;
+        }
+        let [
+            Stmt::SetLocal { local, value: start },
+            red @ Stmt::For { var: red_var, extent, limit: None, parallel: false, body },
+            Stmt::Set { node, idx, value: Expr::Local(stored) },
+        ] = cur
+        else {
+            return None;
+        };
+        if stored != local
+            || !matches!(prog.locals.get(local.0 as usize), Some(Prec::F32 | Prec::F64))
+        {
+            return None;
+        }
+        // The one update of the local, under loops and guards, and nothing else.
+        let mut update = None;
+        let mut others = false;
+        red.visit(&mut |s| match s {
+            Stmt::SetLocal { local: l, value } if l == local && update.is_none() => {
+                update = Some(value.clone())
+            }
+            Stmt::For { .. } | Stmt::If { .. } | Stmt::Comment(_) => {}
+            _ => others = true,
+        });
+        let update = update?;
+        let update = &update;
+        let is_t = |e: &Expr| matches!(e, Expr::Local(l) if l == local);
+        let reads_t = |e: &Expr| {
+            let mut found = false;
+            e.visit(&mut |x| found |= is_t(x));
+            found
+        };
+        let op = match update {
+            Expr::Binop(op, a, b) if op.is_reorderable() && is_t(a) && !reads_t(b) => *op,
+            Expr::Binop(op, a, b) if op.is_reorderable() && is_t(b) && !reads_t(a) => *op,
+            Expr::Ternop(TernOp::Fma, x, y, c) if is_t(c) && !reads_t(x) && !reads_t(y) => {
+                BinOp::Add
+            }
+            _ => return None,
+        };
+        let onto = match start {
+            Expr::Const(c) if Some(*c) == op.neutral() => None,
+            e @ Expr::Get(n, i) if n == node && i == idx => Some(e),
+            _ => return None,
+        };
+        let mut points = 1usize;
+        red.visit(&mut |s| {
+            if let Stmt::For { extent, .. } = s {
+                points = points.saturating_mul(*extent);
+            }
+        });
+        let n_cells: usize = cells.iter().map(|c| c.1).product();
+        let worth = points >= MIN_BLOCK_REDUCTION
+            && *extent >= 64
+            && n_cells <= MAX_BLOCK_REDUCTION_CELLS
+            && cells.iter().all(|c| c.2.is_none_or(|l| l.per == 1));
+        (worth && !others).then_some(Reduction {
+            cells,
+            local: *local,
+            onto,
+            red_var: *red_var,
+            red_extent: *extent,
+            red_body: body,
+            op,
+            node: *node,
+            idx,
+        })
+    }
+
+    /// One block of [`BLOCK`] threads per cell: thread `t` folds the points whose first
+    /// reduction index is `t`, `t + BLOCK`, … into its local; the block's partial results meet
+    /// in a shared array, halved by a tree with a barrier after each step; thread 0 stores.
+    fn kernel(&self, prog: &Program, k: usize) -> Kernel {
+        let b = BLOCK as usize;
+        let tid = Var(prog.next_var);
+        let q = Var(prog.next_var + 1);
+        let shared = prog.fresh_node_id();
+        let prec = prog.locals[self.local.0 as usize];
+        let n_cells: usize = self.cells.iter().map(|c| c.1).product();
+        let mut body = vec![KStmt::ThreadInBlock { var: tid }];
+        let mut stride = n_cells as u64;
+        for (var, extent, limit) in &self.cells {
+            stride /= *extent as u64;
+            body.push(KStmt::Coord {
+                var: *var,
+                stride: stride * u64::from(BLOCK),
+                extent: *extent as u64,
+            });
+            if let Some(l) = limit {
+                body.push(KStmt::ExitUnless(KCond::BelowLimit(*var, *l)));
+            }
+        }
+        let neutral = self.op.neutral().unwrap_or(0.0);
+        body.push(KStmt::Run(Stmt::SetLocal { local: self.local, value: Expr::Const(neutral) }));
+        // r1 := BLOCK·q + t
+        let r = Index::new(vec![(b as i64, IdxVar::Loop(q)), (1, IdxVar::Loop(tid))], 0);
+        let inner: Vec<Stmt> = self
+            .red_body
+            .iter()
+            .cloned()
+            .map(|s| {
+                crate::low_level::schedule::subst_stmt(s, &|v| {
+                    (v == self.red_var).then(|| r.clone())
+                })
+            })
+            .collect();
+        body.push(KStmt::Run(Stmt::For {
+            var: q,
+            extent: self.red_extent.div_ceil(b),
+            limit: None,
+            parallel: false,
+            body: vec![Stmt::If {
+                guards: vec![Guard { index: r, bound: self.red_extent }],
+                body: inner,
+            }],
+        }));
+        let at = |offset: i64| vec![Index::new(vec![(1, IdxVar::Loop(tid))], offset)];
+        body.push(KStmt::Run(Stmt::Set {
+            node: shared,
+            idx: at(0),
+            value: Expr::Local(self.local),
+        }));
+        body.push(KStmt::Barrier);
+        let mut half = b / 2;
+        while half > 0 {
+            body.push(KStmt::If {
+                guards: vec![Guard { index: Index::var(tid), bound: half }],
+                body: vec![KStmt::Run(Stmt::Set {
+                    node: shared,
+                    idx: at(0),
+                    value: Expr::bin(
+                        self.op,
+                        Expr::Get(shared, at(0)),
+                        Expr::Get(shared, at(half as i64)),
+                    ),
+                })],
+            });
+            body.push(KStmt::Barrier);
+            half /= 2;
+        }
+        let total = Expr::Get(shared, vec![Index::fixed(0)]);
+        let value = match self.onto {
+            None => total,
+            Some(old) => Expr::bin(self.op, old.clone(), total),
+        };
+        body.push(KStmt::If {
+            guards: vec![Guard { index: Index::var(tid), bound: 1 }],
+            body: vec![KStmt::Run(Stmt::Set { node: self.node, idx: self.idx.to_vec(), value })],
+        });
+        let mut run: Vec<Stmt> = Vec::new();
+        collect_runs(&body, &mut run);
+        let buffers: Vec<NodeId> = nodes_of(&run).into_iter().filter(|n| *n != shared).collect();
+        Kernel {
+            name: format!("k{k}"),
+            buffers,
+            threads: (n_cells * b) as u64,
+            block: BLOCK,
+            shared: vec![SharedArray { node: shared, prec, len: b }],
+            body,
+        }
+    }
+}
+
+/// The per-thread statements of a kernel body, in order.
+pub fn collect_runs(stmts: &[KStmt], out: &mut Vec<Stmt>) {
+    for s in stmts {
+        match s {
+            KStmt::Run(s) => out.push(s.clone()),
+            KStmt::If { body, .. } => collect_runs(body, out),
+            _ => {}
+        }
+    }
 }
 
 fn flush(kernels: &mut Vec<Kernel>, serial: &mut Vec<Stmt>) {

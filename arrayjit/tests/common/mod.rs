@@ -244,7 +244,11 @@ pub fn matmul_onto_case(m: usize, k: usize, n: usize, prec: Prec) -> Case {
 
 /// `y[i] op= x[i,k]` with initialization: sums, products, maxima, minima over the last axis.
 pub fn reduce_case(op: BinOp, prec: Prec) -> Case {
-    let (m, k) = (5, 9);
+    reduce_case_sized(op, prec, 5, 9)
+}
+
+/// [`reduce_case`] over `m` rows of `k`.
+pub fn reduce_case_sized(op: BinOp, prec: Prec, m: usize, k: usize) -> Case {
     let mut nodes = NodeTable::default();
     let x = host(&mut nodes, "x", &[m, k], prec);
     let y = host(&mut nodes, "y", &[m], prec);
@@ -261,7 +265,11 @@ pub fn reduce_case(op: BinOp, prec: Prec) -> Case {
         })
         .collect();
     Case {
-        name: format!("reduce_{}_{}", op.name(), prec.name()),
+        name: if (m, k) == (5, 9) {
+            format!("reduce_{}_{}", op.name(), prec.name())
+        } else {
+            format!("reduce_{}_{}_{m}x{k}", op.name(), prec.name())
+        },
         asgn: accum(y, Some(op), vec![x], ScalarExpr::Arg(0), p, true),
         nodes,
         inputs: vec![(x, xs)],

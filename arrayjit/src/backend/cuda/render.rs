@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use crate::backend::c_syntax::{CRenderer, Dialect, prelude, storage_ctype};
 use crate::backend::kernel_ir::{self, KCond, KStmt, Kernel};
 use crate::low_level::{Program, Stmt};
+use crate::tnode::{MemoryMode, TensorNode};
 
 pub use kernel_ir::BLOCK;
 
@@ -30,6 +31,14 @@ pub fn render(prog: &Program) -> CudaSource {
 
 /// Prints kernels over a program's tensors, locals and runtime symbols as CUDA C.
 pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
+    // Shared arrays are printed as the per-thread statements print tensors.
+    let mut prog = prog.clone();
+    for s in kernels.iter().flat_map(|k| &k.shared) {
+        prog.nodes.entry(s.node).or_insert_with(|| {
+            TensorNode::new(s.node, "shared", &[s.len], s.prec, MemoryMode::Local)
+        });
+    }
+    let prog = &prog;
     let r = CRenderer { prog, dialect: Dialect::Cuda, bounds_check: false };
     let mut out = prelude(Dialect::Cuda);
     for k in &kernels {
@@ -70,20 +79,10 @@ fn kernel(r: &CRenderer<'_>, out: &mut String, k: &Kernel) {
         .unwrap_or(k.body.len());
     body(r, out, &k.body[..first], 1);
     let mut runs: Vec<Stmt> = Vec::new();
-    collect_runs(&k.body, &mut runs);
+    kernel_ir::collect_runs(&k.body, &mut runs);
     r.declarations(out, &runs, 1);
     body(r, out, &k.body[first..], 1);
     out.push_str("}\n");
-}
-
-fn collect_runs(stmts: &[KStmt], out: &mut Vec<Stmt>) {
-    for s in stmts {
-        match s {
-            KStmt::Run(s) => out.push(s.clone()),
-            KStmt::If { body, .. } => collect_runs(body, out),
-            _ => {}
-        }
-    }
 }
 
 fn body(r: &CRenderer<'_>, out: &mut String, stmts: &[KStmt], depth: usize) {

@@ -521,7 +521,7 @@ fn inner(s: Stmt) -> Vec<Stmt> {
 }
 
 /// Replaces loop variables in every index of a statement.
-fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
+pub(crate) fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
     match s {
         Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
             var,
