@@ -135,6 +135,7 @@ fn tree_sum(skip: Option<usize>) -> Kernel {
         threads: u64::from(BLOCK),
         block: BLOCK,
         shared: vec![SharedArray { node: S, prec: Prec::F64, len: BLOCK as usize }],
+        locals: vec![],
         body,
     }
 }
@@ -161,6 +162,7 @@ fn one_block(name: &str, threads: u32, body: Vec<KStmt>) -> Kernel {
         threads: u64::from(threads),
         block: threads,
         shared: vec![],
+        locals: vec![],
         body,
     }
 }
@@ -373,6 +375,7 @@ fn snapshot_block_reduction_kernel() {
     expect_test::expect![[r#"
         kernel k0(n0, n1) threads 512 in blocks of 256
           shared f32 n2[256]
+          local f32 t1
           v2 := thread in block
           v0 := gid / 256 % 2
           t0 := 0
@@ -392,32 +395,67 @@ fn snapshot_block_reduction_kernel() {
           }
           barrier
           if 0 <= v2 < 32 {
-            n2[v2] := add(n2[v2], n2[v2 + 32])
-          }
-          barrier
-          if 0 <= v2 < 16 {
-            n2[v2] := add(n2[v2], n2[v2 + 16])
-          }
-          barrier
-          if 0 <= v2 < 8 {
-            n2[v2] := add(n2[v2], n2[v2 + 8])
-          }
-          barrier
-          if 0 <= v2 < 4 {
-            n2[v2] := add(n2[v2], n2[v2 + 4])
-          }
-          barrier
-          if 0 <= v2 < 2 {
-            n2[v2] := add(n2[v2], n2[v2 + 2])
-          }
-          barrier
-          if 0 <= v2 < 1 {
-            n2[v2] := add(n2[v2], n2[v2 + 1])
-          }
-          barrier
-          if 0 <= v2 < 1 {
-            n1[v0] := n2[0]
+            t0 := add(n2[v2], n2[v2 + 32])
+            t1 := shuffle down 16 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 8 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 4 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 2 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 1 of t0
+            t0 := add(t0, t1)
+            if 0 <= v2 < 1 {
+              n1[v0] := t0
+            }
           }
     "#]]
     .assert_eq(&text);
+}
+
+/// Warp shuffles: a warp's sum by five shuffles gives the tree order's bits; a shuffle that some
+/// lane of the warp skips is reported.
+#[test]
+fn warp_shuffles_sum_a_warp_and_need_every_lane() {
+    let mut prog = program();
+    prog.locals.push(Prec::F64);
+    let (mut sim, x) = sim(&prog);
+    let (t, u) = (LocalId(0), LocalId(1));
+    let mut body = vec![
+        KStmt::ThreadInBlock { var: T },
+        KStmt::Run(Stmt::SetLocal { local: t, value: get(X, v(T)) }),
+    ];
+    for offset in [16, 8, 4, 2, 1] {
+        body.push(KStmt::ShuffleDown { dst: u, src: t, offset });
+        body.push(KStmt::Run(Stmt::SetLocal {
+            local: t,
+            value: Expr::bin(BinOp::Add, Expr::Local(t), Expr::Local(u)),
+        }));
+    }
+    body.push(KStmt::If {
+        guards: below(v(T), 1),
+        body: vec![set(Y, Index::fixed(3), Expr::Local(t))],
+    });
+    sim.launch(&prog, &[one_block("warp_sum", 64, body)], &[]).unwrap();
+    let mut lanes: Vec<f64> = x[..32].to_vec();
+    for offset in [16, 8, 4, 2, 1] {
+        let old = lanes.clone();
+        for l in 0..32 {
+            lanes[l] = old[l] + if l + offset < 32 { old[l + offset] } else { old[l] };
+        }
+    }
+    assert_eq!(sim.read(Y).unwrap().to_f64_vec()[3].to_bits(), lanes[0].to_bits());
+    let partial = vec![
+        KStmt::ThreadInBlock { var: T },
+        KStmt::Run(Stmt::SetLocal { local: t, value: get(X, v(T)) }),
+        KStmt::If {
+            guards: below(v(T), 20),
+            body: vec![KStmt::ShuffleDown { dst: u, src: t, offset: 1 }],
+        },
+    ];
+    check_error(
+        sim.launch(&prog, &[one_block("partial_warp", 32, partial)], &[]),
+        "warp shuffle without lane 20",
+    );
 }

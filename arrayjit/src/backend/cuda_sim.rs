@@ -17,6 +17,7 @@
 //! - a barrier that a live thread of the block does not reach (inside a branch only some
 //!   threads take);
 //! - shared memory past [`SHARED_LIMIT`] per block;
+//! - a warp shuffle that some lane of the warp does not execute (shuffles name the full warp);
 //!
 //! and an index outside a tensor as [`Error::OutOfBounds`], like bounds-check mode.
 //!
@@ -266,7 +267,7 @@ fn launch(
                 gid: b * u64::from(kernel.block) + u64::from(t),
                 tid: t,
                 vars: FxHashMap::default(),
-                locals: vec![0.0; prog.locals.len()],
+                locals: vec![0.0; prog.locals.len() + kernel.locals.len()],
                 live: true,
             })
             .collect();
@@ -348,6 +349,27 @@ impl Launch<'_> {
                         })
                         .collect();
                     self.block(body, &inside, threads)?;
+                }
+                KStmt::ShuffleDown { dst, src, offset } => {
+                    let warp = kernel_ir::WARP as usize;
+                    // Every lane of a warp executing it must be here (the full-warp mask).
+                    for &t in &now {
+                        let base = t - t % warp;
+                        let end = (base + warp).min(threads.len());
+                        if let Some(missing) = (base..end).find(|l| !now.contains(l)) {
+                            return Err(self.check(format!(
+                                "warp shuffle without lane {missing} of its warp (thread {t} \
+                                 shuffles, thread {missing} does not)"
+                            )));
+                        }
+                    }
+                    let old: Vec<f64> =
+                        threads.iter().map(|th| th.locals[src.0 as usize]).collect();
+                    for &t in &now {
+                        let from = t + *offset as usize;
+                        let same_warp = from / warp == t / warp && from < threads.len();
+                        threads[t].locals[dst.0 as usize] = old[if same_warp { from } else { t }];
+                    }
                 }
                 KStmt::AtomicAdd { node, idx, value } => {
                     for &t in &now {

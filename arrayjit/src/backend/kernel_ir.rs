@@ -32,6 +32,9 @@ use crate::tnode::NodeId;
 /// Threads per block.
 pub const BLOCK: u32 = 256;
 
+/// Threads per warp.
+pub const WARP: u32 = 32;
+
 /// Shared memory one block may use without opting in to more (48 KiB on every CUDA device).
 pub const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -49,6 +52,8 @@ pub struct Kernel {
     pub block: u32,
     /// Arrays each block has its own copy of.
     pub shared: Vec<SharedArray>,
+    /// Locals of the kernel's own (numbered after the program's) and their precisions.
+    pub locals: Vec<(LocalId, Prec)>,
     /// What every thread runs.
     pub body: Vec<KStmt>,
 }
@@ -95,6 +100,17 @@ pub enum KStmt {
         guards: Vec<Guard>,
         /// The statements.
         body: Vec<KStmt>,
+    },
+    /// `dst := src` of the lane `offset` further in the thread's warp of [`WARP`] (its own
+    /// `src` past the warp's end): `__shfl_down_sync` over the full warp, so every lane of the
+    /// warp must execute it together.
+    ShuffleDown {
+        /// The local written.
+        dst: LocalId,
+        /// The local read (in the other lane).
+        src: LocalId,
+        /// Lanes further.
+        offset: u32,
     },
     /// `node[idx] += value`, atomically (`atomicAdd`): concurrent adds are not a race.
     AtomicAdd {
@@ -302,8 +318,10 @@ impl<'a> Reduction<'a> {
             value: Expr::Local(self.local),
         }));
         body.push(KStmt::Barrier);
+        // Halvings in shared memory down to two warps' worth, a barrier after each.
+        let warp = WARP as usize;
         let mut half = b / 2;
-        while half > 0 {
+        while half > warp {
             body.push(KStmt::If {
                 guards: vec![Guard { index: Index::var(tid), bound: half }],
                 body: vec![KStmt::Run(Stmt::Set {
@@ -319,14 +337,33 @@ impl<'a> Reduction<'a> {
             body.push(KStmt::Barrier);
             half /= 2;
         }
-        let total = Expr::Get(shared, vec![Index::fixed(0)]);
+        // The first warp: one more halving into its locals, then five shuffles (no barrier).
+        let other = LocalId(prog.locals.len() as u32);
+        let t = Expr::Local(self.local);
+        let mut warp0 = vec![KStmt::Run(Stmt::SetLocal {
+            local: self.local,
+            value: Expr::bin(self.op, Expr::Get(shared, at(0)), Expr::Get(shared, at(warp as i64))),
+        })];
+        let mut offset = WARP / 2;
+        while offset > 0 {
+            warp0.push(KStmt::ShuffleDown { dst: other, src: self.local, offset });
+            warp0.push(KStmt::Run(Stmt::SetLocal {
+                local: self.local,
+                value: Expr::bin(self.op, t.clone(), Expr::Local(other)),
+            }));
+            offset /= 2;
+        }
         let value = match self.onto {
-            None => total,
-            Some(old) => Expr::bin(self.op, old.clone(), total),
+            None => t,
+            Some(old) => Expr::bin(self.op, old.clone(), t),
         };
-        body.push(KStmt::If {
+        warp0.push(KStmt::If {
             guards: vec![Guard { index: Index::var(tid), bound: 1 }],
             body: vec![KStmt::Run(Stmt::Set { node: self.node, idx: self.idx.to_vec(), value })],
+        });
+        body.push(KStmt::If {
+            guards: vec![Guard { index: Index::var(tid), bound: warp }],
+            body: warp0,
         });
         let mut run: Vec<Stmt> = Vec::new();
         collect_runs(&body, &mut run);
@@ -337,6 +374,7 @@ impl<'a> Reduction<'a> {
             threads: (n_cells * b) as u64,
             block: BLOCK,
             shared: vec![SharedArray { node: shared, prec, len: b }],
+            locals: vec![(other, prec)],
             body,
         }
     }
@@ -391,6 +429,7 @@ fn kernel(k: usize, body: &[Stmt]) -> Kernel {
         threads,
         block: BLOCK.min(threads as u32),
         shared: Vec::new(),
+        locals: Vec::new(),
         body: stmts,
     }
 }
@@ -432,6 +471,9 @@ impl fmt::Display for Kernel {
         for s in &self.shared {
             writeln!(f, "  shared {} {}[{}]", s.prec.name(), s.node, s.len)?;
         }
+        for (l, p) in &self.locals {
+            writeln!(f, "  local {} {l}", p.name())?;
+        }
         fmt_body(f, &self.body, 1)
     }
 }
@@ -461,6 +503,9 @@ fn fmt_body(f: &mut fmt::Formatter<'_>, body: &[KStmt], depth: usize) -> fmt::Re
             KStmt::AtomicAdd { node, idx, value } => {
                 let i: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
                 writeln!(f, "{pad}atomic {node}[{}] += {value}", i.join(", "))?;
+            }
+            KStmt::ShuffleDown { dst, src, offset } => {
+                writeln!(f, "{pad}{dst} := shuffle down {offset} of {src}")?
             }
         }
     }

@@ -81,6 +81,9 @@ fn kernel(r: &CRenderer<'_>, out: &mut String, k: &Kernel) {
     let mut runs: Vec<Stmt> = Vec::new();
     kernel_ir::collect_runs(&k.body, &mut runs);
     r.declarations(out, &runs, 1);
+    for (l, p) in &k.locals {
+        let _ = writeln!(out, "  {} {l};", crate::backend::c_syntax::compute_ctype(*p));
+    }
     body(r, out, &k.body[first..], 1);
     out.push_str("}\n");
 }
@@ -125,6 +128,10 @@ fn body(r: &CRenderer<'_>, out: &mut String, stmts: &[KStmt], depth: usize) {
                 let _ = writeln!(out, "{pad}if ({}) {{", conds.join(" && "));
                 body(r, out, inner, depth + 1);
                 let _ = writeln!(out, "{pad}}}");
+            }
+            KStmt::ShuffleDown { dst, src, offset } => {
+                let _ =
+                    writeln!(out, "{pad}{dst} = __shfl_down_sync(0xffffffffu, {src}, {offset});");
             }
             KStmt::AtomicAdd { node, idx, value } => {
                 let prec = r.prog.nodes.get(node).map_or(crate::ops::Prec::F32, |n| n.prec);
