@@ -459,3 +459,72 @@ fn warp_shuffles_sum_a_warp_and_need_every_lane() {
         "warp shuffle without lane 20",
     );
 }
+
+/// Products run as 16 × 16 tiles staged in shared memory, and give the interpreter's bits
+/// (each cell's multiply-adds in the same order): odd sizes, `A·B`, `A·Bᵀ`, onto old values,
+/// f32, f64 and bf16 operands.
+#[test]
+fn products_run_in_shared_memory_tiles_with_the_interpreters_bits() {
+    use common::matmul_bt_case;
+    for prec in [Prec::F32, Prec::F64, Prec::Bf16] {
+        for case in [
+            matmul_case(33, 47, 65, prec),
+            matmul_bt_case(40, 17, 31, prec),
+            matmul_onto_case(64, 64, 64, prec),
+        ] {
+            let prog =
+                compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+                    .unwrap();
+            let kernels = lower(&prog);
+            assert!(
+                kernels.iter().any(|k| k.shared.len() == 2),
+                "{}: no tiled kernel in\n{}",
+                case.name,
+                kernels.iter().map(|k| k.to_string()).collect::<String>()
+            );
+            let got = run_case(BackendKind::CudaSim, CompileOptions::default(), &case);
+            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{}", case.name);
+        }
+    }
+}
+
+/// The kernel IR's printer, on a tiled product (the snapshot is the format).
+#[test]
+fn snapshot_tiled_product_kernel() {
+    let case = matmul_case(32, 16, 32, Prec::F32);
+    let prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let text: String = lower(&prog).iter().map(|k| k.to_string()).collect();
+    expect_test::expect![[r#"
+        kernel k0(n0, n1, n2) threads 1024 in blocks of 256
+          shared f32 n3[256]
+          shared f32 n4[256]
+          v3 := thread in block
+          v4 := thread in block / 16 % 16
+          v5 := thread in block / 1 % 16
+          v6 := gid / 512 % 2
+          v7 := gid / 256 % 2
+          t0 := 0
+          for v8 in 0..1 together {
+            if 0 <= 16*v6 + v4 < 32 && 0 <= 16*v8 + v5 < 16 {
+              n3[16*v4 + v5] := n0[16*v6 + v4, 16*v8 + v5]
+            }
+            if 0 <= 16*v8 + v4 < 16 && 0 <= 16*v7 + v5 < 32 {
+              n4[16*v4 + v5] := n1[16*v8 + v4, 16*v7 + v5]
+            }
+            barrier
+            for v9 in 0..16 {
+              if 0 <= 16*v8 + v9 < 16 {
+                t0 := fma(n3[16*v4 + v9], n4[16*v9 + v5], t0)
+              }
+            }
+            barrier
+          }
+          if 0 <= 16*v6 + v4 < 32 && 0 <= 16*v7 + v5 < 32 {
+            n2[16*v6 + v4, 16*v7 + v5] := t0
+          }
+    "#]]
+    .assert_eq(&text);
+}

@@ -298,6 +298,20 @@ impl Launch<'_> {
                         th.vars.insert(*var, ((th.gid / stride) % extent) as i64);
                     }
                 }
+                KStmt::InBlock { var, stride, extent } => {
+                    for &t in &now {
+                        let th = &mut threads[t];
+                        th.vars.insert(*var, i64::from((th.tid / stride) % extent));
+                    }
+                }
+                KStmt::Loop { var, extent, body } => {
+                    for i in 0..*extent {
+                        for &t in &now {
+                            threads[t].vars.insert(*var, i as i64);
+                        }
+                        self.block(body, &now, threads)?;
+                    }
+                }
                 KStmt::ThreadInBlock { var } => {
                     for &t in &now {
                         let th = &mut threads[t];

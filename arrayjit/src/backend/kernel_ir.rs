@@ -15,9 +15,10 @@
 //!
 //! [`lower`] builds the kernels of a program: the leading parallel loops of a top-level nest
 //! (iterations writing distinct cells) become one thread per cell on a 1-d grid of blocks of
-//! [`BLOCK`] threads, the rest of the nest runs inside each thread; a long reduction into few
-//! cells becomes a block per cell, its threads' partial results combined by a tree in shared
-//! memory with barriers; statements outside parallel loops are grouped into single-thread
+//! [`BLOCK`] threads, the rest of the nest runs inside each thread; a (batched) matrix product
+//! becomes 16 × 16 tiles staged in shared memory; a long reduction into few cells becomes a
+//! block per cell, its threads' partial results combined by a tree in shared memory with
+//! barriers and warp shuffles; statements outside parallel loops are grouped into single-thread
 //! kernels, in order (as is a parallel nest that reads a local assigned before it: locals do
 //! not cross kernels).
 
@@ -87,6 +88,25 @@ pub enum KStmt {
         /// The variable.
         var: Var,
     },
+    /// `var := (threadIdx.x / stride) % extent`: a coordinate inside the block's tile.
+    InBlock {
+        /// The variable.
+        var: Var,
+        /// Threads per step of it.
+        stride: u32,
+        /// Its extent.
+        extent: u32,
+    },
+    /// `for var in 0..extent`, run by the threads together (a uniform trip count), so that
+    /// its body may hold barriers: the tiles of a contraction.
+    Loop {
+        /// The variable.
+        var: Var,
+        /// Iterations.
+        extent: usize,
+        /// The statements.
+        body: Vec<KStmt>,
+    },
     /// The threads for which the condition fails stop here.
     ExitUnless(KCond),
     /// A per-thread statement.
@@ -142,6 +162,16 @@ pub fn lower(prog: &Program) -> Vec<Kernel> {
     let body = &prog.body;
     let mut i = 0;
     'statements: while i < body.len() {
+        // A product: tiles staged in shared memory.
+        if cuts[i]
+            && cuts[i + 1]
+            && let Some(c) = Contraction::recognize(prog, &body[i])
+        {
+            flush(&mut kernels, &mut serial);
+            kernels.push(c.kernel(prog, kernels.len()));
+            i += 1;
+            continue 'statements;
+        }
         // A long reduction into few cells: a block per cell.
         for len in [1, 3] {
             if i + len <= body.len()
@@ -380,12 +410,283 @@ impl<'a> Reduction<'a> {
     }
 }
 
+/// Tile side of the contraction kernel: 16 × 16 cells per block of 256 threads.
+pub const TILE: usize = 16;
+/// Multiply-adds below which a product stays one thread per cell.
+pub const MIN_TILED_STEPS: usize = 16 * 1024;
+
+/// `for <parallel batch loops> { for i { for j { t := start; for k { t := fma(a, b, t) }
+/// c[.., i, j] := t } } }` (or `t + a·b`), where `a` is a read that depends on `i` and `k` but not
+/// `j`, `b` one on `k` and `j` but not `i`: a (batched) matrix product.
+struct Contraction<'a> {
+    batch: Vec<(Var, usize)>,
+    i: (Var, usize),
+    j: (Var, usize),
+    k: (Var, usize),
+    local: LocalId,
+    start: &'a Expr,
+    update: Expr,
+    a: (NodeId, Vec<Index>),
+    b: (NodeId, Vec<Index>),
+    node: NodeId,
+    idx: &'a [Index],
+}
+
+impl<'a> Contraction<'a> {
+    fn recognize(prog: &Program, s: &'a Stmt) -> Option<Contraction<'a>> {
+        let mut cells = Vec::new();
+        let mut cur = std::slice::from_ref(s);
+        while let [Stmt::For { var, extent, limit: None, parallel: true, body }] = cur {
+            cells.push((*var, *extent));
+            cur = body;
+        }
+        let [
+            Stmt::SetLocal { local, value: start },
+            Stmt::For { var: kv, extent: ke, limit: None, parallel: false, body: kb },
+            Stmt::Set { node, idx, value: Expr::Local(stored) },
+        ] = cur
+        else {
+            return None;
+        };
+        let [Stmt::SetLocal { local: l2, value: update }] = kb.as_slice() else { return None };
+        if cells.len() < 2 || l2 != local || stored != local {
+            return None;
+        }
+        let is_t = |e: &Expr| matches!(e, Expr::Local(l) if l == local);
+        let (x, y) = match update {
+            Expr::Ternop(TernOp::Fma, x, y, c) if is_t(c) => (x, y),
+            Expr::Binop(BinOp::Add, t, p) | Expr::Binop(BinOp::Add, p, t) if is_t(t) => {
+                match &**p {
+                    Expr::Binop(BinOp::Mul, x, y) => (x, y),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        let (Expr::Get(xn, xi), Expr::Get(yn, yi)) = (&**x, &**y) else { return None };
+        let start_ok = match start {
+            Expr::Const(c) => *c == 0.0,
+            Expr::Get(n, i) => n == node && i == idx,
+            _ => false,
+        };
+        let (jv, je) = cells[cells.len() - 1];
+        let (iv, ie) = cells[cells.len() - 2];
+        let uses = |idx: &[Index], v: Var| idx.iter().any(|i| i.uses(v));
+        // `a` reads along i and k, `b` along k and j (either order in the update).
+        let ((an, ai), (bn, bi)) = if !uses(xi, jv) && !uses(yi, iv) {
+            ((*xn, xi.clone()), (*yn, yi.clone()))
+        } else if !uses(yi, jv) && !uses(xi, iv) {
+            ((*yn, yi.clone()), (*xn, xi.clone()))
+        } else {
+            return None;
+        };
+        let sole = |v: Var| {
+            idx.iter().filter(|x| x.uses(v)).count() == 1
+                && idx.iter().any(|x| x.as_var() == Some(v))
+        };
+        let steps = cells.iter().map(|c| c.1).product::<usize>().saturating_mul(*ke);
+        let prec = |n: NodeId| prog.nodes.get(&n).map(|t| t.prec);
+        // The tiles keep the operands' precision; the arithmetic's must not depend on which
+        // node a read names (an f64 operand makes it f64: only with an f64 accumulator).
+        let wide = prec(an) == Some(Prec::F64) || prec(bn) == Some(Prec::F64);
+        let ok = start_ok
+            && an != bn
+            && an != *node
+            && bn != *node
+            && (!wide || prog.locals.get(local.0 as usize) == Some(&Prec::F64))
+            && cells.iter().all(|c| sole(c.0))
+            && !uses(idx, *kv)
+            && uses(&ai, *kv)
+            && uses(&bi, *kv)
+            && ie >= TILE
+            && je >= TILE
+            && *ke >= TILE
+            && steps >= MIN_TILED_STEPS
+            && prog.nodes.contains_key(&an)
+            && prog.nodes.contains_key(&bn);
+        ok.then(|| Contraction {
+            batch: cells[..cells.len() - 2].to_vec(),
+            i: (iv, ie),
+            j: (jv, je),
+            k: (*kv, *ke),
+            local: *local,
+            start,
+            update: update.clone(),
+            a: (an, ai),
+            b: (bn, bi),
+            node: *node,
+            idx,
+        })
+    }
+
+    /// A block of 16 × 16 threads per tile of the result (and batch): for each tile of the
+    /// reduction, every thread copies one cell of `a`'s tile and one of `b`'s into shared
+    /// arrays, a barrier, then each thread folds the tile's 16 steps into its cell in order
+    /// (the same operations, in the same order, as one thread per cell: the same bits), a
+    /// barrier.
+    fn kernel(&self, prog: &Program, k: usize) -> Kernel {
+        let t = TILE as i64;
+        let v0 = prog.next_var;
+        let (tid, ty, tx, ti, tj, q, kk) =
+            (Var(v0), Var(v0 + 1), Var(v0 + 2), Var(v0 + 3), Var(v0 + 4), Var(v0 + 5), Var(v0 + 6));
+        let (sa, sb) = (prog.fresh_node_id(), NodeId(prog.fresh_node_id().0 + 1));
+        let (ni, nj) = (self.i.1.div_ceil(TILE), self.j.1.div_ceil(TILE));
+        let blocks_per_batch = (ni * nj) as u64;
+        let block = (TILE * TILE) as u64;
+        let mut body = vec![
+            KStmt::ThreadInBlock { var: tid },
+            KStmt::InBlock { var: ty, stride: TILE as u32, extent: TILE as u32 },
+            KStmt::InBlock { var: tx, stride: 1, extent: TILE as u32 },
+        ];
+        let n_batch: u64 = self.batch.iter().map(|b| b.1 as u64).product();
+        let mut stride = n_batch * blocks_per_batch;
+        for (var, extent) in &self.batch {
+            stride /= *extent as u64;
+            body.push(KStmt::Coord { var: *var, stride: stride * block, extent: *extent as u64 });
+        }
+        body.push(KStmt::Coord { var: ti, stride: nj as u64 * block, extent: ni as u64 });
+        body.push(KStmt::Coord { var: tj, stride: block, extent: nj as u64 });
+        let lin = |terms: &[(i64, Var)], off: i64| {
+            Index::new(terms.iter().map(|&(c, v)| (c, IdxVar::Loop(v))).collect(), off)
+        };
+        let row = lin(&[(t, ti), (1, ty)], 0);
+        let col = lin(&[(t, tj), (1, tx)], 0);
+        let cell_subst = |v: Var| {
+            if v == self.i.0 {
+                Some(row.clone())
+            } else if v == self.j.0 {
+                Some(col.clone())
+            } else {
+                None
+            }
+        };
+        let subst_idx = |idx: &[Index], f: &dyn Fn(Var) -> Option<Index>| -> Vec<Index> {
+            idx.iter().map(|i| i.subst(&|v| f(v))).collect()
+        };
+        let in_cell = vec![
+            Guard { index: row.clone(), bound: self.i.1 },
+            Guard { index: col.clone(), bound: self.j.1 },
+        ];
+        let zero = Stmt::SetLocal { local: self.local, value: Expr::Const(0.0) };
+        body.push(KStmt::Run(zero));
+        if let Expr::Get(n, i) = self.start {
+            body.push(KStmt::Run(Stmt::If {
+                guards: in_cell.clone(),
+                body: vec![Stmt::SetLocal {
+                    local: self.local,
+                    value: Expr::Get(*n, subst_idx(i, &cell_subst)),
+                }],
+            }));
+        }
+        let (kv, ke) = self.k;
+        // `a`'s tile: rows of i, columns of k (thread (ty, tx) copies a[row, 16q + tx]).
+        let ka = lin(&[(t, q), (1, tx)], 0);
+        let a_idx =
+            subst_idx(&self.a.1, &|v| if v == kv { Some(ka.clone()) } else { cell_subst(v) });
+        // `b`'s tile: rows of k, columns of j (thread (ty, tx) copies b[16q + ty, col]).
+        let kb = lin(&[(t, q), (1, ty)], 0);
+        let b_idx =
+            subst_idx(&self.b.1, &|v| if v == kv { Some(kb.clone()) } else { cell_subst(v) });
+        let at = |r: Var, c: Var| vec![lin(&[(t, r), (1, c)], 0)];
+        let at_k = |first: bool| {
+            if first {
+                vec![lin(&[(t, ty), (1, kk)], 0)]
+            } else {
+                vec![lin(&[(t, kk), (1, tx)], 0)]
+            }
+        };
+        let (an, bn) = (self.a.0, self.b.0);
+        let update = replace_reads(self.update.clone(), &|n| {
+            if n == an {
+                Some(Expr::Get(sa, at_k(true)))
+            } else if n == bn {
+                Some(Expr::Get(sb, at_k(false)))
+            } else {
+                None
+            }
+        });
+        let tiles = vec![
+            KStmt::Run(Stmt::If {
+                guards: vec![
+                    Guard { index: row.clone(), bound: self.i.1 },
+                    Guard { index: ka.clone(), bound: ke },
+                ],
+                body: vec![Stmt::Set { node: sa, idx: at(ty, tx), value: Expr::Get(an, a_idx) }],
+            }),
+            KStmt::Run(Stmt::If {
+                guards: vec![
+                    Guard { index: kb.clone(), bound: ke },
+                    Guard { index: col.clone(), bound: self.j.1 },
+                ],
+                body: vec![Stmt::Set { node: sb, idx: at(ty, tx), value: Expr::Get(bn, b_idx) }],
+            }),
+            KStmt::Barrier,
+            KStmt::Run(Stmt::For {
+                var: kk,
+                extent: TILE,
+                limit: None,
+                parallel: false,
+                body: vec![Stmt::If {
+                    guards: vec![Guard { index: lin(&[(t, q), (1, kk)], 0), bound: ke }],
+                    body: vec![Stmt::SetLocal { local: self.local, value: update }],
+                }],
+            }),
+            KStmt::Barrier,
+        ];
+        body.push(KStmt::Loop { var: q, extent: ke.div_ceil(TILE), body: tiles });
+        body.push(KStmt::Run(Stmt::If {
+            guards: in_cell,
+            body: vec![Stmt::Set {
+                node: self.node,
+                idx: subst_idx(self.idx, &cell_subst),
+                value: Expr::Local(self.local),
+            }],
+        }));
+        let mut run: Vec<Stmt> = Vec::new();
+        collect_runs(&body, &mut run);
+        let buffers: Vec<NodeId> =
+            nodes_of(&run).into_iter().filter(|n| *n != sa && *n != sb).collect();
+        let shared = |node: NodeId, of: NodeId| SharedArray {
+            node,
+            prec: prog.nodes[&of].prec,
+            len: TILE * TILE,
+        };
+        Kernel {
+            name: format!("k{k}"),
+            buffers,
+            threads: n_batch * blocks_per_batch * block,
+            block: block as u32,
+            shared: vec![shared(sa, an), shared(sb, bn)],
+            locals: vec![],
+            body,
+        }
+    }
+}
+
+/// `e` with every read of a node `f` names replaced by what it gives.
+fn replace_reads(e: Expr, f: &impl Fn(NodeId) -> Option<Expr>) -> Expr {
+    match e {
+        Expr::Get(n, i) => f(n).unwrap_or(Expr::Get(n, i)),
+        Expr::Unop(op, a) => Expr::Unop(op, Box::new(replace_reads(*a, f))),
+        Expr::Binop(op, a, b) => {
+            Expr::Binop(op, Box::new(replace_reads(*a, f)), Box::new(replace_reads(*b, f)))
+        }
+        Expr::Ternop(op, a, b, c) => Expr::Ternop(
+            op,
+            Box::new(replace_reads(*a, f)),
+            Box::new(replace_reads(*b, f)),
+            Box::new(replace_reads(*c, f)),
+        ),
+        e => e,
+    }
+}
+
 /// The per-thread statements of a kernel body, in order.
 pub fn collect_runs(stmts: &[KStmt], out: &mut Vec<Stmt>) {
     for s in stmts {
         match s {
             KStmt::Run(s) => out.push(s.clone()),
-            KStmt::If { body, .. } => collect_runs(body, out),
+            KStmt::If { body, .. } | KStmt::Loop { body, .. } => collect_runs(body, out),
             _ => {}
         }
     }
@@ -486,6 +787,14 @@ fn fmt_body(f: &mut fmt::Formatter<'_>, body: &[KStmt], depth: usize) -> fmt::Re
                 writeln!(f, "{pad}{var} := gid / {stride} % {extent}")?
             }
             KStmt::ThreadInBlock { var } => writeln!(f, "{pad}{var} := thread in block")?,
+            KStmt::InBlock { var, stride, extent } => {
+                writeln!(f, "{pad}{var} := thread in block / {stride} % {extent}")?
+            }
+            KStmt::Loop { var, extent, body } => {
+                writeln!(f, "{pad}for {var} in 0..{extent} together {{")?;
+                fmt_body(f, body, depth + 1)?;
+                writeln!(f, "{pad}}}")?;
+            }
             KStmt::ExitUnless(c) => writeln!(f, "{pad}exit unless {c}")?,
             KStmt::Run(s) => {
                 let mut text = String::new();

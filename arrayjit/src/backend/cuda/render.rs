@@ -95,6 +95,16 @@ fn body(r: &CRenderer<'_>, out: &mut String, stmts: &[KStmt], depth: usize) {
             KStmt::Coord { var, stride, extent } => {
                 let _ = writeln!(out, "{pad}long long {var} = (gid / {stride}LL) % {extent}LL;");
             }
+            KStmt::InBlock { var, stride, extent } => {
+                let _ =
+                    writeln!(out, "{pad}long long {var} = (threadIdx.x / {stride}u) % {extent}u;");
+            }
+            KStmt::Loop { var, extent, body: inner } => {
+                let _ =
+                    writeln!(out, "{pad}for (long long {var} = 0; {var} < {extent}; ++{var}) {{");
+                body(r, out, inner, depth + 1);
+                let _ = writeln!(out, "{pad}}}");
+            }
             KStmt::ThreadInBlock { var } => {
                 let _ = writeln!(out, "{pad}long long {var} = threadIdx.x;");
             }
