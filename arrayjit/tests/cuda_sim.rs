@@ -528,3 +528,43 @@ fn snapshot_tiled_product_kernel() {
     "#]]
     .assert_eq(&text);
 }
+
+/// Consecutive nests over the same cells fuse into one kernel when each thread touches only
+/// its own cells of what they share; a nest reading another thread's cell starts a new kernel.
+#[test]
+fn nests_over_the_same_cells_fuse_when_threads_keep_to_their_cells() {
+    let i = Var(5);
+    let nest = |var: Var, node: NodeId, value: Expr| Stmt::For {
+        var,
+        extent: 64,
+        limit: None,
+        parallel: true,
+        body: vec![Stmt::Set { node, idx: vec![Index::var(var)], value }],
+    };
+    let mut prog = program();
+    let z = NodeId(3);
+    prog.nodes.insert(z, TensorNode::new(z, "z", &[64], Prec::F64, MemoryMode::HostVisible));
+    prog.nodes.insert(X, TensorNode::new(X, "x", &[64], Prec::F64, MemoryMode::HostVisible));
+    prog.nodes.insert(Y, TensorNode::new(Y, "y", &[64], Prec::F64, MemoryMode::HostVisible));
+    let first = nest(i, Y, Expr::bin(BinOp::Add, get(X, v(i)), Expr::Const(1.0)));
+    // Same cells (its own loop variable, renamed when fused).
+    let same = nest(Var(6), z, Expr::bin(BinOp::Mul, get(Y, v(Var(6))), Expr::Const(2.0)));
+    // The mirror cell: written by another thread.
+    let mirror = nest(Var(6), z, get(Y, Index::new(vec![(-1, IdxVar::Loop(Var(6)))], 63)));
+    let xs: Vec<f64> = (0..64).map(|k| k as f64 * 0.5).collect();
+    for (second, kernels, want) in [
+        (same, 1, (0..64).map(|k| (xs[k] + 1.0) * 2.0).collect::<Vec<_>>()),
+        (mirror, 2, (0..64).map(|k| xs[63 - k] + 1.0).collect::<Vec<_>>()),
+    ] {
+        prog.body = vec![first.clone(), second];
+        assert_eq!(lower(&prog).len(), kernels, "{}", prog);
+        let mut sim = CudaSim::new();
+        for n in [X, Y, z] {
+            sim.alloc(&prog.nodes[&n]).unwrap();
+        }
+        sim.write(X, &NdArray::from_f64(Prec::F64, &[64], &xs).unwrap()).unwrap();
+        let (r, _) = sim.compile(&prog).unwrap();
+        sim.run(r, &[]).unwrap();
+        assert_eq!(sim.read(z).unwrap().to_f64_vec(), want);
+    }
+}

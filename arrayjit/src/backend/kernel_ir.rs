@@ -18,7 +18,8 @@
 //! [`BLOCK`] threads, the rest of the nest runs inside each thread; a (batched) matrix product
 //! becomes 16 × 16 tiles staged in shared memory; a long reduction into few cells becomes a
 //! block per cell, its threads' partial results combined by a tree in shared memory with
-//! barriers and warp shuffles; statements outside parallel loops are grouped into single-thread
+//! barriers and warp shuffles; consecutive nests over the same cells whose threads keep to
+//! their own cells are fused into one kernel; statements outside parallel loops are grouped into single-thread
 //! kernels, in order (as is a parallel nest that reads a local assigned before it: locals do
 //! not cross kernels).
 
@@ -158,6 +159,7 @@ pub enum KCond {
 pub fn lower(prog: &Program) -> Vec<Kernel> {
     let mut kernels = Vec::new();
     let mut serial: Vec<Stmt> = Vec::new();
+    let mut fused: Option<Fused> = None;
     let cuts = cut_points(&prog.body);
     let body = &prog.body;
     let mut i = 0;
@@ -167,6 +169,7 @@ pub fn lower(prog: &Program) -> Vec<Kernel> {
             && cuts[i + 1]
             && let Some(c) = Contraction::recognize(prog, &body[i])
         {
+            flush_fused(&mut kernels, &mut fused);
             flush(&mut kernels, &mut serial);
             kernels.push(c.kernel(prog, kernels.len()));
             i += 1;
@@ -179,6 +182,7 @@ pub fn lower(prog: &Program) -> Vec<Kernel> {
                 && cuts[i + len]
                 && let Some(r) = Reduction::recognize(prog, &body[i..i + len])
             {
+                flush_fused(&mut kernels, &mut fused);
                 flush(&mut kernels, &mut serial);
                 kernels.push(r.kernel(prog, kernels.len()));
                 i += len;
@@ -188,14 +192,133 @@ pub fn lower(prog: &Program) -> Vec<Kernel> {
         match &body[i] {
             s @ Stmt::For { parallel: true, .. } if cuts[i] && cuts[i + 1] => {
                 flush(&mut kernels, &mut serial);
-                kernels.push(kernel(kernels.len(), std::slice::from_ref(s)));
+                // Consecutive nests over the same cells, each thread touching only its own
+                // cells of what they share: one kernel.
+                if !fused.as_mut().is_some_and(|g| g.absorb(s)) {
+                    flush_fused(&mut kernels, &mut fused);
+                    fused = Some(Fused::new(s));
+                }
             }
-            s => serial.push(s.clone()),
+            s => {
+                flush_fused(&mut kernels, &mut fused);
+                serial.push(s.clone());
+            }
         }
         i += 1;
     }
+    flush_fused(&mut kernels, &mut fused);
     flush(&mut kernels, &mut serial);
     kernels
+}
+
+fn flush_fused(kernels: &mut Vec<Kernel>, fused: &mut Option<Fused>) {
+    if let Some(g) = fused.take() {
+        kernels.push(g.kernel(kernels.len()));
+    }
+}
+
+/// A nest's leading parallel loops: variable, extent, dynamic limit.
+type Prefix = Vec<(Var, usize, Option<Limit>)>;
+
+/// The leading parallel loops of a nest and what they hold.
+fn prefix_of(s: &Stmt) -> (Prefix, &[Stmt]) {
+    let mut prefix = Vec::new();
+    let mut inner = std::slice::from_ref(s);
+    while let [Stmt::For { var, extent, limit, parallel: true, body }] = inner {
+        prefix.push((*var, *extent, *limit));
+        inner = body;
+    }
+    (prefix, inner)
+}
+
+/// Parallel nests over the same cells, fused into one kernel: their bodies one after the other
+/// in each thread, the later nests' cell variables renamed to the first's.
+struct Fused {
+    first: Stmt,
+    prefix: Prefix,
+    inner: Vec<Stmt>,
+    nests: usize,
+}
+
+impl Fused {
+    fn new(s: &Stmt) -> Fused {
+        let (prefix, inner) = prefix_of(s);
+        Fused { first: s.clone(), prefix, inner: inner.to_vec(), nests: 1 }
+    }
+
+    /// Adds a nest when it runs over the same cells and no thread would touch a cell another
+    /// thread writes: every tensor both sides touch, and one of them writes, is accessed at one
+    /// index everywhere, and that index names each cell variable as an axis of its own.
+    fn absorb(&mut self, s: &Stmt) -> bool {
+        let (prefix, inner) = prefix_of(s);
+        if prefix.len() != self.prefix.len()
+            || prefix.iter().zip(&self.prefix).any(|(a, b)| a.1 != b.1 || a.2 != b.2)
+        {
+            return false;
+        }
+        let to =
+            |v: Var| prefix.iter().position(|p| p.0 == v).map(|k| Index::var(self.prefix[k].0));
+        let renamed: Vec<Stmt> = inner
+            .iter()
+            .cloned()
+            .map(|st| crate::low_level::schedule::subst_stmt(st, &to))
+            .collect();
+        let vars: Vec<Var> = self.prefix.iter().map(|p| p.0).collect();
+        let (a, b) = (accesses(&self.inner), accesses(&renamed));
+        let written = |n: NodeId| a.iter().chain(&b).any(|x| x.0 == n && x.2);
+        for (n, idx, _) in a.iter().chain(&b) {
+            let shared = a.iter().any(|x| x.0 == *n) && b.iter().any(|x| x.0 == *n);
+            if !shared || !written(*n) {
+                continue;
+            }
+            let own = vars.iter().all(|v| idx.iter().any(|i| i.as_var() == Some(*v)));
+            let one_index = a.iter().chain(&b).filter(|x| x.0 == *n).all(|x| &x.1 == idx);
+            if !own || !one_index {
+                return false;
+            }
+        }
+        self.inner.extend(renamed);
+        self.nests += 1;
+        true
+    }
+
+    fn kernel(self, k: usize) -> Kernel {
+        if self.nests == 1 {
+            return kernel(k, std::slice::from_ref(&self.first));
+        }
+        // The first nest's loops around every body.
+        let mut s = self.inner;
+        for (var, extent, limit) in self.prefix.iter().rev() {
+            s = vec![Stmt::For {
+                var: *var,
+                extent: *extent,
+                limit: *limit,
+                parallel: true,
+                body: s,
+            }];
+        }
+        kernel(k, &s)
+    }
+}
+
+/// Every tensor access of some statements: the node, the index, whether it writes.
+fn accesses(stmts: &[Stmt]) -> Vec<(NodeId, Vec<Index>, bool)> {
+    let mut out = Vec::new();
+    for s in stmts {
+        s.visit(&mut |s| {
+            if let Stmt::Set { node, idx, .. } = s {
+                out.push((*node, idx.clone(), true));
+            }
+        });
+        s.visit_exprs(&mut |e| {
+            e.visit(&mut |e| {
+                if let Expr::Get(n, idx) = e {
+                    out.push((*n, idx.clone(), false));
+                }
+            })
+        });
+    }
+    out
 }
 
 /// Reduction points below which a reduction stays in the thread that owns its cell.
