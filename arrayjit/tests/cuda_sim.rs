@@ -460,7 +460,8 @@ fn warp_shuffles_sum_a_warp_and_need_every_lane() {
     );
 }
 
-/// Products run as 16 × 16 tiles staged in shared memory, and give the interpreter's bits
+/// Products run as tiles staged in shared memory (16 × 16 cells, or 64 × 64 with a 4 × 4
+/// register tile per thread where both sides have 64 cells), and give the interpreter's bits
 /// (each cell's multiply-adds in the same order): odd sizes, `A·B`, `A·Bᵀ`, onto old values,
 /// f32, f64 and bf16 operands.
 #[test]
@@ -471,13 +472,18 @@ fn products_run_in_shared_memory_tiles_with_the_interpreters_bits() {
             matmul_case(33, 47, 65, prec),
             matmul_bt_case(40, 17, 31, prec),
             matmul_onto_case(64, 64, 64, prec),
+            // Register tiles of 4 × 4 cells per thread, sizes no tile divides.
+            matmul_case(70, 33, 130, prec),
+            matmul_bt_case(65, 40, 66, prec),
         ] {
             let prog =
                 compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
                     .unwrap();
             let kernels = lower(&prog);
+            let tiled4 = ["64x64x64", "70x33x130", "65x40x66"];
+            let registers = if tiled4.iter().any(|s| case.name.contains(s)) { 16 } else { 0 };
             assert!(
-                kernels.iter().any(|k| k.shared.len() == 2),
+                kernels.iter().any(|k| k.shared.len() == 2 && k.locals.len() == registers),
                 "{}: no tiled kernel in\n{}",
                 case.name,
                 kernels.iter().map(|k| k.to_string()).collect::<String>()

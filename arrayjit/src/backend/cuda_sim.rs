@@ -511,7 +511,18 @@ impl Launch<'_> {
                 self.buf(*node)?.vals[flat] = prec.round(x);
             }
             Stmt::SetLocal { local, value } => {
-                let prec = self.prog.locals[local.0 as usize];
+                // The program's locals, then the kernel's own.
+                let prec = match self.prog.locals.get(local.0 as usize) {
+                    Some(p) => *p,
+                    None => {
+                        let own = self.kernel.locals.iter().find(|(l, _)| l == local);
+                        own.map(|(_, p)| *p).ok_or_else(|| {
+                            self.check(format!(
+                                "local {local} is neither the program's nor the kernel's"
+                            ))
+                        })?
+                    }
+                };
                 let compute = super::c_syntax::expr_prec(self.prog, value, prec);
                 let x = self.eval(value, t, compute)?;
                 t.locals[local.0 as usize] = prec.round(x);

@@ -16,7 +16,7 @@
 //! [`lower`] builds the kernels of a program: the leading parallel loops of a top-level nest
 //! (iterations writing distinct cells) become one thread per cell on a 1-d grid of blocks of
 //! [`BLOCK`] threads, the rest of the nest runs inside each thread; a (batched) matrix product
-//! becomes 16 × 16 tiles staged in shared memory; a long reduction into few cells becomes a
+//! becomes tiles staged in shared memory, each thread with a register tile of its cells; a long reduction into few cells becomes a
 //! block per cell, its threads' partial results combined by a tree in shared memory with
 //! barriers and warp shuffles; consecutive nests over the same cells whose threads keep to
 //! their own cells are fused into one kernel; statements outside parallel loops are grouped into single-thread
@@ -641,19 +641,22 @@ impl<'a> Contraction<'a> {
             idx,
         })
     }
-
-    /// A block of 16 × 16 threads per tile of the result (and batch): for each tile of the
-    /// reduction, every thread copies one cell of `a`'s tile and one of `b`'s into shared
-    /// arrays, a barrier, then each thread folds the tile's 16 steps into its cell in order
-    /// (the same operations, in the same order, as one thread per cell: the same bits), a
-    /// barrier.
+    /// A block of 16 × 16 threads per tile of the result (and batch), each thread computing
+    /// `reg × reg` cells (rows `ty + 16·r`, columns `tx + 16·c`: a register tile, so one value
+    /// read from shared memory serves `reg` multiply-adds): for each 16-step tile of the
+    /// reduction, the threads copy `a`'s `16·reg × 16` tile and `b`'s `16 × 16·reg` tile into
+    /// shared arrays, a barrier, then each thread folds the 16 steps into each of its cells in
+    /// order (the same operations, in the same order, as one thread per cell: the same bits), a
+    /// barrier. `reg` is 4 when both sides of the result have at least 64 cells, else 1.
     fn kernel(&self, prog: &Program, k: usize) -> Kernel {
+        let reg = if self.i.1 >= 4 * TILE && self.j.1 >= 4 * TILE { 4 } else { 1 };
         let t = TILE as i64;
+        let side = TILE * reg;
         let v0 = prog.next_var;
         let (tid, ty, tx, ti, tj, q, kk) =
             (Var(v0), Var(v0 + 1), Var(v0 + 2), Var(v0 + 3), Var(v0 + 4), Var(v0 + 5), Var(v0 + 6));
         let (sa, sb) = (prog.fresh_node_id(), NodeId(prog.fresh_node_id().0 + 1));
-        let (ni, nj) = (self.i.1.div_ceil(TILE), self.j.1.div_ceil(TILE));
+        let (ni, nj) = (self.i.1.div_ceil(side), self.j.1.div_ceil(side));
         let blocks_per_batch = (ni * nj) as u64;
         let block = (TILE * TILE) as u64;
         let mut body = vec![
@@ -672,99 +675,126 @@ impl<'a> Contraction<'a> {
         let lin = |terms: &[(i64, Var)], off: i64| {
             Index::new(terms.iter().map(|&(c, v)| (c, IdxVar::Loop(v))).collect(), off)
         };
-        let row = lin(&[(t, ti), (1, ty)], 0);
-        let col = lin(&[(t, tj), (1, tx)], 0);
-        let cell_subst = |v: Var| {
-            if v == self.i.0 {
-                Some(row.clone())
-            } else if v == self.j.0 {
-                Some(col.clone())
-            } else {
-                None
-            }
-        };
+        let side_i = side as i64;
+        // The thread's r-th row and c-th column of the result.
+        let row = |r: usize| lin(&[(side_i, ti), (1, ty)], t * r as i64);
+        let col = |c: usize| lin(&[(side_i, tj), (1, tx)], t * c as i64);
         let subst_idx = |idx: &[Index], f: &dyn Fn(Var) -> Option<Index>| -> Vec<Index> {
             idx.iter().map(|i| i.subst(&|v| f(v))).collect()
         };
-        let in_cell = vec![
-            Guard { index: row.clone(), bound: self.i.1 },
-            Guard { index: col.clone(), bound: self.j.1 },
-        ];
-        let zero = Stmt::SetLocal { local: self.local, value: Expr::Const(0.0) };
-        body.push(KStmt::Run(zero));
-        if let Expr::Get(n, i) = self.start {
-            body.push(KStmt::Run(Stmt::If {
-                guards: in_cell.clone(),
-                body: vec![Stmt::SetLocal {
-                    local: self.local,
-                    value: Expr::Get(*n, subst_idx(i, &cell_subst)),
+        let cell = |r: usize, c: usize| {
+            let (ri, ci) = (row(r), col(c));
+            move |v: Var| {
+                if v == self.i.0 {
+                    Some(ri.clone())
+                } else if v == self.j.0 {
+                    Some(ci.clone())
+                } else {
+                    None
+                }
+            }
+        };
+        let in_cell = |r: usize, c: usize| {
+            vec![Guard { index: row(r), bound: self.i.1 }, Guard { index: col(c), bound: self.j.1 }]
+        };
+        // One accumulator per cell of the register tile: the program's local for a 1 × 1 tile,
+        // locals of the kernel's own otherwise.
+        let prec = prog.locals[self.local.0 as usize];
+        let first_own = prog.locals.len() as u32;
+        let acc = |r: usize, c: usize| {
+            if reg == 1 { self.local } else { LocalId(first_own + (r * reg + c) as u32) }
+        };
+        let cells: Vec<(usize, usize)> =
+            (0..reg).flat_map(|r| (0..reg).map(move |c| (r, c))).collect();
+        for &(r, c) in &cells {
+            body.push(KStmt::Run(Stmt::SetLocal { local: acc(r, c), value: Expr::Const(0.0) }));
+            if let Expr::Get(n, i) = self.start {
+                body.push(KStmt::Run(Stmt::If {
+                    guards: in_cell(r, c),
+                    body: vec![Stmt::SetLocal {
+                        local: acc(r, c),
+                        value: Expr::Get(*n, subst_idx(i, &cell(r, c))),
+                    }],
+                }));
+            }
+        }
+        let (kv, ke) = self.k;
+        let (an, bn) = (self.a.0, self.b.0);
+        // Thread (ty, tx) copies a[row(r), 16q + tx] to As[ty + 16r][tx] and
+        // b[16q + ty, col(c)] to Bs[ty][tx + 16c].
+        let ka = lin(&[(t, q), (1, tx)], 0);
+        let kb = lin(&[(t, q), (1, ty)], 0);
+        let mut tiles = Vec::new();
+        for r in 0..reg {
+            let f = cell(r, 0);
+            let a_idx = subst_idx(&self.a.1, &|v| if v == kv { Some(ka.clone()) } else { f(v) });
+            tiles.push(KStmt::Run(Stmt::If {
+                guards: vec![
+                    Guard { index: row(r), bound: self.i.1 },
+                    Guard { index: ka.clone(), bound: ke },
+                ],
+                body: vec![Stmt::Set {
+                    node: sa,
+                    idx: vec![lin(&[(t, ty), (1, tx)], t * t * r as i64)],
+                    value: Expr::Get(an, a_idx),
                 }],
             }));
         }
-        let (kv, ke) = self.k;
-        // `a`'s tile: rows of i, columns of k (thread (ty, tx) copies a[row, 16q + tx]).
-        let ka = lin(&[(t, q), (1, tx)], 0);
-        let a_idx =
-            subst_idx(&self.a.1, &|v| if v == kv { Some(ka.clone()) } else { cell_subst(v) });
-        // `b`'s tile: rows of k, columns of j (thread (ty, tx) copies b[16q + ty, col]).
-        let kb = lin(&[(t, q), (1, ty)], 0);
-        let b_idx =
-            subst_idx(&self.b.1, &|v| if v == kv { Some(kb.clone()) } else { cell_subst(v) });
-        let at = |r: Var, c: Var| vec![lin(&[(t, r), (1, c)], 0)];
-        let at_k = |first: bool| {
-            if first {
-                vec![lin(&[(t, ty), (1, kk)], 0)]
-            } else {
-                vec![lin(&[(t, kk), (1, tx)], 0)]
-            }
-        };
-        let (an, bn) = (self.a.0, self.b.0);
-        let update = replace_reads(self.update.clone(), &|n| {
-            if n == an {
-                Some(Expr::Get(sa, at_k(true)))
-            } else if n == bn {
-                Some(Expr::Get(sb, at_k(false)))
-            } else {
-                None
-            }
-        });
-        let tiles = vec![
-            KStmt::Run(Stmt::If {
-                guards: vec![
-                    Guard { index: row.clone(), bound: self.i.1 },
-                    Guard { index: ka.clone(), bound: ke },
-                ],
-                body: vec![Stmt::Set { node: sa, idx: at(ty, tx), value: Expr::Get(an, a_idx) }],
-            }),
-            KStmt::Run(Stmt::If {
+        for c in 0..reg {
+            let f = cell(0, c);
+            let b_idx = subst_idx(&self.b.1, &|v| if v == kv { Some(kb.clone()) } else { f(v) });
+            tiles.push(KStmt::Run(Stmt::If {
                 guards: vec![
                     Guard { index: kb.clone(), bound: ke },
-                    Guard { index: col.clone(), bound: self.j.1 },
+                    Guard { index: col(c), bound: self.j.1 },
                 ],
-                body: vec![Stmt::Set { node: sb, idx: at(ty, tx), value: Expr::Get(bn, b_idx) }],
-            }),
-            KStmt::Barrier,
-            KStmt::Run(Stmt::For {
-                var: kk,
-                extent: TILE,
-                limit: None,
-                parallel: false,
-                body: vec![Stmt::If {
-                    guards: vec![Guard { index: lin(&[(t, q), (1, kk)], 0), bound: ke }],
-                    body: vec![Stmt::SetLocal { local: self.local, value: update }],
+                body: vec![Stmt::Set {
+                    node: sb,
+                    idx: vec![lin(&[(side_i, ty), (1, tx)], t * c as i64)],
+                    value: Expr::Get(bn, b_idx),
                 }],
-            }),
-            KStmt::Barrier,
-        ];
-        body.push(KStmt::Loop { var: q, extent: ke.div_ceil(TILE), body: tiles });
-        body.push(KStmt::Run(Stmt::If {
-            guards: in_cell,
-            body: vec![Stmt::Set {
-                node: self.node,
-                idx: subst_idx(self.idx, &cell_subst),
-                value: Expr::Local(self.local),
+            }));
+        }
+        tiles.push(KStmt::Barrier);
+        // As is [16·reg rows][16], Bs is [16][16·reg columns].
+        let mut steps = Vec::new();
+        for &(r, c) in &cells {
+            let a_at = vec![lin(&[(t, ty), (1, kk)], t * t * r as i64)];
+            let b_at = vec![lin(&[(side_i, kk), (1, tx)], t * c as i64)];
+            let update = replace_reads(self.update.clone(), &|n| {
+                if n == an {
+                    Some(Expr::Get(sa, a_at.clone()))
+                } else if n == bn {
+                    Some(Expr::Get(sb, b_at.clone()))
+                } else {
+                    None
+                }
+            });
+            let update = replace_local(update, self.local, acc(r, c));
+            steps.push(Stmt::SetLocal { local: acc(r, c), value: update });
+        }
+        tiles.push(KStmt::Run(Stmt::For {
+            var: kk,
+            extent: TILE,
+            limit: None,
+            parallel: false,
+            body: vec![Stmt::If {
+                guards: vec![Guard { index: lin(&[(t, q), (1, kk)], 0), bound: ke }],
+                body: steps,
             }],
         }));
+        tiles.push(KStmt::Barrier);
+        body.push(KStmt::Loop { var: q, extent: ke.div_ceil(TILE), body: tiles });
+        for &(r, c) in &cells {
+            body.push(KStmt::Run(Stmt::If {
+                guards: in_cell(r, c),
+                body: vec![Stmt::Set {
+                    node: self.node,
+                    idx: subst_idx(self.idx, &cell(r, c)),
+                    value: Expr::Local(acc(r, c)),
+                }],
+            }));
+        }
         let mut run: Vec<Stmt> = Vec::new();
         collect_runs(&body, &mut run);
         let buffers: Vec<NodeId> =
@@ -772,17 +802,39 @@ impl<'a> Contraction<'a> {
         let shared = |node: NodeId, of: NodeId| SharedArray {
             node,
             prec: prog.nodes[&of].prec,
-            len: TILE * TILE,
+            len: TILE * side,
         };
+        let locals =
+            if reg == 1 { vec![] } else { cells.iter().map(|&(r, c)| (acc(r, c), prec)).collect() };
         Kernel {
             name: format!("k{k}"),
             buffers,
             threads: n_batch * blocks_per_batch * block,
             block: block as u32,
             shared: vec![shared(sa, an), shared(sb, bn)],
-            locals: vec![],
+            locals,
             body,
         }
+    }
+}
+
+/// `e` with the local `from` read as `to`.
+fn replace_local(e: Expr, from: LocalId, to: LocalId) -> Expr {
+    match e {
+        Expr::Local(l) if l == from => Expr::Local(to),
+        Expr::Unop(op, a) => Expr::Unop(op, Box::new(replace_local(*a, from, to))),
+        Expr::Binop(op, a, b) => Expr::Binop(
+            op,
+            Box::new(replace_local(*a, from, to)),
+            Box::new(replace_local(*b, from, to)),
+        ),
+        Expr::Ternop(op, a, b, c) => Expr::Ternop(
+            op,
+            Box::new(replace_local(*a, from, to)),
+            Box::new(replace_local(*b, from, to)),
+            Box::new(replace_local(*c, from, to)),
+        ),
+        e => e,
     }
 }
 

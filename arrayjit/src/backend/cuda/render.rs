@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use crate::backend::c_syntax::{CRenderer, Dialect, prelude, storage_ctype};
 use crate::backend::kernel_ir::{self, KCond, KStmt, Kernel};
 use crate::low_level::{Program, Stmt};
+use crate::ops::Prec;
 use crate::tnode::{MemoryMode, TensorNode};
 
 pub use kernel_ir::BLOCK;
@@ -38,11 +39,20 @@ pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
             TensorNode::new(s.node, "shared", &[s.len], s.prec, MemoryMode::Local)
         });
     }
-    let prog = &prog;
-    let r = CRenderer { prog, dialect: Dialect::Cuda, bounds_check: false };
+    let program_locals = prog.locals.len();
     let mut out = prelude(Dialect::Cuda);
     for k in &kernels {
+        // A kernel's own locals are printed as the program's are: with their precisions.
+        let own = k.locals.iter().map(|(l, _)| l.0 as usize + 1).max().unwrap_or(0);
+        if own > prog.locals.len() {
+            prog.locals.resize(own, Prec::F64);
+        }
+        for (l, p) in &k.locals {
+            prog.locals[l.0 as usize] = *p;
+        }
+        let r = CRenderer { prog: &prog, dialect: Dialect::Cuda, bounds_check: false };
         kernel(&r, &mut out, k);
+        prog.locals.truncate(program_locals);
     }
     CudaSource { source: out, kernels }
 }
@@ -81,8 +91,16 @@ fn kernel(r: &CRenderer<'_>, out: &mut String, k: &Kernel) {
     let mut runs: Vec<Stmt> = Vec::new();
     kernel_ir::collect_runs(&k.body, &mut runs);
     r.declarations(out, &runs, 1);
+    // The kernel's own locals that no statement assigns (a shuffle's destination).
     for (l, p) in &k.locals {
-        let _ = writeln!(out, "  {} {l};", crate::backend::c_syntax::compute_ctype(*p));
+        let assigned = runs.iter().any(|s| {
+            let mut found = false;
+            s.visit(&mut |s| found |= matches!(s, Stmt::SetLocal { local, .. } if local == l));
+            found
+        });
+        if !assigned {
+            let _ = writeln!(out, "  {} {l};", crate::backend::c_syntax::compute_ctype(*p));
+        }
     }
     body(r, out, &k.body[first..], 1);
     out.push_str("}\n");
