@@ -135,6 +135,7 @@ fn tree_sum(skip: Option<usize>) -> Kernel {
         threads: u64::from(BLOCK),
         block: BLOCK,
         shared: vec![SharedArray { node: S, prec: Prec::F64, len: BLOCK as usize }],
+        scratch: vec![],
         locals: vec![],
         body,
     }
@@ -162,6 +163,7 @@ fn one_block(name: &str, threads: u32, body: Vec<KStmt>) -> Kernel {
         threads: u64::from(threads),
         block: threads,
         shared: vec![],
+        scratch: vec![],
         locals: vec![],
         body,
     }
@@ -373,16 +375,54 @@ fn snapshot_block_reduction_kernel() {
         compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
     let text: String = lower(&prog).iter().map(|k| k.to_string()).collect();
     expect_test::expect![[r#"
-        kernel k0(n0, n1) threads 512 in blocks of 256
+        kernel k0(n0, n4) threads 1024 in blocks of 256
           shared f32 n2[256]
+          scratch f32 n4[4]
+          local f32 t1
+          v2 := thread in block
+          v4 := gid / 256 % 2
+          v0 := gid / 512 % 2
+          t0 := 0
+          for v3 in 0..4 {
+            if 0 <= 512*v3 + v2 + 256*v4 < 2048 {
+              t0 := add(t0, n0[v0, 512*v3 + v2 + 256*v4])
+            }
+          }
+          n2[v2] := t0
+          barrier
+          if 0 <= v2 < 128 {
+            n2[v2] := add(n2[v2], n2[v2 + 128])
+          }
+          barrier
+          if 0 <= v2 < 64 {
+            n2[v2] := add(n2[v2], n2[v2 + 64])
+          }
+          barrier
+          if 0 <= v2 < 32 {
+            t0 := add(n2[v2], n2[v2 + 32])
+            t1 := shuffle down 16 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 8 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 4 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 2 of t0
+            t0 := add(t0, t1)
+            t1 := shuffle down 1 of t0
+            t0 := add(t0, t1)
+            if 0 <= v2 < 1 {
+              n4[2*v0 + v4] := t0
+            }
+          }
+        kernel k1(n1, n4) threads 512 in blocks of 256
+          shared f32 n2[256]
+          scratch f32 n4[4]
           local f32 t1
           v2 := thread in block
           v0 := gid / 256 % 2
           t0 := 0
-          for v3 in 0..8 {
-            if 0 <= 256*v3 + v2 < 2048 {
-              t0 := add(t0, n0[v0, 256*v3 + v2])
-            }
+          if 0 <= v2 < 2 {
+            t0 := n4[2*v0 + v2]
           }
           n2[v2] := t0
           barrier

@@ -79,6 +79,9 @@ impl CudaSim {
         symbols: &[i64],
     ) -> Result<(), Error> {
         let mut arena = FxHashMap::default();
+        for s in kernels.iter().flat_map(|k| &k.scratch) {
+            arena.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
+        }
         for k in kernels {
             launch(prog, k, symbols, &mut self.buffers, &mut arena)?;
         }
@@ -102,6 +105,9 @@ impl Backend for CudaSim {
         for slot in &prog.arena.slots {
             let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
             arena.insert(slot.node, Buf::new(node));
+        }
+        for s in kernels.iter().flat_map(|k| &k.scratch) {
+            arena.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
         }
         self.routines.push(Routine { prog: prog.clone(), kernels, arena });
         Ok((self.routines.len() - 1, text))
@@ -250,16 +256,7 @@ fn launch(
         l.shared = kernel
             .shared
             .iter()
-            .map(|s| {
-                let node = TensorNode::new(
-                    s.node,
-                    "shared",
-                    &[s.len],
-                    s.prec,
-                    crate::tnode::MemoryMode::Local,
-                );
-                (s.node, Buf { node, vals: vec![f64::NAN; s.len] })
-            })
+            .map(|s| (s.node, Buf { node: s.tensor("shared"), vals: vec![f64::NAN; s.len] }))
             .collect();
         l.shared_log.clear();
         let mut threads: Vec<Thread> = (0..kernel.block)

@@ -54,6 +54,9 @@ pub struct Kernel {
     pub block: u32,
     /// Arrays each block has its own copy of.
     pub shared: Vec<SharedArray>,
+    /// Global arrays the routine owns, kept between its kernels (the partial results of a
+    /// reduction spread over several blocks per cell), allocated once per routine.
+    pub scratch: Vec<SharedArray>,
     /// Locals of the kernel's own (numbered after the program's) and their precisions.
     pub locals: Vec<(LocalId, Prec)>,
     /// What every thread runs.
@@ -184,7 +187,8 @@ pub fn lower(prog: &Program) -> Vec<Kernel> {
             {
                 flush_fused(&mut kernels, &mut fused);
                 flush(&mut kernels, &mut serial);
-                kernels.push(r.kernel(prog, kernels.len()));
+                let next = r.kernels(prog, kernels.len());
+                kernels.extend(next);
                 i += len;
                 continue 'statements;
             }
@@ -321,6 +325,12 @@ fn accesses(stmts: &[Stmt]) -> Vec<(NodeId, Vec<Index>, bool)> {
     out
 }
 
+/// Blocks that fill an H100 (132 SMs, 8 blocks of 256 threads each): a reduction with fewer
+/// cells gets several blocks per cell.
+pub const DEVICE_BLOCKS: usize = 132 * 8;
+/// Points of the first reduction loop each thread folds at least, before a cell gets another
+/// block.
+pub const MIN_POINTS_PER_THREAD: usize = 4;
 /// Reduction points below which a reduction stays in the thread that owns its cell.
 pub const MIN_BLOCK_REDUCTION: usize = 2048;
 /// Cells above which a reduction stays one thread per cell (there is parallelism enough).
@@ -417,33 +427,94 @@ impl<'a> Reduction<'a> {
         })
     }
 
-    /// One block of [`BLOCK`] threads per cell: thread `t` folds the points whose first
-    /// reduction index is `t`, `t + BLOCK`, … into its local; the block's partial results meet
-    /// in a shared array, halved by a tree with a barrier after each step; thread 0 stores.
-    fn kernel(&self, prog: &Program, k: usize) -> Kernel {
+    /// The kernels of the reduction: one block of [`BLOCK`] threads per cell, or, when there
+    /// are too few cells to fill the device, `g` blocks per cell writing partial results that a
+    /// second kernel (one block per cell) combines. In a block, thread `t` folds the points
+    /// whose first reduction index is its own (`t`, `t + BLOCK·g`, …, offset by its block's
+    /// share) into its local; the block's partial results meet in a shared array, halved by a
+    /// tree with a barrier after each step down to 64, then the first warp halves once more into
+    /// its locals and five warp shuffles finish; thread 0 stores. The kernels use one local more
+    /// than the program (the shuffled value).
+    fn kernels(&self, prog: &Program, k: usize) -> Vec<Kernel> {
+        let b = BLOCK as usize;
+        let n_cells: usize = self.cells.iter().map(|c| c.1).product();
+        let g = DEVICE_BLOCKS
+            .div_ceil(n_cells)
+            .min(self.red_extent.div_ceil(b * MIN_POINTS_PER_THREAD))
+            .clamp(1, b);
+        let prec = prog.locals[self.local.0 as usize];
+        // Past the ids of the tiles' shared arrays (the first two fresh ids).
+        let partial = NodeId(prog.fresh_node_id().0 + 2 + k as u32);
+        // The cell's position among the cells (row-major).
+        let mut cell_at = Vec::new();
+        let mut stride = n_cells as i64;
+        for (var, extent, _) in &self.cells {
+            stride /= *extent as i64;
+            cell_at.push((stride, IdxVar::Loop(*var)));
+        }
+        let cell_at = Index::new(cell_at, 0);
+        let final_store = |value: Expr| {
+            let value = match self.onto {
+                None => value,
+                Some(old) => Expr::bin(self.op, old.clone(), value),
+            };
+            Stmt::Set { node: self.node, idx: self.idx.to_vec(), value }
+        };
+        if g == 1 {
+            let mut kernel = self.pass(prog, k, 1, None, &final_store);
+            kernel.name = format!("k{k}");
+            return vec![kernel];
+        }
+        let tid = Var(prog.next_var);
+        let scale = |i: &Index, s: i64| {
+            Index::new(i.terms.iter().map(|&(c, x)| (c * s, x)).collect(), i.offset * s)
+        };
+        let gv = Var(prog.next_var + 2);
+        let mut slot = scale(&cell_at, g as i64);
+        slot.terms.push((1, IdxVar::Loop(gv)));
+        let slot = Index::new(slot.terms, slot.offset);
+        let first = self.pass(prog, k, g, Some(gv), &|value: Expr| Stmt::Set {
+            node: partial,
+            idx: vec![slot.clone()],
+            value,
+        });
+        // The second kernel: thread t < g reads partial result t of its cell.
+        let mut own = scale(&cell_at, g as i64);
+        own.terms.push((1, IdxVar::Loop(tid)));
+        let own = Index::new(own.terms, own.offset);
+        let load = Stmt::If {
+            guards: vec![Guard { index: Index::var(tid), bound: g }],
+            body: vec![Stmt::SetLocal { local: self.local, value: Expr::Get(partial, vec![own]) }],
+        };
+        let second = self.combine(prog, k + 1, vec![load], &final_store);
+        let scratch = SharedArray { node: partial, prec, len: n_cells * g };
+        let mut first = first;
+        first.name = format!("k{k}");
+        first.scratch = vec![scratch.clone()];
+        let mut second = second;
+        second.scratch = vec![scratch];
+        vec![first, second]
+    }
+
+    /// A kernel of `g` blocks per cell folding the points into per-block results, each stored
+    /// by `store`.
+    fn pass(
+        &self,
+        prog: &Program,
+        k: usize,
+        g: usize,
+        block_var: Option<Var>,
+        store: &dyn Fn(Expr) -> Stmt,
+    ) -> Kernel {
         let b = BLOCK as usize;
         let tid = Var(prog.next_var);
         let q = Var(prog.next_var + 1);
-        let shared = prog.fresh_node_id();
-        let prec = prog.locals[self.local.0 as usize];
-        let n_cells: usize = self.cells.iter().map(|c| c.1).product();
-        let mut body = vec![KStmt::ThreadInBlock { var: tid }];
-        let mut stride = n_cells as u64;
-        for (var, extent, limit) in &self.cells {
-            stride /= *extent as u64;
-            body.push(KStmt::Coord {
-                var: *var,
-                stride: stride * u64::from(BLOCK),
-                extent: *extent as u64,
-            });
-            if let Some(l) = limit {
-                body.push(KStmt::ExitUnless(KCond::BelowLimit(*var, *l)));
-            }
+        // r1 := BLOCK·g·q + BLOCK·(block of the cell) + t
+        let mut terms = vec![((b * g) as i64, IdxVar::Loop(q)), (1, IdxVar::Loop(tid))];
+        if let Some(gv) = block_var {
+            terms.push((b as i64, IdxVar::Loop(gv)));
         }
-        let neutral = self.op.neutral().unwrap_or(0.0);
-        body.push(KStmt::Run(Stmt::SetLocal { local: self.local, value: Expr::Const(neutral) }));
-        // r1 := BLOCK·q + t
-        let r = Index::new(vec![(b as i64, IdxVar::Loop(q)), (1, IdxVar::Loop(tid))], 0);
+        let r = Index::new(terms, 0);
         let inner: Vec<Stmt> = self
             .red_body
             .iter()
@@ -454,16 +525,65 @@ impl<'a> Reduction<'a> {
                 })
             })
             .collect();
-        body.push(KStmt::Run(Stmt::For {
+        let fold = vec![Stmt::For {
             var: q,
-            extent: self.red_extent.div_ceil(b),
+            extent: self.red_extent.div_ceil(b * g),
             limit: None,
             parallel: false,
             body: vec![Stmt::If {
                 guards: vec![Guard { index: r, bound: self.red_extent }],
                 body: inner,
             }],
-        }));
+        }];
+        let mut kernel = self.combine_blocks(prog, k, g, block_var, fold, store);
+        kernel.threads = (self.cells.iter().map(|c| c.1).product::<usize>() * b * g) as u64;
+        kernel
+    }
+
+    /// One block per cell: `fold` leaves each thread's share in the local, the block combines.
+    fn combine(
+        &self,
+        prog: &Program,
+        k: usize,
+        fold: Vec<Stmt>,
+        store: &dyn Fn(Expr) -> Stmt,
+    ) -> Kernel {
+        self.combine_blocks(prog, k, 1, None, fold, store)
+    }
+
+    fn combine_blocks(
+        &self,
+        prog: &Program,
+        k: usize,
+        g: usize,
+        block_var: Option<Var>,
+        fold: Vec<Stmt>,
+        store: &dyn Fn(Expr) -> Stmt,
+    ) -> Kernel {
+        let b = BLOCK as usize;
+        let tid = Var(prog.next_var);
+        let shared = prog.fresh_node_id();
+        let prec = prog.locals[self.local.0 as usize];
+        let n_cells: usize = self.cells.iter().map(|c| c.1).product();
+        let mut body = vec![KStmt::ThreadInBlock { var: tid }];
+        if let Some(gv) = block_var {
+            body.push(KStmt::Coord { var: gv, stride: u64::from(BLOCK), extent: g as u64 });
+        }
+        let mut stride = n_cells as u64;
+        for (var, extent, limit) in &self.cells {
+            stride /= *extent as u64;
+            body.push(KStmt::Coord {
+                var: *var,
+                stride: stride * (g * b) as u64,
+                extent: *extent as u64,
+            });
+            if let Some(l) = limit {
+                body.push(KStmt::ExitUnless(KCond::BelowLimit(*var, *l)));
+            }
+        }
+        let neutral = self.op.neutral().unwrap_or(0.0);
+        body.push(KStmt::Run(Stmt::SetLocal { local: self.local, value: Expr::Const(neutral) }));
+        body.extend(fold.into_iter().map(KStmt::Run));
         let at = |offset: i64| vec![Index::new(vec![(1, IdxVar::Loop(tid))], offset)];
         body.push(KStmt::Run(Stmt::Set {
             node: shared,
@@ -506,13 +626,9 @@ impl<'a> Reduction<'a> {
             }));
             offset /= 2;
         }
-        let value = match self.onto {
-            None => t,
-            Some(old) => Expr::bin(self.op, old.clone(), t),
-        };
         warp0.push(KStmt::If {
             guards: vec![Guard { index: Index::var(tid), bound: 1 }],
-            body: vec![KStmt::Run(Stmt::Set { node: self.node, idx: self.idx.to_vec(), value })],
+            body: vec![KStmt::Run(store(t))],
         });
         body.push(KStmt::If {
             guards: vec![Guard { index: Index::var(tid), bound: warp }],
@@ -527,6 +643,7 @@ impl<'a> Reduction<'a> {
             threads: (n_cells * b) as u64,
             block: BLOCK,
             shared: vec![SharedArray { node: shared, prec, len: b }],
+            scratch: vec![],
             locals: vec![(other, prec)],
             body,
         }
@@ -812,6 +929,7 @@ impl<'a> Contraction<'a> {
             threads: n_batch * blocks_per_batch * block,
             block: block as u32,
             shared: vec![shared(sa, an), shared(sb, bn)],
+            scratch: vec![],
             locals,
             body,
         }
@@ -905,8 +1023,22 @@ fn kernel(k: usize, body: &[Stmt]) -> Kernel {
         threads,
         block: BLOCK.min(threads as u32),
         shared: Vec::new(),
+        scratch: Vec::new(),
         locals: Vec::new(),
         body: stmts,
+    }
+}
+
+impl SharedArray {
+    /// The array as a one-axis tensor node (for printing and simulating).
+    pub fn tensor(&self, label: &str) -> crate::tnode::TensorNode {
+        crate::tnode::TensorNode::new(
+            self.node,
+            label,
+            &[self.len],
+            self.prec,
+            crate::tnode::MemoryMode::Local,
+        )
     }
 }
 
@@ -946,6 +1078,9 @@ impl fmt::Display for Kernel {
         )?;
         for s in &self.shared {
             writeln!(f, "  shared {} {}[{}]", s.prec.name(), s.node, s.len)?;
+        }
+        for s in &self.scratch {
+            writeln!(f, "  scratch {} {}[{}]", s.prec.name(), s.node, s.len)?;
         }
         for (l, p) in &self.locals {
             writeln!(f, "  local {} {l}", p.name())?;

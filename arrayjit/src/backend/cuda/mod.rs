@@ -56,6 +56,8 @@ struct Compiled {
     /// (byte offset and length).
     arena: Option<CudaSlice<u8>>,
     slots: FxHashMap<NodeId, (usize, usize)>,
+    /// Global arrays its kernels keep between them (partial results of reductions).
+    scratch: FxHashMap<NodeId, CudaSlice<u8>>,
 }
 
 /// The CUDA backend (one device, one stream).
@@ -132,7 +134,14 @@ impl Backend for Cuda {
         } else {
             None
         };
-        self.routines.push(Compiled { kernels, arena, slots });
+        let mut scratch = FxHashMap::default();
+        for s in kernels.iter().flat_map(|(_, k)| &k.scratch) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = scratch.entry(s.node) {
+                let bytes = (s.len * s.prec.size_in_bytes()).max(1);
+                slot.insert(self.stream.alloc_zeros::<u8>(bytes).map_err(driver_err)?);
+            }
+        }
+        self.routines.push(Compiled { kernels, arena, slots, scratch });
         Ok((self.routines.len() - 1, src.source))
     }
 
@@ -175,10 +184,15 @@ impl Backend for Cuda {
                     Some(v) => {
                         args.arg(v);
                     }
-                    None => {
-                        let (_, buf) = self.buffers.get(n).ok_or(Error::UnknownNode(n.0))?;
-                        args.arg(buf);
-                    }
+                    None => match r.scratch.get(n) {
+                        Some(buf) => {
+                            args.arg(buf);
+                        }
+                        None => {
+                            let (_, buf) = self.buffers.get(n).ok_or(Error::UnknownNode(n.0))?;
+                            args.arg(buf);
+                        }
+                    },
                 }
             }
             for s in symbols {

@@ -12,7 +12,6 @@ use crate::backend::c_syntax::{CRenderer, Dialect, prelude, storage_ctype};
 use crate::backend::kernel_ir::{self, KCond, KStmt, Kernel};
 use crate::low_level::{Program, Stmt};
 use crate::ops::Prec;
-use crate::tnode::{MemoryMode, TensorNode};
 
 pub use kernel_ir::BLOCK;
 
@@ -34,10 +33,8 @@ pub fn render(prog: &Program) -> CudaSource {
 pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
     // Shared arrays are printed as the per-thread statements print tensors.
     let mut prog = prog.clone();
-    for s in kernels.iter().flat_map(|k| &k.shared) {
-        prog.nodes.entry(s.node).or_insert_with(|| {
-            TensorNode::new(s.node, "shared", &[s.len], s.prec, MemoryMode::Local)
-        });
+    for s in kernels.iter().flat_map(|k| k.shared.iter().chain(&k.scratch)) {
+        prog.nodes.entry(s.node).or_insert_with(|| s.tensor("shared"));
     }
     let program_locals = prog.locals.len();
     let mut out = prelude(Dialect::Cuda);
