@@ -69,34 +69,35 @@ fn walk(
         // A product reads its operands (and the result, when accumulating) many times per
         // cell, and writes the result.
         Stmt::Gemm(g) => {
-            *pos += 1;
             let read = g.accumulate.then_some(g.c.node);
-            for n in [g.a.node, g.b.node].into_iter().chain(read) {
-                let u = uses.entry(n).or_insert_with(fresh_use);
-                u.read_sites += 1;
-                u.read_positions.push(*pos);
-                u.reads_once_per_cell = false;
-            }
-            let u = uses.entry(g.c.node).or_insert_with(fresh_use);
-            u.write_sites += 1;
-            u.write_positions.push(*pos);
+            record_call(uses, pos, [g.a.node, g.b.node].into_iter().chain(read), g.c.node);
         }
         // A map reads its inputs (and the result, when a reduction accumulates) and writes
         // the result; a reduction reads its inputs many times per cell.
         Stmt::Map(m) => {
-            *pos += 1;
             let read = m.accumulate.then_some(m.out.node);
-            for n in m.inputs.iter().map(|o| o.node).chain(read) {
-                let u = uses.entry(n).or_insert_with(fresh_use);
-                u.read_sites += 1;
-                u.read_positions.push(*pos);
-                u.reads_once_per_cell = false;
-            }
-            let u = uses.entry(m.out.node).or_insert_with(fresh_use);
-            u.write_sites += 1;
-            u.write_positions.push(*pos);
+            record_call(uses, pos, m.inputs.iter().map(|o| o.node).chain(read), m.out.node);
         }
     }
+}
+
+/// A kernel call at the next position: reads (not once per cell), then one write.
+fn record_call(
+    uses: &mut FxHashMap<NodeId, NodeUse>,
+    pos: &mut usize,
+    reads: impl Iterator<Item = NodeId>,
+    written: NodeId,
+) {
+    *pos += 1;
+    for n in reads {
+        let u = uses.entry(n).or_insert_with(fresh_use);
+        u.read_sites += 1;
+        u.read_positions.push(*pos);
+        u.reads_once_per_cell = false;
+    }
+    let u = uses.entry(written).or_insert_with(fresh_use);
+    u.write_sites += 1;
+    u.write_positions.push(*pos);
 }
 
 fn fresh_use() -> NodeUse {

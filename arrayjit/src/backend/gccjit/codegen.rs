@@ -554,18 +554,24 @@ impl<'c> Gen<'c> {
         }
     }
 
-    /// A call of the shape-generic product through the run table: the descriptor in a local
-    /// array, the operands' first cells.
-    fn gemm(&mut self, g: &crate::low_level::Gemm) {
-        let desc = g.descriptor();
+    /// A local array of `i64` holding a kernel call's descriptor words (indices over the
+    /// enclosing loops and runtime symbols).
+    fn words(&mut self, what: &str, desc: &[Index]) -> LValue<'c> {
         let arr_ty = self.ctx.new_array_type(None, self.t.i64, desc.len() as u64);
-        let name = self.name("gemm_desc");
+        let name = self.name(what);
         let arr = self.func.new_local(None, arr_ty, name);
         for (k, i) in desc.iter().enumerate() {
             let v = self.index(i);
             let slot = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(k as i64));
             self.block.add_assignment(None, slot, v);
         }
+        arr
+    }
+
+    /// A call of the shape-generic product through the run table: the descriptor in a local
+    /// array, the operands' first cells.
+    fn gemm(&mut self, g: &crate::low_level::Gemm) {
+        let arr = self.words("gemm_desc", &g.descriptor());
         let c_ty = self.storage_type(g.prec).make_pointer();
         let factor_ty = if g.bf16_pairs { self.t.u16.make_pointer() } else { c_ty };
         let mut args = Vec::with_capacity(4);
@@ -595,15 +601,7 @@ impl<'c> Gen<'c> {
     /// A call of the map kernel through the run table: the operands' first cells and the
     /// descriptor's words in local arrays.
     fn map(&mut self, m: &crate::low_level::Map) {
-        let desc = m.descriptor();
-        let arr_ty = self.ctx.new_array_type(None, self.t.i64, desc.len() as u64);
-        let name = self.name("map_desc");
-        let arr = self.func.new_local(None, arr_ty, name);
-        for (k, i) in desc.iter().enumerate() {
-            let v = self.index(i);
-            let slot = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(k as i64));
-            self.block.add_assignment(None, slot, v);
-        }
+        let arr = self.words("map_desc", &m.descriptor());
         let elem_ptr = self.storage_type(m.prec).make_pointer();
         let n = 1 + m.inputs.len();
         let ptrs_ty = self.ctx.new_array_type(None, elem_ptr, n as u64);
