@@ -254,6 +254,16 @@ fn a_barrier_inside_a_branch_is_an_error() {
         ],
     );
     check_error(sim.launch(&prog, &[k], &[]), "barrier not reached by thread 5");
+    // A branch no thread takes holds a barrier no thread reaches: fine.
+    let k = one_block(
+        "untaken",
+        32,
+        vec![
+            KStmt::ThreadInBlock { var: T },
+            KStmt::If { guards: below(v(T), 0), body: vec![KStmt::Barrier] },
+        ],
+    );
+    sim.launch(&prog, &[k], &[]).unwrap();
     // Threads that stopped before it do not count: a barrier after an early exit is fine.
     let k = one_block(
         "exited",
@@ -612,5 +622,38 @@ fn nests_over_the_same_cells_fuse_when_threads_keep_to_their_cells() {
         let (r, _) = sim.compile(&prog).unwrap();
         sim.run(r, &[]).unwrap();
         assert_eq!(sim.read(z).unwrap().to_f64_vec(), want);
+    }
+}
+
+/// Intermediates of consecutive statements may share arena bytes (they never run at the same
+/// time); fused into one kernel they would, so nests touching such a pair stay apart.
+#[test]
+fn nests_whose_intermediates_share_arena_bytes_do_not_fuse() {
+    use rocannl_arrayjit::low_level::ArenaSlot;
+    let (a, b, c) = (NodeId(10), NodeId(11), NodeId(12));
+    let mut prog = program();
+    for (n, label) in [(a, "a"), (b, "b"), (c, "c")] {
+        prog.nodes.insert(n, TensorNode::new(n, label, &[64], Prec::F64, MemoryMode::Virtual));
+    }
+    let i = Var(5);
+    let nest = |node: NodeId, value: Expr| Stmt::For {
+        var: i,
+        extent: 64,
+        limit: None,
+        parallel: true,
+        body: vec![Stmt::Set { node, idx: vec![Index::var(i)], value }],
+    };
+    // c[i] := a[63 - i] (a's last use); b[i] := 2·c[i] (b's first).
+    prog.body = vec![
+        nest(c, get(a, Index::new(vec![(-1, IdxVar::Loop(i))], 63))),
+        nest(b, Expr::bin(BinOp::Mul, get(c, v(i)), Expr::Const(2.0))),
+    ];
+    for (b_offset, kernels) in [(0, 2), (512, 1)] {
+        prog.arena.slots = vec![
+            ArenaSlot { node: a, offset: 0, live: (0, 0) },
+            ArenaSlot { node: b, offset: b_offset, live: (1, 1) },
+            ArenaSlot { node: c, offset: 1024, live: (0, 1) },
+        ];
+        assert_eq!(lower(&prog).len(), kernels, "b at {b_offset}");
     }
 }

@@ -336,7 +336,9 @@ impl Launch<'_> {
                 }
                 KStmt::Barrier => {
                     let live = threads.iter().filter(|t| t.live).count();
-                    if now.len() != live {
+                    // Reached by every live thread of the block, or by none (a branch no thread
+                    // takes).
+                    if !now.is_empty() && now.len() != live {
                         let missing = threads
                             .iter()
                             .find(|t| t.live && !now.contains(&(t.tid as usize)))
