@@ -204,12 +204,45 @@ impl Touch {
     }
 }
 
+/// A thread's variables by number (0 where unset).
+#[derive(Clone, Debug, Default)]
+struct Vars(Vec<i64>);
+
+impl Vars {
+    fn set(&mut self, v: Var, x: i64) {
+        let k = v.0 as usize;
+        if k >= self.0.len() {
+            self.0.resize(k + 1, 0);
+        }
+        self.0[k] = x;
+    }
+
+    fn get(&self, v: Var) -> i64 {
+        self.0.get(v.0 as usize).copied().unwrap_or(0)
+    }
+}
+
+/// An index's value for a thread.
+fn index_value(prog: &Program, symbols: &[i64], i: &Index, t: &Thread) -> i64 {
+    let mut x = i.offset;
+    for (c, v) in &i.terms {
+        x += c * match v {
+            IdxVar::Loop(v) => t.vars.get(*v),
+            IdxVar::Sym(s) => {
+                prog.symbol_slot(*s).and_then(|k| symbols.get(k)).copied().unwrap_or(0)
+            }
+        };
+    }
+    x
+}
+
 /// One thread's state.
 #[derive(Clone, Debug)]
 struct Thread {
     gid: u64,
     tid: u32,
-    vars: FxHashMap<Var, i64>,
+    /// Loop and thread variables, indexed by the variable's number.
+    vars: Vars,
     locals: Vec<f64>,
     live: bool,
 }
@@ -222,8 +255,12 @@ struct Launch<'a> {
     globals: &'a mut FxHashMap<NodeId, Buf>,
     arena: &'a mut FxHashMap<NodeId, Buf>,
     shared: FxHashMap<NodeId, Buf>,
-    global_log: FxHashMap<(NodeId, usize), Touch>,
-    shared_log: FxHashMap<(NodeId, usize), Touch>,
+    /// Per tensor, who touched each cell in this launch.
+    global_log: FxHashMap<NodeId, Vec<Touch>>,
+    /// The precision each stored expression is computed in, by its address in the kernel.
+    precs: FxHashMap<*const Expr, Prec>,
+    /// Per shared array, who touched each cell since the last barrier.
+    shared_log: FxHashMap<NodeId, Vec<Touch>>,
 }
 
 fn launch(
@@ -251,6 +288,7 @@ fn launch(
         shared: FxHashMap::default(),
         global_log: FxHashMap::default(),
         shared_log: FxHashMap::default(),
+        precs: FxHashMap::default(),
     };
     for b in 0..kernel.blocks() {
         l.shared = kernel
@@ -263,7 +301,7 @@ fn launch(
             .map(|t| Thread {
                 gid: b * u64::from(kernel.block) + u64::from(t),
                 tid: t,
-                vars: FxHashMap::default(),
+                vars: Vars::default(),
                 locals: vec![0.0; prog.locals.len() + kernel.locals.len()],
                 live: true,
             })
@@ -292,19 +330,19 @@ impl Launch<'_> {
                 KStmt::Coord { var, stride, extent } => {
                     for &t in &now {
                         let th = &mut threads[t];
-                        th.vars.insert(*var, ((th.gid / stride) % extent) as i64);
+                        th.vars.set(*var, ((th.gid / stride) % extent) as i64);
                     }
                 }
                 KStmt::InBlock { var, stride, extent } => {
                     for &t in &now {
                         let th = &mut threads[t];
-                        th.vars.insert(*var, i64::from((th.tid / stride) % extent));
+                        th.vars.set(*var, i64::from((th.tid / stride) % extent));
                     }
                 }
                 KStmt::Loop { var, extent, body } => {
                     for i in 0..*extent {
                         for &t in &now {
-                            threads[t].vars.insert(*var, i as i64);
+                            threads[t].vars.set(*var, i as i64);
                         }
                         self.block(body, &now, threads)?;
                     }
@@ -312,7 +350,7 @@ impl Launch<'_> {
                 KStmt::ThreadInBlock { var } => {
                     for &t in &now {
                         let th = &mut threads[t];
-                        th.vars.insert(*var, i64::from(th.tid));
+                        th.vars.set(*var, i64::from(th.tid));
                     }
                 }
                 KStmt::ExitUnless(c) => {
@@ -323,7 +361,7 @@ impl Launch<'_> {
                             KCond::BelowLimit(v, lim) => {
                                 let size = self.symbol(lim.size);
                                 let rows = (size + lim.per as i64 - 1) / lim.per as i64;
-                                threads[t].vars.get(v).copied().unwrap_or(0) < rows
+                                threads[t].vars.get(*v) < rows
                             }
                         };
                         threads[t].live &= go;
@@ -405,16 +443,7 @@ impl Launch<'_> {
     }
 
     fn index(&self, i: &Index, t: &Thread) -> i64 {
-        i.offset
-            + i.terms
-                .iter()
-                .map(|(c, x)| {
-                    c * match x {
-                        IdxVar::Loop(v) => t.vars.get(v).copied().unwrap_or(0),
-                        IdxVar::Sym(s) => self.symbol(*s),
-                    }
-                })
-                .sum::<i64>()
+        index_value(self.prog, self.symbols, i, t)
     }
 
     fn buf(&mut self, node: NodeId) -> Result<&mut Buf, Error> {
@@ -433,10 +462,11 @@ impl Launch<'_> {
 
     /// The flat offset of a cell, each index checked against its axis.
     fn locate(&mut self, node: NodeId, idx: &[Index], t: &Thread) -> Result<(usize, Prec), Error> {
-        let values: Vec<i64> = idx.iter().map(|i| self.index(i, t)).collect();
+        let (symbols, prog) = (self.symbols, self.prog);
         let b = self.buf(node)?;
         let mut flat = 0usize;
-        for (axis, (&i, &d)) in values.iter().zip(&b.node.dims).enumerate() {
+        for (axis, (i, &d)) in idx.iter().zip(&b.node.dims).enumerate() {
+            let i = index_value(prog, symbols, i, t);
             if i < 0 || i >= d as i64 {
                 return Err(Error::OutOfBounds {
                     node: node.0,
@@ -453,8 +483,15 @@ impl Launch<'_> {
 
     fn touch(&mut self, node: NodeId, flat: usize, t: u64, kind: Kind) -> Result<(), Error> {
         let shared = self.shared.contains_key(&node);
+        let log = if shared { &self.shared_log } else { &self.global_log };
+        if !log.contains_key(&node) {
+            let cells = self.buf(node)?.vals.len();
+            let log = if shared { &mut self.shared_log } else { &mut self.global_log };
+            log.insert(node, vec![Touch::default(); cells]);
+        }
         let log = if shared { &mut self.shared_log } else { &mut self.global_log };
-        if let Err(other) = log.entry((node, flat)).or_default().record(t, kind) {
+        let touches = log.get_mut(&node).ok_or(Error::UnknownNode(node.0))?;
+        if let Err(other) = touches[flat].record(t, kind) {
             let what = match kind {
                 Kind::Read => "reads",
                 Kind::Write => "writes",
@@ -475,6 +512,15 @@ impl Launch<'_> {
         Ok(())
     }
 
+    /// [`super::c_syntax::expr_prec`], once per expression of the kernel.
+    fn compute_prec(&mut self, value: &Expr, target: Prec) -> Prec {
+        let prog = self.prog;
+        *self
+            .precs
+            .entry(value as *const Expr)
+            .or_insert_with(|| super::c_syntax::expr_prec(prog, value, target))
+    }
+
     /// One thread runs a low-level statement to its end.
     fn stmt(&mut self, s: &Stmt, t: &mut Thread) -> Result<(), Error> {
         match s {
@@ -488,7 +534,7 @@ impl Launch<'_> {
                     None => *extent as i64,
                 };
                 for i in 0..end {
-                    t.vars.insert(*var, i);
+                    t.vars.set(*var, i);
                     for b in body {
                         self.stmt(b, t)?;
                     }
@@ -503,7 +549,7 @@ impl Launch<'_> {
             }
             Stmt::Set { node, idx, value } => {
                 let prec = self.prec_of(*node)?;
-                let compute = super::c_syntax::expr_prec(self.prog, value, prec);
+                let compute = self.compute_prec(value, prec);
                 let x = self.eval(value, t, compute)?;
                 let (flat, _) = self.locate(*node, idx, t)?;
                 self.touch(*node, flat, t.gid, Kind::Write)?;
@@ -522,7 +568,7 @@ impl Launch<'_> {
                         })?
                     }
                 };
-                let compute = super::c_syntax::expr_prec(self.prog, value, prec);
+                let compute = self.compute_prec(value, prec);
                 let x = self.eval(value, t, compute)?;
                 t.locals[local.0 as usize] = prec.round(x);
             }
