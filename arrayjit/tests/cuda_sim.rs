@@ -654,6 +654,29 @@ fn nests_whose_intermediates_share_arena_bytes_do_not_fuse() {
             ArenaSlot { node: b, offset: b_offset, live: (1, 1) },
             ArenaSlot { node: c, offset: 1024, live: (0, 1) },
         ];
+        prog.arena.bytes = 1536;
         assert_eq!(lower(&prog).len(), kernels, "b at {b_offset}");
     }
+    // Fused by hand anyway, the simulator sees the collision: thread i writes b[i] over a[i],
+    // which thread 63 - i read in the same launch.
+    prog.arena.slots[1].offset = 0;
+    let (mut sim, _) = sim(&prog);
+    let fused = one_block(
+        "fused_by_hand",
+        64,
+        vec![
+            KStmt::ThreadInBlock { var: i },
+            KStmt::Run(Stmt::Set {
+                node: c,
+                idx: vec![v(i)],
+                value: get(a, Index::new(vec![(-1, IdxVar::Loop(i))], 63)),
+            }),
+            KStmt::Run(Stmt::Set {
+                node: b,
+                idx: vec![v(i)],
+                value: Expr::bin(BinOp::Mul, get(c, v(i)), Expr::Const(2.0)),
+            }),
+        ],
+    );
+    check_error(sim.launch(&prog, &[fused], &[]), "data race in the arena");
 }

@@ -13,7 +13,9 @@
 //! What a GPU would not report, the simulator reports as [`Error::KernelCheck`]:
 //! - a data race: two threads touching one cell, at least one writing, without an atomic — in
 //!   global memory anywhere in a launch (blocks have no barrier between them), in shared
-//!   memory between two barriers;
+//!   memory between two barriers — and, for intermediates, two threads touching the same bytes
+//!   of the routine's arena (where the memory plan places intermediates of different times at
+//!   one offset);
 //! - a barrier that a live thread of the block does not reach (inside a branch only some
 //!   threads take);
 //! - shared memory past [`SHARED_LIMIT`] per block;
@@ -79,6 +81,10 @@ impl CudaSim {
         symbols: &[i64],
     ) -> Result<(), Error> {
         let mut arena = FxHashMap::default();
+        for slot in &prog.arena.slots {
+            let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
+            arena.insert(slot.node, Buf::new(node));
+        }
         for s in kernels.iter().flat_map(|k| &k.scratch) {
             arena.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
         }
@@ -257,6 +263,8 @@ struct Launch<'a> {
     shared: FxHashMap<NodeId, Buf>,
     /// Per tensor, who touched each cell in this launch.
     global_log: FxHashMap<NodeId, Vec<Touch>>,
+    /// Who touched each two bytes of the routine's arena in this launch.
+    arena_log: Vec<Touch>,
     /// The precision each stored expression is computed in, by its address in the kernel.
     precs: FxHashMap<*const Expr, Prec>,
     /// Per shared array, who touched each cell since the last barrier.
@@ -287,6 +295,7 @@ fn launch(
         arena,
         shared: FxHashMap::default(),
         global_log: FxHashMap::default(),
+        arena_log: Vec::new(),
         shared_log: FxHashMap::default(),
         precs: FxHashMap::default(),
     };
@@ -483,6 +492,29 @@ impl Launch<'_> {
 
     fn touch(&mut self, node: NodeId, flat: usize, t: u64, kind: Kind) -> Result<(), Error> {
         let shared = self.shared.contains_key(&node);
+        // An intermediate's cell is also bytes of the routine's arena, which other
+        // intermediates may occupy at other times: touches are checked by address there too,
+        // in units of two bytes.
+        if !shared && let Some(offset) = self.prog.arena.offset_of(node) {
+            let size = self.buf(node)?.node.prec.size_in_bytes();
+            let first = (offset + flat * size) / 2;
+            let words = (size / 2).max(1);
+            if self.arena_log.len() < first + words {
+                self.arena_log.resize(first + words, Touch::default());
+            }
+            for w in first..first + words {
+                if let Err(other) = self.arena_log[w].record(t, kind) {
+                    let whom =
+                        other.map_or("another thread".to_string(), |o| format!("thread {o}"));
+                    return Err(self.check(format!(
+                        "data race in the arena: thread {t} touches byte {} (cell {flat} of \
+                         {node}), which {whom} also touched in this launch, as this or another \
+                         intermediate",
+                        2 * w
+                    )));
+                }
+            }
+        }
         let log = if shared { &self.shared_log } else { &self.global_log };
         if !log.contains_key(&node) {
             let cells = self.buf(node)?.vals.len();
