@@ -6,10 +6,120 @@
 //!
 //! `gemm_bf16/<path>/<n>`: the same with bf16 factors into f32 (`kernels::bf16`), on the host's
 //! bf16 dot products (`native`, where it has them) and on the portable pairwise reference.
+//!
+//! `map/<case>`: the map kernel (`kernels::map`) on the shapes a training step gives it —
+//! row sums of 512 × 64 (points contiguous), column sums of 512 × 64 (a bias gradient), the
+//! row maxima of 2048 rows of 16 read through a scaled, masked score (`fma(s, 0.25, mask)`),
+//! a 65 536-cell add, and `0.5·x·(1 + tanh(y))` over 65 536 cells. "elem/s": cells × points.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rocannl::arrayjit::kernels::bf16::{GemmBf16, gemm_bf16, has_native, reference};
-use rocannl::arrayjit::kernels::{Gemm, Isa, gemm};
+use rocannl::arrayjit::kernels::map::{MAX_INPUTS, MapAxisDesc, MapCode, MapDesc};
+use rocannl::arrayjit::kernels::{Gemm, Isa, gemm, rc_map_f32};
+use rocannl::arrayjit::ops::{BinOp, TernOp, UnOp};
+
+/// A map kernel axis: `n` steps, the result's step, each input's.
+fn axis(n: usize, out: isize, steps: &[isize]) -> MapAxisDesc {
+    let mut s = [0isize; MAX_INPUTS];
+    s[..steps.len()].copy_from_slice(steps);
+    MapAxisDesc { n, out, steps: s }
+}
+
+fn map_group(c: &mut Criterion) {
+    let mut group = c.benchmark_group("map");
+    group.sample_size(20);
+    let big: Vec<f32> = (0..65536).map(|x| ((x % 97) as f32 - 48.0) / 32.0).collect();
+    let other: Vec<f32> = (0..65536).map(|x| ((x % 89) as f32 - 44.0) / 32.0).collect();
+    let mut out = vec![0f32; 65536];
+    let cases: Vec<(&str, MapDesc, usize)> = vec![
+        (
+            "row_sums_512x64",
+            MapDesc {
+                cells: vec![axis(512, 1, &[64])],
+                points: vec![axis(64, 0, &[1])],
+                inputs: 1,
+                reduce: Some(BinOp::Add),
+                accumulate: false,
+                code: vec![MapCode::Input(0)],
+            },
+            512 * 64,
+        ),
+        (
+            "column_sums_512x64",
+            MapDesc {
+                cells: vec![axis(64, 1, &[1])],
+                points: vec![axis(512, 0, &[64])],
+                inputs: 1,
+                reduce: Some(BinOp::Add),
+                accumulate: true,
+                code: vec![MapCode::Input(0)],
+            },
+            512 * 64,
+        ),
+        (
+            "masked_row_max_2048x16",
+            MapDesc {
+                cells: vec![axis(2048, 1, &[16, 0])],
+                points: vec![axis(16, 0, &[1, 1])],
+                inputs: 2,
+                reduce: Some(BinOp::Max),
+                accumulate: false,
+                code: vec![
+                    MapCode::Input(0),
+                    MapCode::Const(0.25),
+                    MapCode::Input(1),
+                    MapCode::Tern(TernOp::Fma),
+                ],
+            },
+            2048 * 16,
+        ),
+        (
+            "add_65536",
+            MapDesc {
+                cells: vec![axis(65536, 1, &[1, 1])],
+                points: vec![],
+                inputs: 2,
+                reduce: None,
+                accumulate: false,
+                code: vec![MapCode::Input(0), MapCode::Input(1), MapCode::Bin(BinOp::Add)],
+            },
+            65536,
+        ),
+        (
+            "half_x_one_plus_tanh_65536",
+            MapDesc {
+                cells: vec![axis(65536, 1, &[1, 1])],
+                points: vec![],
+                inputs: 2,
+                reduce: None,
+                accumulate: false,
+                code: vec![
+                    MapCode::Input(0),
+                    MapCode::Const(0.5),
+                    MapCode::Bin(BinOp::Mul),
+                    MapCode::Const(1.0),
+                    MapCode::Input(1),
+                    MapCode::Un(UnOp::Tanh),
+                    MapCode::Bin(BinOp::Add),
+                    MapCode::Bin(BinOp::Mul),
+                ],
+            },
+            65536,
+        ),
+    ];
+    for (name, desc, elems) in cases {
+        let words = desc.encode();
+        group.throughput(Throughput::Elements(elems as u64));
+        group.bench_function(name, |bench| {
+            bench.iter(|| {
+                let ptrs = [out.as_mut_ptr(), big.as_ptr() as *mut f32, other.as_ptr() as *mut f32];
+                // SAFETY: every case addresses at most 65 536 cells of each buffer.
+                unsafe { rc_map_f32(ptrs.as_ptr(), words.as_ptr()) }
+            })
+        });
+    }
+    group.finish();
+}
 
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("gemm_f32");
@@ -98,5 +208,5 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, map_group);
 criterion_main!(benches);

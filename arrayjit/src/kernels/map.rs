@@ -175,6 +175,35 @@ impl MapDesc {
         d.well_formed().then_some(d)
     }
 
+    /// The descriptor's words (the inverse of [`MapDesc::decode`]; no axis has a dynamic
+    /// count): for benchmarks and tests that call the kernel directly.
+    pub fn encode(&self) -> Vec<i64> {
+        let reduce = self
+            .reduce
+            .map_or(-1, |r| BinOp::ALL.iter().position(|o| *o == r).map_or(-1, |p| p as i64));
+        let mut w = vec![
+            self.cells.len() as i64,
+            self.points.len() as i64,
+            self.inputs as i64,
+            reduce,
+            i64::from(self.accumulate),
+            self.code.len() as i64,
+        ];
+        for (a, with_out) in
+            self.cells.iter().map(|a| (a, true)).chain(self.points.iter().map(|a| (a, false)))
+        {
+            w.extend([a.n as i64, NO_COUNT, 1]);
+            if with_out {
+                w.push(a.out as i64);
+            }
+            w.extend(a.steps[..self.inputs].iter().map(|s| *s as i64));
+        }
+        for c in &self.code {
+            w.extend(c.words());
+        }
+        w
+    }
+
     /// The program reads only declared inputs, never needs more than [`MAX_STACK`] values and
     /// leaves exactly one; a reduction's operator has a neutral element.
     fn well_formed(&self) -> bool {
@@ -1019,6 +1048,25 @@ mod tests {
             let want = (0..m).fold(f32::NEG_INFINITY, |t, i| BinOp::Max.apply_f32(t, a[i * n + j]));
             assert_eq!(out[j].to_bits(), want.to_bits(), "column {j}");
         }
+    }
+
+    #[test]
+    fn encoding_then_decoding_gives_the_descriptor_back() {
+        let w = words(
+            &[(3, 40, &[40, 0]), (40, 1, &[1, 1])],
+            &[(7, &[120, 0])],
+            Some(BinOp::Max),
+            true,
+            &[
+                MapCode::Input(0),
+                MapCode::Input(1),
+                MapCode::Un(UnOp::Exp),
+                MapCode::Bin(BinOp::Mul),
+            ],
+        );
+        let d = MapDesc::decode(&w).unwrap();
+        assert_eq!(d.encode(), w);
+        assert_eq!(MapDesc::decode(&d.encode()), Some(d));
     }
 
     #[test]
