@@ -48,6 +48,8 @@ pub const MAP_HEADER: usize = 6;
 pub const NO_COUNT: i64 = i64::MIN;
 /// Cells (or points) evaluated together.
 const CHUNK: usize = 128;
+/// Points of a row read together where each cell's points are contiguous (`fold_block`).
+const ROW_RUN: usize = 16;
 /// Cells below which the kernel evaluates points together instead (one cell at a time).
 const MIN_VECTOR_CELLS: usize = 8;
 
@@ -595,7 +597,29 @@ unsafe fn fold_block<T: MapElem, const B: usize>(
                                 }
                                 Lanes::Strided(start, s) => {
                                     let mut q = p.offset(start + base[1]);
-                                    for _ in 0..last.n {
+                                    let mut left = last.n;
+                                    // Each cell's points contiguous (row sums): read them by
+                                    // rows, 16 points at a time, into a transposed block, and
+                                    // fold its columns — still each cell's points in order.
+                                    if step == 1 && B > 1 {
+                                        let mut block = [[T::default(); B]; ROW_RUN];
+                                        while left >= ROW_RUN {
+                                            for l in 0..B {
+                                                let row = q.offset(l as isize * s);
+                                                for (k, r) in block.iter_mut().enumerate() {
+                                                    r[l] = *row.add(k);
+                                                }
+                                            }
+                                            for r in &block {
+                                                for (x, y) in a.iter_mut().zip(r) {
+                                                    *x = BinOp::$op.compute(*x, *y);
+                                                }
+                                            }
+                                            q = q.add(ROW_RUN);
+                                            left -= ROW_RUN;
+                                        }
+                                    }
+                                    for _ in 0..left {
                                         for (l, x) in a.iter_mut().enumerate() {
                                             *x = BinOp::$op.compute(*x, *q.offset(l as isize * s));
                                         }
@@ -1047,6 +1071,34 @@ mod tests {
         for j in 0..n {
             let want = (0..m).fold(f32::NEG_INFINITY, |t, i| BinOp::Max.apply_f32(t, a[i * n + j]));
             assert_eq!(out[j].to_bits(), want.to_bits(), "column {j}");
+        }
+    }
+
+    /// Rows read 16 points at a time into a transposed block (cells' points contiguous):
+    /// 83 rows (blocks of 64, 16 and single cells) of 53 points (three runs of 16 and 5 more),
+    /// every operator, each row's fold in order.
+    #[test]
+    fn row_reductions_read_by_runs_fold_in_order() {
+        let (m, n) = (83usize, 53usize);
+        let a = data(m * n, 5);
+        for op in [BinOp::Add, BinOp::Mul, BinOp::Max, BinOp::Min] {
+            let w = words(
+                &[(m as i64, 1, &[n as i64])],
+                &[(n as i64, &[1])],
+                Some(op),
+                false,
+                &[MapCode::Input(0)],
+            );
+            let mut out = vec![0f32; m];
+            // SAFETY: `m` cells of `out`, `m × n` of `a`.
+            unsafe {
+                map(&[out.as_mut_ptr(), a.as_ptr() as *mut f32], &MapDesc::decode(&w).unwrap())
+            };
+            for i in 0..m {
+                let t0 = op.neutral().unwrap() as f32;
+                let want = a[i * n..(i + 1) * n].iter().fold(t0, |t, x| op.apply_f32(t, *x));
+                assert_eq!(out[i].to_bits(), want.to_bits(), "{} row {i}", op.name());
+            }
         }
     }
 
