@@ -90,10 +90,11 @@ pub struct CpuSchedule {
 pub enum MapCalls {
     /// Every nest is generated (or calls the product kernel).
     Off,
-    /// Reductions other than products (row maxima and sums, means, bias gradients).
+    /// Reductions other than products (row maxima and sums, means, bias gradients) of at least
+    /// `MIN_MAP_POINTS` cells × points: below that, a call's fixed cost outweighs the nest.
     #[default]
     Reductions,
-    /// Those reductions and every pointwise map the kernel takes.
+    /// Every reduction and pointwise map the kernel takes, whatever its size.
     All,
 }
 
@@ -118,9 +119,11 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
         // the map kernel, whatever their size (a small nest of constant trip counts costs GCC as
         // much to compile as a large one).
         if opts.kernel_calls && opts.map_calls != MapCalls::Off {
+            let all = opts.map_calls == MapCalls::All;
+            let min = if all { 1 } else { map::MIN_MAP_POINTS };
             let call = match &recognized {
-                Some(nest) => map::reduction(prog, nest, opts.threads),
-                None if opts.map_calls == MapCalls::All => map::pointwise(prog, &s, opts.threads),
+                Some(nest) => map::reduction(prog, nest, opts.threads, min),
+                None if all => map::pointwise(prog, &s, opts.threads, min),
                 None => None,
             };
             if let Some(stmts) = call {
