@@ -80,14 +80,7 @@ impl CudaSim {
         kernels: &[Kernel],
         symbols: &[i64],
     ) -> Result<(), Error> {
-        let mut arena = FxHashMap::default();
-        for slot in &prog.arena.slots {
-            let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
-            arena.insert(slot.node, Buf::new(node));
-        }
-        for s in kernels.iter().flat_map(|k| &k.scratch) {
-            arena.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
-        }
+        let mut arena = routine_buffers(prog, kernels)?;
         for k in kernels {
             launch(prog, k, symbols, &mut self.buffers, &mut arena)?;
         }
@@ -107,14 +100,7 @@ impl Backend for CudaSim {
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let kernels = kernel_ir::lower(prog);
         let text = kernels.iter().map(|k| k.to_string()).collect();
-        let mut arena = FxHashMap::default();
-        for slot in &prog.arena.slots {
-            let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
-            arena.insert(slot.node, Buf::new(node));
-        }
-        for s in kernels.iter().flat_map(|k| &k.scratch) {
-            arena.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
-        }
+        let arena = routine_buffers(prog, &kernels)?;
         self.routines.push(Routine { prog: prog.clone(), kernels, arena });
         Ok((self.routines.len() - 1, text))
     }
@@ -141,13 +127,7 @@ impl Backend for CudaSim {
 
     fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
         let b = self.buffers.get_mut(&node).ok_or(Error::UnknownNode(node.0))?;
-        if data.dims() != b.node.dims.as_slice() {
-            return Err(Error::ShapeMismatch {
-                id: node.0,
-                expected: b.node.dims.clone(),
-                got: data.dims().to_vec(),
-            });
-        }
+        super::check_dims(&b.node, data)?;
         b.vals = data.convert(b.node.prec).to_f64_vec();
         Ok(())
     }
@@ -156,6 +136,20 @@ impl Backend for CudaSim {
         let b = self.buffers.get(&node).ok_or(Error::UnknownNode(node.0))?;
         NdArray::from_f64(b.node.prec, &b.node.dims, &b.vals)
     }
+}
+
+/// A routine's own buffers: its intermediates (each in a buffer of its own) and its kernels'
+/// scratch arrays, zeroed.
+fn routine_buffers(prog: &Program, kernels: &[Kernel]) -> Result<FxHashMap<NodeId, Buf>, Error> {
+    let mut bufs = FxHashMap::default();
+    for slot in &prog.arena.slots {
+        let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
+        bufs.insert(slot.node, Buf::new(node));
+    }
+    for s in kernels.iter().flat_map(|k| &k.scratch) {
+        bufs.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
+    }
+    Ok(bufs)
 }
 
 /// Who touched a cell during a launch (global memory) or since the last barrier (shared).

@@ -130,13 +130,7 @@ impl HostBuffer {
 
     /// Copies host data in, converting its precision.
     pub fn write(&mut self, data: &NdArray) -> Result<(), Error> {
-        if data.dims() != self.node.dims.as_slice() {
-            return Err(Error::ShapeMismatch {
-                id: self.node.id.0,
-                expected: self.node.dims.clone(),
-                got: data.dims().to_vec(),
-            });
-        }
+        super::check_dims(&self.node, data)?;
         let bytes = data.convert(self.node.prec).to_bytes();
         self.bytes_mut().copy_from_slice(&bytes);
         Ok(())

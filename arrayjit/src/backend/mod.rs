@@ -161,6 +161,18 @@ impl CompileOptions {
     }
 }
 
+/// Host data fits a node's buffer: the same dims (what every backend's `write` checks first).
+pub(crate) fn check_dims(node: &TensorNode, data: &NdArray) -> Result<(), Error> {
+    if data.dims() == node.dims.as_slice() {
+        return Ok(());
+    }
+    Err(Error::ShapeMismatch {
+        id: node.id.0,
+        expected: node.dims.clone(),
+        got: data.dims().to_vec(),
+    })
+}
+
 /// A backend: buffers plus render, compile and run.
 pub trait Backend {
     /// Which backend this is.

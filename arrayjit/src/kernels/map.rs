@@ -207,7 +207,7 @@ impl MapDesc {
     }
 
     /// The program reads only declared inputs, never needs more than [`MAX_STACK`] values and
-    /// leaves exactly one; a reduction's operator has a neutral element.
+    /// leaves exactly one; only a reduction has points, and its operator a neutral element.
     fn well_formed(&self) -> bool {
         let mut depth = 0isize;
         for c in &self.code {
@@ -230,7 +230,10 @@ impl MapDesc {
                 return false;
             }
         }
-        depth == 1 && self.reduce.is_none_or(|r| r.is_reorderable() && r.neutral().is_some())
+        // Points belong to reductions; a reduction's operator has a neutral element.
+        depth == 1
+            && (self.reduce.is_some() || self.points.is_empty())
+            && self.reduce.is_none_or(|r| r.is_reorderable() && r.neutral().is_some())
     }
 }
 

@@ -212,13 +212,7 @@ impl Backend for Cuda {
 
     fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
         let (n, buf) = self.buffers.get_mut(&node).ok_or(Error::UnknownNode(node.0))?;
-        if data.dims() != n.dims.as_slice() {
-            return Err(Error::ShapeMismatch {
-                id: node.0,
-                expected: n.dims.clone(),
-                got: data.dims().to_vec(),
-            });
-        }
+        super::check_dims(n, data)?;
         let bytes = data.convert(n.prec).to_bytes();
         if bytes.is_empty() {
             return Ok(());

@@ -143,37 +143,29 @@ impl<'a> Reduction<'a> {
             Stmt::Set { node: self.node, idx: self.idx.to_vec(), value }
         };
         if g == 1 {
-            let mut kernel = self.pass(prog, k, 1, None, &final_store);
-            kernel.name = format!("k{k}");
-            return vec![kernel];
+            return vec![self.pass(prog, k, 1, None, &final_store)];
         }
-        let tid = Var(prog.next_var);
-        let scale = |i: &Index, s: i64| {
-            Index::new(i.terms.iter().map(|&(c, x)| (c * s, x)).collect(), i.offset * s)
+        let (tid, gv) = (Var(prog.next_var), Var(prog.next_var + 2));
+        // Partial result `j` of this cell: `partial[cell · g + j]`.
+        let slot = |j: Var| {
+            let mut terms: Vec<(i64, IdxVar)> =
+                cell_at.terms.iter().map(|&(c, x)| (c * g as i64, x)).collect();
+            terms.push((1, IdxVar::Loop(j)));
+            vec![Index::new(terms, cell_at.offset * g as i64)]
         };
-        let gv = Var(prog.next_var + 2);
-        let mut slot = scale(&cell_at, g as i64);
-        slot.terms.push((1, IdxVar::Loop(gv)));
-        let slot = Index::new(slot.terms, slot.offset);
-        let first = self.pass(prog, k, g, Some(gv), &|value: Expr| Stmt::Set {
+        let mut first = self.pass(prog, k, g, Some(gv), &|value: Expr| Stmt::Set {
             node: partial,
-            idx: vec![slot.clone()],
+            idx: slot(gv),
             value,
         });
         // The second kernel: thread t < g reads partial result t of its cell.
-        let mut own = scale(&cell_at, g as i64);
-        own.terms.push((1, IdxVar::Loop(tid)));
-        let own = Index::new(own.terms, own.offset);
         let load = Stmt::If {
             guards: vec![Guard { index: Index::var(tid), bound: g }],
-            body: vec![Stmt::SetLocal { local: self.local, value: Expr::Get(partial, vec![own]) }],
+            body: vec![Stmt::SetLocal { local: self.local, value: Expr::Get(partial, slot(tid)) }],
         };
-        let second = self.combine(prog, k + 1, vec![load], &final_store);
+        let mut second = self.blocks(prog, k + 1, 1, None, vec![load], &final_store);
         let scratch = SharedArray { node: partial, prec, len: n_cells * g };
-        let mut first = first;
-        first.name = format!("k{k}");
         first.scratch = vec![scratch.clone()];
-        let mut second = second;
         second.scratch = vec![scratch];
         vec![first, second]
     }
@@ -217,23 +209,12 @@ impl<'a> Reduction<'a> {
                 body: inner,
             }],
         }];
-        let mut kernel = self.combine_blocks(prog, k, g, block_var, fold, store);
-        kernel.threads = (self.cells.iter().map(|c| c.1).product::<usize>() * b * g) as u64;
-        kernel
+        self.blocks(prog, k, g, block_var, fold, store)
     }
 
-    /// One block per cell: `fold` leaves each thread's share in the local, the block combines.
-    fn combine(
-        &self,
-        prog: &Program,
-        k: usize,
-        fold: Vec<Stmt>,
-        store: &dyn Fn(Expr) -> Stmt,
-    ) -> Kernel {
-        self.combine_blocks(prog, k, 1, None, fold, store)
-    }
-
-    fn combine_blocks(
+    /// `g` blocks per cell (`block_var` their index within the cell): `fold` leaves each
+    /// thread's share in the local, each block combines its threads' and `store`s the result.
+    fn blocks(
         &self,
         prog: &Program,
         k: usize,
@@ -322,7 +303,7 @@ impl<'a> Reduction<'a> {
         Kernel {
             name: format!("k{k}"),
             buffers,
-            threads: (n_cells * b) as u64,
+            threads: (n_cells * b * g) as u64,
             block: BLOCK,
             shared: vec![SharedArray { node: shared, prec, len: b }],
             scratch: vec![],

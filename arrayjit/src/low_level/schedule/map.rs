@@ -141,8 +141,8 @@ fn call(prog: &mut Program, site: Site, threads: usize, min_points: usize) -> Op
     let axis = |l: &Loop, with_out: bool| MapAxis {
         extent: l.extent,
         count: l.limit.map(|lim| (Index::new(vec![(1, IdxVar::Sym(lim.size))], 0), lim.per)),
-        out: if with_out { flat_step(prog, node, idx, l.var) } else { 0 },
-        steps: reads.iter().map(|(n, i)| flat_step(prog, *n, i, l.var)).collect(),
+        out: if with_out { super::flat_stride(prog, node, idx, l.var) } else { 0 },
+        steps: reads.iter().map(|(n, i)| super::flat_stride(prog, *n, i, l.var)).collect(),
     };
     let mut cell_axes: Vec<MapAxis> = cells.iter().map(|l| axis(l, true)).collect();
     let point_axes = coalesce(points.iter().map(|l| axis(l, false)).collect());
@@ -274,11 +274,6 @@ impl Postfix {
             Expr::Local(_) | Expr::IndexValue(_) | Expr::Uniform { .. } => None,
         }
     }
-}
-
-/// The step in `node[idx]`'s flat offset when `v` grows by one.
-fn flat_step(prog: &Program, node: NodeId, idx: &[Index], v: Var) -> i64 {
-    super::flat_stride(prog, node, idx, v)
 }
 
 /// `node[idx]`'s flat offset with the kernel's loop variables at 0: affine in the loops
