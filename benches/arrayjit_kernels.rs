@@ -158,6 +158,7 @@ fn bench(c: &mut Criterion) {
                             csc: 1,
                             accumulate: false,
                             fused: true,
+                            epilogue: None,
                         };
                         // SAFETY: every operand is n×n with the strides above.
                         unsafe { gemm(&g, isa) }
@@ -198,6 +199,7 @@ fn bench(c: &mut Criterion) {
                         csc: 1,
                         accumulate: false,
                         fused: false,
+                        epilogue: None,
                     };
                     // SAFETY: every operand is n×n with the strides above.
                     unsafe { if path == "native" { gemm_bf16(&g) } else { reference(&g) } }

@@ -371,6 +371,15 @@ impl CRenderer<'_> {
                     ptr(&g.a),
                     ptr(&g.b)
                 );
+                if let Some(e) = &g.epilogue {
+                    // The same values as the nest after the whole product.
+                    let _ = writeln!(
+                        out,
+                        "{pad}  /* epilogue: the kernel runs it on each strip of the result as \
+                         the strip becomes final; the same as this nest afterwards */"
+                    );
+                    self.stmts(out, &e.nest(), depth + 1);
+                }
                 let _ = writeln!(out, "{pad}}}");
             }
             Stmt::Map(m) => {

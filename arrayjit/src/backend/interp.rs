@@ -15,7 +15,7 @@ use super::c_syntax::expr_prec;
 use super::host::{HostArena, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
 use crate::error::Error;
-use crate::low_level::{Expr, IdxVar, Index, Program, Stmt};
+use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
 use crate::ndarray::NdArray;
 use crate::ops::{BinOp, Prec, TernOp, UnOp, uniform};
 use crate::tnode::{NodeId, TensorNode, row_major_strides};
@@ -106,6 +106,16 @@ struct IGemm {
     desc: Vec<Lin>,
     prec: Prec,
     bf16_pairs: bool,
+    /// The epilogue: the row's and the column's variable slots with their extents (outermost
+    /// first), and the body each cell runs.
+    epilogue: Option<IEpilogue>,
+}
+
+#[derive(Clone, Debug)]
+struct IEpilogue {
+    rows: Vec<(usize, i64)>,
+    cols: Vec<(usize, i64)>,
+    body: Vec<IStmt>,
 }
 
 #[derive(Debug)]
@@ -319,11 +329,20 @@ impl Resolver<'_> {
                     (buf, self.lin(&o.offset))
                 });
                 let desc = g.descriptor().iter().map(|i| self.lin(i)).collect();
+                let slots = |axis: &[(Var, usize)]| -> Vec<(usize, i64)> {
+                    axis.iter().map(|(v, e)| (v.0 as usize, *e as i64)).collect()
+                };
+                let epilogue = g.epilogue.as_ref().map(|e| IEpilogue {
+                    rows: slots(&e.rows),
+                    cols: slots(&e.cols),
+                    body: self.stmts(&e.body),
+                });
                 IStmt::Gemm(Box::new(IGemm {
                     operands,
                     desc,
                     prec: g.prec,
                     bf16_pairs: g.bf16_pairs,
+                    epilogue,
                 }))
             }
             Stmt::Map(m) => {
@@ -488,7 +507,7 @@ impl Machine<'_> {
                     let x = self.eval(value, env, locals, *compute)?;
                     locals[*local] = prec.round(x);
                 }
-                IStmt::Gemm(g) => self.gemm(g, env)?,
+                IStmt::Gemm(g) => self.gemm(g, env, locals)?,
                 IStmt::Map(m) => self.map(m, env)?,
             }
         }
@@ -497,7 +516,8 @@ impl Machine<'_> {
 
     /// A product cell by cell, each a reduction in order: `t := 0` (or the cell), `t :=
     /// fma(a, b, t)` (or `t + a·b`, the product rounded) in the operands' precision.
-    fn gemm(&self, g: &IGemm, env: &[i64]) -> Result<(), Error> {
+    /// Then the epilogue on every cell of the call, row by row.
+    fn gemm(&self, g: &IGemm, env: &mut [i64], locals: &mut [f64]) -> Result<(), Error> {
         let v: Vec<i64> = g.desc.iter().map(|l| l.eval(env)).collect();
         let d = crate::kernels::GemmDesc {
             rsc: v[0],
@@ -558,6 +578,20 @@ impl Machine<'_> {
                     };
                 }
                 self.store_flat(*cb, c, t)?;
+            }
+        }
+        let Some(e) = &g.epilogue else { return Ok(()) };
+        fn split(env: &mut [i64], axis: &[(usize, i64)], mut x: i64) {
+            for &(slot, extent) in axis.iter().rev() {
+                env[slot] = x % extent.max(1);
+                x /= extent.max(1);
+            }
+        }
+        for i in start as i64..start as i64 + m as i64 {
+            split(env, &e.rows, i);
+            for j in 0..n as i64 {
+                split(env, &e.cols, j);
+                self.exec(&e.body, env, locals)?;
             }
         }
         Ok(())

@@ -124,6 +124,10 @@ pub struct CompileOptions {
     /// [`crate::low_level::schedule::MapCalls`]): by default the reductions that are not
     /// products, a quarter less compile time at the same speed.
     pub map_calls: crate::low_level::schedule::MapCalls,
+    /// Pointwise nests on a product's result (bias, activation, scaling) run inside the
+    /// product's call, on each strip of the result as it becomes final (gccjit;
+    /// [`crate::low_level::Epilogue`]). On by default.
+    pub epilogues: bool,
     /// Loop nests with fewer scalar operations than this run on the calling thread.
     pub min_parallel_work: usize,
     /// The persistent compile cache (see [`crate::cache`]); from the environment by default.
@@ -145,6 +149,7 @@ impl Default for CompileOptions {
             tiered: true,
             kernel_calls: true,
             map_calls: crate::low_level::schedule::MapCalls::Reductions,
+            epilogues: true,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
             limits: crate::low_level::estimate::Limits::default(),

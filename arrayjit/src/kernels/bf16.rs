@@ -305,6 +305,7 @@ mod tests {
             csc: 1,
             accumulate: acc,
             fused: false,
+            epilogue: None,
         };
         // SAFETY: the buffers hold every cell the sizes address.
         unsafe { f(&g) };
@@ -367,6 +368,7 @@ mod tests {
                 csc: 1,
                 accumulate: true,
                 fused: false,
+                epilogue: None,
             };
             // SAFETY: the buffers hold every cell the sizes address.
             unsafe { f(&g) };

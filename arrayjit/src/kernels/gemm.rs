@@ -57,6 +57,53 @@ pub struct Gemm<T, F = T> {
     pub accumulate: bool,
     /// Each step is one fused multiply-add (else a rounded product, then a rounded sum).
     pub fused: bool,
+    /// Work to run on each strip of `C` as it becomes final.
+    pub epilogue: Option<EpilogueCall>,
+}
+
+/// The signature of generated epilogue code: `(bufs, syms, row0, row1, err, col0, col1)` runs
+/// the epilogue on rows `row0..row1` × columns `col0..col1` of the product (counted from the
+/// product's row 0, not the call's first row); `bufs`, `syms` and `err` are the calling step's.
+pub type EpilogueFn = unsafe extern "C" fn(*mut *mut u8, *const i64, i64, i64, *mut u8, i64, i64);
+
+/// An epilogue as a call hands it to the product: the generated function and the calling
+/// step's arguments.
+#[derive(Copy, Clone, Debug)]
+pub struct EpilogueCall {
+    /// The generated code.
+    pub f: EpilogueFn,
+    /// The step's buffer table.
+    pub bufs: *mut *mut u8,
+    /// The step's runtime symbols.
+    pub syms: *const i64,
+    /// The step's run table.
+    pub err: *mut u8,
+    /// The product's row of `C`'s first row (a call of one block of rows starts past 0).
+    pub row0: i64,
+}
+
+impl EpilogueCall {
+    /// Runs the epilogue on rows `i0..i1` and columns `j0..j1` of this call.
+    ///
+    /// # Safety
+    /// The generated code's contract: the cells must be final, the buffers those it was built
+    /// for.
+    #[inline]
+    unsafe fn run(&self, i0: usize, i1: usize, j0: usize, j1: usize) {
+        let r = self.row0;
+        // SAFETY: the caller's contract.
+        unsafe {
+            (self.f)(
+                self.bufs,
+                self.syms,
+                r + i0 as i64,
+                r + i1 as i64,
+                self.err,
+                j0 as i64,
+                j1 as i64,
+            )
+        }
+    }
 }
 
 /// The cache blocking: reduction steps per block, rows of `A` per packed block, columns of `B`
@@ -217,6 +264,10 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                 }
             }
         }
+        if let Some(e) = &g.epilogue {
+            // SAFETY: every cell is final.
+            unsafe { e.run(0, m, 0, n) };
+        }
         return;
     }
     let kc_max = blk.kc.min(k);
@@ -258,6 +309,13 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                                 micro::<V, MR, false>(&tile)
                             }
                         }
+                    }
+                    // The strip of `mc` rows × `nr` columns is final after the last block of
+                    // steps, and still in the first-level cache.
+                    if let Some(e) = g.epilogue.as_ref().filter(|_| pc + kc == k) {
+                        let j = jc + jr;
+                        // SAFETY: the strip's cells are final.
+                        unsafe { e.run(ic, ic + mc, j, j + nr.min(nc - jr)) };
                     }
                 }
             }
@@ -480,6 +538,7 @@ mod tests {
             csc,
             accumulate,
             fused,
+            epilogue: None,
         };
         reference(&mk(want.as_mut_ptr()));
         unsafe { gemm(&mk(got.as_mut_ptr()), isa) };
@@ -536,6 +595,7 @@ mod tests {
                 csc: 1,
                 accumulate: false,
                 fused: true,
+                epilogue: None,
             };
             let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
             reference(&mk(want.as_mut_ptr()));
@@ -568,12 +628,101 @@ mod tests {
                 csc: 1,
                 accumulate: false,
                 fused: false,
+                epilogue: None,
             };
             let (mut want, mut got) = (vec![0f64; 24], vec![0f64; 24]);
             reference(&mk(want.as_mut_ptr()));
             unsafe { gemm(&mk(got.as_mut_ptr()), isa) };
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want));
+        }
+    }
+
+    /// The test epilogue: `bufs` = [C (f32, rows of `syms[0]` cells), a copy, visit counts];
+    /// copies each cell it is given and counts the visit.
+    unsafe extern "C" fn copy_cells(
+        bufs: *mut *mut u8,
+        syms: *const i64,
+        r0: i64,
+        r1: i64,
+        _err: *mut u8,
+        c0: i64,
+        c1: i64,
+    ) {
+        unsafe {
+            let n = *syms;
+            let (c, copy, count) =
+                (*bufs as *const f32, *bufs.add(1) as *mut f32, *bufs.add(2) as *mut u32);
+            for i in r0..r1 {
+                for j in c0..c1 {
+                    let at = (i * n + j) as usize;
+                    *copy.add(at) = *c.add(at);
+                    *count.add(at) += 1;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_epilogue_sees_every_cell_once_and_final() {
+        // Edge sizes, several blocks of columns (`NC`) and of steps (`KC`), an empty reduction;
+        // the whole product and two blocks of rows through the entry point.
+        for (m, n, k) in [(1, 1, 1), (37, 70, 300), (200, 1100, 3), (9, 33, 0), (130, 64, 513)] {
+            let a: Vec<f32> = values(m * k, 1).into_iter().map(|x| x as f32).collect();
+            let b: Vec<f32> = values(k * n, 2).into_iter().map(|x| x as f32).collect();
+            for isa in Isa::available() {
+                for blocks in [1, 2] {
+                    let per = m.div_ceil(blocks);
+                    let mut c = vec![f32::NAN; m * n];
+                    let mut copy = vec![0f32; m * n];
+                    let mut count = vec![0u32; m * n];
+                    let mut bufs: [*mut u8; 3] = [
+                        c.as_mut_ptr().cast(),
+                        copy.as_mut_ptr().cast(),
+                        count.as_mut_ptr().cast(),
+                    ];
+                    let syms = [n as i64];
+                    for block in 0..blocks {
+                        let d = super::super::GemmDesc {
+                            rsc: n as i64,
+                            csc: 1,
+                            rsa: k as i64,
+                            csa: 1,
+                            rsb: n as i64,
+                            csb: 1,
+                            row_start: (block * per) as i64,
+                            row_count: per as i64,
+                            m: m as i64,
+                            m_dyn: -1,
+                            n: n as i64,
+                            n_dyn: -1,
+                            k: k as i64,
+                            k_dyn: -1,
+                            flags: super::super::GEMM_FUSED,
+                        };
+                        // SAFETY: the descriptor addresses the vectors above.
+                        unsafe {
+                            let Some(mut g) =
+                                d.product(bufs[0].cast::<f32>(), a.as_ptr(), b.as_ptr())
+                            else {
+                                continue;
+                            };
+                            let row0 = d.clip().3 as i64;
+                            g.epilogue = Some(EpilogueCall {
+                                f: copy_cells,
+                                bufs: bufs.as_mut_ptr(),
+                                syms: syms.as_ptr(),
+                                err: std::ptr::null_mut(),
+                                row0,
+                            });
+                            gemm(&g, isa);
+                        }
+                    }
+                    assert!(count.iter().all(|&x| x == 1), "{m}x{n}x{k} {isa:?} {blocks}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&copy), bits(&c), "{m}x{n}x{k} {isa:?} {blocks}");
+                }
+            }
         }
     }
 }

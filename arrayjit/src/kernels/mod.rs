@@ -21,7 +21,7 @@ pub mod map;
 pub mod simd;
 
 pub use bf16::rc_gemm_bf16;
-pub use gemm::{Gemm, gemm};
+pub use gemm::{EpilogueCall, EpilogueFn, Gemm, gemm};
 pub use map::{rc_map_f32, rc_map_f64};
 
 /// An instruction set a kernel is compiled for.
@@ -157,6 +157,7 @@ impl GemmDesc {
             csc: self.csc as isize,
             accumulate: self.flags & GEMM_ACCUMULATE != 0,
             fused: self.flags & GEMM_FUSED != 0,
+            epilogue: None,
         })
     }
 }
@@ -195,6 +196,53 @@ macro_rules! entry {
 
 entry!(rc_gemm_f32, f32);
 entry!(rc_gemm_f64, f64);
+
+/// The signature generated code calls [`rc_gemm_epi_f32`] and [`rc_gemm_epi_f64`] with: `(c,
+/// a, b, desc, epilogue, bufs, syms, err)`.
+pub type GemmEpiFn<T> = unsafe extern "C" fn(
+    *mut T,
+    *const T,
+    *const T,
+    *const GemmDesc,
+    EpilogueFn,
+    *mut *mut u8,
+    *const i64,
+    *mut u8,
+);
+
+macro_rules! entry_epi {
+    ($name:ident, $t:ty) => {
+        /// The entry point of a product with an epilogue (through the run table): `C (+)=
+        /// A·B` as the descriptor says, then `epilogue(bufs, syms, rows, err, columns)` on
+        /// each strip of `C` as it becomes final.
+        ///
+        /// # Safety
+        /// As the entry point without an epilogue; `epilogue` must be safe to call with the
+        /// step's `bufs`, `syms` and `err` on any rows and columns of the product.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            c: *mut $t,
+            a: *const $t,
+            b: *const $t,
+            desc: *const GemmDesc,
+            epilogue: EpilogueFn,
+            bufs: *mut *mut u8,
+            syms: *const i64,
+            err: *mut u8,
+        ) {
+            // SAFETY: the caller's contract (the descriptor, and its first row inside `c`, `a`).
+            let Some(mut g) = (unsafe { (*desc).product(c, a, b) }) else { return };
+            // SAFETY: the caller's contract.
+            let row0 = unsafe { (*desc).clip().3 } as i64;
+            g.epilogue = Some(EpilogueCall { f: epilogue, bufs, syms, err, row0 });
+            // SAFETY: the caller's contract.
+            unsafe { gemm(&g, Isa::host()) }
+        }
+    };
+}
+
+entry_epi!(rc_gemm_epi_f32, f32);
+entry_epi!(rc_gemm_epi_f64, f64);
 
 #[cfg(test)]
 mod tests {

@@ -421,6 +421,52 @@ pub struct Gemm {
     /// bf16 factors into an f32 result: the pairwise product of
     /// [`crate::kernels::bf16`] (the host's bf16 dot products), not the nest's sequential one.
     pub bf16_pairs: bool,
+    /// A pointwise nest run on the result's cells as the kernel finishes them.
+    pub epilogue: Option<Epilogue>,
+}
+
+/// A pointwise nest fused into a [`Gemm`]: the kernel runs `body` on every cell `(i, j)` of the
+/// call's rows and columns once that cell is final, strip by strip while the strip is still in
+/// the first-level cache, instead of a separate pass over the whole result afterwards (a bias,
+/// an activation, a scaling, or a buffer a later product reads).
+///
+/// The row `i` stands for the variables `rows` (outermost first, `i = Σ v·(extents inside
+/// v)`), the column `j` for `cols`; the body reads and writes tensors only through them (and
+/// runtime symbols), its cells distinct for distinct `(i, j)`, and it reads the product's
+/// result only at cell `(i, j)`. The cells are run in no particular order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Epilogue {
+    /// The row's variables and extents, outermost first.
+    pub rows: Vec<(Var, usize)>,
+    /// The column's variables and extents, outermost first.
+    pub cols: Vec<(Var, usize)>,
+    /// What each cell runs.
+    pub body: Vec<Stmt>,
+}
+
+impl Epilogue {
+    /// The same work as an ordinary nest over every row and column: what the verifier checks
+    /// and what the epilogue stands for.
+    pub fn nest(&self) -> Vec<Stmt> {
+        let mut body = self.body.clone();
+        for &(var, extent) in self.rows.iter().chain(&self.cols).rev() {
+            body = vec![Stmt::For { var, extent, limit: None, parallel: false, body }];
+        }
+        body
+    }
+
+    /// Each variable's value at row `i` and column `j`.
+    pub fn values(&self, i: usize, j: usize) -> impl Iterator<Item = (Var, usize)> + '_ {
+        fn split(axis: &[(Var, usize)], mut x: usize) -> Vec<(Var, usize)> {
+            let mut out = vec![(Var(0), 0); axis.len()];
+            for (k, &(v, e)) in axis.iter().enumerate().rev() {
+                out[k] = (v, x % e.max(1));
+                x /= e.max(1);
+            }
+            out
+        }
+        split(&self.rows, i).into_iter().chain(split(&self.cols, j))
+    }
 }
 
 /// A tensor as an operand of a [`Gemm`]: the flat offset of the cell at row 0, column 0
@@ -551,11 +597,17 @@ impl fmt::Display for Gemm {
 }
 
 impl Stmt {
-    /// Calls `f` on every statement, parents first.
+    /// Calls `f` on every statement, parents first (a product's epilogue is a child of the
+    /// call).
     pub fn visit(&self, f: &mut impl FnMut(&Stmt)) {
         f(self);
         match self {
             Stmt::For { body, .. } | Stmt::If { body, .. } => body.iter().for_each(|s| s.visit(f)),
+            Stmt::Gemm(g) => {
+                if let Some(e) = &g.epilogue {
+                    e.body.iter().for_each(|s| s.visit(f));
+                }
+            }
             _ => {}
         }
     }
@@ -781,9 +833,25 @@ pub fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::SetLocal { local, value } => {
             let _ = writeln!(out, "{pad}{local} := {value}");
         }
-        Stmt::Gemm(g) => {
-            let _ = writeln!(out, "{pad}{g}");
-        }
+        Stmt::Gemm(g) => match &g.epilogue {
+            None => {
+                let _ = writeln!(out, "{pad}{g}");
+            }
+            Some(e) => {
+                let vars = |axis: &[(Var, usize)]| {
+                    let v: Vec<String> = axis.iter().map(|(v, e)| format!("{v} < {e}")).collect();
+                    v.join(", ")
+                };
+                let _ = writeln!(
+                    out,
+                    "{pad}{g} then per cell ({}; {}) {{",
+                    vars(&e.rows),
+                    vars(&e.cols)
+                );
+                e.body.iter().for_each(|s| print_stmt(out, s, depth + 1));
+                let _ = writeln!(out, "{pad}}}");
+            }
+        },
         Stmt::Map(m) => {
             let _ = writeln!(out, "{pad}{m}");
         }
@@ -902,9 +970,14 @@ pub fn flops(prog: &Program) -> u64 {
                 mult.saturating_mul(expr_flops(value))
             }
             // Per call: its rows (a block's share of them) × columns × reduction, two each.
-            Stmt::Gemm(g) => mult.saturating_mul(
-                2 * (g.rows_per_call() * g.n.extent).saturating_mul(g.k.extent) as u64,
-            ),
+            Stmt::Gemm(g) => {
+                let cells = (g.rows_per_call() * g.n.extent) as u64;
+                let epilogue = g.epilogue.as_ref().map_or(0, |e| {
+                    e.body.iter().map(|b| go(b, mult.saturating_mul(cells))).sum::<u64>()
+                });
+                mult.saturating_mul(2 * cells.saturating_mul(g.k.extent as u64))
+                    .saturating_add(epilogue)
+            }
             Stmt::Map(m) => {
                 mult.saturating_mul(m.points_total() as u64).saturating_mul(m.flops_per_point())
             }

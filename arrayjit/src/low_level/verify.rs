@@ -8,7 +8,8 @@
 //!   axis;
 //! - every local exists and is assigned somewhere before (in program order) it is read;
 //! - every matrix-product call ([`super::Gemm`]) is in f32 or f64 on operands of its
-//!   precision, and every cell it can address lies inside its tensor.
+//!   precision, and every cell it can address lies inside its tensor; its epilogue covers its
+//!   rows and columns and uses neither loop variables nor locals from outside the call.
 
 use rustc_hash::FxHashSet;
 
@@ -75,9 +76,37 @@ impl Verifier<'_> {
                 self.assigned.insert(*local);
                 Ok(())
             }
-            Stmt::Gemm(g) => self.gemm(g),
+            Stmt::Gemm(g) => {
+                self.gemm(g)?;
+                g.epilogue.as_ref().map_or(Ok(()), |e| self.epilogue(g, e))
+            }
             Stmt::Map(m) => self.map(m),
         }
+    }
+
+    /// An epilogue's variables cover the product's rows and columns, and its body, checked as
+    /// the nest it stands for, uses no variable of the loops around the call (it runs in a
+    /// function of its own).
+    fn epilogue(&mut self, g: &super::Gemm, e: &super::Epilogue) -> Result<(), String> {
+        let size = |axis: &[(Var, usize)]| axis.iter().map(|(_, e)| *e).product::<usize>();
+        if size(&e.rows) != g.m.extent || size(&e.cols) != g.n.extent {
+            return Err(format!(
+                "epilogue over {}x{} cells of a {}x{} product",
+                size(&e.rows),
+                size(&e.cols),
+                g.m.extent,
+                g.n.extent
+            ));
+        }
+        if g.bf16_pairs || g.m.limit.is_some() || g.n.limit.is_some() {
+            return Err("epilogue on a bf16-pairs or dynamically sized product".to_string());
+        }
+        let bound = std::mem::take(&mut self.bound);
+        let extents = std::mem::take(&mut self.extents);
+        let assigned = std::mem::take(&mut self.assigned);
+        let r = self.block(&e.nest());
+        (self.bound, self.extents, self.assigned) = (bound, extents, assigned);
+        r
     }
 
     fn gemm(&self, g: &super::Gemm) -> Result<(), String> {

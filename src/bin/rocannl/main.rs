@@ -115,6 +115,10 @@ struct BenchArgs {
     /// not products; the default) or all (those and pointwise maps).
     #[arg(long, value_name = "off|reductions|all")]
     map_calls: Option<String>,
+    /// Whether pointwise nests on a product's result run inside the product's call (gccjit):
+    /// on (the default) or off.
+    #[arg(long, value_name = "on|off")]
+    epilogues: Option<String>,
     /// Also draw compile and run times per backend and optimization level (gccjit at every
     /// level, 0 to 3) into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
@@ -403,6 +407,17 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
                         .into());
                     }
                 };
+            }
+            match b.epilogues.as_deref() {
+                None | Some("on") => {}
+                Some("off") => base.compile.epilogues = false,
+                Some(other) => {
+                    return Err(CliError {
+                        kind: ErrorKind::Usage,
+                        message: format!("--epilogues takes on or off, not `{other}`"),
+                    }
+                    .into());
+                }
             }
             let backends = bench::backends(&b.backend)?;
             let started = std::time::Instant::now();

@@ -78,8 +78,12 @@ pub const HELPER_GEMM_BF16: usize = 7;
 pub const HELPER_MAP_F32: usize = 8;
 /// [`crate::kernels::rc_map_f64`].
 pub const HELPER_MAP_F64: usize = 9;
+/// [`crate::kernels::rc_gemm_epi_f32`].
+pub const HELPER_GEMM_EPI_F32: usize = 10;
+/// [`crate::kernels::rc_gemm_epi_f64`].
+pub const HELPER_GEMM_EPI_F64: usize = 11;
 /// The number of helpers in the run table.
-pub const HELPERS: usize = 10;
+pub const HELPERS: usize = 12;
 
 /// Where a build goes.
 pub enum Output<'a> {
@@ -307,15 +311,33 @@ struct Gen<'c> {
     helper_ptrs: FxHashMap<usize, LValue<'c>>,
     bounds_check: bool,
     fresh: usize,
+    /// The function's name (its epilogues' names start with it).
+    fn_name: String,
+    /// An epilogue function's first and last column (else unused).
+    cols: Option<(RValue<'c>, RValue<'c>)>,
 }
 
 impl<'c> Gen<'c> {
+    /// A step's function: `(bufs, syms, lo, hi, err)`, exported.
     fn new(
         ctx: &'c Context<'static>,
         prog: &'c Program,
         slots: &'c [NodeId],
         bounds_check: bool,
         name: &str,
+    ) -> Gen<'c> {
+        Gen::with_signature(ctx, prog, slots, bounds_check, name, false)
+    }
+
+    /// A step's function, or with `epilogue` an epilogue's ([`crate::kernels::EpilogueFn`]:
+    /// `(bufs, syms, row0, row1, err, col0, col1)`, internal to the build).
+    fn with_signature(
+        ctx: &'c Context<'static>,
+        prog: &'c Program,
+        slots: &'c [NodeId],
+        bounds_check: bool,
+        name: &str,
+        epilogue: bool,
     ) -> Gen<'c> {
         let void_ptr = ctx.new_type::<()>().make_pointer();
         let t = Types {
@@ -328,21 +350,19 @@ impl<'c> Gen<'c> {
             int: ctx.new_type::<i32>(),
             boolean: ctx.new_type::<bool>(),
         };
-        let params = [
+        let mut params = vec![
             ctx.new_parameter(None, void_ptr.make_pointer(), "bufs"),
             ctx.new_parameter(None, t.i64.make_pointer(), "syms"),
             ctx.new_parameter(None, t.i64, "lo"),
             ctx.new_parameter(None, t.i64, "hi"),
             ctx.new_parameter(None, void_ptr, "err"),
         ];
-        let func = ctx.new_function(
-            None,
-            FunctionType::Exported,
-            ctx.new_type::<()>(),
-            &params,
-            name,
-            false,
-        );
+        if epilogue {
+            params.push(ctx.new_parameter(None, t.i64, "col0"));
+            params.push(ctx.new_parameter(None, t.i64, "col1"));
+        }
+        let kind = if epilogue { FunctionType::Internal } else { FunctionType::Exported };
+        let func = ctx.new_function(None, kind, ctx.new_type::<()>(), &params, name, false);
         // Helper addresses are loaded in `entry`, which jumps to `start` once the function is
         // complete; the code proper begins in `start`.
         let entry = func.new_block("entry");
@@ -368,6 +388,8 @@ impl<'c> Gen<'c> {
             helper_ptrs: FxHashMap::default(),
             bounds_check,
             fresh: 0,
+            fn_name: name.to_string(),
+            cols: epilogue.then(|| (params[5].to_rvalue(), params[6].to_rvalue())),
         }
     }
 
@@ -400,7 +422,81 @@ impl<'c> Gen<'c> {
     }
 
     fn function(&mut self, body: &[Stmt], kind: &StepKind) {
-        // Typed buffer pointers for every node the step touches.
+        self.pointers(body);
+        match kind {
+            StepKind::Serial => self.stmts(body),
+            StepKind::Parallel { .. } => match body {
+                [Stmt::For { var, limit, body, .. }] => {
+                    let (lo, hi) = (self.lo, self.hi);
+                    let hi = self.limited(hi, *limit);
+                    self.for_loop(*var, lo, hi, body);
+                }
+                other => self.stmts(other),
+            },
+        }
+        self.block.end_with_void_return(None);
+        self.entry.end_with_jump(None, self.start);
+    }
+
+    /// An epilogue's function: its body on rows `lo..hi` × columns `col0..col1`, each row and
+    /// column split into the epilogue's variables.
+    fn epilogue_function(&mut self, e: &crate::low_level::Epilogue) {
+        self.pointers(&e.body);
+        let (lo, hi) = (self.lo, self.hi);
+        let (c0, c1) = self.cols.expect("an epilogue's function has columns");
+        self.counted(lo, hi, |g, row| {
+            g.split(row, &e.rows);
+            g.counted(c0, c1, |g, col| {
+                g.split(col, &e.cols);
+                g.stmts(&e.body);
+            });
+        });
+        self.block.end_with_void_return(None);
+        self.entry.end_with_jump(None, self.start);
+    }
+
+    /// A loop of a fresh counter from `from` to `to`, `body` given the counter.
+    fn counted(
+        &mut self,
+        from: RValue<'c>,
+        to: RValue<'c>,
+        body: impl FnOnce(&mut Self, RValue<'c>),
+    ) {
+        let x = self.new_local(self.t.i64, "n");
+        let cond = self.new_block("cond");
+        let inner = self.new_block("body");
+        let after = self.new_block("after");
+        self.block.add_assignment(None, x, from);
+        self.block.end_with_jump(None, cond);
+        let test = self.ctx.new_comparison(None, ComparisonOp::LessThan, x.to_rvalue(), to);
+        cond.end_with_conditional(None, test, inner, after);
+        self.block = inner;
+        body(self, x.to_rvalue());
+        let one = self.ctx.new_rvalue_one(self.t.i64);
+        self.block.add_assignment_op(None, x, BinaryOp::Plus, one);
+        self.block.end_with_jump(None, cond);
+        self.block = after;
+    }
+
+    /// Sets the variables of an epilogue axis (outermost first) from the axis' position.
+    fn split(&mut self, x: RValue<'c>, axis: &[(Var, usize)]) {
+        let mut rest = x;
+        for (k, &(v, extent)) in axis.iter().enumerate().rev() {
+            let l = self.var(v);
+            if k == 0 {
+                self.block.add_assignment(None, l, rest);
+                break;
+            }
+            let e = self.long(extent as i64);
+            let r = self.ctx.new_binary_op(None, BinaryOp::Modulo, self.t.i64, rest, e);
+            self.block.add_assignment(None, l, r);
+            let q = self.ctx.new_binary_op(None, BinaryOp::Divide, self.t.i64, rest, e);
+            rest = self.temp(q, self.t.i64);
+        }
+    }
+
+    /// Typed buffer pointers for every node the statements touch.
+    fn pointers(&mut self, body: &[Stmt]) {
         for n in nodes_of(body) {
             let node = &self.prog.nodes[&n];
             let elem = self.storage_type(node.prec);
@@ -423,19 +519,6 @@ impl<'c> Gen<'c> {
             }
             self.ptrs.insert(n, ptr);
         }
-        match kind {
-            StepKind::Serial => self.stmts(body),
-            StepKind::Parallel { .. } => match body {
-                [Stmt::For { var, limit, body, .. }] => {
-                    let (lo, hi) = (self.lo, self.hi);
-                    let hi = self.limited(hi, *limit);
-                    self.for_loop(*var, lo, hi, body);
-                }
-                other => self.stmts(other),
-            },
-        }
-        self.block.end_with_void_return(None);
-        self.entry.end_with_jump(None, self.start);
     }
 
     fn stmts(&mut self, body: &[Stmt]) {
@@ -574,7 +657,7 @@ impl<'c> Gen<'c> {
         let arr = self.words("gemm_desc", &g.descriptor());
         let c_ty = self.storage_type(g.prec).make_pointer();
         let factor_ty = if g.bf16_pairs { self.t.u16.make_pointer() } else { c_ty };
-        let mut args = Vec::with_capacity(4);
+        let mut args = Vec::with_capacity(8);
         for o in g.operands() {
             let off = self.index(&o.offset);
             let base = self.ptrs[&o.node].to_rvalue();
@@ -582,15 +665,38 @@ impl<'c> Gen<'c> {
         }
         let first = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(0));
         args.push(first.get_address(None));
-        let fty = self.ctx.new_function_pointer_type(
-            None,
-            self.ctx.new_type::<()>(),
-            &[c_ty, factor_ty, factor_ty, self.t.i64.make_pointer()],
-            false,
-        );
-        let k = match (g.bf16_pairs, g.prec) {
-            (true, _) => HELPER_GEMM_BF16,
-            (false, Prec::F64) => HELPER_GEMM_F64,
+        let mut params = vec![c_ty, factor_ty, factor_ty, self.t.i64.make_pointer()];
+        if let Some(e) = &g.epilogue {
+            // The epilogue's own function, called by the kernel with this step's arguments.
+            let void_ptr = self.ctx.new_type::<()>().make_pointer();
+            let i64 = self.t.i64;
+            let epi_ty = self.ctx.new_function_pointer_type(
+                None,
+                self.ctx.new_type::<()>(),
+                &[void_ptr.make_pointer(), i64.make_pointer(), i64, i64, void_ptr, i64, i64],
+                false,
+            );
+            let name = self.name(&format!("{}_epilogue", self.fn_name));
+            let mut sub = Gen::with_signature(
+                self.ctx,
+                self.prog,
+                self.slots,
+                self.bounds_check,
+                &name,
+                true,
+            );
+            sub.epilogue_function(e);
+            args.push(self.ctx.new_cast(None, sub.func.get_address(None), epi_ty));
+            args.extend([self.bufs, self.syms, self.err]);
+            params.extend([epi_ty, void_ptr.make_pointer(), i64.make_pointer(), void_ptr]);
+        }
+        let fty =
+            self.ctx.new_function_pointer_type(None, self.ctx.new_type::<()>(), &params, false);
+        let k = match (g.bf16_pairs, g.prec, g.epilogue.is_some()) {
+            (true, ..) => HELPER_GEMM_BF16,
+            (false, Prec::F64, false) => HELPER_GEMM_F64,
+            (false, Prec::F64, true) => HELPER_GEMM_EPI_F64,
+            (false, _, true) => HELPER_GEMM_EPI_F32,
             _ => HELPER_GEMM_F32,
         };
         let f = self.helper(k, fty);

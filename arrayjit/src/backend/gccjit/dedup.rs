@@ -239,6 +239,12 @@ impl Canon {
                     o.offset = self.index(&o.offset);
                 }
                 g.rows = g.rows.map(|(v, per)| (self.var(v), per));
+                if let Some(e) = &mut g.epilogue {
+                    for (v, _) in e.rows.iter_mut().chain(&mut e.cols) {
+                        *v = self.var(*v);
+                    }
+                    e.body = self.stmts(&e.body);
+                }
                 Stmt::Gemm(Box::new(g))
             }
             Stmt::Map(m) => {
@@ -326,6 +332,9 @@ fn rebase(s: &Stmt, node_base: u32, local_base: u32) -> Stmt {
             let mut g = (**g).clone();
             for o in g.operands_mut() {
                 o.node = n(o.node);
+            }
+            if let Some(e) = &mut g.epilogue {
+                e.body = e.body.iter().map(|b| rebase(b, node_base, local_base)).collect();
             }
             Stmt::Gemm(Box::new(g))
         }

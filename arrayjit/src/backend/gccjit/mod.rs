@@ -75,6 +75,8 @@ fn helpers() -> [usize; codegen::HELPERS] {
     h[codegen::HELPER_REPORT] = report_oob as *const () as usize;
     h[codegen::HELPER_GEMM_F32] = crate::kernels::rc_gemm_f32 as *const () as usize;
     h[codegen::HELPER_GEMM_F64] = crate::kernels::rc_gemm_f64 as *const () as usize;
+    h[codegen::HELPER_GEMM_EPI_F32] = crate::kernels::rc_gemm_epi_f32 as *const () as usize;
+    h[codegen::HELPER_GEMM_EPI_F64] = crate::kernels::rc_gemm_epi_f64 as *const () as usize;
     h[codegen::HELPER_GEMM_BF16] = crate::kernels::rc_gemm_bf16 as *const () as usize;
     h[codegen::HELPER_MAP_F32] = crate::kernels::rc_map_f32 as *const () as usize;
     h[codegen::HELPER_MAP_F64] = crate::kernels::rc_map_f64 as *const () as usize;
@@ -208,6 +210,7 @@ impl Gccjit {
             kernel_calls,
             bf16_pairs: kernel_calls && crate::kernels::bf16::has_native(),
             map_calls: self.opts.map_calls,
+            epilogues: self.opts.epilogues,
         };
         schedule::schedule_cpu(&mut prog, &opts);
         let cuts = cut_points(&prog.body);
@@ -396,10 +399,10 @@ impl Gccjit {
         // The codegen number changes whenever the code generated for the same program changes
         // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
         // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot;
-        // 12: maps and reductions call the map kernel, two new slots), so older cache entries
-        // are not used.
+        // 12: maps and reductions call the map kernel, two new slots; 13: products with
+        // epilogues, two new slots), so older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 12; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 13; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,

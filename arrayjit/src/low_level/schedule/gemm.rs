@@ -36,13 +36,16 @@ pub const MIN_GEMM_DEPTH: usize = 128;
 
 /// Rewrites a recognized nest into calls of the matrix product, or `None` (the program is then
 /// unchanged).
+/// `prior` holds the statements scheduled so far: an operand's buffer may be filled by the
+/// epilogue of a product among them ([`super::epilogue`]).
 pub(crate) fn rewrite(
     prog: &mut Program,
     nest: &Nest,
     opts: &super::CpuSchedule,
+    prior: &mut [Stmt],
 ) -> Option<Vec<Stmt>> {
     let (nodes, scratch, next_var) = (prog.nodes.len(), prog.scratch.len(), prog.next_var);
-    let out = calls(prog, nest, opts);
+    let out = calls(prog, nest, opts, prior);
     if out.is_none() {
         // Forget the operand buffers made for it.
         for s in prog.scratch.drain(scratch..) {
@@ -54,7 +57,12 @@ pub(crate) fn rewrite(
     out
 }
 
-fn calls(prog: &mut Program, nest: &Nest, opts: &super::CpuSchedule) -> Option<Vec<Stmt>> {
+fn calls(
+    prog: &mut Program,
+    nest: &Nest,
+    opts: &super::CpuSchedule,
+    prior: &mut [Stmt],
+) -> Option<Vec<Stmt>> {
     let threads = opts.threads;
     if !nest.cell_guards.is_empty() || !nest.point_guards.is_empty() {
         return None;
@@ -140,6 +148,7 @@ fn calls(prog: &mut Program, nest: &Nest, opts: &super::CpuSchedule) -> Option<V
         fused,
         prec: nest.prec,
         bf16_pairs,
+        epilogue: None,
     };
     // Threads: across the outermost batch loop when it is parallel with an iteration per
     // thread, else across blocks of rows (a parallel loop around the batch loops).
@@ -158,9 +167,20 @@ fn calls(prog: &mut Program, nest: &Nest, opts: &super::CpuSchedule) -> Option<V
             batch.iter_mut().for_each(|l| l.parallel = false);
         }
     }
-    // Operand buffers: `B`'s (every block reads all of it) before the product; `A`'s inside
-    // each block of rows, for the block's rows only, when its only row loop is the product's
-    // (one step instead of two, and the rows are in cache when the product reads them).
+    // Operand buffers: filled by the epilogue of the product whose result they read, when an
+    // earlier call can take them (the buffer is written while that result is in cache); else
+    // `B`'s (every block reads all of it) before the product, and `A`'s inside each block of
+    // rows, for the block's rows only, when its only row loop is the product's (one step
+    // instead of two, and the rows are in cache when the product reads them).
+    let mut outside = |prog: &mut Program, f: Option<Fill>| -> Option<Fill> {
+        let f = f?;
+        let fill = if opts.epilogues { f.stmts(prog, None) } else { vec![] };
+        match fill.as_slice() {
+            [s] if super::epilogue::attach(prog, prior, s) => None,
+            _ => Some(f),
+        }
+    };
+    let (bf, af) = (outside(prog, bf), outside(prog, af));
     let mut out: Vec<Stmt> = bf.iter().flat_map(|f| f.stmts(prog, None)).collect();
     let mut body = vec![];
     match (&af, blocks) {

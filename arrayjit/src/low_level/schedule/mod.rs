@@ -32,6 +32,7 @@
 
 mod axpy;
 mod dot;
+mod epilogue;
 mod gemm;
 mod map;
 mod pack;
@@ -78,6 +79,9 @@ pub struct CpuSchedule {
     pub bf16_pairs: bool,
     /// Which pointwise maps and (non-product) reductions become calls of the map kernel.
     pub map_calls: MapCalls,
+    /// Pointwise nests that read a product's result cell by cell run inside the product's call,
+    /// on each strip of the result as it becomes final ([`crate::low_level::Epilogue`]).
+    pub epilogues: bool,
 }
 
 /// Which nests call the map kernel ([`crate::kernels::map`]) instead of being generated. A call
@@ -105,6 +109,7 @@ impl Default for CpuSchedule {
             kernel_calls: true,
             bf16_pairs: false,
             map_calls: MapCalls::default(),
+            epilogues: true,
         }
     }
 }
@@ -115,6 +120,14 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
     let mut out = Vec::with_capacity(body.len());
     for s in body {
         let recognized = Nest::recognize(prog, &s);
+        // A pointwise nest on a product's result: inside the product's call.
+        if recognized.is_none()
+            && opts.kernel_calls
+            && opts.epilogues
+            && epilogue::attach(prog, &mut out, &s)
+        {
+            continue;
+        }
         // Reductions other than products (and, with `MapCalls::All`, pointwise maps): calls of
         // the map kernel, whatever their size (a small nest of constant trip counts costs GCC as
         // much to compile as a large one).
@@ -139,7 +152,8 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
             out.push(s);
             continue;
         };
-        let call = if opts.kernel_calls { gemm::rewrite(prog, &nest, opts) } else { None };
+        let call =
+            if opts.kernel_calls { gemm::rewrite(prog, &nest, opts, &mut out) } else { None };
         let rewritten =
             call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
         match rewritten {
