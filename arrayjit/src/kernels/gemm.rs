@@ -214,6 +214,11 @@ kernels!(f32, BLOCKING_F32, f32, f32, f32);
 #[cfg(not(target_arch = "x86_64"))]
 kernels!(f64, BLOCKING_F64, f64, f64, f64);
 
+/// Columns per call of an epilogue (a multiple of every register tile's width): long enough
+/// rows for the generated code's vector loops, few enough cells to stay in the first-level
+/// cache.
+const EPILOGUE_COLS: usize = 128;
+
 /// Vectors of columns per register tile.
 const NV: usize = 2;
 /// The most cells of a register tile (for the edge tiles' buffer).
@@ -310,12 +315,15 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                             }
                         }
                     }
-                    // The strip of `mc` rows × `nr` columns is final after the last block of
-                    // steps, and still in the first-level cache.
-                    if let Some(e) = g.epilogue.as_ref().filter(|_| pc + kc == k) {
-                        let j = jc + jr;
+                    // Strips of `mc` rows × `EPILOGUE_COLS` columns are final after the last
+                    // block of steps, and still in the first-level cache.
+                    let j = jr + nr;
+                    if let Some(e) = g.epilogue.as_ref().filter(|_| pc + kc == k)
+                        && (j.is_multiple_of(EPILOGUE_COLS) || j >= nc)
+                    {
+                        let from = (j - 1) / EPILOGUE_COLS * EPILOGUE_COLS;
                         // SAFETY: the strip's cells are final.
-                        unsafe { e.run(ic, ic + mc, j, j + nr.min(nc - jr)) };
+                        unsafe { e.run(ic, ic + mc, jc + from, jc + j.min(nc)) };
                     }
                 }
             }
