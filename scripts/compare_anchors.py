@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rocannl side by side with numpy, JAX and PyTorch on the anchors' workloads, in one session.
 
-    bash scripts/compare_anchors.sh [--reps N] [--frameworks numpy,jax,torch] [--no-write]
+    bash scripts/compare_anchors.sh [--reps N] [--frameworks numpy,jax,torch] [--isa avx2] [--no-write]
 
 Runs, on this machine and one after the other:
 - `rocannl bench --backend gccjit --json` on the documents of `../shared/tools/gen_docs.py`:
@@ -15,6 +15,13 @@ Runs, on this machine and one after the other:
 Prints a Markdown table (medians, min–max over repetitions, the machine) and, unless
 `--no-write`, puts it in `docs/benchmarks.md` between the `compare_anchors` markers. Every
 process uses 2 threads, as the anchors' protocol does.
+
+`--isa avx2` measures what an AVX2-only host would run, on an AVX-512 host: every process is
+limited to AVX2 (rocannl by `ROCANNL_ISA=avx2`, PyTorch by `ATEN_CPU_CAPABILITY=avx2` and
+`MKL_ENABLE_INSTRUCTIONS=AVX2`, numpy's OpenBLAS by `OPENBLAS_CORETYPE=Haswell` and numpy's own
+loops by `NPY_DISABLE_CPU_FEATURES`, JAX by `XLA_FLAGS=--xla_cpu_max_isa=AVX2`), and the table
+goes between the `compare_anchors_avx2` markers. The clock, caches and memory stay the host's,
+so this is the AVX2 code paths' figure, not an AVX2-only machine's.
 """
 
 import argparse
@@ -36,6 +43,11 @@ END = "<!-- compare_anchors: end -->"
 SIZES = (256, 512, 1024, 2048)
 ENV = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2",
            BENCH_THREADS="2", PYTHONDONTWRITEBYTECODE="1")
+# Every framework limited to AVX2 (`--isa avx2`).
+AVX2_ENV = dict(ROCANNL_ISA="avx2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2",
+                OPENBLAS_CORETYPE="Haswell",
+                NPY_DISABLE_CPU_FEATURES="AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
+                XLA_FLAGS="--xla_cpu_max_isa=AVX2")
 
 # Rows of the table: (label, unit, rocannl document, anchors' (workload, case prefix)).
 ROWS = [(f"W1 matmul n={n}", "GFLOP/s", ["matmul", str(n)], ("matmul", f"n={n}")) for n in SIZES] + [
@@ -141,14 +153,18 @@ def fmt(cell):
     return f"{m:,.0f} ({lo:,.0f}–{hi:,.0f})" if m >= 100 else f"{m:,.1f} ({lo:,.1f}–{hi:,.1f})"
 
 
-def table(ours, others, versions, reps):
+def table(ours, others, versions, reps, isa=None):
     names = [f for f in others if others[f] is not None]
-    head = "| workload | unit | rocannl gccjit | " + " | ".join(names) + " | rocannl ÷ best other |"
+    # JAX's products run AVX-512 code whatever `--xla_cpu_max_isa` says (above the AVX2 FMA
+    # ceiling), so with `--isa avx2` it is shown but not compared with.
+    compared = [f for f in names if not (isa == "avx2" and f == "jax")]
+    best_of = "best other" if compared == names else "best of " + ", ".join(compared)
+    head = "| workload | unit | rocannl gccjit | " + " | ".join(names) + f" | rocannl ÷ {best_of} |"
     lines = [head, "|" + "---|" * (4 + len(names))]
     for label, unit, _, _ in ROWS:
         mine = ours.get(label)
         theirs = [others[f].get(label) for f in names]
-        best = max((c[0] for c in theirs if c is not None), default=None)
+        best = max((others[f][label][0] for f in compared if others[f].get(label)), default=None)
         ratio = f"{mine[0] / best:.2f}×" if mine and best else "—"
         lines.append(f"| {label} | {unit} | {fmt(mine)} | " + " | ".join(fmt(c) for c in theirs) + f" | {ratio} |")
     missing = [f for f in others if others[f] is None]
@@ -162,6 +178,12 @@ def table(ours, others, versions, reps):
         "W2 and W3 the steady-state step of `examples/first_step` (median of 5 processes' medians, "
         "their range); the others: the anchors' `bench.py`.",
     ]
+    if isa == "avx2":
+        notes.append("Every process limited to AVX2 on this AVX-512 host (`--isa avx2`: "
+                     + ", ".join(f"`{k}={v}`" for k, v in AVX2_ENV.items())
+                     + "); the clock, caches and memory are the host's. JAX's products ignore "
+                     "`--xla_cpu_max_isa` (they run above the AVX2 FMA ceiling), so its column is "
+                     "not an AVX2 figure and the ratio leaves it out.")
     if vers:
         notes.append(f"Versions: {vers}.")
     if missing:
@@ -169,13 +191,13 @@ def table(ours, others, versions, reps):
     return "\n".join(lines + notes)
 
 
-def write(text):
+def write(text, begin=BEGIN, end=END):
     with open(DOC) as f:
         doc = f.read()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in doc and END in doc:
-        before, rest = doc.split(BEGIN, 1)
-        after = rest.split(END, 1)[1]
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc and end in doc:
+        before, rest = doc.split(begin, 1)
+        after = rest.split(end, 1)[1]
         doc = before + block + after
     else:
         doc = doc.rstrip("\n") + "\n\n## rocannl, numpy, JAX and PyTorch side by side\n\n" + block + "\n"
@@ -190,7 +212,10 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "rocannl"))
     ap.add_argument("--example", default=os.path.join(ROOT, "target", "release", "examples", "first_step"))
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--isa", choices=["avx2"], help="limit every framework to AVX2")
     args = ap.parse_args()
+    if args.isa == "avx2":
+        ENV.update(AVX2_ENV)
     for need in (GEN, ANCHORS, args.bin, args.example):
         if not os.path.exists(need):
             sys.exit(f"compare_anchors: {need} is missing (build with `cargo build --release --bin rocannl --example first_step`; "
@@ -200,10 +225,13 @@ def main():
     others, versions = {}, {}
     for fw in args.frameworks.split(","):
         others[fw], versions[fw] = anchor_runs(fw, args.reps)
-    text = table(ours, others, versions, args.reps)
+    text = table(ours, others, versions, args.reps, args.isa)
     print(text)
     if not args.no_write:
-        write(text)
+        if args.isa == "avx2":
+            write(text, BEGIN.replace("anchors", "anchors_avx2"), END.replace("anchors", "anchors_avx2"))
+        else:
+            write(text)
         log(f"written to {DOC}")
 
 

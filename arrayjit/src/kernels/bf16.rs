@@ -33,6 +33,7 @@ pub fn has_native() -> bool {
         {
             std::arch::is_x86_feature_detected!("avx512bf16")
                 && std::arch::is_x86_feature_detected!("avx512f")
+                && super::Isa::cap() == super::Isa::Avx512
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

@@ -25,7 +25,7 @@ pub use gemm::{EpilogueCall, EpilogueFn, Gemm, gemm};
 pub use map::{rc_map_f32, rc_map_f64};
 
 /// An instruction set a kernel is compiled for.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Portable code (scalar or whatever the target's baseline vectorizes to).
     Generic,
@@ -36,7 +36,8 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// Every instruction set this host can run, the best last.
+    /// Every instruction set this host can run, the best last, up to the cap of
+    /// `ROCANNL_ISA` ([`Isa::cap`]).
     pub fn available() -> Vec<Isa> {
         let mut out = vec![Isa::Generic];
         #[cfg(target_arch = "x86_64")]
@@ -49,13 +50,27 @@ impl Isa {
                 out.push(Isa::Avx512);
             }
         }
+        out.retain(|i| *i <= Isa::cap());
         out
     }
 
-    /// The best instruction set of this host (detected once).
+    /// The best instruction set of this host (detected once), up to the cap.
     pub fn host() -> Isa {
         static HOST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *HOST.get_or_init(|| *Isa::available().last().unwrap_or(&Isa::Generic))
+    }
+
+    /// The most this process uses, read once from the environment: `ROCANNL_ISA=avx2` makes an
+    /// AVX-512 host run (and generate) what an AVX2-only host would, `generic` portable code
+    /// only; unset (or `avx512`), whatever the host has. Kernels, generated code's target flags
+    /// and the bf16 instructions all follow it, so one machine can measure and test every path.
+    pub fn cap() -> Isa {
+        static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CAP.get_or_init(|| match std::env::var("ROCANNL_ISA").as_deref() {
+            Ok("generic") => Isa::Generic,
+            Ok("avx2") => Isa::Avx2,
+            _ => Isa::Avx512,
+        })
     }
 
     /// The name shown in reports.

@@ -253,15 +253,23 @@ pub fn load_library(path: &std::path::Path) -> Option<libloading::Library> {
 
 /// Code generation flags for the host CPU. libgccjit cannot expand `-march=native` (that is the
 /// driver's job), so the host's features, as detected by the Rust runtime, are mapped to the
-/// x86-64 micro-architecture levels.
+/// x86-64 micro-architecture levels, up to the cap of `ROCANNL_ISA`
+/// ([`crate::kernels::Isa::cap`]).
 pub fn host_arch_flags() -> Vec<&'static str> {
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::kernels::Isa;
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+        let cap = Isa::cap();
+        if cap >= Isa::Avx512
+            && has!("avx512f")
+            && has!("avx512bw")
+            && has!("avx512dq")
+            && has!("avx512vl")
+        {
             return vec!["-march=x86-64-v4", "-mprefer-vector-width=512"];
         }
-        if has!("avx2") && has!("fma") && has!("bmi2") {
+        if cap >= Isa::Avx2 && has!("avx2") && has!("fma") && has!("bmi2") {
             return vec!["-march=x86-64-v3"];
         }
         if has!("sse4.2") && has!("popcnt") {
