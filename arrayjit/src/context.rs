@@ -369,13 +369,52 @@ impl Context {
                 });
             }
         }
-        if routine.interpreted {
+        let ran = if routine.interpreted {
             let Some(buffers) = self.backend.host_buffers() else {
                 return Err(Error::ForeignRoutine(routine.name.clone()));
             };
-            return self.interp.run_on(routine.index, &self.symbol_scratch, buffers);
+            self.interp.run_on(routine.index, &self.symbol_scratch, buffers)
+        } else {
+            self.backend.run(routine.index, &self.symbol_scratch)
+        };
+        ran.map_err(|e| match e {
+            Error::ReleasedRoutine(_) => Error::ReleasedRoutine(routine.name.clone()),
+            e => e,
+        })
+    }
+
+    /// Releases a compiled routine: its intermediates' memory (on a GPU, back to the device's
+    /// caching pool for the next routine to reuse) and its code. The handle and its clones
+    /// cannot run afterwards ([`Error::ReleasedRoutine`]); the tensors it wrote keep their
+    /// values. For a process that compiles many graphs over its life (an evaluation graph per
+    /// checkpoint, a generation graph per length) and keeps only the latest.
+    ///
+    /// ```
+    /// # use rocannl_arrayjit::{BackendKind, CompileOptions, Context, Error};
+    /// # use rocannl_arrayjit::assignments::Asgn;
+    /// # use rocannl_arrayjit::tnode::NodeTable;
+    /// let mut ctx = Context::new(BackendKind::Interp, CompileOptions::default())?;
+    /// let r = ctx.compile("nothing", &Asgn::Noop, &NodeTable::default())?;
+    /// ctx.run(&r, &[])?;
+    /// ctx.release(&r)?;
+    /// assert!(matches!(ctx.run(&r, &[]), Err(Error::ReleasedRoutine(_))));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn release(&mut self, routine: &Routine) -> Result<(), Error> {
+        if !Arc::ptr_eq(&routine.owner, &self.owner) {
+            return Err(Error::ForeignRoutine(routine.name.clone()));
         }
-        self.backend.run(routine.index, &self.symbol_scratch)
+        if routine.interpreted {
+            self.interp.release_on(routine.index);
+            return Ok(());
+        }
+        self.backend.release(routine.index)
+    }
+
+    /// The device memory pool's figures: allocations from the device, reuses, bytes in use and
+    /// cached (the CUDA backend and its simulator; `None` on the CPU backends).
+    pub fn device_pool_stats(&self) -> Option<crate::backend::device_pool::PoolStats> {
+        self.backend.pool_stats()
     }
 
     /// Allocates a zeroed buffer for a node unless it has one (e.g. to write parameters before

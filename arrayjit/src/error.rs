@@ -167,6 +167,9 @@ pub enum Error {
     /// A routine run on a context other than the one that compiled it.
     #[error("routine `{0}` was compiled by another context")]
     ForeignRoutine(String),
+    /// A routine run after [`crate::Context::release`] released it.
+    #[error("routine `{0}` was released")]
+    ReleasedRoutine(String),
     /// The low-level IR verifier found a broken invariant (a compiler bug, reported not hidden).
     #[error("low-level IR verification failed after `{pass}`: {reason}")]
     Verify {

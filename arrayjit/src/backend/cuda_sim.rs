@@ -30,6 +30,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::device_pool::{Block, CachingPool, PoolStats};
 use super::kernel_ir::{self, KCond, KStmt, Kernel, SHARED_LIMIT};
 use super::{Backend, BackendKind};
 use crate::error::Error;
@@ -43,11 +44,32 @@ use crate::tnode::{NodeId, TensorNode};
 struct Buf {
     node: TensorNode,
     vals: Vec<f64>,
+    /// The device pool's size class of its bytes (0: not from the pool, shared memory).
+    class: usize,
 }
 
 impl Buf {
-    fn new(node: &TensorNode) -> Buf {
-        Buf { node: node.clone(), vals: vec![0.0; node.num_elements()] }
+    /// A zeroed buffer from the pool, as the CUDA backend takes device memory: the class is
+    /// that of the node's bytes on a device.
+    fn pooled(pool: &mut CachingPool<Vec<f64>>, node: &TensorNode) -> Result<Buf, Error> {
+        let n = node.num_elements();
+        let block = pool.take(
+            n * node.prec.size_in_bytes(),
+            |_| Ok(vec![0.0; n]),
+            |v| {
+                v.clear();
+                v.resize(n, 0.0);
+                Ok(())
+            },
+        )?;
+        Ok(Buf { node: node.clone(), vals: block.mem, class: block.class })
+    }
+
+    /// Gives the buffer back to the pool.
+    fn give(self, pool: &mut CachingPool<Vec<f64>>) {
+        if self.class > 0 {
+            pool.give(Block { mem: self.vals, class: self.class });
+        }
     }
 }
 
@@ -63,7 +85,10 @@ struct Routine {
 #[derive(Debug, Default)]
 pub struct CudaSim {
     buffers: FxHashMap<NodeId, Buf>,
-    routines: Vec<Routine>,
+    /// `None` once released.
+    routines: Vec<Option<Routine>>,
+    /// Every buffer, as the CUDA backend's device memory ([`super::device_pool`]).
+    pool: CachingPool<Vec<f64>>,
 }
 
 impl CudaSim {
@@ -80,11 +105,12 @@ impl CudaSim {
         kernels: &[Kernel],
         symbols: &[i64],
     ) -> Result<(), Error> {
-        let mut arena = routine_buffers(prog, kernels)?;
-        for k in kernels {
-            launch(prog, k, symbols, &mut self.buffers, &mut arena)?;
-        }
-        Ok(())
+        let mut arena = routine_buffers(&mut self.pool, prog, kernels)?;
+        let ran = kernels
+            .iter()
+            .try_for_each(|k| launch(prog, k, symbols, &mut self.buffers, &mut arena));
+        arena.into_values().for_each(|b| b.give(&mut self.pool));
+        ran
     }
 }
 
@@ -100,14 +126,28 @@ impl Backend for CudaSim {
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
         let kernels = kernel_ir::lower(prog);
         let text = kernels.iter().map(|k| k.to_string()).collect();
-        let arena = routine_buffers(prog, &kernels)?;
-        self.routines.push(Routine { prog: prog.clone(), kernels, arena });
+        let arena = routine_buffers(&mut self.pool, prog, &kernels)?;
+        self.routines.push(Some(Routine { prog: prog.clone(), kernels, arena }));
         Ok((self.routines.len() - 1, text))
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
-        self.buffers.entry(node.id).or_insert_with(|| Buf::new(node));
+        if !self.buffers.contains_key(&node.id) {
+            let b = Buf::pooled(&mut self.pool, node)?;
+            self.buffers.insert(node.id, b);
+        }
         Ok(())
+    }
+
+    fn release(&mut self, routine: usize) -> Result<(), Error> {
+        if let Some(Some(r)) = self.routines.get_mut(routine).map(Option::take) {
+            r.arena.into_values().for_each(|b| b.give(&mut self.pool));
+        }
+        Ok(())
+    }
+
+    fn pool_stats(&self) -> Option<PoolStats> {
+        Some(self.pool.stats())
     }
 
     fn has_buffer(&self, node: NodeId) -> bool {
@@ -115,10 +155,11 @@ impl Backend for CudaSim {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        let r = self
-            .routines
-            .get_mut(routine)
-            .ok_or_else(|| Error::ForeignRoutine(format!("#{routine}")))?;
+        let r = match self.routines.get_mut(routine) {
+            Some(Some(r)) => r,
+            Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
+            None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
+        };
         for k in &r.kernels {
             launch(&r.prog, k, symbols, &mut self.buffers, &mut r.arena)?;
         }
@@ -128,7 +169,8 @@ impl Backend for CudaSim {
     fn write(&mut self, node: NodeId, data: &NdArray) -> Result<(), Error> {
         let b = self.buffers.get_mut(&node).ok_or(Error::UnknownNode(node.0))?;
         super::check_dims(&b.node, data)?;
-        b.vals = data.convert(b.node.prec).to_f64_vec();
+        b.vals.clear();
+        b.vals.extend(data.convert(b.node.prec).to_f64_vec());
         Ok(())
     }
 
@@ -140,14 +182,20 @@ impl Backend for CudaSim {
 
 /// A routine's own buffers: its intermediates (each in a buffer of its own) and its kernels'
 /// scratch arrays, zeroed.
-fn routine_buffers(prog: &Program, kernels: &[Kernel]) -> Result<FxHashMap<NodeId, Buf>, Error> {
+fn routine_buffers(
+    pool: &mut CachingPool<Vec<f64>>,
+    prog: &Program,
+    kernels: &[Kernel],
+) -> Result<FxHashMap<NodeId, Buf>, Error> {
     let mut bufs = FxHashMap::default();
     for slot in &prog.arena.slots {
         let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
-        bufs.insert(slot.node, Buf::new(node));
+        bufs.insert(slot.node, Buf::pooled(pool, node)?);
     }
     for s in kernels.iter().flat_map(|k| &k.scratch) {
-        bufs.entry(s.node).or_insert_with(|| Buf::new(&s.tensor("scratch")));
+        if let std::collections::hash_map::Entry::Vacant(slot) = bufs.entry(s.node) {
+            slot.insert(Buf::pooled(pool, &s.tensor("scratch"))?);
+        }
     }
     Ok(bufs)
 }
@@ -297,7 +345,9 @@ fn launch(
         l.shared = kernel
             .shared
             .iter()
-            .map(|s| (s.node, Buf { node: s.tensor("shared"), vals: vec![f64::NAN; s.len] }))
+            .map(|s| {
+                (s.node, Buf { node: s.tensor("shared"), vals: vec![f64::NAN; s.len], class: 0 })
+            })
             .collect();
         l.shared_log.clear();
         let mut threads: Vec<Thread> = (0..kernel.block)

@@ -133,7 +133,8 @@ struct Compiled {
 #[derive(Debug, Default)]
 pub struct Interp {
     buffers: HostBuffers,
-    routines: Vec<Compiled>,
+    /// `None` once released.
+    routines: Vec<Option<Compiled>>,
     bounds_check: bool,
 }
 
@@ -166,10 +167,17 @@ impl Interp {
     ) -> Result<(), Error> {
         run_in(&mut self.routines, routine, symbols, buffers, self.bounds_check)
     }
+
+    /// Releases a routine of [`Interp::compile_on`] (its arena and code).
+    pub fn release_on(&mut self, routine: usize) {
+        if let Some(r) = self.routines.get_mut(routine) {
+            *r = None;
+        }
+    }
 }
 
 fn compile_in(
-    routines: &mut Vec<Compiled>,
+    routines: &mut Vec<Option<Compiled>>,
     prog: &Program,
     buffers: &HostBuffers,
 ) -> Result<usize, Error> {
@@ -185,7 +193,7 @@ fn compile_in(
         }
         labels.push(prog.nodes.get(b).map_or_else(String::new, |n| n.label.clone()));
     }
-    routines.push(Compiled {
+    routines.push(Some(Compiled {
         body,
         bufs,
         labels,
@@ -193,19 +201,21 @@ fn compile_in(
         locals: vec![0.0; prog.locals.len()],
         sym_base,
         arena,
-    });
+    }));
     Ok(routines.len() - 1)
 }
 
 fn run_in(
-    routines: &mut [Compiled],
+    routines: &mut [Option<Compiled>],
     routine: usize,
     symbols: &[i64],
     buffers: &HostBuffers,
     bounds_check: bool,
 ) -> Result<(), Error> {
-    let Some(r) = routines.get_mut(routine) else {
-        return Err(Error::ForeignRoutine(format!("#{routine}")));
+    let r = match routines.get_mut(routine) {
+        Some(Some(r)) => r,
+        Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
+        None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
     };
     let mut views = Vec::with_capacity(r.bufs.len());
     for b in &r.bufs {
@@ -743,6 +753,11 @@ impl Backend for Interp {
 
     fn has_buffer(&self, node: NodeId) -> bool {
         self.buffers.contains(node)
+    }
+
+    fn release(&mut self, routine: usize) -> Result<(), Error> {
+        self.release_on(routine);
+        Ok(())
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {

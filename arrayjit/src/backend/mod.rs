@@ -15,6 +15,7 @@ pub mod c_syntax;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cuda_sim;
+pub mod device_pool;
 #[cfg(feature = "gccjit")]
 pub mod gccjit;
 pub mod host;
@@ -222,6 +223,14 @@ pub trait Backend {
     fn finish_builds(&mut self) {}
     /// Allocates a zeroed buffer for a node unless it already has one.
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error>;
+    /// Releases a compiled routine: its intermediates' memory (on a device, back to the caching
+    /// pool, [`device_pool`]) and its code. Running it afterwards is
+    /// [`Error::ReleasedRoutine`]; releasing it again does nothing.
+    fn release(&mut self, routine: usize) -> Result<(), Error>;
+    /// The device memory pool's figures (device backends).
+    fn pool_stats(&self) -> Option<device_pool::PoolStats> {
+        None
+    }
     /// Whether the node has a buffer.
     fn has_buffer(&self, node: NodeId) -> bool;
     /// The buffers in host memory, for backends that keep them there (the CPU backends).

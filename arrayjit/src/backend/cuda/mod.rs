@@ -19,6 +19,7 @@ use cudarc::driver::{
 };
 use rustc_hash::FxHashMap;
 
+use super::device_pool::{Block, CachingPool, PoolStats};
 use super::{Backend, BackendKind, CompileOptions};
 use crate::error::Error;
 use crate::low_level::Program;
@@ -50,14 +51,17 @@ pub fn probe_device() -> Result<(), Error> {
     }
 }
 
+/// Device memory from the caching pool.
+type DevBlock = Block<CudaSlice<u8>>;
+
 struct Compiled {
     kernels: Vec<(CudaFunction, crate::backend::kernel_ir::Kernel)>,
     /// The routine's intermediates ([`crate::low_level::memory`]) and where each lives in it
     /// (byte offset and length).
-    arena: Option<CudaSlice<u8>>,
+    arena: Option<DevBlock>,
     slots: FxHashMap<NodeId, (usize, usize)>,
     /// Global arrays its kernels keep between them (partial results of reductions).
-    scratch: FxHashMap<NodeId, CudaSlice<u8>>,
+    scratch: FxHashMap<NodeId, DevBlock>,
 }
 
 /// The CUDA backend (one device, one stream).
@@ -65,15 +69,37 @@ pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     nvrtc: nvrtc::Nvrtc,
-    buffers: FxHashMap<NodeId, (TensorNode, CudaSlice<u8>)>,
-    routines: Vec<Compiled>,
+    buffers: FxHashMap<NodeId, (TensorNode, DevBlock)>,
+    /// `None` once released.
+    routines: Vec<Option<Compiled>>,
+    /// Every device allocation: tensors, arenas, scratch.
+    pool: CachingPool<CudaSlice<u8>>,
     cache: Option<crate::cache::Cache>,
     last_outcome: crate::cache::CacheOutcome,
 }
 
+impl Cuda {
+    /// A zeroed block of at least `bytes` from the pool.
+    fn take(&mut self, bytes: usize) -> Result<DevBlock, Error> {
+        Self::take_from(&mut self.pool, &self.stream, bytes)
+    }
+
+    fn take_from(
+        pool: &mut CachingPool<CudaSlice<u8>>,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+    ) -> Result<DevBlock, Error> {
+        pool.take(
+            bytes,
+            |class| stream.alloc_zeros::<u8>(class).map_err(driver_err),
+            |b| stream.memset_zeros(b).map_err(driver_err),
+        )
+    }
+}
+
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Cuda({} routines)", self.routines.len())
+        write!(f, "Cuda({} routines, {:?})", self.routines.len(), self.pool.stats())
     }
 }
 
@@ -90,6 +116,7 @@ impl Cuda {
             nvrtc,
             buffers: FxHashMap::default(),
             routines: Vec::new(),
+            pool: CachingPool::default(),
             cache: crate::cache::Cache::open(&opts.cache),
             last_outcome: crate::cache::CacheOutcome::Off,
         })
@@ -129,19 +156,18 @@ impl Backend for Cuda {
             let node = prog.nodes.get(&a.node).ok_or(Error::UnknownNode(a.node.0))?;
             slots.insert(a.node, (a.offset, node.num_elements() * node.prec.size_in_bytes()));
         }
-        let arena = if prog.arena.bytes > 0 {
-            Some(self.stream.alloc_zeros::<u8>(prog.arena.bytes).map_err(driver_err)?)
-        } else {
-            None
-        };
+        let arena = if prog.arena.bytes > 0 { Some(self.take(prog.arena.bytes)?) } else { None };
         let mut scratch = FxHashMap::default();
         for s in kernels.iter().flat_map(|(_, k)| &k.scratch) {
             if let std::collections::hash_map::Entry::Vacant(slot) = scratch.entry(s.node) {
-                let bytes = (s.len * s.prec.size_in_bytes()).max(1);
-                slot.insert(self.stream.alloc_zeros::<u8>(bytes).map_err(driver_err)?);
+                slot.insert(Self::take_from(
+                    &mut self.pool,
+                    &self.stream,
+                    s.len * s.prec.size_in_bytes(),
+                )?);
             }
         }
-        self.routines.push(Compiled { kernels, arena, slots, scratch });
+        self.routines.push(Some(Compiled { kernels, arena, slots, scratch }));
         Ok((self.routines.len() - 1, src.source))
     }
 
@@ -153,10 +179,25 @@ impl Backend for Cuda {
         if self.buffers.contains_key(&node.id) {
             return Ok(());
         }
-        let bytes = (node.num_elements() * node.prec.size_in_bytes()).max(1);
-        let buf = self.stream.alloc_zeros::<u8>(bytes).map_err(driver_err)?;
+        let buf = self.take(node.num_elements() * node.prec.size_in_bytes())?;
         self.buffers.insert(node.id, (node.clone(), buf));
         Ok(())
+    }
+
+    fn release(&mut self, routine: usize) -> Result<(), Error> {
+        // Kernels still queued read its memory: they finish before the blocks are reused.
+        let Some(Some(r)) = self.routines.get_mut(routine).map(Option::take) else {
+            return Ok(());
+        };
+        self.stream.synchronize().map_err(driver_err)?;
+        for b in r.arena.into_iter().chain(r.scratch.into_values()) {
+            self.pool.give(b);
+        }
+        Ok(())
+    }
+
+    fn pool_stats(&self) -> Option<PoolStats> {
+        Some(self.pool.stats())
     }
 
     fn has_buffer(&self, node: NodeId) -> bool {
@@ -164,16 +205,17 @@ impl Backend for Cuda {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        let r = self
-            .routines
-            .get(routine)
-            .ok_or_else(|| Error::ForeignRoutine(format!("#{routine}")))?;
+        let r = match self.routines.get(routine) {
+            Some(Some(r)) => r,
+            Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
+            None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
+        };
         for (f, k) in &r.kernels {
             // Intermediates are views into the routine's arena; everything else has a buffer.
             let mut views = Vec::with_capacity(k.buffers.len());
             for n in &k.buffers {
                 if let (Some(&(offset, len)), Some(arena)) = (r.slots.get(n), &r.arena) {
-                    views.push(Some(arena.slice(offset..offset + len)));
+                    views.push(Some(arena.mem.slice(offset..offset + len)));
                 } else {
                     views.push(None);
                 }
@@ -186,11 +228,11 @@ impl Backend for Cuda {
                     }
                     None => match r.scratch.get(n) {
                         Some(buf) => {
-                            args.arg(buf);
+                            args.arg(&buf.mem);
                         }
                         None => {
                             let (_, buf) = self.buffers.get(n).ok_or(Error::UnknownNode(n.0))?;
-                            args.arg(buf);
+                            args.arg(&buf.mem);
                         }
                     },
                 }
@@ -217,12 +259,14 @@ impl Backend for Cuda {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.stream.memcpy_htod(&bytes, buf).map_err(driver_err)
+        // The block may be longer than the tensor (its size class): only the tensor's bytes.
+        let mut dst = buf.mem.slice_mut(0..bytes.len());
+        self.stream.memcpy_htod(&bytes, &mut dst).map_err(driver_err)
     }
 
     fn read(&self, node: NodeId) -> Result<NdArray, Error> {
         let (n, buf) = self.buffers.get(&node).ok_or(Error::UnknownNode(node.0))?;
-        let mut bytes = self.stream.clone_dtoh(buf).map_err(driver_err)?;
+        let mut bytes = self.stream.clone_dtoh(&buf.mem).map_err(driver_err)?;
         bytes.truncate(n.num_elements() * n.prec.size_in_bytes());
         NdArray::from_bytes(n.prec, &n.dims, &bytes)
     }

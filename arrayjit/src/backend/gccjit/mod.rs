@@ -169,7 +169,8 @@ impl Compiled {
 /// The gccjit backend.
 pub struct Gccjit {
     buffers: HostBuffers,
-    routines: Vec<Compiled>,
+    /// `None` once released.
+    routines: Vec<Option<Compiled>>,
     pool: Pool,
     opts: CompileOptions,
     cache: Option<Cache>,
@@ -629,7 +630,7 @@ impl Gccjit {
             Box::new(RunTable { helpers: helpers(), slot: &*oob as *const OobSlot as *const u8 });
         let calls = deduped.calls.iter().zip(tables).map(|(c, table)| (c.step, table)).collect();
         let listing = calls_listing(&deduped);
-        self.routines.push(Compiled {
+        self.routines.push(Some(Compiled {
             code,
             names,
             background,
@@ -641,7 +642,7 @@ impl Gccjit {
             deduped,
             oob,
             run_table,
-        });
+        }));
         Ok(Some((self.routines.len() - 1, source + &listing)))
     }
 
@@ -924,11 +925,21 @@ impl Backend for Gccjit {
     }
 
     fn runs_optimized(&self, routine: usize) -> bool {
-        self.routines.get(routine).is_some_and(|r| r.background.is_none())
+        self.routines
+            .get(routine)
+            .is_some_and(|r| r.as_ref().is_some_and(|r| r.background.is_none()))
+    }
+
+    fn release(&mut self, routine: usize) -> Result<(), Error> {
+        // Its code, arena and scratch go; a background build still under way is stopped.
+        if let Some(r) = self.routines.get_mut(routine) {
+            *r = None;
+        }
+        Ok(())
     }
 
     fn finish_builds(&mut self) {
-        for r in &mut self.routines {
+        for r in self.routines.iter_mut().flatten() {
             r.swap_in();
         }
         for t in self.prebuilds.drain(..) {
@@ -937,13 +948,15 @@ impl Backend for Gccjit {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        if let Some(r) = self.routines.get_mut(routine)
+        if let Some(Some(r)) = self.routines.get_mut(routine)
             && r.background.as_ref().is_some_and(tier::Tier::ready)
         {
             r.swap_in();
         }
-        let Some(r) = self.routines.get(routine) else {
-            return Err(Error::ForeignRoutine(format!("#{routine}")));
+        let r = match self.routines.get(routine) {
+            Some(Some(r)) => r,
+            Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
+            None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
         };
         let syms = if symbols.is_empty() { [0i64].as_ptr() } else { symbols.as_ptr() };
         let err = &*r.run_table as *const RunTable as *mut u8;
@@ -988,7 +1001,9 @@ impl Backend for Gccjit {
         }
         // A tiered routine's optimized build starts once its first run has ended, and so do the
         // builds for the cache only (finished ones are let go).
-        if let Some(t) = &mut self.routines[routine].background {
+        if let Some(Some(r)) = self.routines.get_mut(routine)
+            && let Some(t) = &mut r.background
+        {
             t.start();
         }
         if !self.prebuilds.is_empty() {
