@@ -471,19 +471,7 @@ impl<'c> Gen<'c> {
         body: impl FnOnce(&mut Self, RValue<'c>),
     ) {
         let x = self.new_local(self.t.i64, "n");
-        let cond = self.new_block("cond");
-        let inner = self.new_block("body");
-        let after = self.new_block("after");
-        self.block.add_assignment(None, x, from);
-        self.block.end_with_jump(None, cond);
-        let test = self.ctx.new_comparison(None, ComparisonOp::LessThan, x.to_rvalue(), to);
-        cond.end_with_conditional(None, test, inner, after);
-        self.block = inner;
-        body(self, x.to_rvalue());
-        let one = self.ctx.new_rvalue_one(self.t.i64);
-        self.block.add_assignment_op(None, x, BinaryOp::Plus, one);
-        self.block.end_with_jump(None, cond);
-        self.block = after;
+        self.loop_over(x, from, to, |g| body(g, x.to_rvalue()));
     }
 
     /// Sets the variables of an epilogue axis (outermost first) from the axis' position.
@@ -568,17 +556,28 @@ impl<'c> Gen<'c> {
 
     fn for_loop(&mut self, var: Var, from: RValue<'c>, to: RValue<'c>, body: &[Stmt]) {
         let v = self.var(var);
+        self.loop_over(v, from, to, |g| g.stmts(body));
+    }
+
+    /// `for (x = from; x < to; ++x) body`.
+    fn loop_over(
+        &mut self,
+        x: LValue<'c>,
+        from: RValue<'c>,
+        to: RValue<'c>,
+        body: impl FnOnce(&mut Self),
+    ) {
         let cond = self.new_block("cond");
         let inner = self.new_block("body");
         let after = self.new_block("after");
-        self.block.add_assignment(None, v, from);
+        self.block.add_assignment(None, x, from);
         self.block.end_with_jump(None, cond);
-        let test = self.ctx.new_comparison(None, ComparisonOp::LessThan, v.to_rvalue(), to);
+        let test = self.ctx.new_comparison(None, ComparisonOp::LessThan, x.to_rvalue(), to);
         cond.end_with_conditional(None, test, inner, after);
         self.block = inner;
-        self.stmts(body);
+        body(self);
         let one = self.ctx.new_rvalue_one(self.t.i64);
-        self.block.add_assignment_op(None, v, BinaryOp::Plus, one);
+        self.block.add_assignment_op(None, x, BinaryOp::Plus, one);
         self.block.end_with_jump(None, cond);
         self.block = after;
     }
