@@ -5,7 +5,8 @@
 //! gradient's). Criterion's "elem/s" read as FLOP/s (2n³ per call).
 //!
 //! `gemm_bf16/<path>/<n>`: the same with bf16 factors into f32 (`kernels::bf16`), on the host's
-//! bf16 dot products (`native`, where it has them) and on the portable pairwise reference.
+//! bf16 dot products (`native`, where it has them) and on the portable pairwise reference, and
+//! a weight's gradient in char_gpt's shapes (`native/weight_gradient_64x256x512`).
 //!
 //! `map/<case>`: the map kernel (`kernels::map`) on the shapes a training step gives it —
 //! row sums of 512 × 64 (points contiguous), column sums of 512 × 64 (a bias gradient), the
@@ -206,6 +207,38 @@ fn bench(c: &mut Criterion) {
                 })
             });
         }
+    }
+    // A weight's gradient in char_gpt's shapes: `dW = Xᵀ·G`, X stored (batch·time, in), so A
+    // is transposed, and the reduction is the batch·time rows.
+    if has_native() {
+        let (m, n, k) = (64usize, 256usize, 512usize);
+        let a: Vec<u16> = (0..k * m).map(|x| bits(((x % 17) as f32 - 8.0) / 8.0)).collect();
+        let b: Vec<u16> = (0..k * n).map(|x| bits(((x % 13) as f32 - 6.0) / 8.0)).collect();
+        let mut out = vec![0f32; m * n];
+        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        group.bench_function("native/weight_gradient_64x256x512", |bench| {
+            bench.iter(|| {
+                let g = GemmBf16 {
+                    m,
+                    n,
+                    k,
+                    a: a.as_ptr(),
+                    rsa: 1,
+                    csa: m as isize,
+                    b: b.as_ptr(),
+                    rsb: n as isize,
+                    csb: 1,
+                    c: out.as_mut_ptr(),
+                    rsc: n as isize,
+                    csc: 1,
+                    accumulate: true,
+                    fused: false,
+                    epilogue: None,
+                };
+                // SAFETY: A is k×m, B k×n, C m×n with the strides above.
+                unsafe { gemm_bf16(&g) }
+            })
+        });
     }
     group.finish();
 }

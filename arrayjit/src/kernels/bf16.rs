@@ -33,6 +33,7 @@ pub fn has_native() -> bool {
         {
             std::arch::is_x86_feature_detected!("avx512bf16")
                 && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && super::Isa::cap() == super::Isa::Avx512
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -135,6 +136,22 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// `permutex2var` indices taking 16-bit lanes `j` of two vectors (the second's from 32) into
+/// pairs `(first[j], second[j])`, for `j` in 0..16 (`LO`) and 16..32 (`HI`).
+const INTERLEAVE_LO: [u16; 32] = interleave(0);
+const INTERLEAVE_HI: [u16; 32] = interleave(16);
+
+const fn interleave(from: u16) -> [u16; 32] {
+    let mut out = [0u16; 32];
+    let mut j = 0;
+    while j < 16 {
+        out[2 * j] = from + j as u16;
+        out[2 * j + 1] = 32 + from + j as u16;
+        j += 1;
+    }
+    out
+}
+
 /// Two bf16 values as one 32-bit lane: the even element low, the odd one high (the pairing
 /// `vdpbf16ps` multiplies lane by lane).
 fn pair(even: u16, odd: u16) -> u32 {
@@ -142,7 +159,7 @@ fn pair(even: u16, odd: u16) -> u32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn native(g: &GemmBf16) {
     use std::arch::x86_64::*;
     let kp = g.k.div_ceil(2);
@@ -159,6 +176,23 @@ unsafe fn native(g: &GemmBf16) {
             // repeat it; their results are dropped).
             for blk in 0..blocks {
                 let dst = ap.as_mut_ptr().add(blk * kp * MR);
+                if g.rsa == 1 && (blk + 1) * MR <= g.m {
+                    // The block's rows are contiguous (a transposed `A`, as in a weight's
+                    // gradient): per pair, MR evens and MR odds, interleaved.
+                    let base = g.a.add(blk * MR);
+                    for p in 0..kp {
+                        let even = _mm_loadu_si128(base.offset((2 * p) as isize * g.csa).cast());
+                        let odd = if 2 * p + 1 < g.k {
+                            _mm_loadu_si128(base.offset((2 * p + 1) as isize * g.csa).cast())
+                        } else {
+                            _mm_setzero_si128()
+                        };
+                        let out = dst.add(p * MR).cast::<__m128i>();
+                        _mm_storeu_si128(out, _mm_unpacklo_epi16(even, odd));
+                        _mm_storeu_si128(out.add(1), _mm_unpackhi_epi16(even, odd));
+                    }
+                    continue;
+                }
                 for r in 0..MR {
                     let i = (blk * MR + r).min(g.m - 1);
                     let row = g.a.offset(i as isize * g.rsa);
@@ -176,8 +210,25 @@ unsafe fn native(g: &GemmBf16) {
             for j0 in (0..g.n).step_by(NR) {
                 let nr = NR.min(g.n - j0);
                 // B's panel: per pair, NR lanes (zero past the last column), shared by every
-                // block of rows.
-                for p in 0..kp {
+                // block of rows. Rows contiguous and a whole panel: two rows of NR values
+                // interleaved by two permutes.
+                if g.csb == 1 && nr == NR {
+                    let lo = _mm512_loadu_si512(INTERLEAVE_LO.as_ptr().cast());
+                    let hi = _mm512_loadu_si512(INTERLEAVE_HI.as_ptr().cast());
+                    for p in 0..kp {
+                        let row = |q: usize| g.b.offset(q as isize * g.rsb + j0 as isize);
+                        let even = _mm512_loadu_si512(row(2 * p).cast());
+                        let odd = if 2 * p + 1 < g.k {
+                            _mm512_loadu_si512(row(2 * p + 1).cast())
+                        } else {
+                            _mm512_setzero_si512()
+                        };
+                        let dst = bp.as_mut_ptr().add(p * NR).cast::<__m512i>();
+                        _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(even, lo, odd));
+                        _mm512_storeu_si512(dst.add(1), _mm512_permutex2var_epi16(even, hi, odd));
+                    }
+                }
+                for p in (0..kp).filter(|_| !(g.csb == 1 && nr == NR)) {
                     let even = g.b.offset((2 * p) as isize * g.rsb + j0 as isize * g.csb);
                     // Past the last row for an odd reduction: computed, never read.
                     let odd =
@@ -281,7 +332,8 @@ mod tests {
         half::bf16::from_f32(x).to_bits()
     }
 
-    /// Runs `f` on an `m × k` by `k × n` product (B transposed when asked) and returns C.
+    /// Runs `f` on an `m × k` by `k × n` product (B transposed when asked, and A when `m` is
+    /// even) and returns C.
     fn run(m: usize, k: usize, n: usize, bt: bool, acc: bool, f: unsafe fn(&GemmBf16)) -> Vec<f32> {
         let a: Vec<u16> = (0..m * k)
             .map(|i| bits((crate::ops::uniform(1, i as u64) * 4.0 - 2.0) as f32))
@@ -291,13 +343,14 @@ mod tests {
             .collect();
         let mut c: Vec<f32> = (0..m * n).map(|i| crate::ops::uniform(3, i as u64) as f32).collect();
         let (rsb, csb) = if bt { (1, k as isize) } else { (n as isize, 1) };
+        let (rsa, csa) = if m.is_multiple_of(2) { (1, m as isize) } else { (k as isize, 1) };
         let g = GemmBf16 {
             m,
             n,
             k,
             a: a.as_ptr(),
-            rsa: k as isize,
-            csa: 1,
+            rsa,
+            csa,
             b: b.as_ptr(),
             rsb,
             csb,
@@ -319,9 +372,16 @@ mod tests {
             eprintln!("no AVX-512 BF16 here: the native path is not tested");
             return;
         }
-        for (m, k, n) in
-            [(1, 1, 1), (8, 2, 32), (9, 7, 33), (17, 64, 70), (64, 257, 96), (3, 300, 5)]
-        {
+        for (m, k, n) in [
+            (1, 1, 1),
+            (8, 2, 32),
+            (9, 7, 33),
+            (17, 64, 70),
+            (64, 257, 96),
+            (3, 300, 5),
+            (34, 513, 64),
+            (16, 9, 65),
+        ] {
             for bt in [false, true] {
                 for acc in [false, true] {
                     let want = run(m, k, n, bt, acc, reference);
