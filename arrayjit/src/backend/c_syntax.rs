@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use crate::low_level::{Expr, IdxVar, Index, Program, Stmt};
+use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
 use crate::math;
 use crate::ops::{BinOp, CSyntax, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
 use crate::tnode::{NodeId, row_major_strides};
@@ -372,13 +372,34 @@ impl CRenderer<'_> {
                     ptr(&g.b)
                 );
                 if let Some(e) = &g.epilogue {
-                    // The same values as the nest after the whole product.
+                    // The same values as the epilogue: after the call, on the call's rows
+                    // (`d[6]`, up to `d[7]` of them, below `m = d[8]`) and every column.
                     let _ = writeln!(
                         out,
-                        "{pad}  /* epilogue: the kernel runs it on each strip of the result as \
-                         the strip becomes final; the same as this nest afterwards */"
+                        "{pad}  /* epilogue: the kernel runs it on strips of this call's rows as \
+                         they become final; the same as: */"
                     );
-                    self.stmts(out, &e.nest(), depth + 1);
+                    let split = |out: &mut String, x: &str, axis: &[(Var, usize)], pad: &str| {
+                        let mut inner = 1usize;
+                        for (v, extent) in axis.iter().rev() {
+                            let _ = writeln!(
+                                out,
+                                "{pad}long long {v} = ({x} / {inner}LL) % {extent}LL;"
+                            );
+                            inner *= extent.max(&1);
+                        }
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{pad}  for (long long row = d[6]; row < d[6] + d[7] && row < d[8]; ++row) {{"
+                    );
+                    split(out, "row", &e.rows, &format!("{pad}    "));
+                    let _ =
+                        writeln!(out, "{pad}    for (long long col = 0; col < d[10]; ++col) {{");
+                    split(out, "col", &e.cols, &format!("{pad}      "));
+                    self.stmts(out, &e.body, depth + 3);
+                    let _ = writeln!(out, "{pad}    }}");
+                    let _ = writeln!(out, "{pad}  }}");
                 }
                 let _ = writeln!(out, "{pad}}}");
             }

@@ -187,15 +187,23 @@ fn routine_buffers(
     prog: &Program,
     kernels: &[Kernel],
 ) -> Result<FxHashMap<NodeId, Buf>, Error> {
-    let mut bufs = FxHashMap::default();
-    for slot in &prog.arena.slots {
-        let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
-        bufs.insert(slot.node, Buf::pooled(pool, node)?);
-    }
-    for s in kernels.iter().flat_map(|k| &k.scratch) {
-        if let std::collections::hash_map::Entry::Vacant(slot) = bufs.entry(s.node) {
-            slot.insert(Buf::pooled(pool, &s.tensor("scratch"))?);
+    let mut bufs: FxHashMap<NodeId, Buf> = FxHashMap::default();
+    let fill = |bufs: &mut FxHashMap<NodeId, Buf>, pool: &mut CachingPool<Vec<f64>>| {
+        for slot in &prog.arena.slots {
+            let node = prog.nodes.get(&slot.node).ok_or(Error::UnknownNode(slot.node.0))?;
+            bufs.insert(slot.node, Buf::pooled(pool, node)?);
         }
+        for s in kernels.iter().flat_map(|k| &k.scratch) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = bufs.entry(s.node) {
+                slot.insert(Buf::pooled(pool, &s.tensor("scratch"))?);
+            }
+        }
+        Ok::<(), Error>(())
+    };
+    if let Err(e) = fill(&mut bufs, pool) {
+        // What was taken goes back: the pool's figures stay true.
+        bufs.into_values().for_each(|b| b.give(pool));
+        return Err(e);
     }
     Ok(bufs)
 }

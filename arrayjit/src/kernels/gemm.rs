@@ -214,9 +214,8 @@ kernels!(f32, BLOCKING_F32, f32, f32, f32);
 #[cfg(not(target_arch = "x86_64"))]
 kernels!(f64, BLOCKING_F64, f64, f64, f64);
 
-/// Columns per call of an epilogue (a multiple of every register tile's width): long enough
-/// rows for the generated code's vector loops, few enough cells to stay in the first-level
-/// cache.
+/// Columns per call of an epilogue (at least; whole register tiles): long enough rows for the
+/// generated code's vector loops, few enough cells to stay in the first-level cache.
 const EPILOGUE_COLS: usize = 128;
 
 /// Vectors of columns per register tile.
@@ -290,6 +289,8 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
             let load = g.accumulate || pc > 0;
             for ic in (0..m).step_by(blk.mc) {
                 let mc = blk.mc.min(m - ic);
+                // Columns of this block the epilogue has run on.
+                let mut done = 0;
                 for jr in (0..nc).step_by(nr) {
                     for ir in (0..mc).step_by(MR) {
                         let (i, j) = ((ic + ir) as isize, (jc + jr) as isize);
@@ -315,15 +316,15 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                             }
                         }
                     }
-                    // Strips of `mc` rows × `EPILOGUE_COLS` columns are final after the last
-                    // block of steps, and still in the first-level cache.
-                    let j = jr + nr;
+                    // Strips of `mc` rows × at least `EPILOGUE_COLS` columns are final after
+                    // the last block of steps, and still in the first-level cache.
+                    let end = (jr + nr).min(nc);
                     if let Some(e) = g.epilogue.as_ref().filter(|_| pc + kc == k)
-                        && (j.is_multiple_of(EPILOGUE_COLS) || j >= nc)
+                        && (end - done >= EPILOGUE_COLS || end == nc)
                     {
-                        let from = (j - 1) / EPILOGUE_COLS * EPILOGUE_COLS;
                         // SAFETY: the strip's cells are final.
-                        unsafe { e.run(ic, ic + mc, jc + from, jc + j.min(nc)) };
+                        unsafe { e.run(ic, ic + mc, jc + done, jc + end) };
+                        done = end;
                     }
                 }
             }

@@ -62,14 +62,26 @@ impl Isa {
 
     /// The most this process uses, read once from the environment: `ROCANNL_ISA=avx2` makes an
     /// AVX-512 host run (and generate) what an AVX2-only host would, `generic` portable code
-    /// only; unset (or `avx512`), whatever the host has. Kernels, generated code's target flags
+    /// only (kernels and generated code for baseline x86-64); unset (or `avx512`), whatever the
+    /// host has. Another value is warned about and ignored. Kernels, generated code's target flags
     /// and the bf16 instructions all follow it, so one machine can measure and test every path.
     pub fn cap() -> Isa {
         static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CAP.get_or_init(|| match std::env::var("ROCANNL_ISA").as_deref() {
-            Ok("generic") => Isa::Generic,
-            Ok("avx2") => Isa::Avx2,
-            _ => Isa::Avx512,
+        *CAP.get_or_init(|| {
+            let Ok(v) = std::env::var("ROCANNL_ISA") else { return Isa::Avx512 };
+            match v.to_ascii_lowercase().as_str() {
+                "generic" => Isa::Generic,
+                "avx2" => Isa::Avx2,
+                "avx512" | "" => Isa::Avx512,
+                other => {
+                    // Not an error: the process still runs, on the host's best.
+                    eprintln!(
+                        "warning: ROCANNL_ISA={other} is not avx512, avx2 or generic; \
+                         using the host's best instruction set"
+                    );
+                    Isa::Avx512
+                }
+            }
         })
     }
 

@@ -454,19 +454,6 @@ impl Epilogue {
         }
         body
     }
-
-    /// Each variable's value at row `i` and column `j`.
-    pub fn values(&self, i: usize, j: usize) -> impl Iterator<Item = (Var, usize)> + '_ {
-        fn split(axis: &[(Var, usize)], mut x: usize) -> Vec<(Var, usize)> {
-            let mut out = vec![(Var(0), 0); axis.len()];
-            for (k, &(v, e)) in axis.iter().enumerate().rev() {
-                out[k] = (v, x % e.max(1));
-                x /= e.max(1);
-            }
-            out
-        }
-        split(&self.rows, i).into_iter().chain(split(&self.cols, j))
-    }
 }
 
 /// A tensor as an operand of a [`Gemm`]: the flat offset of the cell at row 0, column 0

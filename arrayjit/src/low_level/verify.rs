@@ -101,6 +101,10 @@ impl Verifier<'_> {
         if g.bf16_pairs || g.m.limit.is_some() || g.n.limit.is_some() {
             return Err("epilogue on a bf16-pairs or dynamically sized product".to_string());
         }
+        // Its rows and columns are the whole product's: no batch loop moves the result.
+        if !g.c.offset.terms.is_empty() {
+            return Err(format!("epilogue on a product whose result moves with loops: {g}"));
+        }
         let bound = std::mem::take(&mut self.bound);
         let extents = std::mem::take(&mut self.extents);
         let assigned = std::mem::take(&mut self.assigned);

@@ -78,25 +78,6 @@ pub struct Cuda {
     last_outcome: crate::cache::CacheOutcome,
 }
 
-impl Cuda {
-    /// A zeroed block of at least `bytes` from the pool.
-    fn take(&mut self, bytes: usize) -> Result<DevBlock, Error> {
-        Self::take_from(&mut self.pool, &self.stream, bytes)
-    }
-
-    fn take_from(
-        pool: &mut CachingPool<CudaSlice<u8>>,
-        stream: &Arc<CudaStream>,
-        bytes: usize,
-    ) -> Result<DevBlock, Error> {
-        pool.take(
-            bytes,
-            |class| stream.alloc_zeros::<u8>(class).map_err(driver_err),
-            |b| stream.memset_zeros(b).map_err(driver_err),
-        )
-    }
-}
-
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Cuda({} routines, {:?})", self.routines.len(), self.pool.stats())
@@ -120,6 +101,41 @@ impl Cuda {
             cache: crate::cache::Cache::open(&opts.cache),
             last_outcome: crate::cache::CacheOutcome::Off,
         })
+    }
+
+    /// A zeroed block of at least `bytes` from the pool.
+    fn take(&mut self, bytes: usize) -> Result<DevBlock, Error> {
+        let stream = &self.stream;
+        self.pool.take(
+            bytes,
+            |class| stream.alloc_zeros::<u8>(class).map_err(driver_err),
+            |b| stream.memset_zeros(b).map_err(driver_err),
+        )
+    }
+
+    /// A compiled routine's arena and its kernels' scratch, from the pool.
+    fn routine_memory(&mut self, prog: &Program, r: &mut Compiled) -> Result<(), Error> {
+        if prog.arena.bytes > 0 {
+            r.arena = Some(self.take(prog.arena.bytes)?);
+        }
+        let mut sizes: Vec<(NodeId, usize)> = Vec::new();
+        for s in r.kernels.iter().flat_map(|(_, k)| &k.scratch) {
+            if !sizes.iter().any(|(n, _)| *n == s.node) {
+                sizes.push((s.node, s.len * s.prec.size_in_bytes()));
+            }
+        }
+        for (node, bytes) in sizes {
+            let block = self.take(bytes)?;
+            r.scratch.insert(node, block);
+        }
+        Ok(())
+    }
+
+    /// Gives a routine's memory back to the pool.
+    fn give_back(&mut self, r: Compiled) {
+        for b in r.arena.into_iter().chain(r.scratch.into_values()) {
+            self.pool.give(b);
+        }
     }
 }
 
@@ -156,18 +172,13 @@ impl Backend for Cuda {
             let node = prog.nodes.get(&a.node).ok_or(Error::UnknownNode(a.node.0))?;
             slots.insert(a.node, (a.offset, node.num_elements() * node.prec.size_in_bytes()));
         }
-        let arena = if prog.arena.bytes > 0 { Some(self.take(prog.arena.bytes)?) } else { None };
-        let mut scratch = FxHashMap::default();
-        for s in kernels.iter().flat_map(|(_, k)| &k.scratch) {
-            if let std::collections::hash_map::Entry::Vacant(slot) = scratch.entry(s.node) {
-                slot.insert(Self::take_from(
-                    &mut self.pool,
-                    &self.stream,
-                    s.len * s.prec.size_in_bytes(),
-                )?);
-            }
+        let mut r = Compiled { kernels, arena: None, slots, scratch: FxHashMap::default() };
+        if let Err(e) = self.routine_memory(prog, &mut r) {
+            // What was taken goes back: the pool's figures stay true.
+            self.give_back(r);
+            return Err(e);
         }
-        self.routines.push(Some(Compiled { kernels, arena, slots, scratch }));
+        self.routines.push(Some(r));
         Ok((self.routines.len() - 1, src.source))
     }
 
@@ -185,13 +196,13 @@ impl Backend for Cuda {
     }
 
     fn release(&mut self, routine: usize) -> Result<(), Error> {
-        // Kernels still queued read its memory: they finish before the blocks are reused.
-        let Some(Some(r)) = self.routines.get_mut(routine).map(Option::take) else {
+        if !matches!(self.routines.get(routine), Some(Some(_))) {
             return Ok(());
-        };
+        }
+        // Kernels still queued read its memory: they finish before the blocks are reused.
         self.stream.synchronize().map_err(driver_err)?;
-        for b in r.arena.into_iter().chain(r.scratch.into_values()) {
-            self.pool.give(b);
+        if let Some(r) = self.routines[routine].take() {
+            self.give_back(r);
         }
         Ok(())
     }
@@ -266,8 +277,12 @@ impl Backend for Cuda {
 
     fn read(&self, node: NodeId) -> Result<NdArray, Error> {
         let (n, buf) = self.buffers.get(&node).ok_or(Error::UnknownNode(node.0))?;
-        let mut bytes = self.stream.clone_dtoh(&buf.mem).map_err(driver_err)?;
-        bytes.truncate(n.num_elements() * n.prec.size_in_bytes());
+        // The tensor's bytes only (the block may be longer: its size class).
+        let len = n.num_elements() * n.prec.size_in_bytes();
+        if len == 0 {
+            return NdArray::from_bytes(n.prec, &n.dims, &[]);
+        }
+        let bytes = self.stream.clone_dtoh(&buf.mem.slice(0..len)).map_err(driver_err)?;
         NdArray::from_bytes(n.prec, &n.dims, &bytes)
     }
 }

@@ -261,6 +261,9 @@ pub fn host_arch_flags() -> Vec<&'static str> {
         use crate::kernels::Isa;
         use std::arch::is_x86_feature_detected as has;
         let cap = Isa::cap();
+        if cap == Isa::Generic {
+            return vec![];
+        }
         if cap >= Isa::Avx512
             && has!("avx512f")
             && has!("avx512bw")

@@ -6,9 +6,9 @@
 //! (`relu(x·W + b)`, which the next layer's product reads through a buffer of its own), a
 //! scaling (`q·kᵀ / √d`), the loss's difference. Run after the product, that work is one more
 //! pass over the whole result, read back from the second-level cache or from memory; run by the
-//! product on each strip of `MC` rows × one register tile's columns right after the strip's
-//! last reduction step, it reads cells still in the first-level cache, and its code is the
-//! nest's own (generated, vectorized by GCC), called through a function pointer.
+//! product on each strip of `MC` rows × 128 columns right after the strip's last reduction
+//! step, it reads cells still in the first-level cache, and its code is the nest's own
+//! (generated, vectorized by GCC), called through a function pointer.
 //!
 //! Moving a nest into a call that runs earlier must not change what anything computes. The
 //! nest is taken only when:
