@@ -10,7 +10,7 @@
 //! - `step_s`: the median of later steps, first while the optimized build is still being
 //!   made in the background (`early_step_s`) and then after it was swapped in.
 //!
-//! `cargo run --release --example first_step [-- --no-tier] [--no-epilogues] [--opt-level N] [--moons]`
+//! `cargo run --release --example first_step [-- --no-tier] [--epilogues] [--opt-level N] [--moons]`
 //! (`--moons`: the anchors' W3, an MLP 2→16→16→1 with ReLU, batch 32, hinge loss, SGD). Point
 //! `ROCANNL_CACHE_DIR` at an empty folder for a cold start, run again for a warm one.
 
@@ -37,8 +37,8 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     if args.iter().any(|a| a == "--no-tier") {
         opts.compile.tiered = false;
     }
-    if args.iter().any(|a| a == "--no-epilogues") {
-        opts.compile.epilogues = false;
+    if args.iter().any(|a| a == "--epilogues") {
+        opts.compile.epilogues = true;
     }
     if let Some(i) = args.iter().position(|a| a == "--opt-level") {
         opts.compile.opt_level = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(3);

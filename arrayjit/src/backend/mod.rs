@@ -127,7 +127,8 @@ pub struct CompileOptions {
     pub map_calls: crate::low_level::schedule::MapCalls,
     /// Pointwise nests on a product's result (bias, activation, scaling) run inside the
     /// product's call, on each strip of the result as it becomes final (gccjit;
-    /// [`crate::low_level::Epilogue`]). On by default.
+    /// [`crate::low_level::Epilogue`]). Off by default: on the machines measured it gained no
+    /// run time and cost about 5 % more compile time (docs/benchmarks.md, "Epilogues").
     pub epilogues: bool,
     /// Loop nests with fewer scalar operations than this run on the calling thread.
     pub min_parallel_work: usize,
@@ -150,7 +151,7 @@ impl Default for CompileOptions {
             tiered: true,
             kernel_calls: true,
             map_calls: crate::low_level::schedule::MapCalls::Reductions,
-            epilogues: true,
+            epilogues: false,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
             limits: crate::low_level::estimate::Limits::default(),

@@ -116,7 +116,7 @@ struct BenchArgs {
     #[arg(long, value_name = "off|reductions|all")]
     map_calls: Option<String>,
     /// Whether pointwise nests on a product's result run inside the product's call (gccjit):
-    /// on (the default) or off.
+    /// on, or off (the default).
     #[arg(long, value_name = "on|off")]
     epilogues: Option<String>,
     /// Also draw compile and run times per backend and optimization level (gccjit at every
@@ -409,8 +409,8 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
                 };
             }
             match b.epilogues.as_deref() {
-                None | Some("on") => {}
-                Some("off") => base.compile.epilogues = false,
+                None | Some("off") => {}
+                Some("on") => base.compile.epilogues = true,
                 Some(other) => {
                     return Err(CliError {
                         kind: ErrorKind::Usage,

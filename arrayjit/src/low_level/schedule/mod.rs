@@ -80,7 +80,8 @@ pub struct CpuSchedule {
     /// Which pointwise maps and (non-product) reductions become calls of the map kernel.
     pub map_calls: MapCalls,
     /// Pointwise nests that read a product's result cell by cell run inside the product's call,
-    /// on each strip of the result as it becomes final ([`crate::low_level::Epilogue`]).
+    /// on each strip of the result as it becomes final ([`crate::low_level::Epilogue`]). Off by
+    /// default: measured, it gained no run time and cost compile time (docs/benchmarks.md).
     pub epilogues: bool,
 }
 
@@ -109,7 +110,7 @@ impl Default for CpuSchedule {
             kernel_calls: true,
             bf16_pairs: false,
             map_calls: MapCalls::default(),
-            epilogues: true,
+            epilogues: false,
         }
     }
 }
