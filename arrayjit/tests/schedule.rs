@@ -860,3 +860,41 @@ fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
         }
     }
 }
+
+/// `c := 0` then `c += a·b` (a gradient's fill and its first accumulation): the product starts
+/// from 0 and the fill goes, with the interpreter's bits; not when `c` is read in between.
+#[test]
+fn a_sum_onto_a_zeroed_tensor_starts_from_zero() {
+    use rocannl_arrayjit::assignments::FetchOp;
+    for prec in [Prec::F32, Prec::F64, Prec::Bf16] {
+        for read_between in [false, true] {
+            let mut case = matmul_onto_case(48, 160, 40, prec);
+            let c = case.outputs[0];
+            case.inputs.retain(|(id, _)| *id != c);
+            let product = case.asgn.clone();
+            let mut steps = vec![Asgn::Fetch { lhs: c, fetch: FetchOp::Constant(0.0) }];
+            if read_between {
+                let d = host(&mut case.nodes, "d", &[48, 40], prec);
+                let mut g = rocannl_arrayjit::indexing::SymbolGen::default();
+                let p = rocannl_arrayjit::indexing::Projections::identity(&[48, 40], 1, &mut g);
+                steps.push(accum(d, None, vec![c], ScalarExpr::Arg(0), p, false));
+                case.outputs.push(d);
+            }
+            steps.push(product);
+            case.asgn = Asgn::Seq(steps);
+            case.name = format!("zeroed_{}_{read_between}", prec.name());
+            let text = scheduled(&case);
+            let folded = text.contains("the next reduction starts from 0");
+            assert_eq!(folded, !read_between, "{}:\n{text}", case.name);
+            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+            for (g, w) in got.iter().zip(&want) {
+                if prec == Prec::Bf16 {
+                    assert_close(&case.name, g, w, tolerance(prec));
+                } else {
+                    assert_eq!(bits(g), bits(w), "{}", case.name);
+                }
+            }
+        }
+    }
+}

@@ -149,6 +149,10 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
             out.push(s);
             continue;
         };
+        // A sum onto a tensor zeroed just before (a gradient, an arena intermediate) starts
+        // from 0 instead: the fill's pass and the kernel's reads of the zeros go.
+        let zeroed = zeroed_before(prog, &out, &nest);
+        let nest = if zeroed.is_some() { Nest { init: Some(0.0), ..nest } } else { nest };
         let Some((nest, before, after)) = in_f32(prog, nest) else {
             out.push(s);
             continue;
@@ -159,6 +163,9 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
             call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
         match rewritten {
             Some(stmts) => {
+                if let Some(i) = zeroed {
+                    out[i] = Stmt::Comment("zero fill: the next reduction starts from 0".into());
+                }
                 out.extend(before);
                 out.extend(stmts.into_iter().map(drop_unit_loops));
                 out.extend(after);
@@ -182,17 +189,7 @@ fn in_f32(prog: &mut Program, nest: Nest) -> Option<(Nest, Vec<Stmt>, Vec<Stmt>)
         return Some((nest, vec![], vec![]));
     }
     let c = prog.nodes.get(&nest.node)?.clone();
-    let whole = nest.cell_guards.is_empty()
-        && nest.idx.len() == c.dims.len()
-        && nest.idx.iter().zip(&c.dims).all(|(i, &d)| {
-            d == 1 && i.terms.is_empty() && i.offset == 0
-                || i.as_var().is_some_and(|v| nest.lhs.iter().any(|l| l.var == v && l.extent == d))
-        })
-        && nest
-            .lhs
-            .iter()
-            .all(|l| nest.idx.iter().filter(|i| i.as_var() == Some(l.var)).count() == 1);
-    if !whole {
+    if !writes_every_cell(&nest, &c.dims) {
         return None;
     }
     let id = prog.fresh_node_id();
@@ -209,6 +206,86 @@ fn in_f32(prog: &mut Program, nest: Nest) -> Option<(Nest, Vec<Stmt>, Vec<Stmt>)
     let before = if nest.init.is_none() { vec![copy(prog, c.id, id)] } else { vec![] };
     let after = vec![copy(prog, id, c.id)];
     Some((Nest { node: id, prec: Prec::F32, ..nest }, before, after))
+}
+
+/// Whether the nest writes every cell of its result (of `dims`) once: one loop per axis over
+/// its whole extent (an axis of one cell may be fixed at 0), no cell guards.
+fn writes_every_cell(nest: &Nest, dims: &[usize]) -> bool {
+    nest.cell_guards.is_empty()
+        && nest.idx.len() == dims.len()
+        && nest.idx.iter().zip(dims).all(|(i, &d)| {
+            d == 1 && i.terms.is_empty() && i.offset == 0
+                || i.as_var().is_some_and(|v| nest.lhs.iter().any(|l| l.var == v && l.extent == d))
+        })
+        && nest
+            .lhs
+            .iter()
+            .all(|l| nest.idx.iter().filter(|i| i.as_var() == Some(l.var)).count() == 1)
+}
+
+/// Top-level statements looked through, back from a sum, for the fill that zeroed its result.
+const MAX_FILL_DISTANCE: usize = 256;
+
+/// The position in `out` of a fill of the nest's result with `+0` that nothing after it
+/// touches, when the nest is a sum onto that result covering every cell once at full extent
+/// (no dynamic limits, which would leave cells past the limit to the fill) and reading the
+/// result nowhere else: starting each cell from `+0` then gives the same bits.
+fn zeroed_before(prog: &Program, out: &[Stmt], nest: &Nest) -> Option<usize> {
+    if nest.init.is_some() || nest.update.combine_op() != BinOp::Add {
+        return None;
+    }
+    let dims = &prog.nodes.get(&nest.node)?.dims;
+    if !writes_every_cell(nest, dims) || nest.lhs.iter().any(|l| l.limit.is_some()) {
+        return None;
+    }
+    let reads_result = nest.update.contributions().iter().any(|e| {
+        let mut found = false;
+        e.visit(&mut |e| found |= matches!(e, Expr::Get(n, _) if *n == nest.node));
+        found
+    });
+    if reads_result {
+        return None;
+    }
+    let touches = |s: &Stmt| super::nodes_of(std::slice::from_ref(s)).contains(&nest.node);
+    let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
+    for i in (start..out.len()).rev() {
+        if is_zero_fill(&out[i], nest.node, dims) {
+            return Some(i);
+        }
+        if touches(&out[i]) {
+            return None;
+        }
+    }
+    None
+}
+
+/// Whether `s` sets every cell of `node` (of `dims`) to `+0`.
+fn is_zero_fill(s: &Stmt, node: NodeId, dims: &[usize]) -> bool {
+    let mut loops: Vec<(Var, usize)> = Vec::new();
+    let mut cur = s;
+    loop {
+        match cur {
+            Stmt::For { var, extent, limit: None, body, .. } if body.len() == 1 => {
+                loops.push((*var, *extent));
+                cur = &body[0];
+            }
+            Stmt::Set { node: n, idx, value: Expr::Const(c) } => {
+                let cells = *n == node
+                    && c.to_bits() == 0
+                    && idx.len() == dims.len()
+                    && idx.iter().zip(dims).all(|(i, &d)| {
+                        d == 1 && i.terms.is_empty() && i.offset == 0
+                            || i.as_var().is_some_and(|v| loops.contains(&(v, d)))
+                    });
+                // Each loop indexes exactly one axis (a repeated variable is a diagonal).
+                let once = loops
+                    .iter()
+                    .all(|(v, _)| idx.iter().filter(|i| i.as_var() == Some(*v)).count() == 1);
+                return cells && once;
+            }
+            _ => return false,
+        }
+    }
 }
 
 /// How the accumulator is updated: `t := op(t, e)` or `t := fma(x, y, t)`.
