@@ -898,3 +898,33 @@ fn a_sum_onto_a_zeroed_tensor_starts_from_zero() {
         }
     }
 }
+
+/// The same with a dynamic number of rows: the sum starts from 0 on the rows it writes, and the
+/// fill keeps only the rows past the runtime size (still zero afterwards).
+#[test]
+fn a_sum_with_dynamic_rows_onto_zeros_keeps_the_fill_past_them() {
+    use rocannl_arrayjit::assignments::FetchOp;
+    for rows in [1, 17, 48] {
+        let mut case = matmul_onto_case(48, 160, 40, Prec::F32);
+        let c = case.outputs[0];
+        case.inputs.retain(|(id, _)| *id != c);
+        let Asgn::Accum { lhs, accum, rhs, expr, projections, initialize_neutral } = case.asgn
+        else {
+            unreachable!()
+        };
+        let size = Symbol(60);
+        let mut p = (*projections).clone();
+        p.dynamic = vec![(Symbol(0), size)];
+        let product =
+            Asgn::Accum { lhs, accum, rhs, expr, projections: Arc::new(p), initialize_neutral };
+        case.asgn = Asgn::Seq(vec![Asgn::Fetch { lhs: c, fetch: FetchOp::Constant(0.0) }, product]);
+        case.bindings = vec![(size, rows as i64)];
+        case.name = format!("zeroed_dynamic_{rows}");
+        let text = scheduled(&case);
+        assert!(text.contains("if 0 <= v0 - i60 < 48") && text.contains("1] := n0["), "{text}");
+        let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+        let got = run_case(BackendKind::Gccjit, CompileOptions::default(), &case);
+        assert_eq!(bits(&got[0]), bits(&want[0]), "{}", case.name);
+        assert!(want[0][rows * 40..].iter().all(|x| *x == 0.0));
+    }
+}

@@ -153,6 +153,7 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
         // from 0 instead: the fill's pass and the kernel's reads of the zeros go.
         let zeroed = zeroed_before(prog, &out, &nest);
         let nest = if zeroed.is_some() { Nest { init: Some(0.0), ..nest } } else { nest };
+        let zeroed = zeroed.map(|(i, past)| (i, past.map(|p| past_the_limit(&out[i], p))));
         let Some((nest, before, after)) = in_f32(prog, nest) else {
             out.push(s);
             continue;
@@ -163,8 +164,12 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
             call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
         match rewritten {
             Some(stmts) => {
-                if let Some(i) = zeroed {
-                    out[i] = Stmt::Comment("zero fill: the next reduction starts from 0".into());
+                match zeroed {
+                    Some((i, None)) => {
+                        out[i] = Stmt::Comment("zero fill: the next reduction starts from 0".into())
+                    }
+                    Some((i, Some(rest))) => out[i] = rest,
+                    None => {}
                 }
                 out.extend(before);
                 out.extend(stmts.into_iter().map(drop_unit_loops));
@@ -226,18 +231,36 @@ fn writes_every_cell(nest: &Nest, dims: &[usize]) -> bool {
 /// Top-level statements looked through, back from a sum, for the fill that zeroed its result.
 const MAX_FILL_DISTANCE: usize = 256;
 
+/// The part of a fill the sum does not cover: its axis, and the dynamic size past which that
+/// axis' cells are left to the fill.
+#[derive(Copy, Clone, Debug)]
+struct PastLimit {
+    axis: usize,
+    size: crate::indexing::Symbol,
+    extent: usize,
+}
+
 /// The position in `out` of a fill of the nest's result with `+0` that nothing after it
-/// touches, when the nest is a sum onto that result covering every cell once at full extent
-/// (no dynamic limits, which would leave cells past the limit to the fill) and reading the
-/// result nowhere else: starting each cell from `+0` then gives the same bits.
-fn zeroed_before(prog: &Program, out: &[Stmt], nest: &Nest) -> Option<usize> {
+/// touches, when the nest is a sum onto that result covering every cell once (up to one
+/// axis' dynamic size of whole rows, `PastLimit`: the fill keeps the cells past it) and reading
+/// the result nowhere else: starting each cell from `+0` then gives the same bits.
+fn zeroed_before(prog: &Program, out: &[Stmt], nest: &Nest) -> Option<(usize, Option<PastLimit>)> {
     if nest.init.is_some() || nest.update.combine_op() != BinOp::Add {
         return None;
     }
     let dims = &prog.nodes.get(&nest.node)?.dims;
-    if !writes_every_cell(nest, dims) || nest.lhs.iter().any(|l| l.limit.is_some()) {
+    if !writes_every_cell(nest, dims) {
         return None;
     }
+    let limited: Vec<&Loop> = nest.lhs.iter().filter(|l| l.limit.is_some()).collect();
+    let past = match limited.as_slice() {
+        [] => None,
+        [l] if l.limit.is_some_and(|lim| lim.per == 1) => {
+            let axis = nest.idx.iter().position(|i| i.as_var() == Some(l.var))?;
+            Some(PastLimit { axis, size: l.limit?.size, extent: l.extent })
+        }
+        _ => return None,
+    };
     let reads_result = nest.update.contributions().iter().any(|e| {
         let mut found = false;
         e.visit(&mut |e| found |= matches!(e, Expr::Get(n, _) if *n == nest.node));
@@ -250,13 +273,42 @@ fn zeroed_before(prog: &Program, out: &[Stmt], nest: &Nest) -> Option<usize> {
     let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
     for i in (start..out.len()).rev() {
         if is_zero_fill(&out[i], nest.node, dims) {
-            return Some(i);
+            return Some((i, past));
         }
         if touches(&out[i]) {
             return None;
         }
     }
     None
+}
+
+/// The fill restricted to the cells past the limit: its store guarded by `size <= v` for the
+/// variable of the limited axis (the sum writes the cells below).
+fn past_the_limit(fill: &Stmt, p: PastLimit) -> Stmt {
+    match fill {
+        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
+            var: *var,
+            extent: *extent,
+            limit: *limit,
+            parallel: *parallel,
+            body: body.iter().map(|b| past_the_limit(b, p)).collect(),
+        },
+        // (An axis of one cell has no loop: the whole fill stays, which is as correct.)
+        Stmt::Set { idx, .. } => match idx[p.axis].as_var() {
+            Some(v) => {
+                let index = Index::new(
+                    vec![(1, super::IdxVar::Loop(v)), (-1, super::IdxVar::Sym(p.size))],
+                    0,
+                );
+                Stmt::If {
+                    guards: vec![Guard { index, bound: p.extent }],
+                    body: vec![fill.clone()],
+                }
+            }
+            None => fill.clone(),
+        },
+        other => other.clone(),
+    }
 }
 
 /// Whether `s` sets every cell of `node` (of `dims`) to `+0`.
