@@ -155,11 +155,7 @@ impl Backend for CudaSim {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        let r = match self.routines.get_mut(routine) {
-            Some(Some(r)) => r,
-            Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
-            None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
-        };
+        let r = super::live_routine(&mut self.routines, routine)?;
         for k in &r.kernels {
             launch(&r.prog, k, symbols, &mut self.buffers, &mut r.arena)?;
         }

@@ -212,11 +212,7 @@ fn run_in(
     buffers: &HostBuffers,
     bounds_check: bool,
 ) -> Result<(), Error> {
-    let r = match routines.get_mut(routine) {
-        Some(Some(r)) => r,
-        Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
-        None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
-    };
+    let r = super::live_routine(routines, routine)?;
     let mut views = Vec::with_capacity(r.bufs.len());
     for b in &r.bufs {
         // A routine's intermediates live in its arena, even where a later routine gave the

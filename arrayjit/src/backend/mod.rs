@@ -168,6 +168,17 @@ impl CompileOptions {
     }
 }
 
+/// A backend's compiled routine by index (routines are kept in a table, `None` once released):
+/// [`Error::ReleasedRoutine`] for a released one, [`Error::ForeignRoutine`] for an index the
+/// table never held.
+pub(crate) fn live_routine<T>(routines: &mut [Option<T>], routine: usize) -> Result<&mut T, Error> {
+    match routines.get_mut(routine) {
+        Some(Some(r)) => Ok(r),
+        Some(None) => Err(Error::ReleasedRoutine(format!("#{routine}"))),
+        None => Err(Error::ForeignRoutine(format!("#{routine}"))),
+    }
+}
+
 /// Host data fits a node's buffer: the same dims (what every backend's `write` checks first).
 pub(crate) fn check_dims(node: &TensorNode, data: &NdArray) -> Result<(), Error> {
     if data.dims() == node.dims.as_slice() {

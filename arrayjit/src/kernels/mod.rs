@@ -271,6 +271,12 @@ macro_rules! entry_epi {
 entry_epi!(rc_gemm_epi_f32, f32);
 entry_epi!(rc_gemm_epi_f64, f64);
 
+// The entry points have the signatures generated code calls them with.
+const _: GemmFn<f32> = rc_gemm_f32;
+const _: GemmFn<f64> = rc_gemm_f64;
+const _: GemmEpiFn<f32> = rc_gemm_epi_f32;
+const _: GemmEpiFn<f64> = rc_gemm_epi_f64;
+
 #[cfg(test)]
 mod tests {
     use super::*;

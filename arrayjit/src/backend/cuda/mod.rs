@@ -216,11 +216,7 @@ impl Backend for Cuda {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        let r = match self.routines.get(routine) {
-            Some(Some(r)) => r,
-            Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
-            None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
-        };
+        let r = &*super::live_routine(&mut self.routines, routine)?;
         for (f, k) in &r.kernels {
             // Intermediates are views into the routine's arena; everything else has a buffer.
             let mut views = Vec::with_capacity(k.buffers.len());

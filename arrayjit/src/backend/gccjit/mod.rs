@@ -948,16 +948,11 @@ impl Backend for Gccjit {
     }
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
-        if let Some(Some(r)) = self.routines.get_mut(routine)
-            && r.background.as_ref().is_some_and(tier::Tier::ready)
-        {
+        let r = super::live_routine(&mut self.routines, routine)?;
+        if r.background.as_ref().is_some_and(tier::Tier::ready) {
             r.swap_in();
         }
-        let r = match self.routines.get(routine) {
-            Some(Some(r)) => r,
-            Some(None) => return Err(Error::ReleasedRoutine(format!("#{routine}"))),
-            None => return Err(Error::ForeignRoutine(format!("#{routine}"))),
-        };
+        let r = &*r;
         let syms = if symbols.is_empty() { [0i64].as_ptr() } else { symbols.as_ptr() };
         let err = &*r.run_table as *const RunTable as *mut u8;
         for (k, (step, table)) in r.calls.iter().enumerate() {
