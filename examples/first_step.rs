@@ -10,7 +10,7 @@
 //! - `step_s`: the median of later steps, first while the optimized build is still being
 //!   made in the background (`early_step_s`) and then after it was swapped in.
 //!
-//! `cargo run --release --example first_step [-- --no-tier] [--epilogues] [--opt-level N] [--moons]`
+//! `cargo run --release --example first_step [-- --no-tier] [--epilogues] [--no-groups] [--opt-level N] [--moons]`
 //! (`--moons`: the anchors' W3, an MLP 2→16→16→1 with ReLU, batch 32, hinge loss, SGD). Point
 //! `ROCANNL_CACHE_DIR` at an empty folder for a cold start, run again for a warm one.
 
@@ -39,6 +39,9 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     }
     if args.iter().any(|a| a == "--epilogues") {
         opts.compile.epilogues = true;
+    }
+    if args.iter().any(|a| a == "--no-groups") {
+        opts.compile.parallel_groups = false;
     }
     if let Some(i) = args.iter().position(|a| a == "--opt-level") {
         opts.compile.opt_level = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(3);
@@ -72,7 +75,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let t1 = Instant::now();
     let mut step = s.train_step(&l, &Optimizer::sgd(), &[])?;
     let compiled = t1.elapsed().as_secs_f64();
-    if std::env::var_os("FIRST_STEP_PHASES").is_some() {
+    if rocannl::arrayjit::env::var_os("FIRST_STEP_PHASES").is_some() {
         eprintln!("{:?}", step.routine().report().phases);
     }
 

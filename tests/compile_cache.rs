@@ -33,7 +33,8 @@ fn eval(env: &[(&str, &Path)], off: bool) -> (Value, String) {
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rocannl-test-cache-{name}-{}", std::process::id()));
+    let d = rocannl::arrayjit::env::temp_dir()
+        .join(format!("rocannl-test-cache-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_file(&d);
     d

@@ -78,7 +78,8 @@ fn einsum_tour_runs() {
 
 #[test]
 fn char_gpt_learns_and_reports_json() {
-    let dir = std::env::temp_dir().join(format!("rocannl-char-gpt-{}", std::process::id()));
+    let dir =
+        rocannl::arrayjit::env::temp_dir().join(format!("rocannl-char-gpt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(example("char_gpt"))
         .args(["--steps", "150", "--json"])

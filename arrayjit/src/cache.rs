@@ -108,18 +108,22 @@ fn warn(what: &str) {
 impl Cache {
     /// The cache a mode designates, or `None` when it is disabled.
     pub fn open(mode: &CacheMode) -> Option<Cache> {
-        let max_bytes = std::env::var("ROCANNL_CACHE_MAX_BYTES")
-            .ok()
+        // The default folder comes from the environment too (`HOME`, `XDG_CACHE_HOME`).
+        crate::env::with_lock(|| Cache::open_unlocked(mode))
+    }
+
+    fn open_unlocked(mode: &CacheMode) -> Option<Cache> {
+        let max_bytes = crate::env::var("ROCANNL_CACHE_MAX_BYTES")
             .and_then(|s| s.parse().ok())
             .unwrap_or(DEFAULT_MAX_BYTES);
         let dir = match mode {
             CacheMode::Off => return None,
             CacheMode::Dir(d) => d.clone(),
             CacheMode::FromEnv => {
-                if std::env::var("ROCANNL_CACHE").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+                if crate::env::var("ROCANNL_CACHE").is_some_and(|v| v.eq_ignore_ascii_case("off")) {
                     return None;
                 }
-                match std::env::var_os("ROCANNL_CACHE_DIR") {
+                match crate::env::var_os("ROCANNL_CACHE_DIR") {
                     Some(d) if !d.is_empty() => PathBuf::from(d),
                     _ => {
                         directories::ProjectDirs::from("", "", "rocannl")?.cache_dir().to_path_buf()
@@ -336,7 +340,7 @@ mod tests {
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("rocannl-cache-{name}-{}", std::process::id()));
+        let d = crate::env::temp_dir().join(format!("rocannl-cache-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
     }

@@ -22,6 +22,7 @@ pub mod assignments;
 pub mod backend;
 pub mod cache;
 pub mod context;
+pub mod env;
 pub mod error;
 pub mod indexing;
 pub mod kernels;

@@ -26,7 +26,7 @@ fn kernels_of(case: &Case) -> String {
 fn nvrtc() -> Option<Nvrtc> {
     match Nvrtc::load() {
         Ok(n) => Some(n),
-        Err(e) if std::env::var_os("ROCANNL_REQUIRE_NVRTC").is_some() => {
+        Err(e) if rocannl_arrayjit::env::var_os("ROCANNL_REQUIRE_NVRTC").is_some() => {
             panic!(
                 "NVRTC is required for the CUDA compile tests (run scripts/setup.sh --cuda): {e}"
             )
@@ -179,7 +179,8 @@ fn context_without_device_is_no_device_else_conformance() {
 
 /// A fresh cache folder under the system's temporary folder.
 fn cache_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("rocannl-cuda-cache-{name}-{}", std::process::id()));
+    let d = rocannl_arrayjit::env::temp_dir()
+        .join(format!("rocannl-cuda-cache-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

@@ -309,7 +309,7 @@ fn the_hand_written_kernels_compile_to_ptx() {
     }
     let nvrtc = match Nvrtc::load() {
         Ok(n) => n,
-        Err(e) if std::env::var_os("ROCANNL_REQUIRE_NVRTC").is_some() => {
+        Err(e) if rocannl_arrayjit::env::var_os("ROCANNL_REQUIRE_NVRTC").is_some() => {
             panic!("NVRTC is required (run scripts/setup.sh --cuda): {e}")
         }
         Err(_) => return,

@@ -277,7 +277,8 @@ fn runtime_symbols_are_bound_and_range_checked() {
 
 #[test]
 fn debug_dir_receives_ir_and_source() {
-    let dir = std::env::temp_dir().join(format!("rocannl-debug-{}", std::process::id()));
+    let dir =
+        rocannl_arrayjit::env::temp_dir().join(format!("rocannl-debug-{}", std::process::id()));
     let opts = CompileOptions { debug_dir: Some(dir.clone()), ..CompileOptions::default() };
     let case = matmul_case(2, 2, 2, Prec::F32);
     let mut ctx = Context::new(BackendKind::Interp, opts).unwrap();

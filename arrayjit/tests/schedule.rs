@@ -811,16 +811,21 @@ fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
     assert_ne!(kernel(&abt(300, 300, 1, Prec::F32, true)), "gemm");
 }
 
-/// Products of two bf16 tensors into f32 call the bf16 dot-product kernel where the host has
-/// it (`kernels::bf16`: the factors read as they are, no f32 copies). The interpreter running
-/// the scheduled program computes the kernel's pairwise product and gives its bits; both are
-/// within one rounding of the nest's sequential product.
+/// Products of two bf16 tensors call the bf16 dot-product kernel where the host has it
+/// (`kernels::bf16`: the factors read as they are, no f32 copies), which rounds each cell of
+/// the bf16 result once when it stores it (and reads the result when the product adds onto
+/// it). The interpreter running the scheduled program computes the kernel's pairwise product
+/// and gives its bits; both are within one rounding of the nest's sequential product.
 #[test]
 fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
     use rocannl_arrayjit::Backend;
     use rocannl_arrayjit::backend::interp::Interp;
     use rocannl_arrayjit::kernels::bf16::has_native;
-    for case in [matmul_case(64, 256, 48, Prec::Bf16), matmul_bt_case(33, 301, 40, Prec::Bf16)] {
+    for case in [
+        matmul_case(64, 256, 48, Prec::Bf16),
+        matmul_bt_case(33, 301, 40, Prec::Bf16),
+        matmul_onto_case(40, 130, 33, Prec::Bf16),
+    ] {
         let mut prog =
             compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
                 .unwrap();
@@ -835,11 +840,14 @@ fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
         );
         verify(&prog, "schedule").unwrap();
         let text = prog.to_string();
-        assert!(text.contains("gemm f32 bf16-pairs"), "{text}");
+        // The kernel rounds into the bf16 result (and reads it when accumulating onto it): no
+        // f32 copy of the result, no copy back.
+        assert!(text.contains("gemm bf16 bf16-pairs"), "{text}");
+        assert!(!text.contains(".f32"), "no f32 copy of the result: {text}");
         assert!(!text.contains("gemm operand"), "no f32 copies of the factors: {text}");
         // The scheduled program on the interpreter.
         let mut interp = Interp::new(&CompileOptions::default());
-        // Every tensor gets a buffer, the schedule's f32 copy of the bf16 result included.
+        // Every tensor gets a buffer.
         for node in prog.nodes.values() {
             if !prog.virtual_nodes.contains(&node.id) {
                 interp.alloc(node).unwrap();

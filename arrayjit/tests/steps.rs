@@ -74,7 +74,8 @@ fn matmul(nodes: &mut NodeTable, tag: &str, m: usize, k: usize, n: usize) -> (As
 #[test]
 fn a_routine_sharing_its_steps_with_one_compiled_before_is_served_from_the_cache() {
     use rocannl_arrayjit::CacheOutcome;
-    let dir = std::env::temp_dir().join(format!("rocannl-test-steps-{}", std::process::id()));
+    let dir = rocannl_arrayjit::env::temp_dir()
+        .join(format!("rocannl-test-steps-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let opts = CompileOptions {
         cache: rocannl_arrayjit::cache::CacheMode::Dir(dir.clone()),

@@ -13,7 +13,8 @@ use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rocannl-tiers-{name}-{}", std::process::id()));
+    let d = rocannl_arrayjit::env::temp_dir()
+        .join(format!("rocannl-tiers-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

@@ -133,7 +133,8 @@ fn safetensors_round_trip_is_bit_exact_and_mismatches_change_nothing() {
         s.write(&x, &[0.5; 24]).unwrap();
         let r = s.forward(&[&y]).unwrap();
         s.run(&r).unwrap();
-        let path = std::env::temp_dir().join(format!("rocannl_api_{}.safetensors", prec.name()));
+        let path = rocannl_arrayjit::env::temp_dir()
+            .join(format!("rocannl_api_{}.safetensors", prec.name()));
         s.save_params(&path).unwrap();
         let before: Vec<Vec<u64>> = g
             .params()

@@ -50,7 +50,7 @@ fn master_weights_are_stored_in_f32_under_half_precision_activations() {
             let half = |v: f64| prec.round(v) == v;
             assert!(w.iter().any(|v| !half(*v)), "{backend:?} {prec:?}: weights are not f32");
             // Checkpoints hold the master weights.
-            let path = std::env::temp_dir().join(format!(
+            let path = rocannl_arrayjit::env::temp_dir().join(format!(
                 "rocannl-master-{}-{}.safetensors",
                 prec.name(),
                 std::process::id()

@@ -363,11 +363,16 @@ impl CRenderer<'_> {
                 };
                 let _ = writeln!(out, "{pad}{{");
                 let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
+                // A bf16 result: the kernel reads the descriptor's flag and stores bf16 cells.
+                let c = if g.bf16_pairs && g.prec == Prec::Bf16 {
+                    format!("(float *)({})", ptr(&g.c))
+                } else {
+                    ptr(&g.c)
+                };
                 let _ = writeln!(
                     out,
-                    "{pad}  rc_gemm_{}({}, {}, {}, d);",
+                    "{pad}  rc_gemm_{}({c}, {}, {}, d);",
                     if g.bf16_pairs { "bf16" } else { g.prec.name() },
-                    ptr(&g.c),
                     ptr(&g.a),
                     ptr(&g.b)
                 );

@@ -98,7 +98,10 @@ impl Default for BackendKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompileOptions {
     /// When set, every compiled routine's assignments, low-level IR and generated source are
-    /// written to this folder (`{name}.asgn.txt`, `{name}.ll.txt`, `{name}.c` / `{name}.cu`).
+    /// written to this folder (`{name}.asgn.txt`, `{name}.ll.txt`, `{name}.c` / `{name}.cu`;
+    /// gccjit also writes what it gave GCC, `{name}.gccjit.O3.c` and so on, and
+    /// `{name}.gccjit.symbols.txt`: the symbol of each step of the listing, the name a
+    /// profiler shows).
     pub debug_dir: Option<PathBuf>,
     /// Check every index of every access and report the tensor, index and bound instead of
     /// touching memory out of range.
@@ -130,6 +133,11 @@ pub struct CompileOptions {
     /// [`crate::low_level::Epilogue`]). Off by default: on the machines measured it gained no
     /// run time and cost about 5 % more compile time (docs/benchmarks.md, "Epilogues").
     pub epilogues: bool,
+    /// Consecutive parallel nests over the same rows, each touching for a row only bytes of
+    /// that row, run as one job of the thread pool: each thread's chunk of rows goes through
+    /// every nest in order, with no wait between them (gccjit;
+    /// [`crate::backend::gccjit::group`]). The results are the same bits either way.
+    pub parallel_groups: bool,
     /// Loop nests with fewer scalar operations than this run on the calling thread.
     pub min_parallel_work: usize,
     /// The persistent compile cache (see [`crate::cache`]); from the environment by default.
@@ -152,6 +160,7 @@ impl Default for CompileOptions {
             kernel_calls: true,
             map_calls: crate::low_level::schedule::MapCalls::Reductions,
             epilogues: false,
+            parallel_groups: true,
             min_parallel_work: 1 << 15,
             cache: crate::cache::CacheMode::FromEnv,
             limits: crate::low_level::estimate::Limits::default(),

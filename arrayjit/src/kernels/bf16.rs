@@ -1,4 +1,5 @@
-//! Matrix products of bf16 operands into f32, with the host's bf16 dot-product instruction.
+//! Matrix products of bf16 operands into f32 (or into bf16, rounded once per cell), with the
+//! host's bf16 dot-product instruction.
 //!
 //! A product of two bf16 values is exact in f32, and AVX-512 BF16's `vdpbf16ps` adds two such
 //! products to an f32 accumulator per lane: 32 multiply-adds per instruction, twice the f32
@@ -24,6 +25,94 @@ use super::GemmDesc;
 /// 0, column 0 of this call; the `fused` flag is not used: the pairwise product is one
 /// definition).
 pub type GemmBf16 = super::Gemm<f32, u16>;
+
+/// The same product into a bf16 `C` ([`super::GEMM_BF16_RESULT`]): each cell's f32 sum is
+/// rounded once when stored, as a product into an f32 buffer copied into the bf16 result would
+/// be, without the buffer and the copy.
+pub type GemmBf16Rounded = super::Gemm<u16, u16>;
+
+/// A cell of the product's result: f32, or bf16 bits. A bf16 cell is read exactly and written
+/// rounded to nearest even with NaN kept a (quiet) NaN, bit for bit as the `half` crate (and so
+/// the interpreter) rounds: `(x + 0x7fff + lsb) >> 16`, or `(x >> 16) | 0x40` for a NaN.
+pub trait ResultCell: Copy + 'static {
+    /// The cell's value.
+    fn get(self) -> f32;
+    /// A value as a cell.
+    fn put(x: f32) -> Self;
+    /// Sixteen consecutive cells' values.
+    ///
+    /// # Safety
+    /// The sixteen cells must be readable; the host must have AVX-512 (F and BW).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// Writes sixteen consecutive cells.
+    ///
+    /// # Safety
+    /// The sixteen cells must be writable; the host must have AVX-512 (F and BW).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512);
+}
+
+impl ResultCell for f32 {
+    fn get(self) -> f32 {
+        self
+    }
+    fn put(x: f32) -> f32 {
+        x
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store16(p: *mut f32, v: std::arch::x86_64::__m512) {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, v) }
+    }
+}
+
+impl ResultCell for u16 {
+    fn get(self) -> f32 {
+        widen(self)
+    }
+    fn put(x: f32) -> u16 {
+        half::bf16::from_f32(x).to_bits()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn load16(p: *const u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract.
+        unsafe {
+            let h = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn store16(p: *mut u16, v: std::arch::x86_64::__m512) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract.
+        unsafe {
+            let x = _mm512_castps_si512(v);
+            let hi = _mm512_srli_epi32(x, 16);
+            let lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+            let biased = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb);
+            let rounded = _mm512_srli_epi32(biased, 16);
+            let nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            let quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+            let bits = _mm512_mask_blend_epi32(nan, rounded, quiet);
+            _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(bits));
+        }
+    }
+}
 
 /// Whether this host has the bf16 dot-product instruction (detected once).
 pub fn has_native() -> bool {
@@ -84,12 +173,12 @@ fn ftz(x: f32) -> f32 {
 ///
 /// # Safety
 /// Every cell the sizes and steps address must be valid; `c` must not overlap `a` or `b`.
-pub unsafe fn reference(g: &GemmBf16) {
+pub unsafe fn reference<C: ResultCell>(g: &super::Gemm<C, u16>) {
     for i in 0..g.m as isize {
         for j in 0..g.n as isize {
             // SAFETY (block): the caller's contract.
             let c = unsafe { g.c.offset(i * g.rsc + j * g.csc) };
-            let mut t = if g.accumulate { unsafe { *c } } else { 0.0 };
+            let mut t = if g.accumulate { unsafe { (*c).get() } } else { 0.0 };
             let cell = |p: usize| -> (f32, f32) {
                 if p >= g.k {
                     return (0.0, 0.0);
@@ -102,7 +191,7 @@ pub unsafe fn reference(g: &GemmBf16) {
             for p in 0..g.k.div_ceil(2) {
                 t = pair_step(t, cell(2 * p), cell(2 * p + 1));
             }
-            unsafe { *c = t };
+            unsafe { *c = C::put(t) };
         }
     }
 }
@@ -115,7 +204,7 @@ const MR: usize = 8;
 ///
 /// # Safety
 /// As [`reference()`].
-pub unsafe fn gemm_bf16(g: &GemmBf16) {
+pub unsafe fn gemm_bf16<C: ResultCell>(g: &super::Gemm<C, u16>) {
     if g.m == 0 || g.n == 0 {
         return;
     }
@@ -160,7 +249,7 @@ fn pair(even: u16, odd: u16) -> u32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn native(g: &GemmBf16) {
+unsafe fn native<C: ResultCell>(g: &super::Gemm<C, u16>) {
     use std::arch::x86_64::*;
     let kp = g.k.div_ceil(2);
     let blocks = g.m.div_ceil(MR);
@@ -255,13 +344,13 @@ unsafe fn native(g: &GemmBf16) {
                             let c = g.c.offset((i0 + r) as isize * g.rsc + j0 as isize * g.csc);
                             for (v, x) in row.iter_mut().enumerate() {
                                 *x = if whole {
-                                    _mm512_loadu_ps(c.add(16 * v))
+                                    C::load16(c.add(16 * v))
                                 } else {
                                     let mut lanes = [0f32; 16];
                                     for (l, lane) in lanes.iter_mut().enumerate() {
                                         let j = 16 * v + l;
                                         if j < nr {
-                                            *lane = *c.offset(j as isize * g.csc);
+                                            *lane = (*c.offset(j as isize * g.csc)).get();
                                         }
                                     }
                                     _mm512_loadu_ps(lanes.as_ptr())
@@ -286,14 +375,14 @@ unsafe fn native(g: &GemmBf16) {
                         let c = g.c.offset((i0 + r) as isize * g.rsc + j0 as isize * g.csc);
                         for (v, x) in row.iter().enumerate() {
                             if whole {
-                                _mm512_storeu_ps(c.add(16 * v), *x);
+                                C::store16(c.add(16 * v), *x);
                             } else {
                                 let mut lanes = [0f32; 16];
                                 _mm512_storeu_ps(lanes.as_mut_ptr(), *x);
                                 for (l, lane) in lanes.iter().enumerate() {
                                     let j = 16 * v + l;
                                     if j < nr {
-                                        *c.offset(j as isize * g.csc) = *lane;
+                                        *c.offset(j as isize * g.csc) = C::put(*lane);
                                     }
                                 }
                             }
@@ -306,8 +395,9 @@ unsafe fn native(g: &GemmBf16) {
 }
 
 /// The entry point generated code calls (through the run table): `C (+)= A·B` with bf16 `A`
-/// and `B` and an f32 `C`, as the descriptor says (its fused flag is ignored: the pairwise
-/// product is one definition).
+/// and `B` and an f32 `C` — or a bf16 `C` when the descriptor has
+/// [`super::GEMM_BF16_RESULT`] (`c` then points at bf16 cells) — as the descriptor says (its
+/// fused flag is ignored: the pairwise product is one definition).
 ///
 /// # Safety
 /// `desc` must point at a descriptor; every cell its sizes and steps address from the three
@@ -318,10 +408,17 @@ pub unsafe extern "C" fn rc_gemm_bf16(
     b: *const u16,
     desc: *const GemmDesc,
 ) {
-    // SAFETY: the caller's contract (the descriptor, and its first row inside `c` and `a`).
-    let Some(g) = (unsafe { (*desc).product(c, a, b) }) else { return };
-    // SAFETY: the caller's contract.
-    unsafe { gemm_bf16(&g) }
+    // SAFETY (block): the caller's contract (the descriptor, and its first row inside `c` and
+    // `a`, in `c`'s cell type).
+    unsafe {
+        if (*desc).flags & super::GEMM_BF16_RESULT != 0 {
+            let Some(g) = (*desc).product(c.cast::<u16>(), a, b) else { return };
+            gemm_bf16(&g)
+        } else {
+            let Some(g) = (*desc).product(c, a, b) else { return };
+            gemm_bf16(&g)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -436,6 +533,89 @@ mod tests {
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         };
         assert_eq!(run(native_entry), run(reference));
+    }
+
+    /// A bf16 result ([`GemmBf16Rounded`]) is the f32 result rounded once per cell, on both
+    /// paths, accumulating onto bf16 cells or not, with values that overflow to infinities and
+    /// make NaN (whose rounding keeps them quiet NaN).
+    #[test]
+    fn the_rounded_result_is_the_f32_result_rounded_once() {
+        for (m, k, n) in [(1, 1, 1), (9, 7, 33), (17, 64, 70), (8, 130, 32), (16, 9, 65)] {
+            let mut a: Vec<u16> = (0..m * k)
+                .map(|i| bits((crate::ops::uniform(1, i as u64) * 4.0 - 2.0) as f32))
+                .collect();
+            let mut b: Vec<u16> = (0..k * n)
+                .map(|i| bits((crate::ops::uniform(2, i as u64) * 4.0 - 2.0) as f32))
+                .collect();
+            // Infinite factors in A's first row against 2 in B's first rows: infinite
+            // products of both signs, NaN where they meet; huge ones in the second row, whose
+            // sums overflow.
+            for (p, x) in a.iter_mut().take(k.min(4)).enumerate() {
+                *x = bits(if p % 2 == 0 { f32::INFINITY } else { f32::NEG_INFINITY });
+            }
+            for x in a.iter_mut().skip(k).take(k.min(4)) {
+                *x = bits(3e38);
+            }
+            b.iter_mut().take(n * k.min(4)).for_each(|x| *x = bits(2.0));
+            let c0: Vec<u16> =
+                (0..m * n).map(|i| bits(crate::ops::uniform(3, i as u64) as f32 - 0.5)).collect();
+            for acc in [false, true] {
+                let product = |c: *mut u16| GemmBf16Rounded {
+                    m,
+                    n,
+                    k,
+                    a: a.as_ptr(),
+                    rsa: k as isize,
+                    csa: 1,
+                    b: b.as_ptr(),
+                    rsb: n as isize,
+                    csb: 1,
+                    c,
+                    rsc: n as isize,
+                    csc: 1,
+                    accumulate: acc,
+                    fused: false,
+                    epilogue: None,
+                };
+                let mut wide: Vec<f32> = c0.iter().map(|h| widen(*h)).collect();
+                let g = GemmBf16 {
+                    m,
+                    n,
+                    k,
+                    a: a.as_ptr(),
+                    rsa: k as isize,
+                    csa: 1,
+                    b: b.as_ptr(),
+                    rsb: n as isize,
+                    csb: 1,
+                    c: wide.as_mut_ptr(),
+                    rsc: n as isize,
+                    csc: 1,
+                    accumulate: acc,
+                    fused: false,
+                    epilogue: None,
+                };
+                // SAFETY: the buffers hold every cell the sizes address.
+                unsafe { reference(&g) };
+                let want: Vec<u16> = wide.iter().map(|x| bits(*x)).collect();
+                if k >= 2 {
+                    assert!(want.iter().any(|h| h & 0x7fff > 0x7f80), "a NaN among the results");
+                }
+                let mut got = c0.clone();
+                // SAFETY: as above.
+                unsafe { reference(&product(got.as_mut_ptr())) };
+                assert_eq!(got, want, "reference {m}x{k}x{n} acc {acc}");
+                if has_native() {
+                    let mut got = c0.clone();
+                    // SAFETY: as above; the instruction set was detected.
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        native(&product(got.as_mut_ptr()))
+                    };
+                    assert_eq!(got, want, "native {m}x{k}x{n} acc {acc}");
+                }
+            }
+        }
     }
 
     unsafe fn native_entry(g: &GemmBf16) {

@@ -68,7 +68,7 @@ impl Isa {
     pub fn cap() -> Isa {
         static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *CAP.get_or_init(|| {
-            let Ok(v) = std::env::var("ROCANNL_ISA") else { return Isa::Avx512 };
+            let Some(v) = crate::env::var("ROCANNL_ISA") else { return Isa::Avx512 };
             match v.to_ascii_lowercase().as_str() {
                 "generic" => Isa::Generic,
                 "avx2" => Isa::Avx2,
@@ -132,7 +132,7 @@ pub struct GemmDesc {
     pub k: i64,
     /// A dynamic count of reduction steps, or -1.
     pub k_dyn: i64,
-    /// [`GEMM_ACCUMULATE`] and [`GEMM_FUSED`].
+    /// [`GEMM_ACCUMULATE`], [`GEMM_FUSED`] and [`GEMM_BF16_RESULT`].
     pub flags: i64,
 }
 
@@ -193,6 +193,9 @@ impl GemmDesc {
 pub const GEMM_ACCUMULATE: i64 = 1;
 /// Flags of a [`GemmDesc`]: each step is one fused multiply-add.
 pub const GEMM_FUSED: i64 = 2;
+/// Flags of a [`GemmDesc`]: the bf16 product's result is bf16 ([`bf16::rc_gemm_bf16`] rounds
+/// each cell when it stores it, and reads bf16 cells when accumulating).
+pub const GEMM_BF16_RESULT: i64 = 4;
 
 /// The signature generated code calls [`rc_gemm_f32`] and [`rc_gemm_f64`] with: `(c, a, b,
 /// desc)`.

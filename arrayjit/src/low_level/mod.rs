@@ -416,10 +416,12 @@ pub struct Gemm {
     pub accumulate: bool,
     /// Each step is one fused multiply-add.
     pub fused: bool,
-    /// The result's precision, and the factors' where they have no other (f32 or f64).
+    /// The result's precision, and the factors' where they have no other (f32 or f64; bf16
+    /// only with `bf16_pairs`).
     pub prec: Prec,
-    /// bf16 factors into an f32 result: the pairwise product of
-    /// [`crate::kernels::bf16`] (the host's bf16 dot products), not the nest's sequential one.
+    /// bf16 factors into an f32 result — or a bf16 one, each cell's f32 sum rounded once when
+    /// stored — by the pairwise product of [`crate::kernels::bf16`] (the host's bf16 dot
+    /// products), not the nest's sequential one.
     pub bf16_pairs: bool,
     /// A pointwise nest run on the result's cells as the kernel finishes them.
     pub epilogue: Option<Epilogue>,
@@ -516,7 +518,12 @@ impl Gemm {
             None => (c(0), c(self.m.extent as i64)),
         };
         let flags = if self.accumulate { crate::kernels::GEMM_ACCUMULATE } else { 0 }
-            | if self.fused { crate::kernels::GEMM_FUSED } else { 0 };
+            | if self.fused { crate::kernels::GEMM_FUSED } else { 0 }
+            | if self.bf16_pairs && self.prec == Prec::Bf16 {
+                crate::kernels::GEMM_BF16_RESULT
+            } else {
+                0
+            };
         [
             c(self.c.rows),
             c(self.c.cols),

@@ -114,7 +114,7 @@ impl Verifier<'_> {
     }
 
     fn gemm(&self, g: &super::Gemm) -> Result<(), String> {
-        if !matches!(g.prec, Prec::F32 | Prec::F64) {
+        if !(matches!(g.prec, Prec::F32 | Prec::F64) || g.bf16_pairs && g.prec == Prec::Bf16) {
             return Err(format!("gemm in {}", g.prec.name()));
         }
         for axis in [&g.m, &g.n, &g.k] {
@@ -135,7 +135,7 @@ impl Verifier<'_> {
                 return Err(format!("gemm on virtualized node {}", o.node));
             }
             let want = if g.bf16_pairs && o.node != g.c.node { Prec::Bf16 } else { g.prec };
-            if g.bf16_pairs && g.prec != Prec::F32 {
+            if g.bf16_pairs && !matches!(g.prec, Prec::F32 | Prec::Bf16) {
                 return Err(format!("bf16 pairs into {}", g.prec.name()));
             }
             if node.prec != want {

@@ -52,7 +52,7 @@ impl TempCache {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        TempCache(std::env::temp_dir().join(format!(
+        TempCache(rocannl::arrayjit::env::temp_dir().join(format!(
             "rocannl-bench-{}-{}-{nanos}",
             backend.name(),
             std::process::id()

@@ -119,6 +119,10 @@ struct BenchArgs {
     /// on, or off (the default).
     #[arg(long, value_name = "on|off")]
     epilogues: Option<String>,
+    /// Whether consecutive parallel nests over the same rows run as one job of the thread
+    /// pool (gccjit): on (the default), or off.
+    #[arg(long, value_name = "on|off")]
+    groups: Option<String>,
     /// Also draw compile and run times per backend and optimization level (gccjit at every
     /// level, 0 to 3) into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
@@ -148,7 +152,7 @@ fn load(c: &Common) -> Result<(doc::Document, Built), CliError> {
     let text = read_input(&c.file)?;
     let document = doc::parse_document(&text)?;
     let built = build::build(&document, c.strict)?;
-    if std::env::var_os("ROCANNL_TRACE").is_some() {
+    if rocannl::arrayjit::env::var_os("ROCANNL_TRACE").is_some() {
         built.graph.enable_shape_trace();
     }
     let finished = built.graph.finish();
@@ -331,7 +335,7 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
     }
     // For people debugging a document: every compiled routine's assignments, low-level IR and
     // generated source are written to this folder.
-    if let Some(dir) = std::env::var_os("ROCANNL_DEBUG_DIR") {
+    if let Some(dir) = rocannl::arrayjit::env::var_os("ROCANNL_DEBUG_DIR") {
         opts.compile.debug_dir = Some(dir.into());
     }
     Ok(opts)
@@ -415,6 +419,17 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
                     return Err(CliError {
                         kind: ErrorKind::Usage,
                         message: format!("--epilogues takes on or off, not `{other}`"),
+                    }
+                    .into());
+                }
+            }
+            match b.groups.as_deref() {
+                None | Some("on") => {}
+                Some("off") => base.compile.parallel_groups = false,
+                Some(other) => {
+                    return Err(CliError {
+                        kind: ErrorKind::Usage,
+                        message: format!("--groups takes on or off, not `{other}`"),
                     }
                     .into());
                 }

@@ -23,7 +23,7 @@ pub struct Nvrtc {
 
 fn candidate_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Some(d) = std::env::var_os("ROCANNL_NVRTC_DIR") {
+    if let Some(d) = crate::env::var_os("ROCANNL_NVRTC_DIR") {
         dirs.push(PathBuf::from(d));
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -33,7 +33,7 @@ fn candidate_dirs() -> Vec<PathBuf> {
     if let Ok(cwd) = std::env::current_dir() {
         dirs.push(cwd.join(".nv/nvidia/cuda_nvrtc/lib"));
     }
-    if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
+    if let Some(paths) = crate::env::var_os("LD_LIBRARY_PATH") {
         dirs.extend(std::env::split_paths(&paths));
     }
     for d in [

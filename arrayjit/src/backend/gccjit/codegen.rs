@@ -126,7 +126,7 @@ pub struct BuildOptions {
 }
 
 /// Builds one libgccjit context for `steps` and compiles it, holding
-/// [`super::fork::GCC_LOCK`]. The `gccjit` crate panics on libgccjit errors in debug builds;
+/// [`crate::env::lock`]. The `gccjit` crate panics on libgccjit errors in debug builds;
 /// such a panic is caught and returned as a typed error.
 pub fn build(
     prog: &Program,

@@ -9,7 +9,11 @@
 //!
 //! Forking while another thread of this process is inside libgccjit would leave the child a
 //! copy of GCC's lock, held by a thread that does not exist there. Every compile of this crate
-//! takes [`GCC_LOCK`], and so does every fork, which rules that out for this crate's builds.
+//! takes [`crate::env::lock`], and so does every fork, which rules that out for this crate's
+//! builds.
+//!
+//! Children also keep GCC's driver away from this process's environment, which the driver sets
+//! and restores around each run ([`crate::env`]): a build runs here only when a fork fails.
 //!
 //! For the same reason a child takes no lock of the standard library either. A panic inside a
 //! child is silenced by a hook installed once in the parent, before the first fork, which stays
@@ -18,15 +22,13 @@
 //! that installs its own hook after its first compile replaces this one; its children then run
 //! that hook if a build panics. Install hooks before compiling, or build with one thread.)
 
+use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, Once};
 
-/// Held around every libgccjit compile of this process and around forking.
-pub static GCC_LOCK: Mutex<()> = Mutex::new(());
-
-/// Takes [`GCC_LOCK`] (a panic elsewhere while holding it leaves nothing to repair).
-pub fn gcc_lock() -> MutexGuard<'static, ()> {
-    GCC_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// Takes the lock held around every libgccjit compile of this process, around forking and
+/// around reads of the environment ([`crate::env::lock`]).
+pub fn gcc_lock() -> crate::env::Guard {
+    crate::env::lock()
 }
 
 /// Set in a child right after the fork: its panics are failed jobs, reported by the exit status.
@@ -64,7 +66,7 @@ pub fn spawn<'a>(
     for job in jobs {
         // SAFETY: the child runs only the job (libgccjit and file writes, which need no lock
         // another thread could hold: allocation is fork-safe in the C library, and GCC's own
-        // lock is free because `GCC_LOCK` is held) and then `_exit`.
+        // lock is free because this crate's compile lock is held) and then `_exit`.
         match unsafe { libc::fork() } {
             0 => {
                 // The child dies with the thread that forked it (with the process, or with a
@@ -141,7 +143,7 @@ pub fn temp_library() -> Option<std::path::PathBuf> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("rocannl-{}-{n}.so", std::process::id()));
+    let path = crate::env::temp_dir().join(format!("rocannl-{}-{n}.so", std::process::id()));
     std::fs::File::create(&path).ok()?;
     Some(path)
 }

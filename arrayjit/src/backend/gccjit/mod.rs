@@ -11,6 +11,7 @@
 pub mod codegen;
 pub mod dedup;
 pub mod fork;
+pub mod group;
 pub mod pool;
 pub mod tier;
 
@@ -137,6 +138,9 @@ struct Compiled {
     steps: Vec<(StepFn, StepKind)>,
     /// In run order: a distinct step and the buffer table of that call.
     calls: Vec<(usize, Vec<*mut u8>)>,
+    /// Per call, the end of the parallel group it starts ([`group`]; `k + 1` when it runs
+    /// alone).
+    group_ends: Vec<usize>,
     /// Labels of the real nodes, for bounds-check reports.
     labels: FxHashMap<NodeId, String>,
     /// Which real node each call's canonical nodes stand for.
@@ -262,6 +266,16 @@ impl Gccjit {
         (prog, steps)
     }
 
+    /// Per planned step, the end of the parallel group it starts ([`group`]).
+    fn group_ends(&self, prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> Vec<usize> {
+        // Bounds-check mode reports the call that went out of range: one call per job there.
+        if self.opts.parallel_groups && !self.opts.bounds_check {
+            group::group_ends(prog, steps)
+        } else {
+            (1..=steps.len()).collect()
+        }
+    }
+
     /// Builds the machine code of a planned program's builds (each some of its distinct steps
     /// at one optimization level, with the functions named `names`), through the compile cache
     /// when there is one: a build whose entry exists is loaded; every other build is compiled
@@ -308,7 +322,8 @@ impl Gccjit {
         let mut times = BuildTimes::default();
         let started = Instant::now();
         let to_file = |i: usize| targets[i].as_ref().map(|(p, _)| p.as_path());
-        // Builds by bin; the first bin with work is built here, the others in children.
+        // Builds by bin, each in a child: GCC's driver then changes only the child's
+        // environment ([`crate::env`]). A bin whose fork failed is built here.
         let bins = group_by_bin(bin_of, |i| to_file(i).is_some());
         let build_here = |i: usize, times: &mut BuildTimes| -> Result<(), Error> {
             let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
@@ -318,9 +333,9 @@ impl Gccjit {
             Ok(())
         };
         let mut children = Vec::new();
-        let mut here: Vec<usize> = bins.first().cloned().unwrap_or_default();
-        if bins.len() > 1 {
-            let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins[1..]
+        let mut here: Vec<usize> = Vec::new();
+        if !bins.is_empty() {
+            let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
                 .iter()
                 .map(|bin| {
                     let bin = bin.clone();
@@ -334,7 +349,7 @@ impl Gccjit {
                     Box::new(job) as Box<dyn FnOnce() -> bool + '_>
                 })
                 .collect();
-            for (bin, child) in bins[1..].iter().zip(fork::spawn(jobs)) {
+            for (bin, child) in bins.iter().zip(fork::spawn(jobs)) {
                 match child {
                     Ok(child) => children.push((bin.clone(), child)),
                     // No fork: built here.
@@ -425,6 +440,7 @@ impl Gccjit {
         let started = Instant::now();
         let (scheduled, planned_steps) = self.plan(prog);
         let deduped = dedup::dedup(&scheduled, &planned_steps);
+        let group_ends = self.group_ends(&scheduled, &planned_steps);
         let planned = Instant::now();
         let source = self.render_planned(&deduped);
         self.last_phases = vec![
@@ -463,6 +479,15 @@ impl Gccjit {
             })
             .collect();
         let names: Vec<String> = step_keys.iter().map(|k| format!("step_{}", &k[..16])).collect();
+        // For people reading a profile: the listing's `step_k` behind each symbol name.
+        if let Some(d) = &dump {
+            let map: String = names
+                .iter()
+                .enumerate()
+                .map(|(k, n)| format!("step_{k} {n} O{}\n", level_of[k]))
+                .collect();
+            let _ = std::fs::write(d.with_extension("symbols.txt"), map);
+        }
         let started = Instant::now();
         // Steps compiled before, by this routine or another, come from their libraries.
         let mut code: Vec<Code> = Vec::new();
@@ -629,7 +654,7 @@ impl Gccjit {
         let run_table =
             Box::new(RunTable { helpers: helpers(), slot: &*oob as *const OobSlot as *const u8 });
         let calls = deduped.calls.iter().zip(tables).map(|(c, table)| (c.step, table)).collect();
-        let listing = calls_listing(&deduped);
+        let listing = calls_listing(&deduped, &group_ends);
         self.routines.push(Some(Compiled {
             code,
             names,
@@ -638,6 +663,7 @@ impl Gccjit {
             _arena: arena,
             steps: fns,
             calls,
+            group_ends,
             labels,
             deduped,
             oob,
@@ -730,13 +756,35 @@ fn install(
     }
 }
 
+/// The rows of a parallel step's outermost loop to split across the threads: a dynamic batch's
+/// rows only.
+fn rows_to_run(kind: &StepKind, symbols: &[i64]) -> i64 {
+    match kind {
+        StepKind::Parallel { extent, limit: Some((slot, per)) } => {
+            let n = symbols.get(*slot).copied().unwrap_or(*extent * per);
+            (*extent).min((n + per - 1) / per).max(0)
+        }
+        StepKind::Parallel { extent, limit: None } => *extent,
+        StepKind::Serial => 1,
+    }
+}
+
 /// The order in which a routine calls its distinct steps and the nodes of each call, as a
-/// comment after the source: for people, not part of the cache key.
-fn calls_listing(deduped: &dedup::Deduped) -> String {
+/// comment after the source: for people, not part of the cache key. Calls that run as one job
+/// of the pool ([`group`]) say so: `[job 3]` on each of them.
+fn calls_listing(deduped: &dedup::Deduped, group_ends: &[usize]) -> String {
     let mut out = String::from("\n/* calls, in order:\n");
-    for c in &deduped.calls {
-        let nodes: Vec<String> = c.nodes.iter().map(|n| n.to_string()).collect();
-        let _ = writeln!(out, "   step_{}({})", c.step, nodes.join(", "));
+    let mut jobs = 0;
+    let mut k = 0;
+    while k < deduped.calls.len() {
+        let end = group_ends.get(k).copied().unwrap_or(k + 1).max(k + 1);
+        for c in &deduped.calls[k..end] {
+            let nodes: Vec<String> = c.nodes.iter().map(|n| n.to_string()).collect();
+            let job = if end - k > 1 { format!("  [job {jobs}]") } else { String::new() };
+            let _ = writeln!(out, "   step_{}({}){job}", c.step, nodes.join(", "));
+        }
+        jobs += usize::from(end - k > 1);
+        k = end;
     }
     out.push_str("*/\n");
     out
@@ -875,7 +923,8 @@ impl Backend for Gccjit {
     fn render(&self, prog: &Program) -> Result<String, Error> {
         let (prog, steps) = self.plan(prog);
         let deduped = dedup::dedup(&prog, &steps);
-        Ok(self.render_planned(&deduped) + &calls_listing(&deduped))
+        let ends = self.group_ends(&prog, &steps);
+        Ok(self.render_planned(&deduped) + &calls_listing(&deduped, &ends))
     }
 
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
@@ -955,23 +1004,31 @@ impl Backend for Gccjit {
         let r = &*r;
         let syms = if symbols.is_empty() { [0i64].as_ptr() } else { symbols.as_ptr() };
         let err = &*r.run_table as *const RunTable as *mut u8;
+        let mut next = 0;
         for (k, (step, table)) in r.calls.iter().enumerate() {
+            if k < next {
+                // Ran as part of its group.
+                continue;
+            }
+            next = r.group_ends[k];
             let (f, kind) = &r.steps[*step];
             match kind {
                 // SAFETY: the table points to live buffers of this backend, the symbols slice
                 // outlives the call, and `err` points to this routine's report slot.
                 StepKind::Serial => unsafe { f(table.as_ptr(), syms, 0, 1, err) },
-                StepKind::Parallel { extent, limit } => {
-                    // A dynamic batch splits only its rows across the threads.
-                    let extent = match limit {
-                        Some((slot, per)) => {
-                            let n = symbols.get(*slot).copied().unwrap_or(*extent * per);
-                            (*extent).min((n + per - 1) / per).max(0)
-                        }
-                        None => *extent,
-                    };
-                    // SAFETY: as above; `Pool::run` returns only after every chunk finished.
-                    unsafe { self.pool.run(*f, table.as_ptr(), syms, err, extent) }
+                StepKind::Parallel { .. } => {
+                    let mut parts: [pool::Part; group::MAX_GROUP] =
+                        [(*f, table.as_ptr()); group::MAX_GROUP];
+                    let mut extent = 0;
+                    for (j, (step, table)) in r.calls[k..next].iter().enumerate() {
+                        let (f, kind) = &r.steps[*step];
+                        parts[j] = (*f, table.as_ptr());
+                        extent = extent.max(rows_to_run(kind, symbols));
+                    }
+                    // SAFETY: as above; the group's steps were checked to touch, for the rows of
+                    // one chunk, no bytes another step touches for another chunk ([`group`]), and
+                    // `Pool::run_group` returns only after every chunk finished.
+                    unsafe { self.pool.run_group(&parts[..next - k], syms, err, extent) }
                 }
             }
             if self.opts.bounds_check {

@@ -11,7 +11,7 @@
 //! share; on a busy one (the machine is shared, and a worker may not get a core for
 //! milliseconds) the calling thread runs the chunks of a late worker instead of waiting for it.
 //!
-//! A chunk is claimed by raising its slot to the job's epoch (`fetch_max`): only one thread
+//! A chunk is claimed by raising its slot to the job's epoch (as `fetch_max`): only one thread
 //! sees a lower value, and a worker that wakes up late with an older job cannot claim anything,
 //! since every chunk of that job was claimed before it completed.
 //!
@@ -30,11 +30,15 @@ pub type StepFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64, *mu
 /// Chunks per thread a job is cut into (fewer when the range is shorter).
 pub const CHUNKS_PER_THREAD: usize = 4;
 
-/// One parallel job: run `f` over `0..extent` split into `parts` contiguous chunks.
+/// One step of a job: a compiled function and its buffer table.
+pub type Part = (StepFn, *const *mut u8);
+
+/// One parallel job: run each of `count` steps (`steps`) over `0..extent` split into `parts`
+/// contiguous chunks; a chunk runs every step over its rows, in order.
 #[derive(Clone, Copy)]
 struct Job {
-    f: StepFn,
-    bufs: *const *mut u8,
+    steps: *const Part,
+    count: usize,
     syms: *const i64,
     err: *mut u8,
     extent: i64,
@@ -50,9 +54,13 @@ impl Job {
         let lo = self.extent * part as i64 / self.parts as i64;
         let hi = self.extent * (part as i64 + 1) / self.parts as i64;
         if lo < hi {
-            // SAFETY: the compiled function only touches buffers through `bufs`, within the
-            // bounds established at compile time (or checked in bounds-check mode).
-            unsafe { (self.f)(self.bufs, self.syms, lo, hi, self.err) };
+            // SAFETY: `steps` points to `count` entries alive for the whole job.
+            let steps = unsafe { std::slice::from_raw_parts(self.steps, self.count) };
+            for (f, bufs) in steps {
+                // SAFETY: the compiled function only touches buffers through `bufs`, within
+                // the bounds established at compile time (or checked in bounds-check mode).
+                unsafe { f(*bufs, self.syms, lo, hi, self.err) };
+            }
         }
     }
 }
@@ -90,7 +98,7 @@ impl Shared {
         let others = (own.end..job.parts).chain(0..own.start);
         let mut ran = 0;
         for part in own.clone().chain(others) {
-            if self.claimed[part].fetch_max(epoch, Ordering::AcqRel) < epoch {
+            if claim(&self.claimed[part], epoch) {
                 job.run_chunk(part);
                 ran += 1;
             }
@@ -99,6 +107,20 @@ impl Shared {
             self.done.fetch_add(ran, Ordering::AcqRel);
         }
     }
+}
+
+/// Raises `slot` to `epoch` when it is lower; whether this call did. As `fetch_max`, but a
+/// chunk already claimed is only read: its cache line is not taken from the thread that claimed
+/// it (a failed claim used to cost two transfers of the line).
+fn claim(slot: &AtomicU64, epoch: u64) -> bool {
+    let mut seen = slot.load(Ordering::Acquire);
+    while seen < epoch {
+        match slot.compare_exchange_weak(seen, epoch, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(now) => seen = now,
+        }
+    }
+    false
 }
 
 /// The worker threads of one context.
@@ -156,8 +178,21 @@ impl Pool {
         err: *mut u8,
         extent: i64,
     ) {
+        // SAFETY: as the caller guarantees.
+        unsafe { self.run_group(&[(f, bufs)], syms, err, extent) }
+    }
+
+    /// Runs the steps of a parallel group ([`super::group`]) over `0..extent`, split across
+    /// all threads: each chunk of rows runs every step in order. Returns when every chunk is
+    /// done.
+    ///
+    /// # Safety
+    /// Every step must be a compiled step whose buffer, symbol and error pointers are valid for
+    /// the duration of the call, and no step may touch, for a row of one chunk, bytes another
+    /// step touches for a row of another chunk (one of them writing).
+    pub unsafe fn run_group(&self, steps: &[Part], syms: *const i64, err: *mut u8, extent: i64) {
         let parts = self.shared.claimed.len().min(extent.max(1) as usize);
-        let job = Job { f, bufs, syms, err, extent, parts };
+        let job = Job { steps: steps.as_ptr(), count: steps.len(), syms, err, extent, parts };
         if self.workers.is_empty() || parts <= 1 {
             (0..parts).for_each(|p| job.run_chunk(p));
             return;

@@ -36,6 +36,7 @@ mod epilogue;
 mod gemm;
 mod map;
 mod pack;
+mod rounded;
 
 pub use gemm::MIN_GEMM_STEPS;
 
@@ -154,7 +155,8 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
         let zeroed = zeroed_before(prog, &out, &nest);
         let nest = if zeroed.is_some() { Nest { init: Some(0.0), ..nest } } else { nest };
         let zeroed = zeroed.map(|(i, past)| (i, past.map(|p| past_the_limit(&out[i], p))));
-        let Some((nest, before, after)) = in_f32(prog, nest) else {
+        let result = nest.node;
+        let Some((nest, mut before, mut after)) = in_f32(prog, nest) else {
             out.push(s);
             continue;
         };
@@ -163,7 +165,14 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
         let rewritten =
             call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
         match rewritten {
-            Some(stmts) => {
+            Some(mut stmts) => {
+                // A bf16 result the pair kernel can round itself needs no f32 copy.
+                if nest.node != result
+                    && rounded::round_in_kernel(prog, &mut stmts, nest.node, result)
+                {
+                    before.clear();
+                    after.clear();
+                }
                 match zeroed {
                     Some((i, None)) => {
                         out[i] = Stmt::Comment("zero fill: the next reduction starts from 0".into())
