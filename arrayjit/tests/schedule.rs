@@ -936,3 +936,75 @@ fn a_sum_with_dynamic_rows_onto_zeros_keeps_the_fill_past_them() {
         assert!(want[0][rows * 40..].iter().all(|x| *x == 0.0));
     }
 }
+
+/// `g := 0` then `g += x` then `g += 2y` (a gradient's fill and its contributions): the first
+/// accumulation reads `+0` instead of `g` and the fill goes (kept past a dynamic number of
+/// rows), with the interpreter's bits — a `-0` contribution gives `+0`, as the read zeros did;
+/// not when `g` is read in between.
+#[test]
+fn an_accumulation_onto_a_zeroed_tensor_reads_zero() {
+    use rocannl_arrayjit::assignments::FetchOp;
+    use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+    let (m, n) = (48, 40);
+    for prec in [Prec::F32, Prec::F64, Prec::Bf16] {
+        for read_between in [false, true] {
+            for rows in [None, Some(1), Some(17), Some(48)] {
+                let mut nodes = NodeTable::default();
+                let x = host(&mut nodes, "x", &[m, n], prec);
+                let y = host(&mut nodes, "y", &[m, n], prec);
+                let g = host(&mut nodes, "g", &[m, n], prec);
+                let size = Symbol(60);
+                let onto = |rhs, expr| {
+                    let mut p = Projections::identity(&[m, n], 1, &mut SymbolGen::default());
+                    if rows.is_some() {
+                        p.dynamic = vec![(p.product_iterators[0], size)];
+                    }
+                    accum(g, Some(BinOp::Add), vec![rhs], expr, p, false)
+                };
+                let mut steps = vec![Asgn::Fetch { lhs: g, fetch: FetchOp::Constant(0.0) }];
+                let mut outputs = vec![g];
+                if read_between {
+                    let d = host(&mut nodes, "d", &[m, n], prec);
+                    let p = Projections::identity(&[m, n], 1, &mut SymbolGen::default());
+                    steps.push(accum(d, None, vec![g], ScalarExpr::Arg(0), p, false));
+                    outputs.push(d);
+                }
+                steps.push(onto(x, ScalarExpr::Arg(0)));
+                let twice = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Const(2.0));
+                steps.push(onto(y, twice));
+                let mut xs = data(m * n, 1, -1.0, 1.0);
+                // Negative zeros: `+0 + -0` is `+0`.
+                xs.iter_mut().step_by(7).for_each(|v| *v = -0.0);
+                let ys = data(m * n, 2, -1.0, 1.0).iter().map(|v| prec.round(*v)).collect();
+                let case = Case {
+                    name: format!("accumulated_{}_{read_between}_{rows:?}", prec.name()),
+                    nodes,
+                    asgn: Asgn::Seq(steps),
+                    inputs: vec![(x, xs.iter().map(|v| prec.round(*v)).collect()), (y, ys)],
+                    outputs,
+                    bindings: rows.map(|r| vec![(size, r as i64)]).unwrap_or_default(),
+                    expected: None,
+                };
+                let text = scheduled(&case);
+                // The fill goes, or stays guarded for the rows past the dynamic size.
+                let folded = match rows {
+                    None => text.contains("the next accumulation reads +0"),
+                    Some(_) => text.contains("if "),
+                };
+                assert_eq!(folded, !read_between, "{}:\n{text}", case.name);
+                let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+                for threads in [1, 2] {
+                    let opts = CompileOptions {
+                        threads: Some(threads),
+                        min_parallel_work: 1,
+                        ..CompileOptions::default()
+                    };
+                    let got = run_case(BackendKind::Gccjit, opts, &case);
+                    for (g, w) in got.iter().zip(&want) {
+                        assert_eq!(bits(g), bits(w), "{} ({threads} threads)", case.name);
+                    }
+                }
+            }
+        }
+    }
+}

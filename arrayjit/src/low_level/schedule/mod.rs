@@ -37,6 +37,7 @@ mod gemm;
 mod map;
 mod pack;
 mod rounded;
+mod zeroed;
 
 pub use gemm::MIN_GEMM_STEPS;
 
@@ -122,6 +123,8 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
     let mut out = Vec::with_capacity(body.len());
     for s in body {
         let recognized = Nest::recognize(prog, &s);
+        // An accumulation onto a tensor zeroed just before reads +0 instead, and the fill goes.
+        let s = if recognized.is_none() { zeroed::fold(prog, &mut out, s) } else { s };
         // A pointwise nest on a product's result: inside the product's call.
         if recognized.is_none()
             && opts.kernel_calls

@@ -1,0 +1,116 @@
+//! Accumulations onto zeros: a pointwise nest that adds onto a tensor zeroed earlier reads `+0`
+//! instead of the tensor, and the fill goes.
+//!
+//! Backpropagation zeroes each gradient and then accumulates every contribution into it:
+//! `g := 0`, later `g := g + c` (or `g := fma(a, b, g)`), later more. The first accumulation
+//! then reads zeros the fill just wrote, and the fill itself is a pass over `g`: in a small
+//! transformer's step, 60 fills and as many first accumulations of activation-sized gradients.
+//! When nothing between the fill and the nest touches `g`, and the nest writes every cell of
+//! `g` once and reads `g` only at the cell it writes, the nest's read of `g` becomes the
+//! constant `+0` — the value it would have read, so every bit is the same (`x + 0` is computed,
+//! not dropped: it turns `-0` into `+0` as the read zeros did) — and the fill becomes a comment.
+//! When the nest covers a dynamic number of rows (one loop with a limit), the fill stays for
+//! the rows past it, guarded, as for a sum onto zeros ([`super::zeroed_before`]).
+
+use super::{MAX_FILL_DISTANCE, PastLimit, is_zero_fill, past_the_limit};
+use crate::low_level::{Expr, Index, Program, Stmt, Var, nodes_of};
+
+/// `s` with its read of the tensor it accumulates onto replaced by `+0` when a fill among
+/// `out` allows it (see the module documentation); the fill in `out` is then dropped or kept
+/// only past the nest's dynamic limit. Otherwise `s` unchanged.
+pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
+    let Some((loops, node, idx)) = pointwise_update(&s) else { return s };
+    let Some(t) = prog.nodes.get(&node) else { return s };
+    let dims = t.dims.clone();
+    // Every cell once: one loop per axis over its whole extent (an axis of one cell may be 0).
+    let covers = idx.len() == dims.len()
+        && idx.iter().zip(&dims).all(|(i, &d)| {
+            d == 1 && i.terms.is_empty() && i.offset == 0
+                || i.as_var().is_some_and(|v| loops.iter().any(|l| l.0 == v && l.1 == d))
+        })
+        && loops.iter().all(|l| idx.iter().filter(|i| i.as_var() == Some(l.0)).count() == 1);
+    if !covers {
+        return s;
+    }
+    let limited: Vec<&(Var, usize, Option<crate::low_level::Limit>)> =
+        loops.iter().filter(|l| l.2.is_some()).collect();
+    let past = match limited.as_slice() {
+        [] => None,
+        [l] if l.2.is_some_and(|lim| lim.per == 1) => {
+            let Some(axis) = idx.iter().position(|i| i.as_var() == Some(l.0)) else { return s };
+            let Some(lim) = l.2 else { return s };
+            Some(PastLimit { axis, size: lim.size, extent: l.1 })
+        }
+        _ => return s,
+    };
+    let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
+    let mut fill = None;
+    for i in (start..out.len()).rev() {
+        if is_zero_fill(&out[i], node, &dims) {
+            fill = Some(i);
+            break;
+        }
+        if nodes_of(std::slice::from_ref(&out[i])).contains(&node) {
+            return s;
+        }
+    }
+    let Some(i) = fill else { return s };
+    out[i] = match past {
+        None => Stmt::Comment("zero fill: the next accumulation reads +0 instead".into()),
+        Some(p) => past_the_limit(&out[i], p),
+    };
+    zero_reads(s, node)
+}
+
+/// The loops (variable, extent, limit) around a single store `node[idx] := value` whose value
+/// reads `node` only at `idx` and at least once; `None` for anything else.
+#[allow(clippy::type_complexity)]
+fn pointwise_update(
+    s: &Stmt,
+) -> Option<(Vec<(Var, usize, Option<crate::low_level::Limit>)>, crate::tnode::NodeId, Vec<Index>)>
+{
+    let mut loops = Vec::new();
+    let mut cur = s;
+    loop {
+        match cur {
+            Stmt::For { var, extent, limit, body, .. } if body.len() == 1 => {
+                loops.push((*var, *extent, *limit));
+                cur = &body[0];
+            }
+            Stmt::Set { node, idx, value } => {
+                let (mut own, mut other) = (0, 0);
+                value.visit(&mut |e| match e {
+                    Expr::Get(n, i) if n == node && i == idx => own += 1,
+                    Expr::Get(n, _) if n == node => other += 1,
+                    // A local could hold a value of the tensor read elsewhere.
+                    Expr::Local(_) => other += 1,
+                    _ => {}
+                });
+                return (own > 0 && other == 0).then(|| (loops, *node, idx.clone()));
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// `s` with every read of `node` replaced by `+0`.
+fn zero_reads(s: Stmt, node: crate::tnode::NodeId) -> Stmt {
+    match s {
+        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
+            var,
+            extent,
+            limit,
+            parallel,
+            body: body.into_iter().map(|b| zero_reads(b, node)).collect(),
+        },
+        Stmt::Set { node: n, idx, value } => Stmt::Set {
+            node: n,
+            idx,
+            value: value.rewrite(&mut |e| match e {
+                Expr::Get(m, _) if m == node => Expr::Const(0.0),
+                e => e,
+            }),
+        },
+        other => other,
+    }
+}
