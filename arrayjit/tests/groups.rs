@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
-use rocannl_arrayjit::indexing::{AxisIndex::Iterator as It, Symbol};
+use rocannl_arrayjit::indexing::{AxisIndex::Fixed, AxisIndex::Iterator as It, Symbol};
 use rocannl_arrayjit::ops::{BinOp, Prec, UnOp};
 use rocannl_arrayjit::tnode::{MemoryMode, NodeTable};
 use rocannl_arrayjit::{BackendKind, CompileOptions, Context};
@@ -187,5 +187,64 @@ fn a_dynamic_batch_gives_the_same_bits_with_groups() {
     for n_value in [1, 7, 13, 24] {
         let case = dynamic_case(Prec::F32, n_value);
         check(&case);
+    }
+}
+
+/// A nest too small for a job of its own (`min_parallel_work`) between two big ones over the
+/// same rows: it joins their job instead of running on the calling thread between two jobs.
+/// Alone (no big neighbour), it runs on the calling thread as before.
+#[test]
+fn a_small_nest_between_big_ones_shares_their_job() {
+    for (m, n, joined) in [(256, 256, true), (37, 300, true), (8, 8, false)] {
+        let prec = Prec::F32;
+        let mut nodes = NodeTable::default();
+        let x = host(&mut nodes, "x", &[m, n], prec);
+        let t1 = nodes.add("t1", &[m, n], prec, MemoryMode::Local);
+        let s = nodes.add("s", &[m], prec, MemoryMode::Local);
+        let y = host(&mut nodes, "y", &[m, n], prec);
+        let (i, j) = (Symbol(0), Symbol(1));
+        let cell = |args| proj(&[(i, m), (j, n)], &[m, n], vec![It(i), It(j)], args);
+        let (a0, a1) = (ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+        let twice = ScalarExpr::bin(BinOp::Mul, a0.clone(), ScalarExpr::Const(2.0));
+        let first = proj(&[(i, m)], &[m], vec![It(i)], vec![(vec![m, n], vec![It(i), Fixed(0)])]);
+        let thrice = ScalarExpr::bin(BinOp::Mul, a0.clone(), ScalarExpr::Const(3.0));
+        let plus = ScalarExpr::bin(BinOp::Add, ScalarExpr::un(UnOp::Relu, a0.clone()), a1);
+        let code = vec![
+            accum(t1, None, vec![x], twice, cell(vec![(vec![m, n], vec![It(i), It(j)])]), false),
+            accum(s, None, vec![t1], thrice, first, false),
+            accum(
+                y,
+                None,
+                vec![t1, s],
+                plus,
+                cell(vec![(vec![m, n], vec![It(i), It(j)]), (vec![m], vec![It(i)])]),
+                false,
+            ),
+        ];
+        let case = Case {
+            name: format!("small_between_{m}x{n}"),
+            nodes,
+            asgn: Asgn::Seq(code),
+            inputs: vec![(x, data(m * n, 1, -1.0, 1.0))],
+            outputs: vec![y],
+            bindings: vec![],
+            expected: None,
+        };
+        let default_work = CompileOptions {
+            threads: Some(2),
+            cache: rocannl_arrayjit::cache::CacheMode::Off,
+            ..CompileOptions::default()
+        };
+        let mut ctx = Context::new(BackendKind::Gccjit, default_work.clone()).unwrap();
+        let r = ctx.compile(&case.name, &case.asgn, &case.nodes).unwrap();
+        let listing = r.source_text().split("/* calls, in order:").nth(1).unwrap().to_string();
+        let in_job = listing.lines().filter(|l| l.contains("[job 0]")).count();
+        assert_eq!(in_job, if joined { 3 } else { 0 }, "{}:\n{listing}", case.name);
+        let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+        for threads in [1, 2, 3] {
+            let opts = CompileOptions { threads: Some(threads), ..default_work.clone() };
+            let got = run_case(BackendKind::Gccjit, opts, &case);
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{} ({threads} threads)", case.name);
+        }
     }
 }

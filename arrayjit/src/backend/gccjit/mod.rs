@@ -141,6 +141,9 @@ struct Compiled {
     /// Per call, the end of the parallel group it starts ([`group`]; `k + 1` when it runs
     /// alone).
     group_ends: Vec<usize>,
+    /// Per call, a small parallel step ([`small_joiners`]): a group of nothing else runs on
+    /// the calling thread.
+    small: Vec<bool>,
     /// Labels of the real nodes, for bounds-check reports.
     labels: FxHashMap<NodeId, String>,
     /// Which real node each call's canonical nodes stand for.
@@ -205,8 +208,10 @@ impl Gccjit {
         }
     }
 
-    /// The scheduled program and its steps.
-    fn plan(&self, prog: &Program) -> (Program, Vec<(Vec<Stmt>, StepKind)>) {
+    /// The scheduled program, its steps, and which parallel steps are small (below
+    /// `min_parallel_work`: parallel only to share a job with their neighbours, see
+    /// [`small_joiners`]; run on the calling thread when they share none).
+    fn plan(&self, prog: &Program) -> Planned {
         let mut prog = prog.clone();
         let threads = self.pool.threads();
         let kernel_calls = self.opts.kernel_calls && !self.opts.bounds_check;
@@ -219,11 +224,40 @@ impl Gccjit {
         };
         schedule::schedule_cpu(&mut prog, &opts);
         let cuts = cut_points(&prog.body);
+        // Loop nests that may run split across the threads: their extent.
+        let splittable: Vec<Option<usize>> = prog
+            .body
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s {
+                Stmt::For { parallel: true, extent, .. }
+                    if threads > 1 && *extent > 1 && cuts[i] && cuts[i + 1] =>
+                {
+                    Some(*extent)
+                }
+                _ => None,
+            })
+            .collect();
+        let big: Vec<bool> = prog
+            .body
+            .iter()
+            .zip(&splittable)
+            .map(|(s, e)| e.is_some() && work(s) >= self.opts.min_parallel_work)
+            .collect();
+        let joiners = if self.opts.parallel_groups && !self.opts.bounds_check {
+            small_joiners(&prog.body, &splittable, &big)
+        } else {
+            vec![false; prog.body.len()]
+        };
         let mut steps = Vec::new();
+        let mut small = Vec::new();
         let mut serial: Vec<Stmt> = Vec::new();
-        let flush = |serial: &mut Vec<Stmt>, steps: &mut Vec<(Vec<Stmt>, StepKind)>| {
+        let flush = |serial: &mut Vec<Stmt>,
+                     steps: &mut Vec<(Vec<Stmt>, StepKind)>,
+                     small: &mut Vec<bool>| {
             if serial.iter().any(|s| !matches!(s, Stmt::Comment(_))) {
                 steps.push((std::mem::take(serial), StepKind::Serial));
+                small.push(false);
             }
             serial.clear();
         };
@@ -231,26 +265,21 @@ impl Gccjit {
         for (i, s) in prog.body.iter().enumerate() {
             match s {
                 // A parallel step is a function of its own: it needs a cut on both sides.
-                Stmt::For { parallel: true, extent, limit, .. }
-                    if threads > 1
-                        && *extent > 1
-                        && cuts[i]
-                        && cuts[i + 1]
-                        && work(s) >= self.opts.min_parallel_work =>
-                {
-                    flush(&mut serial, &mut steps);
+                Stmt::For { parallel: true, extent, limit, .. } if big[i] || joiners[i] => {
+                    flush(&mut serial, &mut steps, &mut small);
                     (boundary, len) = (false, 0);
                     let limit =
                         limit.map(|l| (prog.symbol_slot(l.size).unwrap_or(0), l.per as i64));
                     let kind = StepKind::Parallel { extent: *extent as i64, limit };
                     steps.push((vec![s.clone()], kind));
+                    small.push(!big[i]);
                 }
                 s => {
                     // Serial steps end where the content says (see `SERIAL_STEP_LEN`), so that a
                     // repeated run of statements is cut the same way wherever it occurs and its
                     // steps are compiled once ([`dedup`]).
                     if cuts[i] && (boundary || len >= 2 * SERIAL_STEP_LEN) {
-                        flush(&mut serial, &mut steps);
+                        flush(&mut serial, &mut steps, &mut small);
                         (boundary, len) = (false, 0);
                     }
                     if !matches!(s, Stmt::Comment(_)) {
@@ -262,8 +291,8 @@ impl Gccjit {
                 }
             }
         }
-        flush(&mut serial, &mut steps);
-        (prog, steps)
+        flush(&mut serial, &mut steps, &mut small);
+        Planned { prog, steps, small }
     }
 
     /// Per planned step, the end of the parallel group it starts ([`group`]).
@@ -438,7 +467,7 @@ impl Gccjit {
         only_cached: Option<bool>,
     ) -> Result<Option<(usize, String)>, Error> {
         let started = Instant::now();
-        let (scheduled, planned_steps) = self.plan(prog);
+        let Planned { prog: scheduled, steps: planned_steps, small } = self.plan(prog);
         let deduped = dedup::dedup(&scheduled, &planned_steps);
         let group_ends = self.group_ends(&scheduled, &planned_steps);
         let planned = Instant::now();
@@ -664,6 +693,7 @@ impl Gccjit {
             steps: fns,
             calls,
             group_ends,
+            small,
             labels,
             deduped,
             oob,
@@ -754,6 +784,43 @@ fn install(
         let _ = std::fs::remove_file(path);
         lib
     }
+}
+
+/// A scheduled program cut into steps ([`Gccjit::plan`]).
+struct Planned {
+    /// The scheduled program.
+    prog: Program,
+    /// Its steps, in order.
+    steps: Vec<(Vec<Stmt>, StepKind)>,
+    /// Per step, a small parallel step ([`small_joiners`]).
+    small: Vec<bool>,
+}
+
+/// Which small splittable nests (below the work worth a job of their own) become parallel
+/// steps anyway: those in a run of consecutive splittable nests of one trip count (comments
+/// aside) that holds a big one. Run on the calling thread between two jobs, such a nest kept
+/// the other threads waiting and split the jobs around it; as a step of the same trip count it
+/// can share their job ([`group`]), and runs on the calling thread only if it shares none.
+fn small_joiners(body: &[Stmt], splittable: &[Option<usize>], big: &[bool]) -> Vec<bool> {
+    let mut out = vec![false; body.len()];
+    let real: Vec<usize> =
+        (0..body.len()).filter(|i| !matches!(body[*i], Stmt::Comment(_))).collect();
+    let mut r = 0;
+    while r < real.len() {
+        let Some(extent) = splittable[real[r]] else {
+            r += 1;
+            continue;
+        };
+        let mut end = r + 1;
+        while end < real.len() && splittable[real[end]] == Some(extent) {
+            end += 1;
+        }
+        if real[r..end].iter().any(|i| big[*i]) {
+            real[r..end].iter().filter(|i| !big[**i]).for_each(|i| out[*i] = true);
+        }
+        r = end;
+    }
+    out
 }
 
 /// The rows of a parallel step's outermost loop to split across the threads: a dynamic batch's
@@ -921,7 +988,7 @@ impl Backend for Gccjit {
     }
 
     fn render(&self, prog: &Program) -> Result<String, Error> {
-        let (prog, steps) = self.plan(prog);
+        let Planned { prog, steps, .. } = self.plan(prog);
         let deduped = dedup::dedup(&prog, &steps);
         let ends = self.group_ends(&prog, &steps);
         Ok(self.render_planned(&deduped) + &calls_listing(&deduped, &ends))
@@ -1016,6 +1083,14 @@ impl Backend for Gccjit {
                 // SAFETY: the table points to live buffers of this backend, the symbols slice
                 // outlives the call, and `err` points to this routine's report slot.
                 StepKind::Serial => unsafe { f(table.as_ptr(), syms, 0, 1, err) },
+                // Small steps with no big one in their group: on this thread, over all rows.
+                StepKind::Parallel { .. } if r.small[k..next].iter().all(|s| *s) => {
+                    for (step, table) in &r.calls[k..next] {
+                        let (f, kind) = &r.steps[*step];
+                        // SAFETY: as above; a parallel step may run any range of its rows.
+                        unsafe { f(table.as_ptr(), syms, 0, rows_to_run(kind, symbols), err) };
+                    }
+                }
                 StepKind::Parallel { .. } => {
                     let mut parts: [pool::Part; group::MAX_GROUP] =
                         [(*f, table.as_ptr()); group::MAX_GROUP];

@@ -294,33 +294,40 @@ fn zeroed_before(prog: &Program, out: &[Stmt], nest: &Nest) -> Option<(usize, Op
     None
 }
 
-/// The fill restricted to the cells past the limit: its store guarded by `size <= v` for the
-/// variable of the limited axis (the sum writes the cells below).
+/// The fill restricted to the cells past the limit: guarded by `size <= v` for the variable
+/// `v` of the limited axis (the sum writes the cells below), right inside `v`'s loop, so the
+/// rows below the limit cost one test each.
 fn past_the_limit(fill: &Stmt, p: PastLimit) -> Stmt {
-    match fill {
-        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-            var: *var,
-            extent: *extent,
-            limit: *limit,
-            parallel: *parallel,
-            body: body.iter().map(|b| past_the_limit(b, p)).collect(),
-        },
-        // (An axis of one cell has no loop: the whole fill stays, which is as correct.)
-        Stmt::Set { idx, .. } => match idx[p.axis].as_var() {
-            Some(v) => {
-                let index = Index::new(
-                    vec![(1, super::IdxVar::Loop(v)), (-1, super::IdxVar::Sym(p.size))],
-                    0,
-                );
-                Stmt::If {
-                    guards: vec![Guard { index, bound: p.extent }],
-                    body: vec![fill.clone()],
-                }
-            }
-            None => fill.clone(),
-        },
-        other => other.clone(),
+    // The fill is a chain of loops around one store.
+    let mut cur = fill;
+    while let Stmt::For { body, .. } = cur {
+        match body.as_slice() {
+            [b] => cur = b,
+            _ => return fill.clone(),
+        }
     }
+    // (An axis of one cell has no loop: the whole fill stays, which is as correct.)
+    let Stmt::Set { idx, .. } = cur else { return fill.clone() };
+    let Some(v) = idx[p.axis].as_var() else { return fill.clone() };
+    let index = Index::new(vec![(1, super::IdxVar::Loop(v)), (-1, super::IdxVar::Sym(p.size))], 0);
+    let guard = Guard { index, bound: p.extent };
+    fn wrap(s: &Stmt, v: Var, guard: &Guard) -> Stmt {
+        match s {
+            Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
+                var: *var,
+                extent: *extent,
+                limit: *limit,
+                parallel: *parallel,
+                body: if *var == v {
+                    vec![Stmt::If { guards: vec![guard.clone()], body: body.clone() }]
+                } else {
+                    body.iter().map(|b| wrap(b, v, guard)).collect()
+                },
+            },
+            other => other.clone(),
+        }
+    }
+    wrap(fill, v, &guard)
 }
 
 /// Whether `s` sets every cell of `node` (of `dims`) to `+0`.
