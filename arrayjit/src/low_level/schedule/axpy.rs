@@ -6,7 +6,8 @@
 //! loop in no guard) — `i` and `k` optional — the nest becomes:
 //!
 //! ```text
-//! c := neutral                                   (a separate nest, when cells start neutral)
+//! c := neutral                                   (a separate nest, when cells start neutral
+//!                                                 and the first block cannot start from it)
 //! b.packed := ...                                (operands not contiguous along j: see pack)
 //! for <lhs loops but j, with i replaced by its chunks ic> {     the first one parallel
 //!   for j0 {                                     tiles of NC columns
@@ -25,10 +26,15 @@
 //! its contributions in the original order of the reduction loops. Tile sizes divide the
 //! extents exactly (no remainder loops). When `i` is the outermost loop, its chunks are small
 //! enough that the pool gets at least four of them.
+//!
+//! Cells that start neutral are not filled first when the reduction is one tile with no other
+//! reduction loops, guards or dynamic limit: the first `k1` block is peeled and starts from
+//! the neutral element as a constant, the rest run `k1 + 1` — the same bits, one pass over `c`
+//! fewer.
 
 use super::{
     KC, KU, Loop, MC, MIN_COLUMNS, MR, NC, Nest, dot, flat_stride, largest_divisor, lin, pack,
-    sole_axis, uses_var, wrap,
+    sole_axis, subst_stmt, uses_var, wrap,
 };
 use crate::low_level::{Expr, Index, Limit, LocalId, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
@@ -158,6 +164,47 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     let mut body: Vec<Stmt> =
         hoisted.into_iter().map(|(e, l)| Stmt::SetLocal { local: l, value: e }).collect();
     body.push(Stmt::For { var: j1, extent: nc, limit: None, parallel: true, body: rows });
+    let guards = nest.guards();
+    let other_red: Vec<Loop> = nest
+        .red
+        .iter()
+        .filter(|l| k.is_none_or(|k| k.var != l.var))
+        .map(|l| Loop { parallel: false, ..*l })
+        .collect();
+    // Cells that start from the neutral element: the first block of reduction steps starts
+    // from it instead of reading `c`, and `c` needs no fill (one reduction tile, no other
+    // reduction loops, guards or dynamic limits on the reduction: the first block is then the
+    // first `ku` steps of every cell). The same bits: the fill stored the neutral element
+    // (exact in every precision), which the first block read back.
+    let first_block = match (nest.init, k) {
+        (Some(init), Some(k)) if k.limit.is_none() && kx == kc && other_red.is_empty() => {
+            guards.is_empty().then_some(init)
+        }
+        _ => None,
+    };
+    if let Some(init) = first_block {
+        let first: Vec<Stmt> = body
+            .iter()
+            .cloned()
+            .map(|s| subst_stmt(s, &|v| (v == k1).then(|| Index::fixed(0))))
+            .map(|s| super::reads_as_const(s, nest.node, init))
+            .collect();
+        let steps = kc / ku;
+        let rest: Vec<Stmt> = body
+            .into_iter()
+            .map(|s| subst_stmt(s, &|v| (v == k1).then(|| lin(&[(1, k1)], 1))))
+            .collect();
+        body = first;
+        if steps > 1 {
+            body.push(Stmt::For {
+                var: k1,
+                extent: steps - 1,
+                limit: None,
+                parallel: false,
+                body: rest,
+            });
+        }
+    }
     let mut inner = Vec::new();
     if k.is_some() {
         // Tiles wholly past a dynamic batch add nothing (their contributions are selected).
@@ -167,7 +214,7 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     if i.is_some() {
         inner.push(Loop { var: i0, extent: mc / mr, limit: None, parallel: false });
     }
-    if k.is_some() {
+    if k.is_some() && first_block.is_none() {
         // With a single tile, the steps of `ku` wholly past a dynamic batch add nothing either.
         let one_tile = kx == kc;
         let limit = k
@@ -177,16 +224,9 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
         inner.push(Loop { var: k1, extent: kc / ku, limit, parallel: false });
     }
     let mut nest_body = wrap(&inner, body);
-    let guards = nest.guards();
     if !guards.is_empty() {
         nest_body = vec![Stmt::If { guards, body: nest_body }];
     }
-    let other_red: Vec<Loop> = nest
-        .red
-        .iter()
-        .filter(|l| k.is_none_or(|k| k.var != l.var))
-        .map(|l| Loop { parallel: false, ..*l })
-        .collect();
     nest_body = wrap(&other_red, nest_body);
     let mut loops: Vec<Loop> = outer
         .iter()
@@ -206,7 +246,8 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     for l in loops.iter_mut().skip(1) {
         l.parallel = false;
     }
-    let mut out: Vec<Stmt> = nest.fill().into_iter().collect();
+    let mut out: Vec<Stmt> =
+        if first_block.is_some() { vec![] } else { nest.fill().into_iter().collect() };
     out.extend(packs);
     out.extend(wrap(&loops, nest_body));
     Some(out)

@@ -686,6 +686,32 @@ fn inner(s: Stmt) -> Vec<Stmt> {
     }
 }
 
+/// `s` with every read of `node` replaced by the constant `c` (the value the cells hold).
+pub(crate) fn reads_as_const(s: Stmt, node: NodeId, c: f64) -> Stmt {
+    let value = |v: Expr| {
+        v.rewrite(&mut |e| match e {
+            Expr::Get(m, _) if m == node => Expr::Const(c),
+            e => e,
+        })
+    };
+    match s {
+        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
+            var,
+            extent,
+            limit,
+            parallel,
+            body: body.into_iter().map(|b| reads_as_const(b, node, c)).collect(),
+        },
+        Stmt::If { guards, body } => Stmt::If {
+            guards,
+            body: body.into_iter().map(|b| reads_as_const(b, node, c)).collect(),
+        },
+        Stmt::Set { node: n, idx, value: v } => Stmt::Set { node: n, idx, value: value(v) },
+        Stmt::SetLocal { local, value: v } => Stmt::SetLocal { local, value: value(v) },
+        other => other,
+    }
+}
+
 /// Replaces loop variables in every index of a statement.
 pub(crate) fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
     match s {

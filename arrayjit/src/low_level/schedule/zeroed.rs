@@ -59,7 +59,7 @@ pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
         None => Stmt::Comment("zero fill: the next accumulation reads +0 instead".into()),
         Some(p) => past_the_limit(&out[i], p),
     };
-    zero_reads(s, node)
+    super::reads_as_const(s, node, 0.0)
 }
 
 /// The loops (variable, extent, limit) around a single store `node[idx] := value` whose value
@@ -90,27 +90,5 @@ fn pointwise_update(
             }
             _ => return None,
         }
-    }
-}
-
-/// `s` with every read of `node` replaced by `+0`.
-fn zero_reads(s: Stmt, node: crate::tnode::NodeId) -> Stmt {
-    match s {
-        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-            var,
-            extent,
-            limit,
-            parallel,
-            body: body.into_iter().map(|b| zero_reads(b, node)).collect(),
-        },
-        Stmt::Set { node: n, idx, value } => Stmt::Set {
-            node: n,
-            idx,
-            value: value.rewrite(&mut |e| match e {
-                Expr::Get(m, _) if m == node => Expr::Const(0.0),
-                e => e,
-            }),
-        },
-        other => other,
     }
 }
