@@ -560,40 +560,37 @@ mod tests {
             let c0: Vec<u16> =
                 (0..m * n).map(|i| bits(crate::ops::uniform(3, i as u64) as f32 - 0.5)).collect();
             for acc in [false, true] {
-                let product = |c: *mut u16| GemmBf16Rounded {
-                    m,
-                    n,
-                    k,
-                    a: a.as_ptr(),
-                    rsa: k as isize,
-                    csa: 1,
-                    b: b.as_ptr(),
-                    rsb: n as isize,
-                    csb: 1,
-                    c,
-                    rsc: n as isize,
-                    csc: 1,
-                    accumulate: acc,
-                    fused: false,
-                    epilogue: None,
-                };
+                // Row-major `A · B` into `c`, whatever `c`'s cells.
+                fn row_major<C>(
+                    (m, k, n): (usize, usize, usize),
+                    (a, b): (&[u16], &[u16]),
+                    c: *mut C,
+                    accumulate: bool,
+                ) -> super::super::Gemm<C, u16> {
+                    super::super::Gemm {
+                        m,
+                        n,
+                        k,
+                        a: a.as_ptr(),
+                        rsa: k as isize,
+                        csa: 1,
+                        b: b.as_ptr(),
+                        rsb: n as isize,
+                        csb: 1,
+                        c,
+                        rsc: n as isize,
+                        csc: 1,
+                        accumulate,
+                        fused: false,
+                        epilogue: None,
+                    }
+                }
+                let product =
+                    |c: *mut u16| -> GemmBf16Rounded { row_major((m, k, n), (&a, &b), c, acc) };
                 let mut wide: Vec<f32> = c0.iter().map(|h| widen(*h)).collect();
-                let g = GemmBf16 {
-                    m,
-                    n,
-                    k,
-                    a: a.as_ptr(),
-                    rsa: k as isize,
-                    csa: 1,
-                    b: b.as_ptr(),
-                    rsb: n as isize,
-                    csb: 1,
+                let g: GemmBf16 = super::super::Gemm {
                     c: wide.as_mut_ptr(),
-                    rsc: n as isize,
-                    csc: 1,
-                    accumulate: acc,
-                    fused: false,
-                    epilogue: None,
+                    ..row_major((m, k, n), (&a, &b), std::ptr::null_mut::<f32>(), acc)
                 };
                 // SAFETY: the buffers hold every cell the sizes address.
                 unsafe { reference(&g) };
