@@ -48,7 +48,8 @@ impl Drop for Guard {
 /// Takes the lock that keeps GCC's driver and readers of the environment apart (a panic
 /// elsewhere while holding it leaves nothing to repair). Not reentrant: a thread that holds it
 /// reads the environment through this module without taking it again, but must not call
-/// `lock` again.
+/// `lock` again. Never read the environment inside a one-time initializer (`OnceLock`) that
+/// another thread may wait on while holding this lock: read first, then initialize.
 pub fn lock() -> Guard {
     let inner = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     HELD.with(|h| h.set(true));
@@ -78,10 +79,17 @@ pub fn var(name: &str) -> Option<String> {
 }
 
 /// `std::env::temp_dir`, read once per process under the lock.
+///
+/// The read happens before the one-time initializer, not inside it: a thread holding the lock
+/// must never wait for an initializer that another thread runs while it waits for the lock.
 #[allow(clippy::disallowed_methods)]
 pub fn temp_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| with_lock(std::env::temp_dir)).clone()
+    if let Some(d) = DIR.get() {
+        return d.clone();
+    }
+    let d = with_lock(std::env::temp_dir);
+    DIR.get_or_init(|| d).clone()
 }
 
 #[cfg(test)]

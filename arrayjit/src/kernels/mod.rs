@@ -67,8 +67,15 @@ impl Isa {
     /// and the bf16 instructions all follow it, so one machine can measure and test every path.
     pub fn cap() -> Isa {
         static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        if let Some(cap) = CAP.get() {
+            return *cap;
+        }
+        // Read before the one-time initializer, not in it: the read takes the environment lock
+        // ([`crate::env`]), and a thread holding that lock must never wait for an initializer
+        // another thread is running.
+        let raw = crate::env::var("ROCANNL_ISA");
         *CAP.get_or_init(|| {
-            let Some(v) = crate::env::var("ROCANNL_ISA") else { return Isa::Avx512 };
+            let Some(v) = raw else { return Isa::Avx512 };
             match v.to_ascii_lowercase().as_str() {
                 "generic" => Isa::Generic,
                 "avx2" => Isa::Avx2,

@@ -173,7 +173,7 @@ impl Walk<'_> {
                 }
             }
             Stmt::Set { node, idx, value } => {
-                let flat = self.flat(*node, idx);
+                let flat = self.flat(*node, idx)?;
                 self.access(*node, true, &flat, &[])?;
                 self.expr(value)?;
             }
@@ -225,15 +225,16 @@ impl Walk<'_> {
             }
         });
         for (n, idx) in reads {
-            let flat = self.flat(n, &idx);
+            let flat = self.flat(n, &idx)?;
             self.access(n, false, &flat, &[])?;
         }
         Some(())
     }
 
-    /// The row-major flat offset of `node[idx]`.
-    fn flat(&self, node: NodeId, idx: &[Index]) -> Index {
-        let dims = &self.prog.nodes[&node].dims;
+    /// The row-major flat offset of `node[idx]` (`None` for an unknown node: the step runs
+    /// alone).
+    fn flat(&self, node: NodeId, idx: &[Index]) -> Option<Index> {
+        let dims = &self.prog.nodes.get(&node)?.dims;
         let mut stride = 1i64;
         let mut terms = Vec::new();
         let mut offset = 0i64;
@@ -242,7 +243,7 @@ impl Walk<'_> {
             offset += i.offset * stride;
             stride *= *d as i64;
         }
-        Index::new(terms, offset)
+        Some(Index::new(terms, offset))
     }
 
     /// Records the access to `node` at flat offsets `offset + Σ i·step` over `i` in

@@ -176,8 +176,14 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     // reduction loops, guards or dynamic limits on the reduction: the first block is then the
     // first `ku` steps of every cell). The same bits: the fill stored the neutral element
     // (exact in every precision), which the first block read back.
+    // Not for products (`1 * x`, which GCC folds to `x`: a signalling NaN would stay
+    // signalling where the read neutral element quieted it); sums keep `0 + x`, and `max`/`min`
+    // against an infinity only compare.
+    let folds_safely = nest.update.combine_op() != crate::ops::BinOp::Mul;
     let first_block = match (nest.init, k) {
-        (Some(init), Some(k)) if k.limit.is_none() && kx == kc && other_red.is_empty() => {
+        (Some(init), Some(k))
+            if k.limit.is_none() && kx == kc && other_red.is_empty() && folds_safely =>
+        {
             guards.is_empty().then_some(init)
         }
         _ => None,

@@ -6,8 +6,9 @@
 //! then reads zeros the fill just wrote, and the fill itself is a pass over `g`: in a small
 //! transformer's step, 60 fills and as many first accumulations of activation-sized gradients.
 //! When nothing between the fill and the nest touches `g`, and the nest writes every cell of
-//! `g` once and reads `g` only at the cell it writes, the nest's read of `g` becomes the
-//! constant `+0` — the value it would have read, so every bit is the same (`x + 0` is computed,
+//! `g` once as a sum onto it (`g + c`, `c + g`, `fma(a, b, g)`: GCC keeps `x + 0`, where it
+//! would fold `x - 0` or `1 * x` and so keep a signalling NaN signalling), the nest's read of
+//! `g` becomes the constant `+0` — the value it would have read, so every bit is the same (`x + 0` is computed,
 //! not dropped: it turns `-0` into `+0` as the read zeros did) — and the fill becomes a comment.
 //! When the nest covers a dynamic number of rows (one loop with a limit), the fill stays for
 //! the rows past it, guarded, as for a sum onto zeros ([`super::zeroed_before`]).
@@ -63,7 +64,8 @@ pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
 }
 
 /// The loops (variable, extent, limit) around a single store `node[idx] := value` whose value
-/// reads `node` only at `idx` and at least once; `None` for anything else.
+/// is a sum onto the cell (`node[idx] + e`, `e + node[idx]` or `fma(a, b, node[idx])`) and reads
+/// `node` nowhere else; `None` for anything else.
 #[allow(clippy::type_complexity)]
 fn pointwise_update(
     s: &Stmt,
@@ -86,7 +88,16 @@ fn pointwise_update(
                     Expr::Local(_) => other += 1,
                     _ => {}
                 });
-                return (own > 0 && other == 0).then(|| (loops, *node, idx.clone()));
+                // Only a sum onto the cell: `g + e`, `e + g`, `fma(a, b, g)`. GCC keeps
+                // `x + 0` (it turns `-0` into `+0`), but folds `x - 0` or `1 * x` to `x`, which
+                // would leave a signalling NaN signalling where the read zeros quieted it.
+                let own_cell = |e: &Expr| matches!(e, Expr::Get(n, i) if n == node && i == idx);
+                let sum = match value {
+                    Expr::Binop(crate::ops::BinOp::Add, a, b) => own_cell(a) || own_cell(b),
+                    Expr::Ternop(crate::ops::TernOp::Fma, _, _, c) => own_cell(c),
+                    _ => false,
+                };
+                return (sum && own == 1 && other == 0).then(|| (loops, *node, idx.clone()));
             }
             _ => return None,
         }
