@@ -215,16 +215,6 @@ impl Gccjit {
         plan::plan(prog, self.pool.threads(), &self.opts)
     }
 
-    /// Per planned step, the end of the parallel group it starts ([`group`]).
-    fn group_ends(&self, prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> Vec<usize> {
-        // Bounds-check mode reports the call that went out of range: one call per job there.
-        if self.opts.parallel_groups && !self.opts.bounds_check {
-            group::group_ends(prog, steps)
-        } else {
-            (1..=steps.len()).collect()
-        }
-    }
-
     /// Builds the machine code of a planned program's builds (each some of its distinct steps
     /// at one optimization level, with the functions named `names`), through the compile cache
     /// when there is one: a build whose entry exists is loaded; every other build is compiled
@@ -387,9 +377,8 @@ impl Gccjit {
         only_cached: Option<bool>,
     ) -> Result<Option<(usize, String)>, Error> {
         let started = Instant::now();
-        let Planned { prog: scheduled, steps: planned_steps, small } = self.plan(prog);
+        let Planned { prog: scheduled, steps: planned_steps, small, group_ends } = self.plan(prog);
         let deduped = dedup::dedup(&scheduled, &planned_steps);
-        let group_ends = self.group_ends(&scheduled, &planned_steps);
         let planned = Instant::now();
         let source = self.render_planned(&deduped);
         self.last_phases = vec![
@@ -841,10 +830,9 @@ impl Backend for Gccjit {
     }
 
     fn render(&self, prog: &Program) -> Result<String, Error> {
-        let Planned { prog, steps, .. } = self.plan(prog);
+        let Planned { prog, steps, group_ends, .. } = self.plan(prog);
         let deduped = dedup::dedup(&prog, &steps);
-        let ends = self.group_ends(&prog, &steps);
-        Ok(self.render_planned(&deduped) + &calls_listing(&deduped, &ends))
+        Ok(self.render_planned(&deduped) + &calls_listing(&deduped, &group_ends))
     }
 
     fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {

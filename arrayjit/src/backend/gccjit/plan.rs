@@ -48,7 +48,9 @@ pub fn plan(prog: &Program, threads: usize, options: &CompileOptions) -> Planned
         .zip(&splittable)
         .map(|(s, e)| e.is_some() && work(s) >= options.min_parallel_work)
         .collect();
-    let joiners = if options.parallel_groups && !options.bounds_check {
+    // Bounds-check mode reports the call that went out of range: one call per job there.
+    let grouping = options.parallel_groups && !options.bounds_check;
+    let joiners = if grouping {
         small_joiners(&prog.body, &splittable, &big)
     } else {
         vec![false; prog.body.len()]
@@ -94,7 +96,12 @@ pub fn plan(prog: &Program, threads: usize, options: &CompileOptions) -> Planned
         }
     }
     flush(&mut serial, &mut steps, &mut small);
-    Planned { prog, steps, small }
+    let group_ends = if grouping {
+        super::group::group_ends(&prog, &steps)
+    } else {
+        (1..=steps.len()).collect()
+    };
+    Planned { prog, steps, small, group_ends }
 }
 
 /// A scheduled program cut into steps ([`plan()`]).
@@ -105,6 +112,9 @@ pub struct Planned {
     pub steps: Vec<(Vec<Stmt>, StepKind)>,
     /// Per step, a small parallel step ([`small_joiners`]).
     pub small: Vec<bool>,
+    /// Per step, the end of the parallel group it starts ([`super::group`]; `k + 1` when it
+    /// runs alone).
+    pub group_ends: Vec<usize>,
 }
 
 /// Which small splittable nests (below the work worth a job of their own) become parallel

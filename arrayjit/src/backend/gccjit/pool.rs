@@ -165,23 +165,6 @@ impl Pool {
         self.shared.threads
     }
 
-    /// Runs `f` over `0..extent`, split across all threads; returns when every chunk is done.
-    ///
-    /// # Safety
-    /// `f` must be a compiled step whose buffer, symbol and error pointers are valid for the
-    /// duration of the call.
-    pub unsafe fn run(
-        &self,
-        f: StepFn,
-        bufs: *const *mut u8,
-        syms: *const i64,
-        err: *mut u8,
-        extent: i64,
-    ) {
-        // SAFETY: as the caller guarantees.
-        unsafe { self.run_group(&[(f, bufs)], syms, err, extent) }
-    }
-
     /// Runs the steps of a parallel group ([`super::group`]) over `0..extent`, split across
     /// all threads: each chunk of rows runs every step in order. Returns when every chunk is
     /// done.
@@ -284,29 +267,32 @@ mod tests {
     }
 
     #[test]
-    fn every_index_runs_once_per_job() {
+    fn every_index_runs_once_per_step_of_each_job() {
         for threads in [1, 2, 3, 5] {
             let pool = Pool::new(threads);
             for extent in [1usize, 2, 3, 7, 8, 64, 1000] {
                 let counts: Vec<AtomicU64> = (0..extent).map(|_| AtomicU64::new(0)).collect();
                 let table = [counts.as_ptr() as *mut u8];
-                let jobs = 50;
-                for _ in 0..jobs {
+                let jobs = 50u64;
+                for job in 0..jobs {
+                    // Jobs of one step and of a group of two, alternately.
+                    let steps = [(bump as StepFn, table.as_ptr()); 2];
+                    let count = 1 + (job % 2) as usize;
                     // SAFETY: `bump` only touches the counters, alive for the whole call.
                     unsafe {
-                        pool.run(
-                            bump,
-                            table.as_ptr(),
+                        pool.run_group(
+                            &steps[..count],
                             std::ptr::null(),
                             std::ptr::null_mut(),
                             extent as i64,
                         )
                     };
                 }
+                // Each index once per step of each job.
                 for c in &counts {
                     assert_eq!(
                         c.load(Ordering::Relaxed),
-                        jobs,
+                        jobs + jobs / 2,
                         "{threads} threads, extent {extent}"
                     );
                 }

@@ -228,16 +228,18 @@ fn in_f32(prog: &mut Program, nest: Nest) -> Option<(Nest, Vec<Stmt>, Vec<Stmt>)
 /// Whether the nest writes every cell of its result (of `dims`) once: one loop per axis over
 /// its whole extent (an axis of one cell may be fixed at 0), no cell guards.
 fn writes_every_cell(nest: &Nest, dims: &[usize]) -> bool {
-    nest.cell_guards.is_empty()
-        && nest.idx.len() == dims.len()
-        && nest.idx.iter().zip(dims).all(|(i, &d)| {
+    nest.cell_guards.is_empty() && covers_every_cell(&nest.idx, &nest.lhs, dims)
+}
+
+/// Whether a store at `idx` inside `loops` reaches every cell of a tensor of `dims` once: each
+/// loop indexes exactly one axis over its whole extent, every axis is a loop or (of one cell) 0.
+fn covers_every_cell(idx: &[Index], loops: &[Loop], dims: &[usize]) -> bool {
+    idx.len() == dims.len()
+        && idx.iter().zip(dims).all(|(i, &d)| {
             d == 1 && i.terms.is_empty() && i.offset == 0
-                || i.as_var().is_some_and(|v| nest.lhs.iter().any(|l| l.var == v && l.extent == d))
+                || i.as_var().is_some_and(|v| loops.iter().any(|l| l.var == v && l.extent == d))
         })
-        && nest
-            .lhs
-            .iter()
-            .all(|l| nest.idx.iter().filter(|i| i.as_var() == Some(l.var)).count() == 1)
+        && loops.iter().all(|l| idx.iter().filter(|i| i.as_var() == Some(l.var)).count() == 1)
 }
 
 /// Top-level statements looked through, back from a sum, for the fill that zeroed its result.
@@ -260,34 +262,46 @@ fn zeroed_before(prog: &Program, out: &[Stmt], nest: &Nest) -> Option<(usize, Op
     if nest.init.is_some() || nest.update.combine_op() != BinOp::Add {
         return None;
     }
-    let dims = &prog.nodes.get(&nest.node)?.dims;
-    if !writes_every_cell(nest, dims) {
+    if !nest.cell_guards.is_empty() {
         return None;
     }
-    let limited: Vec<&Loop> = nest.lhs.iter().filter(|l| l.limit.is_some()).collect();
+    let reads_result = nest.update.contributions().iter().any(|e| e.reads(nest.node));
+    if reads_result {
+        return None;
+    }
+    zero_fill_before(prog, out, nest.node, &nest.idx, &nest.lhs)
+}
+
+/// For a store into `node` at `idx` inside `loops` that reaches every cell once (up to one
+/// loop's dynamic size of whole rows): the position in `out` of a fill of `node` with `+0` that
+/// nothing after it touches (looked for up to [`MAX_FILL_DISTANCE`] statements back), and the
+/// part of the fill the store leaves to it (the rows past the size).
+fn zero_fill_before(
+    prog: &Program,
+    out: &[Stmt],
+    node: NodeId,
+    idx: &[Index],
+    loops: &[Loop],
+) -> Option<(usize, Option<PastLimit>)> {
+    let dims = &prog.nodes.get(&node)?.dims;
+    if !covers_every_cell(idx, loops, dims) {
+        return None;
+    }
+    let limited: Vec<&Loop> = loops.iter().filter(|l| l.limit.is_some()).collect();
     let past = match limited.as_slice() {
         [] => None,
         [l] if l.limit.is_some_and(|lim| lim.per == 1) => {
-            let axis = nest.idx.iter().position(|i| i.as_var() == Some(l.var))?;
+            let axis = idx.iter().position(|i| i.as_var() == Some(l.var))?;
             Some(PastLimit { axis, size: l.limit?.size, extent: l.extent })
         }
         _ => return None,
     };
-    let reads_result = nest.update.contributions().iter().any(|e| {
-        let mut found = false;
-        e.visit(&mut |e| found |= matches!(e, Expr::Get(n, _) if *n == nest.node));
-        found
-    });
-    if reads_result {
-        return None;
-    }
-    let touches = |s: &Stmt| super::nodes_of(std::slice::from_ref(s)).contains(&nest.node);
     let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
     for i in (start..out.len()).rev() {
-        if is_zero_fill(&out[i], nest.node, dims) {
+        if is_zero_fill(&out[i], node, dims) {
             return Some((i, past));
         }
-        if touches(&out[i]) {
+        if super::nodes_of(std::slice::from_ref(&out[i])).contains(&node) {
             return None;
         }
     }

@@ -13,49 +13,16 @@
 //! When the nest covers a dynamic number of rows (one loop with a limit), the fill stays for
 //! the rows past it, guarded, as for a sum onto zeros ([`super::zeroed_before`]).
 
-use super::{MAX_FILL_DISTANCE, PastLimit, is_zero_fill, past_the_limit};
-use crate::low_level::{Expr, Index, Program, Stmt, Var, nodes_of};
+use super::{Loop, past_the_limit, zero_fill_before};
+use crate::low_level::{Expr, Index, Program, Stmt};
+use crate::tnode::NodeId;
 
 /// `s` with its read of the tensor it accumulates onto replaced by `+0` when a fill among
 /// `out` allows it (see the module documentation); the fill in `out` is then dropped or kept
 /// only past the nest's dynamic limit. Otherwise `s` unchanged.
 pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
     let Some((loops, node, idx)) = pointwise_update(&s) else { return s };
-    let Some(t) = prog.nodes.get(&node) else { return s };
-    let dims = t.dims.clone();
-    // Every cell once: one loop per axis over its whole extent (an axis of one cell may be 0).
-    let covers = idx.len() == dims.len()
-        && idx.iter().zip(&dims).all(|(i, &d)| {
-            d == 1 && i.terms.is_empty() && i.offset == 0
-                || i.as_var().is_some_and(|v| loops.iter().any(|l| l.0 == v && l.1 == d))
-        })
-        && loops.iter().all(|l| idx.iter().filter(|i| i.as_var() == Some(l.0)).count() == 1);
-    if !covers {
-        return s;
-    }
-    let limited: Vec<&(Var, usize, Option<crate::low_level::Limit>)> =
-        loops.iter().filter(|l| l.2.is_some()).collect();
-    let past = match limited.as_slice() {
-        [] => None,
-        [l] if l.2.is_some_and(|lim| lim.per == 1) => {
-            let Some(axis) = idx.iter().position(|i| i.as_var() == Some(l.0)) else { return s };
-            let Some(lim) = l.2 else { return s };
-            Some(PastLimit { axis, size: lim.size, extent: l.1 })
-        }
-        _ => return s,
-    };
-    let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
-    let mut fill = None;
-    for i in (start..out.len()).rev() {
-        if is_zero_fill(&out[i], node, &dims) {
-            fill = Some(i);
-            break;
-        }
-        if nodes_of(std::slice::from_ref(&out[i])).contains(&node) {
-            return s;
-        }
-    }
-    let Some(i) = fill else { return s };
+    let Some((i, past)) = zero_fill_before(prog, out, node, &idx, &loops) else { return s };
     out[i] = match past {
         None => Stmt::Comment("zero fill: the next accumulation reads +0 instead".into()),
         Some(p) => past_the_limit(&out[i], p),
@@ -63,20 +30,16 @@ pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
     super::reads_as_const(s, node, 0.0)
 }
 
-/// The loops (variable, extent, limit) around a single store `node[idx] := value` whose value
+/// The loops around a single store `node[idx] := value` whose value
 /// is a sum onto the cell (`node[idx] + e`, `e + node[idx]` or `fma(a, b, node[idx])`) and reads
 /// `node` nowhere else; `None` for anything else.
-#[allow(clippy::type_complexity)]
-fn pointwise_update(
-    s: &Stmt,
-) -> Option<(Vec<(Var, usize, Option<crate::low_level::Limit>)>, crate::tnode::NodeId, Vec<Index>)>
-{
+fn pointwise_update(s: &Stmt) -> Option<(Vec<Loop>, NodeId, Vec<Index>)> {
     let mut loops = Vec::new();
     let mut cur = s;
     loop {
         match cur {
-            Stmt::For { var, extent, limit, body, .. } if body.len() == 1 => {
-                loops.push((*var, *extent, *limit));
+            Stmt::For { var, extent, limit, parallel, body } if body.len() == 1 => {
+                loops.push(Loop { var: *var, extent: *extent, limit: *limit, parallel: *parallel });
                 cur = &body[0];
             }
             Stmt::Set { node, idx, value } => {
