@@ -39,6 +39,12 @@ pub trait Op: fmt::Debug {
     fn per_argument_projections(&self) -> bool {
         false
     }
+    /// Whether argument `i` is a factor of a sum of products (an operand of a contraction):
+    /// under mixed precision such an argument reads a parameter's copy in the half precision
+    /// ([`crate::SessionOptions::autocast`]).
+    fn is_factor(&self, _i: usize) -> bool {
+        false
+    }
     /// A dynamic size the operation gives the first axis of its result
     /// ([`crate::Tensor::dynamic_rows`]), whatever its argument's axis is.
     fn dynamic_rows(&self) -> Option<crate::DynDim> {

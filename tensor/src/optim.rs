@@ -261,6 +261,24 @@ fn pointwise(
     }
 }
 
+/// `lhs := value`, cell by cell (a copy into another precision rounds).
+pub(crate) fn copy(
+    lhs: NodeId,
+    value: NodeId,
+    dims: &[usize],
+    symbols: &mut rocannl_arrayjit::indexing::SymbolGen,
+) -> Asgn {
+    let p = pointwise(dims, &[false], symbols);
+    Asgn::Accum {
+        lhs,
+        accum: None,
+        rhs: vec![value],
+        expr: a(0),
+        projections: Arc::new(p),
+        initialize_neutral: false,
+    }
+}
+
 fn a(i: usize) -> ScalarExpr {
     ScalarExpr::Arg(i)
 }

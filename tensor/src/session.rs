@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use rocannl_arrayjit::assignments::{Asgn, FetchOp};
-use rocannl_arrayjit::indexing::{Projections, Symbol, SymbolGen};
+use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol, SymbolGen};
 use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::tnode::{MemoryMode, NodeId, NodeTable, TensorNode};
 use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray, Routine};
@@ -38,6 +38,14 @@ pub struct SessionOptions {
     /// Arithmetic on values of half precisions is carried out in f32 either way, and products
     /// accumulate in f32. `None`: everything in `prec`.
     pub master: Option<Prec>,
+    /// Under mixed precision in bf16, products (matmul, `fma`, einsum sums and means that
+    /// contract an axis) read a bf16 copy of each parameter, rounded once per run of a routine,
+    /// as PyTorch's autocast does: both factors in bf16, the accumulation in f32, the
+    /// parameter's gradient still in the master precision. Such products run on the host's bf16
+    /// dot products where it has them (docs/models.md, "Mixed precision"). `false`: products
+    /// read the master weights themselves (more precise, slower). f16 sessions do not cast:
+    /// with no f16 products on the CPU a copy would only add conversions.
+    pub autocast: bool,
     /// Compiler settings.
     pub compile: CompileOptions,
 }
@@ -48,6 +56,7 @@ impl Default for SessionOptions {
             backend: BackendKind::default(),
             prec: Prec::F32,
             master: None,
+            autocast: true,
             compile: CompileOptions::default(),
         }
     }
@@ -60,6 +69,12 @@ pub struct Session {
     prec: Prec,
     /// The precision of parameters, their gradients and optimizer state.
     master: Prec,
+    /// [`SessionOptions::autocast`].
+    autocast: bool,
+    /// Each parameter's copy in the session's precision, read by products under autocast.
+    cast: FxHashMap<TensorId, NodeId>,
+    /// The copies whose code the routine being generated already has.
+    cast_done: FxHashSet<NodeId>,
     value: FxHashMap<TensorId, NodeId>,
     grad: FxHashMap<TensorId, NodeId>,
     /// Nodes that are not tensors of the graph (optimizer state, scratch, scalars).
@@ -121,6 +136,9 @@ impl Session {
             ctx,
             prec: opts.prec,
             master: opts.master.unwrap_or(opts.prec),
+            autocast: opts.autocast,
+            cast: FxHashMap::default(),
+            cast_done: FxHashSet::default(),
             value: FxHashMap::default(),
             grad: FxHashMap::default(),
             extra: FxHashMap::default(),
@@ -271,7 +289,23 @@ impl Session {
         };
         let proj = self.projections(t)?;
         let out = self.node_of(t);
-        let arg_nodes: Vec<NodeId> = args.iter().map(|a| self.node_of(*a)).collect();
+        let mut arg_nodes: Vec<NodeId> = args.iter().map(|a| self.node_of(*a)).collect();
+        if self.autocast
+            && self.prec == Prec::Bf16
+            && self.master != self.prec
+            && args.len() >= 2
+            && contracts(&proj)
+        {
+            let op = match &self.graph.borrow().nodes[t.0 as usize].source {
+                Source::Op { op, .. } => Some(op.clone()),
+                Source::Leaf(_) => None,
+            };
+            for (i, a) in args.iter().enumerate() {
+                if op.as_ref().is_some_and(|op| op.is_factor(i)) && self.is_param(*a) {
+                    arg_nodes[i] = self.cast_of(*a)?;
+                }
+            }
+        }
         let (out_grad, arg_grads) = if with_grads {
             let diff: Vec<bool> = args
                 .iter()
@@ -284,6 +318,45 @@ impl Session {
             (None, vec![])
         };
         Ok(OpCtx { out, args: arg_nodes, proj, out_grad, arg_grads })
+    }
+
+    fn is_param(&self, t: TensorId) -> bool {
+        matches!(self.graph.tensor(t).info().source, Source::Leaf(Leaf::Param(_)))
+    }
+
+    /// The node of a parameter's copy in the session's precision ([`SessionOptions::autocast`]).
+    fn cast_of(&mut self, t: TensorId) -> Result<NodeId> {
+        if let Some(n) = self.cast.get(&t) {
+            return Ok(*n);
+        }
+        let n = self.fresh_node();
+        let label = format!("{}_{}", self.graph.tensor(t).label(), self.prec.name());
+        // Stored, so rounded: an inlined copy would be read in the master precision.
+        let node = TensorNode::new(n, &label, &self.dims(t)?, self.prec, MemoryMode::Local);
+        self.extra.insert(n, node);
+        self.cast.insert(t, n);
+        Ok(n)
+    }
+
+    /// The copies among `nodes` the routine being generated does not have yet: each rounds its
+    /// parameter into the session's precision.
+    fn cast_code(&mut self, nodes: &[NodeId]) -> Result<Vec<Asgn>> {
+        let mut code = vec![];
+        for &n in nodes {
+            let Some((&t, _)) = self.cast.iter().find(|(_, c)| **c == n) else { continue };
+            if !self.cast_done.insert(n) {
+                continue;
+            }
+            let dims = self.dims(t)?;
+            let value = self.node_of(t);
+            code.push(Asgn::Comment(format!(
+                "'{}' in {}",
+                self.graph.tensor(t).label(),
+                self.prec.name()
+            )));
+            code.push(crate::optim::copy(n, value, &dims, &mut self.symbols));
+        }
+        Ok(code)
     }
 
     /// The forward code of the tensors in `order`.
@@ -305,6 +378,7 @@ impl Session {
                 }
                 Source::Op { op, .. } => {
                     let cx = self.op_ctx(t, false)?;
+                    code.extend(self.cast_code(&cx.args)?);
                     code.push(Asgn::Comment(format!(
                         "{} '{}'",
                         op.name(),
@@ -338,6 +412,7 @@ impl Session {
             let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
             if let Source::Op { op, .. } = source {
                 let cx = self.op_ctx(t, true)?;
+                code.extend(self.cast_code(&cx.args)?);
                 let grads = op.backward(&cx);
                 if !grads.is_empty() {
                     code.push(Asgn::Comment(format!(
@@ -402,6 +477,7 @@ impl Session {
 
     pub(crate) fn plan_code(&mut self, plan: &Plan) -> Result<Vec<Asgn>> {
         self.graph.finish()?;
+        self.cast_done.clear();
         let mut roots: Vec<TensorId> = plan.outputs.iter().map(|t| t.id).collect();
         roots.extend(plan.backprop_from.as_ref().map(|t| t.id));
         roots.extend(plan.grads.iter().map(|t| t.id));
@@ -698,4 +774,18 @@ impl Session {
     pub(crate) fn grad_node(&mut self, t: &Tensor) -> NodeId {
         self.grad_of(t.id)
     }
+}
+
+/// Whether a projection sums over an axis its result does not have (a contraction).
+fn contracts(proj: &[Arc<Projections>]) -> bool {
+    proj.iter().any(|p| {
+        p.product_iterators.iter().zip(&p.product_space).any(|(s, size)| {
+            *size > 1
+                && !p.project_lhs.iter().any(|i| match i {
+                    AxisIndex::Iterator(v) => v == s,
+                    AxisIndex::Affine { terms, .. } => terms.iter().any(|(_, v)| v == s),
+                    _ => false,
+                })
+        })
+    })
 }

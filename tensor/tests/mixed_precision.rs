@@ -136,3 +136,86 @@ fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
         assert!(err.to_string().contains("backoff"), "{err}");
     }
 }
+
+/// Under mixed precision, products read the weights rounded to the half precision (autocast);
+/// with `autocast: false` they read the f32 master weights. Both are checked against exact
+/// references: the weights have 16 fractional bits and the inputs are small integers, so every
+/// product and sum is exact in f32 whatever the order, and only the final rounding remains.
+#[test]
+fn autocast_products_read_the_weights_rounded_to_the_half_precision() {
+    let (rows, inputs, outputs) = (16, 8, 6);
+    // Weights in [1, 2) just below the middle between two bf16 values (bf16 keeps 7
+    // fractional bits there), so rounding takes almost half a step off each; inputs 0..3.
+    let w: Vec<f64> = (0..outputs * inputs)
+        .map(|i| {
+            let grid = 1.0 + ((i * 37) % 128) as f64 / 128.0;
+            grid + 1.0 / 256.0 - (1 + i % 5) as f64 / 65_536.0
+        })
+        .collect();
+    let x: Vec<f64> = (0..rows * inputs).map(|i| ((i * 7 + i / 5) % 4) as f64).collect();
+    // y[r, j] = Σ_k w[j, k] · x[r, k]  (memory order: batch, output, input).
+    let exact = |round_w: bool| -> Vec<f64> {
+        let mut y = vec![0.0; rows * outputs];
+        for r in 0..rows {
+            for j in 0..outputs {
+                let sum: f64 = (0..inputs)
+                    .map(|k| {
+                        let wv = w[j * inputs + k];
+                        (if round_w { Prec::Bf16.round(wv) } else { wv }) * x[r * inputs + k]
+                    })
+                    .sum();
+                y[r * outputs + j] = Prec::Bf16.round(sum);
+            }
+        }
+        y
+    };
+    let (rounded, master) = (exact(true), exact(false));
+    let differ = rounded.iter().zip(&master).filter(|(a, b)| a != b).count();
+    assert!(differ > 10, "the two references must tell the policies apart ({differ} cells)");
+    for backend in backends() {
+        for autocast in [true, false] {
+            let g = Graph::with_seed(0);
+            let xs = g.ndarray("x", &[rows], &[], &[inputs], &x);
+            let wt = g.param_with(
+                "w",
+                ParamSpec::matrix(&[inputs], &[outputs]).init(Init::Values(w.clone())),
+            );
+            let y = &wt * &xs;
+            let opts = SessionOptions { autocast, ..options(backend, Prec::Bf16, Some(Prec::F32)) };
+            let mut s = Session::with_options(&g, opts).unwrap();
+            let r = s.forward(&[&y]).unwrap();
+            s.run(&r).unwrap();
+            let want = if autocast { &rounded } else { &master };
+            assert_eq!(&s.read(&y).unwrap(), want, "{backend:?}, autocast {autocast}");
+            // The master weights themselves stay f32.
+            assert_eq!(s.read(&wt).unwrap(), w, "{backend:?}, autocast {autocast}");
+        }
+    }
+}
+
+/// A training step under autocast: each weight is rounded once per step into a copy the
+/// products read, its gradient accumulates into the f32 master gradient, and the step matches
+/// the interpreter bit for bit.
+#[test]
+fn autocast_training_matches_the_interpreter_and_keeps_f32_gradients() {
+    let run = |backend: BackendKind| {
+        let g = Graph::with_seed(5);
+        let (l, params) = regression(&g);
+        let mut s =
+            Session::with_options(&g, options(backend, Prec::Bf16, Some(Prec::F32))).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        let mut losses = vec![];
+        for _ in 0..5 {
+            s.step(&mut step, 1e-2, &[]).unwrap();
+            losses.push(s.loss(&step).unwrap());
+        }
+        let weights: Vec<Vec<f64>> = params.iter().map(|p| s.read(p).unwrap()).collect();
+        (losses, weights)
+    };
+    let (losses, weights) = run(BackendKind::Interp);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert!(weights[0].iter().any(|v| Prec::Bf16.round(*v) != *v), "master weights are f32");
+    for backend in backends() {
+        assert_eq!(run(backend), (losses.clone(), weights.clone()), "{backend:?}");
+    }
+}

@@ -30,6 +30,9 @@ impl Op for Compose {
     fn logic(&self, args: &[ShapeId]) -> Logic {
         Logic::Compose(args[0], args[1])
     }
+    fn is_factor(&self, i: usize) -> bool {
+        i < 2
+    }
     fn forward(&self, cx: &OpCtx) -> Asgn {
         cx.out(Some(BinOp::Add), &mul(x(0), x(1)), true)
     }
@@ -48,6 +51,9 @@ impl Op for Fma {
     }
     fn logic(&self, args: &[ShapeId]) -> Logic {
         Logic::ComposeAccumulate(args[0], args[1], args[2])
+    }
+    fn is_factor(&self, i: usize) -> bool {
+        i < 2
     }
     fn forward(&self, cx: &OpCtx) -> Asgn {
         // c first (over its own axes only), then the contraction accumulates onto it.
@@ -109,6 +115,9 @@ impl Op for Einsum {
     }
     fn logic(&self, args: &[ShapeId]) -> Logic {
         Logic::Einsum(self.spec.clone(), args.to_vec())
+    }
+    fn is_factor(&self, _i: usize) -> bool {
+        matches!(self.reduce, Reduce::Sum | Reduce::Mean)
     }
     fn forward(&self, cx: &OpCtx) -> Asgn {
         let acc = match self.reduce {
