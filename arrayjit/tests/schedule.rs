@@ -821,6 +821,8 @@ fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
         matmul_case(64, 256, 48, Prec::Bf16),
         matmul_bt_case(33, 301, 40, Prec::Bf16),
         matmul_onto_case(40, 130, 33, Prec::Bf16),
+        // Depth 64: called too (`MIN_PAIR_DEPTH`), reading row-major `A` in place.
+        matmul_case(70, 64, 40, Prec::Bf16),
     ] {
         let mut prog =
             compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
@@ -863,6 +865,19 @@ fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
             assert_eq!(bits(&got[0]), bits(&pairs), "{}: gccjit and the interpreter", case.name);
         }
     }
+}
+
+/// A bf16 product shallower than `MIN_PAIR_DEPTH` stays generated code.
+#[test]
+fn shallow_bf16_products_stay_generated() {
+    use rocannl_arrayjit::low_level::schedule::MIN_PAIR_DEPTH;
+    let case = matmul_case(70, MIN_PAIR_DEPTH - 16, 40, Prec::Bf16);
+    let mut prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let opts = CpuSchedule { threads: 2, bf16_pairs: true, ..CpuSchedule::default() };
+    schedule_cpu(&mut prog, &opts);
+    let text = prog.to_string();
+    assert!(!text.contains("gemm"), "{text}");
 }
 
 /// `c := 0` then `c += a·b` (a gradient's fill and its first accumulation): the product starts

@@ -253,17 +253,20 @@ unsafe fn native<C: ResultCell>(g: &super::Gemm<C, u16>) {
     use std::arch::x86_64::*;
     let kp = g.k.div_ceil(2);
     let blocks = g.m.div_ceil(MR);
+    // Rows of `A` contiguous along an even reduction already hold their pairs, even element
+    // low, as consecutive 32-bit words: the kernel reads them where they are.
+    let direct = g.csa == 1 && g.k % 2 == 0;
     PACK.with(|pack| {
         let mut pack = pack.borrow_mut();
         let (bp, ap) = &mut *pack;
         bp.resize(kp * NR, 0);
-        ap.resize(blocks * kp * MR, 0);
+        ap.resize(if direct { 0 } else { blocks * kp * MR }, 0);
         // SAFETY (block): every read is inside the operands (the caller's contract), every
         // packed index inside the buffers sized above.
         unsafe {
-            // A, once per call: per block of MR rows, per pair, MR lanes (rows past the last
-            // repeat it; their results are dropped).
-            for blk in 0..blocks {
+            // A, once per call unless read directly: per block of MR rows, per pair, MR lanes
+            // (rows past the last repeat it; their results are dropped).
+            for blk in (0..blocks).filter(|_| !direct) {
                 let dst = ap.as_mut_ptr().add(blk * kp * MR);
                 if g.rsa == 1 && (blk + 1) * MR <= g.m {
                     // The block's rows are contiguous (a transposed `A`, as in a weight's
@@ -336,7 +339,17 @@ unsafe fn native<C: ResultCell>(g: &super::Gemm<C, u16>) {
                 for blk in 0..blocks {
                     let i0 = blk * MR;
                     let mr = MR.min(g.m - i0);
-                    let apk = ap.as_ptr().add(blk * kp * MR);
+                    // Where row `r`'s pair `p` is: `arow[r] + p * astep`.
+                    let (arow, astep): ([*const u32; MR], usize) = if direct {
+                        let row = |r: usize| {
+                            let i = (i0 + r).min(g.m - 1);
+                            g.a.offset(i as isize * g.rsa).cast::<u32>()
+                        };
+                        (std::array::from_fn(row), 1)
+                    } else {
+                        let apk = ap.as_ptr().add(blk * kp * MR);
+                        (std::array::from_fn(|r| apk.add(r)), MR)
+                    };
                     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
                     let whole = nr == NR && g.csc == 1;
                     if g.accumulate {
@@ -365,8 +378,8 @@ unsafe fn native<C: ResultCell>(g: &super::Gemm<C, u16>) {
                             bp.as_ptr().add(p * NR + 16).cast(),
                         ));
                         for (r, row) in acc.iter_mut().enumerate() {
-                            let a: __m512bh =
-                                std::mem::transmute(_mm512_set1_epi32(*apk.add(p * MR + r) as i32));
+                            let pair = arow[r].add(p * astep).read_unaligned();
+                            let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair as i32));
                             row[0] = _mm512_dpbf16_ps(row[0], a, b0);
                             row[1] = _mm512_dpbf16_ps(row[1], a, b1);
                         }

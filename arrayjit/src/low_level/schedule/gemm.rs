@@ -34,6 +34,14 @@ pub const MIN_GEMM_STEPS: usize = 32 * 1024;
 /// with 64 steps per cell: 0.72 ms generated, 0.76–0.86 ms called; docs/benchmarks.md).
 pub const MIN_GEMM_DEPTH: usize = 128;
 
+/// Reduction steps below which a product of two bf16 tensors is left to the generated
+/// kernels. The bf16 kernel reads row-major `A` in place (its pairs are already adjacent) and
+/// packs only `B`, so it pays off at shallower reductions than the f32 kernel: in char_gpt's
+/// bf16 step the products of depth 64 (projections, the MLP's first layer, their input
+/// gradients) ran the step 1.18–1.24× faster called than generated, those of depth 16
+/// (attention, per head) 0.97–0.98× (docs/models.md, "Mixed precision").
+pub const MIN_PAIR_DEPTH: usize = 64;
+
 /// Rewrites a recognized nest into calls of the matrix product, or `None` (the program is then
 /// unchanged).
 /// `prior` holds the statements scheduled so far: an operand's buffer may be filled by the
@@ -112,7 +120,8 @@ fn calls(
     let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
     let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
     let (k, k_rest) = merge(prog, &nest.red, &[&xo, &yo])?;
-    if !k_rest.is_empty() || k.axis.extent < MIN_GEMM_DEPTH {
+    let min_depth = if bf16_pairs { MIN_PAIR_DEPTH } else { MIN_GEMM_DEPTH };
+    if !k_rest.is_empty() || k.axis.extent < min_depth {
         return None;
     }
     // Cell loops outside the product, in the nest's order.

@@ -39,7 +39,7 @@ mod pack;
 mod rounded;
 mod zeroed;
 
-pub use gemm::MIN_GEMM_STEPS;
+pub use gemm::{MIN_GEMM_STEPS, MIN_PAIR_DEPTH};
 
 use super::{Expr, Guard, Index, Limit, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, TernOp};
