@@ -255,7 +255,7 @@ unsafe fn native<C: ResultCell>(g: &super::Gemm<C, u16>) {
     let blocks = g.m.div_ceil(MR);
     // Rows of `A` contiguous along an even reduction already hold their pairs, even element
     // low, as consecutive 32-bit words: the kernel reads them where they are.
-    let direct = g.csa == 1 && g.k % 2 == 0;
+    let direct = g.csa == 1 && g.k.is_multiple_of(2);
     PACK.with(|pack| {
         let mut pack = pack.borrow_mut();
         let (bp, ap) = &mut *pack;
