@@ -5,8 +5,9 @@
 //! gradient's). Criterion's "elem/s" read as FLOP/s (2n³ per call).
 //!
 //! `gemm_bf16/<path>/<n>`: the same with bf16 factors into f32 (`kernels::bf16`), on the host's
-//! bf16 dot products (`native`, where it has them) and on the portable pairwise reference, and
-//! a weight's gradient in char_gpt's shapes (`native/weight_gradient_64x256x512`).
+//! bf16 dot products (`native`, where it has them) and on the portable pairwise reference, a
+//! projection (`native/projection_512x64x256`) and a weight's gradient
+//! (`native/weight_gradient_64x256x512`) in char_gpt's shapes.
 //!
 //! `map/<case>`: the map kernel (`kernels::map`) on the shapes a training step gives it —
 //! row sums of 512 × 64 (points contiguous), column sums of 512 × 64 (a bias gradient), the
@@ -207,6 +208,38 @@ fn bench(c: &mut Criterion) {
                 })
             });
         }
+    }
+    // A projection in char_gpt's shapes: `Y = X·W` with X (batch·time, in) row-major, so A is
+    // read in place, and a reduction of 64 (`MIN_PAIR_DEPTH`).
+    if has_native() {
+        let (m, n, k) = (512usize, 256usize, 64usize);
+        let a: Vec<u16> = (0..m * k).map(|x| bits(((x % 17) as f32 - 8.0) / 8.0)).collect();
+        let b: Vec<u16> = (0..k * n).map(|x| bits(((x % 13) as f32 - 6.0) / 8.0)).collect();
+        let mut out = vec![0f32; m * n];
+        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        group.bench_function("native/projection_512x64x256", |bench| {
+            bench.iter(|| {
+                let g = GemmBf16 {
+                    m,
+                    n,
+                    k,
+                    a: a.as_ptr(),
+                    rsa: k as isize,
+                    csa: 1,
+                    b: b.as_ptr(),
+                    rsb: n as isize,
+                    csb: 1,
+                    c: out.as_mut_ptr(),
+                    rsc: n as isize,
+                    csc: 1,
+                    accumulate: false,
+                    fused: false,
+                    epilogue: None,
+                };
+                // SAFETY: A is m×k, B k×n, C m×n with the strides above.
+                unsafe { gemm_bf16(&g) }
+            })
+        });
     }
     // A weight's gradient in char_gpt's shapes: `dW = Xᵀ·G`, X stored (batch·time, in), so A
     // is transposed, and the reduction is the batch·time rows.
