@@ -803,8 +803,14 @@ fn products_with_rows_and_columns_call_the_shape_generic_kernel() {
     // A reduction with too little work or too few steps, and a matrix-vector product, stay
     // generated.
     assert_ne!(kernel(&abt(8, 16, 16, Prec::F32, true)), "gemm");
-    assert_ne!(kernel(&abt(128, 64, 128, Prec::F32, true)), "gemm");
+    assert_ne!(kernel(&abt(64, 64, 64, Prec::F32, true)), "gemm");
     assert_ne!(kernel(&abt(300, 300, 1, Prec::F32, true)), "gemm");
+    // A shallow reduction is called when each call is wide (`MIN_WIDE_CELLS`), with the
+    // interpreter's bits.
+    let wide = abt(160, 64, 130, Prec::F32, true);
+    assert_eq!(kernel(&wide), "gemm");
+    check(&wide);
+    assert_ne!(kernel(&abt(128, 48, 128, Prec::F32, true)), "gemm");
 }
 
 /// Products of two bf16 tensors call the bf16 dot-product kernel where the host has it

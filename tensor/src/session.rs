@@ -73,6 +73,8 @@ pub struct Session {
     autocast: bool,
     /// Each parameter's copy in the session's precision, read by products under autocast.
     cast: FxHashMap<TensorId, NodeId>,
+    /// The parameter of each copy.
+    cast_source: FxHashMap<NodeId, TensorId>,
     /// The copies whose code the routine being generated already has.
     cast_done: FxHashSet<NodeId>,
     value: FxHashMap<TensorId, NodeId>,
@@ -138,6 +140,7 @@ impl Session {
             master: opts.master.unwrap_or(opts.prec),
             autocast: opts.autocast,
             cast: FxHashMap::default(),
+            cast_source: FxHashMap::default(),
             cast_done: FxHashSet::default(),
             value: FxHashMap::default(),
             grad: FxHashMap::default(),
@@ -335,6 +338,7 @@ impl Session {
         let node = TensorNode::new(n, &label, &self.dims(t)?, self.prec, MemoryMode::Local);
         self.extra.insert(n, node);
         self.cast.insert(t, n);
+        self.cast_source.insert(n, t);
         Ok(n)
     }
 
@@ -343,7 +347,7 @@ impl Session {
     fn cast_code(&mut self, nodes: &[NodeId]) -> Result<Vec<Asgn>> {
         let mut code = vec![];
         for &n in nodes {
-            let Some((&t, _)) = self.cast.iter().find(|(_, c)| **c == n) else { continue };
+            let Some(&t) = self.cast_source.get(&n) else { continue };
             if !self.cast_done.insert(n) {
                 continue;
             }

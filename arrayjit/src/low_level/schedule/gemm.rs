@@ -28,11 +28,20 @@ use crate::tnode::{MemoryMode, NodeId, TensorNode, row_major_strides};
 /// (packing, a few microseconds) would outweigh what it saves.
 pub const MIN_GEMM_STEPS: usize = 32 * 1024;
 
-/// Reduction steps below which a product is left to the generated kernels: packing costs the
-/// kernel a copy of both operands per call, paid back over the reduction; with fewer steps the
-/// in-place kernel, which packs at most one operand, was as fast or faster (attention scores
-/// with 64 steps per cell: 0.72 ms generated, 0.76–0.86 ms called; docs/benchmarks.md).
+/// Reduction steps below which a product is left to the generated kernels, unless its calls are
+/// wide ([`MIN_WIDE_CELLS`]): the kernel packs `B` per call, paid back over the reduction; with
+/// fewer steps the in-place kernel, which packs at most one operand, is as fast or faster on
+/// small products (a 64 × 64 × 64 product: 2.4–2.7 µs generated, 3.1 µs called).
 pub const MIN_GEMM_DEPTH: usize = 128;
+
+/// A product whose every call produces at least this many cells is called from a reduction of
+/// [`MIN_WIDE_DEPTH`] steps: attention scores (per head 128 × 128 cells, 64 steps) 0.33–0.34 ms
+/// called against 0.38–0.41 ms generated, the gpt document's step 1.87–1.88 against 2.03–2.06
+/// ms, char_gpt's f32 step 1.07–1.13× faster (docs/lowering.md).
+pub const MIN_WIDE_CELLS: usize = 16 * 1024;
+
+/// The reduction from which a wide product is called.
+pub const MIN_WIDE_DEPTH: usize = 64;
 
 /// Reduction steps below which a product of two bf16 tensors is left to the generated
 /// kernels. The bf16 kernel reads row-major `A` in place (its pairs are already adjacent) and
@@ -41,6 +50,16 @@ pub const MIN_GEMM_DEPTH: usize = 128;
 /// gradients) ran the step 1.18–1.24× faster called than generated, those of depth 16
 /// (attention, per head) 0.97–0.98× (docs/models.md, "Mixed precision").
 pub const MIN_PAIR_DEPTH: usize = 64;
+
+/// Whether a product of `cells` result cells per call and a reduction of `depth` steps is worth
+/// a call of the kernel.
+fn deep_enough(depth: usize, cells: usize, bf16_pairs: bool) -> bool {
+    if bf16_pairs {
+        depth >= MIN_PAIR_DEPTH
+    } else {
+        depth >= MIN_GEMM_DEPTH || (depth >= MIN_WIDE_DEPTH && cells >= MIN_WIDE_CELLS)
+    }
+}
 
 /// Rewrites a recognized nest into calls of the matrix product, or `None` (the program is then
 /// unchanged).
@@ -120,8 +139,8 @@ fn calls(
     let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
     let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
     let (k, k_rest) = merge(prog, &nest.red, &[&xo, &yo])?;
-    let min_depth = if bf16_pairs { MIN_PAIR_DEPTH } else { MIN_GEMM_DEPTH };
-    if !k_rest.is_empty() || k.axis.extent < min_depth {
+    if !k_rest.is_empty() || !deep_enough(k.axis.extent, m.axis.extent * n.axis.extent, bf16_pairs)
+    {
         return None;
     }
     // Cell loops outside the product, in the nest's order.
