@@ -209,66 +209,41 @@ fn bench(c: &mut Criterion) {
             });
         }
     }
-    // A projection in char_gpt's shapes: `Y = X·W` with X (batch·time, in) row-major, so A is
-    // read in place, and a reduction of 64 (`MIN_PAIR_DEPTH`).
-    if has_native() {
-        let (m, n, k) = (512usize, 256usize, 64usize);
+    // Two products in char_gpt's shapes (m, k, n, A transposed, accumulating):
+    // - a projection `Y = X·W`, X (batch·time, in) row-major, so A is read in place, with a
+    //   reduction of 64 (`MIN_PAIR_DEPTH`);
+    // - a weight's gradient `dW = Xᵀ·G`: A transposed (packed), the reduction the batch·time rows.
+    let shapes = [
+        ("native/projection_512x64x256", (512usize, 64usize, 256usize), false, false),
+        ("native/weight_gradient_64x256x512", (64, 512, 256), true, true),
+    ];
+    for (name, (m, k, n), transposed, accumulate) in shapes.into_iter().filter(|_| has_native()) {
         let a: Vec<u16> = (0..m * k).map(|x| bits(((x % 17) as f32 - 8.0) / 8.0)).collect();
         let b: Vec<u16> = (0..k * n).map(|x| bits(((x % 13) as f32 - 6.0) / 8.0)).collect();
         let mut out = vec![0f32; m * n];
+        let (rsa, csa) = if transposed { (1, m as isize) } else { (k as isize, 1) };
         group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        group.bench_function("native/projection_512x64x256", |bench| {
+        group.bench_function(name, |bench| {
             bench.iter(|| {
                 let g = GemmBf16 {
                     m,
                     n,
                     k,
                     a: a.as_ptr(),
-                    rsa: k as isize,
-                    csa: 1,
+                    rsa,
+                    csa,
                     b: b.as_ptr(),
                     rsb: n as isize,
                     csb: 1,
                     c: out.as_mut_ptr(),
                     rsc: n as isize,
                     csc: 1,
-                    accumulate: false,
+                    accumulate,
                     fused: false,
                     epilogue: None,
                 };
-                // SAFETY: A is m×k, B k×n, C m×n with the strides above.
-                unsafe { gemm_bf16(&g) }
-            })
-        });
-    }
-    // A weight's gradient in char_gpt's shapes: `dW = Xᵀ·G`, X stored (batch·time, in), so A
-    // is transposed, and the reduction is the batch·time rows.
-    if has_native() {
-        let (m, n, k) = (64usize, 256usize, 512usize);
-        let a: Vec<u16> = (0..k * m).map(|x| bits(((x % 17) as f32 - 8.0) / 8.0)).collect();
-        let b: Vec<u16> = (0..k * n).map(|x| bits(((x % 13) as f32 - 6.0) / 8.0)).collect();
-        let mut out = vec![0f32; m * n];
-        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        group.bench_function("native/weight_gradient_64x256x512", |bench| {
-            bench.iter(|| {
-                let g = GemmBf16 {
-                    m,
-                    n,
-                    k,
-                    a: a.as_ptr(),
-                    rsa: 1,
-                    csa: m as isize,
-                    b: b.as_ptr(),
-                    rsb: n as isize,
-                    csb: 1,
-                    c: out.as_mut_ptr(),
-                    rsc: n as isize,
-                    csc: 1,
-                    accumulate: true,
-                    fused: false,
-                    epilogue: None,
-                };
-                // SAFETY: A is k×m, B k×n, C m×n with the strides above.
+                // SAFETY: A holds m×k cells (k×m when transposed), B k×n, C m×n, with the
+                // strides above.
                 unsafe { gemm_bf16(&g) }
             })
         });
