@@ -241,6 +241,22 @@ fn reduce_all(dims: &[usize], symbols: &mut rocannl_arrayjit::indexing::SymbolGe
     }
 }
 
+/// A projection reducing the last axis of `dims` (`lhs` has the others).
+fn reduce_last(dims: &[usize], symbols: &mut rocannl_arrayjit::indexing::SymbolGen) -> Projections {
+    let iters: Vec<Symbol> = dims.iter().map(|_| symbols.fresh()).collect();
+    let full: Vec<AxisIndex> = iters.iter().map(|s| AxisIndex::Iterator(*s)).collect();
+    Projections {
+        product_space: dims.to_vec(),
+        product_iterators: iters,
+        lhs_dims: dims[..dims.len() - 1].to_vec(),
+        rhs_dims: vec![dims.to_vec()],
+        project_lhs: full[..dims.len() - 1].to_vec(),
+        project_rhs: vec![full],
+        debug_info: "gradient row sums".into(),
+        dynamic: vec![],
+    }
+}
+
 /// A pointwise projection over `dims` where each argument has `dims` or is a scalar (`[]`).
 fn pointwise(
     dims: &[usize],
@@ -577,6 +593,12 @@ impl Session {
     }
 
     /// `target = Σ_p Σ_cells expr(g_p)`, `expr` a function of its one argument, the gradient.
+    ///
+    /// A gradient with two axes or more is summed in two levels: each row (all axes but the
+    /// last) into a partial sum, then the partial sums. One sum over every cell of every
+    /// parameter is a single chain of additions, each waiting for the one before (char_gpt's
+    /// 104k parameters: about 0.1 ms, on one core, of a 1.5 ms step); the rows are independent
+    /// chains, which the map kernel runs 16 at a time.
     fn sum_over_grads(
         &mut self,
         params: &[&Tensor],
@@ -590,12 +612,28 @@ impl Session {
         });
         for p in params {
             let dims = p.dims()?;
+            let g = self.grad_node(p);
+            let (summed, expr, rows) = match dims.split_last() {
+                Some((&last, rows)) if !rows.is_empty() && last > 1 => {
+                    let partial = self.extra_node(&format!("{}_rows", p.label()), rows, false);
+                    code.push(Asgn::Accum {
+                        lhs: partial,
+                        accum: Some(BinOp::Add),
+                        rhs: vec![g],
+                        expr: expr.clone(),
+                        projections: Arc::new(reduce_last(&dims, &mut self.symbols)),
+                        initialize_neutral: true,
+                    });
+                    (partial, a(0), rows.to_vec())
+                }
+                _ => (g, expr.clone(), dims),
+            };
             code.push(Asgn::Accum {
                 lhs: target,
                 accum: Some(BinOp::Add),
-                rhs: vec![self.grad_node(p)],
-                expr: expr.clone(),
-                projections: Arc::new(reduce_all(&dims, &mut self.symbols)),
+                rhs: vec![summed],
+                expr,
+                projections: Arc::new(reduce_all(&rows, &mut self.symbols)),
                 initialize_neutral: false,
             });
         }

@@ -456,6 +456,52 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     assert!(err.to_string().contains("clip_grad_norm"), "{err}");
 }
 
+/// Gradients with two and three axes (summed row by row, then the rows) give the same global
+/// norm, on every backend, as the exact one; a non-finite gradient in such a parameter makes
+/// the norm non-finite.
+#[test]
+fn the_global_norm_sums_matrices_row_by_row() {
+    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, StepOptions};
+    let m: Vec<f64> = (0..12).map(|i| (i as f64) - 5.0).collect();
+    let t: Vec<f64> = (0..12).map(|i| (3 * i % 7) as f64).collect();
+    let exact = m.iter().chain(&t).chain(&[2.0]).map(|v| v * v).sum::<f64>().sqrt();
+    for backend in rocannl_tensor::BackendKind::available()
+        .into_iter()
+        .filter(|b| *b != rocannl_tensor::BackendKind::Cuda)
+    {
+        for poison in [false, true] {
+            let g = Graph::with_seed(0);
+            let mut mv = m.clone();
+            if poison {
+                mv[7] = f64::INFINITY;
+            }
+            let w1 = g.param_with("w1", ParamSpec::matrix(&[4], &[3]).init(Init::Values(mv)));
+            let w2 =
+                g.param_with("w2", ParamSpec::matrix(&[3], &[2, 2]).init(Init::Values(t.clone())));
+            let w3 = g.param_with("w3", ParamSpec::output(&[1]).init(Init::Values(vec![2.0])));
+            // The gradient of ½Σw² is w.
+            let loss = (&(&w1.pointmul(&w1).sum_all() + &w2.pointmul(&w2).sum_all())
+                + &w3.pointmul(&w3).sum_all())
+                .scale(0.5);
+            let opts = SessionOptions {
+                backend,
+                prec: rocannl_tensor::Prec::F64,
+                ..SessionOptions::default()
+            };
+            let mut s = Session::with_options(&g, opts).unwrap();
+            let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
+            let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+            s.step(&mut step, 0.5, &[]).unwrap();
+            let norm = s.grad_norm(&step).unwrap().unwrap();
+            if poison {
+                assert!(!norm.is_finite(), "{backend:?}: {norm}");
+            } else {
+                assert_eq!(norm, exact, "{backend:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn weight_decay_skips_biases_norm_gains_and_embeddings() {
     use rocannl_tensor::{Init, Optimizer, ParamSpec};
