@@ -93,6 +93,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
+    if blocks == 0 || per == 0 {
+        return Err("--blocks and --steps must be at least 1".into());
+    }
     // The names in file order: the speed does not depend on the order.
     let names = rocannl::datasets::names();
     let letters: std::collections::BTreeSet<char> = names.iter().flat_map(|n| n.chars()).collect();

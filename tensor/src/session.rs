@@ -39,12 +39,16 @@ pub struct SessionOptions {
     /// accumulate in f32. `None`: everything in `prec`.
     pub master: Option<Prec>,
     /// Under mixed precision in bf16, products (matmul, `fma`, einsum sums and means that
-    /// contract an axis) read a bf16 copy of each parameter, rounded once per run of a routine,
-    /// as PyTorch's autocast does: both factors in bf16, the accumulation in f32, the
-    /// parameter's gradient still in the master precision. Such products run on the host's bf16
-    /// dot products where it has them (docs/models.md, "Mixed precision"). `false`: products
-    /// read the master weights themselves (more precise, slower). f16 sessions do not cast:
-    /// with no f16 products on the CPU a copy would only add conversions.
+    /// contract an axis) read a bf16 copy of each parameter that is one of their factors,
+    /// rounded once per run of a routine, as PyTorch's autocast does: both factors in bf16, the
+    /// accumulation in f32, the parameter's gradient still in the master precision. Only a
+    /// parameter that is itself the factor is cast; one reached through another operation (a
+    /// transpose, a slice) is read in the master precision. On a host with AVX-512 BF16, such
+    /// products of at least 64 reduction steps run on its bf16 dot products (docs/models.md,
+    /// "Mixed precision"); elsewhere they convert their factors to f32, and the values are the
+    /// same on every host. `false`: products read the master weights themselves (more precise,
+    /// slower). f16 sessions do not cast: with no f16 products on the CPU a copy would only add
+    /// conversions.
     pub autocast: bool,
     /// Compiler settings.
     pub compile: CompileOptions,

@@ -503,6 +503,51 @@ mod tests {
         }
     }
 
+    /// Rows of `A` read in place (contiguous along an even reduction) at odd row steps and an
+    /// odd start, so that the 32-bit pairs are not aligned, with a last block of rows cut short.
+    #[test]
+    fn the_native_product_reads_unaligned_rows_of_a_in_place() {
+        if !has_native() {
+            return;
+        }
+        let (m, k, n) = (11, 36, 40);
+        let rsa = k + 3;
+        let a: Vec<u16> = (0..1 + m * rsa)
+            .map(|i| bits((crate::ops::uniform(4, i as u64) * 4.0 - 2.0) as f32))
+            .collect();
+        let b: Vec<u16> = (0..k * n)
+            .map(|i| bits((crate::ops::uniform(5, i as u64) * 4.0 - 2.0) as f32))
+            .collect();
+        for acc in [false, true] {
+            let run = |f: unsafe fn(&GemmBf16)| {
+                let mut c: Vec<f32> =
+                    (0..m * n).map(|i| crate::ops::uniform(6, i as u64) as f32).collect();
+                let g = GemmBf16 {
+                    m,
+                    n,
+                    k,
+                    a: a[1..].as_ptr(),
+                    rsa: rsa as isize,
+                    csa: 1,
+                    b: b.as_ptr(),
+                    rsb: n as isize,
+                    csb: 1,
+                    c: c.as_mut_ptr(),
+                    rsc: n as isize,
+                    csc: 1,
+                    accumulate: acc,
+                    fused: false,
+                    epilogue: None,
+                };
+                // SAFETY: the buffers hold every cell the sizes and steps address.
+                unsafe { f(&g) };
+                c
+            };
+            let (want, got) = (run(reference), run(native_entry));
+            assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "acc {acc}");
+        }
+    }
+
     #[test]
     fn the_native_product_gives_the_reference_bits_near_the_bottom_of_the_range() {
         if !has_native() {

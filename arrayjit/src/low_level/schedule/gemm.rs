@@ -34,10 +34,12 @@ pub const MIN_GEMM_STEPS: usize = 32 * 1024;
 /// small products (a 64 × 64 × 64 product: 2.4–2.7 µs generated, 3.1 µs called).
 pub const MIN_GEMM_DEPTH: usize = 128;
 
-/// A product whose every call produces at least this many cells is called from a reduction of
-/// [`MIN_WIDE_DEPTH`] steps: attention scores (per head 128 × 128 cells, 64 steps) 0.33–0.34 ms
-/// called against 0.38–0.41 ms generated, the gpt document's step 1.87–1.88 against 2.03–2.06
-/// ms, char_gpt's f32 step 1.07–1.13× faster (docs/lowering.md).
+/// A product of at least this many result cells (`m × n` per iteration of its batch loops,
+/// before its rows are split across threads; a dynamic size counts at its maximum) is called
+/// from a reduction of [`MIN_WIDE_DEPTH`] steps. In a quiet phase of a 2-vCPU Zen 5: attention
+/// scores (128 × 128 cells per head, 64 steps) 0.33–0.34 ms called against 0.38–0.41 ms
+/// generated, the gpt document's training step 1.87–1.88 against 2.03–2.06 ms; char_gpt's f32
+/// step 1.07–1.13× faster (slow-phase figures in docs/lowering.md).
 pub const MIN_WIDE_CELLS: usize = 16 * 1024;
 
 /// The reduction from which a wide product is called.
@@ -45,7 +47,8 @@ pub const MIN_WIDE_DEPTH: usize = 64;
 
 /// Reduction steps below which a product of two bf16 tensors is left to the generated
 /// kernels. The bf16 kernel reads row-major `A` in place (its pairs are already adjacent) and
-/// packs only `B`, so it pays off at shallower reductions than the f32 kernel: in char_gpt's
+/// packs only `B`, so it pays off at shallower reductions than the f32 kernel (only with such
+/// an `A`, contiguous along an even reduction; other layouts need [`MIN_GEMM_DEPTH`]): in char_gpt's
 /// bf16 step the products of depth 64 (projections, the MLP's first layer, their input
 /// gradients) ran the step 1.18–1.24× faster called than generated, those of depth 16
 /// (attention, per head) 0.97–0.98× (docs/models.md, "Mixed precision").
@@ -156,6 +159,12 @@ fn calls(
         std::mem::swap(&mut m, &mut n);
         std::mem::swap(&mut a, &mut b);
         std::mem::swap(&mut af, &mut bf);
+    }
+    // The bf16 kernel's shallow products are worth a call only when it reads `A` in place
+    // (rows contiguous along an even reduction); packing `A` too, it needs the f32 depth.
+    let in_place = |s: &Strided| s.step(prog, &k) == 1 && k.axis.extent.is_multiple_of(2);
+    if bf16_pairs && k.axis.extent < MIN_GEMM_DEPTH && !in_place(&a) {
+        return None;
     }
     let kernel_vars: Vec<Var> = m.vars.iter().chain(&n.vars).chain(&k.vars).copied().collect();
     let gop = |s: &Strided, rows: &Merged, cols: &Merged| GemmOperand {
