@@ -48,7 +48,7 @@ pub const MIN_WIDE_DEPTH: usize = 64;
 /// Reduction steps below which a product of two bf16 tensors is left to the generated
 /// kernels. The bf16 kernel reads row-major `A` in place (its pairs are already adjacent) and
 /// packs only `B`, so it pays off at shallower reductions than the f32 kernel (only with such
-/// an `A`, contiguous along an even reduction; other layouts need [`MIN_GEMM_DEPTH`]): in char_gpt's
+/// an `A`, contiguous along an even reduction; other layouts need `MIN_GEMM_DEPTH`): in char_gpt's
 /// bf16 step the products of depth 64 (projections, the MLP's first layer, their input
 /// gradients) ran the step 1.18–1.24× faster called than generated, those of depth 16
 /// (attention, per head) 0.97–0.98× (docs/models.md, "Mixed precision").
