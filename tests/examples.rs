@@ -104,5 +104,16 @@ fn char_gpt_learns_and_reports_json() {
     let first = serde_json::json!(["jane", "hannelore", "nelly", "terrence", "roger"]);
     assert_eq!(data["first_names"], first, "{v}");
     assert!(dir.join("char_gpt.safetensors").exists());
+    // Mixed precision in bf16 (f32 master weights, bf16 products) learns as well.
+    let out = Command::new(example("char_gpt"))
+        .args(["--steps", "150", "--precision", "bf16", "--json"])
+        .current_dir(&dir)
+        .output()
+        .expect("run char_gpt in bf16");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
+    assert_eq!((&v["precision"], &v["master"]), (&"bf16".into(), &"f32".into()), "{v}");
+    assert!(num(&v, "val_loss") < 2.8, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
