@@ -1025,3 +1025,77 @@ fn an_accumulation_onto_a_zeroed_tensor_reads_zero() {
         }
     }
 }
+
+/// A short reduction over many cells that no kernel takes (a row's variance: `d := x - m`, then
+/// `t := t + d·d` over 48 steps per cell) runs 8 cells at a time, each cell's steps in the
+/// nest's order: the interpreter's bits exactly, in every precision and thread count.
+#[test]
+fn short_reductions_interleave_their_cells() {
+    for prec in [Prec::F32, Prec::F64, Prec::Bf16] {
+        let d = || ScalarExpr::bin(BinOp::Sub, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+        let case = accumulation(
+            &format!("variance_{}", prec.name()),
+            "ik",
+            &[64, 48],
+            Arg(&[64], "i", prec),
+            &[Arg(&[64, 48], "i,k", prec), Arg(&[64], "i", prec)],
+            ScalarExpr::bin(BinOp::Mul, d(), d()),
+            BinOp::Add,
+            true,
+        );
+        let text = scheduled(&case);
+        // Eight accumulators, eight stores per block of cells.
+        assert_eq!(text.matches("n2[8*v2").count(), 8, "{text}");
+        if prec == Prec::F32 {
+            expect![[r#"
+                # y variance_f32
+                for v2 in 0..8 par {
+                  t2 := 0
+                  t4 := 0
+                  t6 := 0
+                  t8 := 0
+                  t10 := 0
+                  t12 := 0
+                  t14 := 0
+                  t16 := 0
+                  for v1 in 0..48 {
+                    t3 := sub(n0[8*v2, v1], n1[8*v2])
+                    t2 := fma(t3, t3, t2)
+                    t5 := sub(n0[8*v2 + 1, v1], n1[8*v2 + 1])
+                    t4 := fma(t5, t5, t4)
+                    t7 := sub(n0[8*v2 + 2, v1], n1[8*v2 + 2])
+                    t6 := fma(t7, t7, t6)
+                    t9 := sub(n0[8*v2 + 3, v1], n1[8*v2 + 3])
+                    t8 := fma(t9, t9, t8)
+                    t11 := sub(n0[8*v2 + 4, v1], n1[8*v2 + 4])
+                    t10 := fma(t11, t11, t10)
+                    t13 := sub(n0[8*v2 + 5, v1], n1[8*v2 + 5])
+                    t12 := fma(t13, t13, t12)
+                    t15 := sub(n0[8*v2 + 6, v1], n1[8*v2 + 6])
+                    t14 := fma(t15, t15, t14)
+                    t17 := sub(n0[8*v2 + 7, v1], n1[8*v2 + 7])
+                    t16 := fma(t17, t17, t16)
+                  }
+                  n2[8*v2] := t2
+                  n2[8*v2 + 1] := t4
+                  n2[8*v2 + 2] := t6
+                  n2[8*v2 + 3] := t8
+                  n2[8*v2 + 4] := t10
+                  n2[8*v2 + 5] := t12
+                  n2[8*v2 + 6] := t14
+                  n2[8*v2 + 7] := t16
+                }
+            "#]]
+            .assert_eq(&text);
+        }
+        let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+        for opts in [
+            CompileOptions::default(),
+            CompileOptions { threads: Some(1), ..CompileOptions::default() },
+            CompileOptions { threads: Some(3), min_parallel_work: 1, ..CompileOptions::default() },
+        ] {
+            let got = run_case(BackendKind::Gccjit, opts, &case);
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{}", case.name);
+        }
+    }
+}

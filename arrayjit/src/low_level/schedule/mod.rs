@@ -27,13 +27,15 @@
 //!   reduction loop, contiguous in its operands, is split into lanes of partial sums kept in a
 //!   small per-thread array, so it vectorizes without reassociating the compiler's floats.
 //!
-//! Nests neither kernel fits are left as lowered. `Nest` is the recognized form both kernels
+//! Nests neither kernel fits are left as lowered, except that a short reduction over many cells
+//! computes 8 of its cells side by side, each in its own order (`interleave`). `Nest` is the recognized form both kernels
 //! start from.
 
 mod axpy;
 mod dot;
 mod epilogue;
 mod gemm;
+mod interleave;
 mod map;
 mod pack;
 mod rounded;
@@ -150,7 +152,7 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
             }
         }
         let Some(nest) = recognized.filter(|n| n.work() >= MIN_WORK) else {
-            out.push(s);
+            out.extend(as_generated(prog, s));
             continue;
         };
         // A sum onto a tensor zeroed just before (a gradient, an arena intermediate) starts
@@ -160,7 +162,7 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
         let zeroed = zeroed.map(|(i, past)| (i, past.map(|p| past_the_limit(&out[i], p))));
         let result = nest.node;
         let Some((nest, mut before, mut after)) = in_f32(prog, nest) else {
-            out.push(s);
+            out.extend(as_generated(prog, s));
             continue;
         };
         let call =
@@ -187,10 +189,16 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
                 out.extend(stmts.into_iter().map(drop_unit_loops));
                 out.extend(after);
             }
-            None => out.push(s),
+            None => out.extend(as_generated(prog, s)),
         }
     }
     prog.body = out;
+}
+
+/// A nest no kernel takes, as generated code: a short reduction over many cells with its cells
+/// interleaved ([`interleave`]), anything else as it is.
+fn as_generated(prog: &mut Program, s: Stmt) -> Vec<Stmt> {
+    interleave::rewrite(prog, &s).unwrap_or_else(|| vec![s])
 }
 
 /// A nest whose result is stored in half precision (bf16, f16) accumulates in f32, as lowered
