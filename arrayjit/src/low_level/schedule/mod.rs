@@ -28,8 +28,8 @@
 //!   small per-thread array, so it vectorizes without reassociating the compiler's floats.
 //!
 //! Nests neither kernel fits are left as lowered, except that a short reduction over many cells
-//! computes 8 of its cells side by side, each in its own order (`interleave`). `Nest` is the recognized form both kernels
-//! start from.
+//! computes 8 of its cells side by side, each in its own order (`interleave`). `Nest` is the
+//! recognized form both kernels start from.
 
 mod axpy;
 mod dot;
