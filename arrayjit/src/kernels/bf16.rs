@@ -454,7 +454,21 @@ mod tests {
         let mut c: Vec<f32> = (0..m * n).map(|i| crate::ops::uniform(3, i as u64) as f32).collect();
         let (rsb, csb) = if bt { (1, k as isize) } else { (n as isize, 1) };
         let (rsa, csa) = if m.is_multiple_of(2) { (1, m as isize) } else { (k as isize, 1) };
-        let g = GemmBf16 {
+        let g = product((m, k, n), (&a, rsa, csa), (&b, rsb, csb), &mut c, acc);
+        // SAFETY: the buffers hold every cell the sizes address.
+        unsafe { f(&g) };
+        c
+    }
+
+    /// An `m × k` by `k × n` product into a row-major `c`, with the factors' steps given.
+    fn product(
+        (m, k, n): (usize, usize, usize),
+        (a, rsa, csa): (&[u16], isize, isize),
+        (b, rsb, csb): (&[u16], isize, isize),
+        c: &mut [f32],
+        accumulate: bool,
+    ) -> GemmBf16 {
+        GemmBf16 {
             m,
             n,
             k,
@@ -467,13 +481,10 @@ mod tests {
             c: c.as_mut_ptr(),
             rsc: n as isize,
             csc: 1,
-            accumulate: acc,
+            accumulate,
             fused: false,
             epilogue: None,
-        };
-        // SAFETY: the buffers hold every cell the sizes address.
-        unsafe { f(&g) };
-        c
+        }
     }
 
     #[test]
@@ -522,23 +533,13 @@ mod tests {
             let run = |f: unsafe fn(&GemmBf16)| {
                 let mut c: Vec<f32> =
                     (0..m * n).map(|i| crate::ops::uniform(6, i as u64) as f32).collect();
-                let g = GemmBf16 {
-                    m,
-                    n,
-                    k,
-                    a: a[1..].as_ptr(),
-                    rsa: rsa as isize,
-                    csa: 1,
-                    b: b.as_ptr(),
-                    rsb: n as isize,
-                    csb: 1,
-                    c: c.as_mut_ptr(),
-                    rsc: n as isize,
-                    csc: 1,
-                    accumulate: acc,
-                    fused: false,
-                    epilogue: None,
-                };
+                let g = product(
+                    (m, k, n),
+                    (&a[1..], rsa as isize, 1),
+                    (&b, n as isize, 1),
+                    &mut c,
+                    acc,
+                );
                 // SAFETY: the buffers hold every cell the sizes and steps address.
                 unsafe { f(&g) };
                 c

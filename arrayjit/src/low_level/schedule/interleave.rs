@@ -26,6 +26,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::{Loop, wrap};
 use crate::low_level::{Expr, IdxVar, Index, LocalId, Program, Stmt, Var};
 
 /// Cells computed together.
@@ -40,36 +41,13 @@ pub const MIN_WORK: usize = 4096;
 /// copies are compiled, and GCC's time grows with them.
 pub const MAX_BODY_COST: u32 = 24;
 
-/// One loop of the nest, as found.
-#[derive(Clone, Copy)]
-struct For {
-    var: Var,
-    extent: usize,
-    limit: Option<crate::low_level::Limit>,
-    parallel: bool,
-}
-
-fn wrap(loops: &[For], body: Vec<Stmt>) -> Vec<Stmt> {
-    let mut body = body;
-    for l in loops.iter().rev() {
-        body = vec![Stmt::For {
-            var: l.var,
-            extent: l.extent,
-            limit: l.limit,
-            parallel: l.parallel,
-            body,
-        }];
-    }
-    body
-}
-
 /// Peels the loops around a single statement (no guards): the loops, outermost first, and the
 /// statements inside the innermost.
-fn loops_of(s: &Stmt) -> (Vec<For>, &[Stmt]) {
+fn loops_of(s: &Stmt) -> (Vec<Loop>, &[Stmt]) {
     let mut loops = vec![];
     let mut cur = std::slice::from_ref(s);
     while let [Stmt::For { var, extent, limit, parallel, body }] = cur {
-        loops.push(For { var: *var, extent: *extent, limit: *limit, parallel: *parallel });
+        loops.push(Loop { var: *var, extent: *extent, limit: *limit, parallel: *parallel });
         cur = body;
     }
     (loops, cur)
@@ -170,6 +148,6 @@ pub(crate) fn rewrite(prog: &mut Program, s: &Stmt) -> Option<Vec<Stmt>> {
         value: Expr::Local(renames[r][t]),
     }));
     // Blocks of cells are as independent as the cells were.
-    let blocks = For { var: j0, extent: j.extent / R, limit: None, parallel: j.parallel };
+    let blocks = Loop { var: j0, extent: j.extent / R, limit: None, parallel: j.parallel };
     Some(wrap(outer, wrap(&[blocks], out)))
 }
