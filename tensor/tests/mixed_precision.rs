@@ -219,3 +219,34 @@ fn autocast_training_matches_the_interpreter_and_keeps_f32_gradients() {
         assert_eq!(run(backend), (losses.clone(), weights.clone()), "{backend:?}");
     }
 }
+
+/// A parameter that two products share (and that a pointwise square reads too) is copied into
+/// bf16 once per routine, the products read the copy, the square the f32 master; interpreter
+/// and gccjit agree bit for bit over a few steps.
+#[test]
+fn a_weight_shared_by_two_products_is_copied_once() {
+    let run = |backend: BackendKind| {
+        let g = Graph::with_seed(2);
+        let xs: Vec<f64> = (0..32).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
+        let x = g.ndarray("x", &[4], &[], &[8], &xs);
+        let w = g.param_with("w", ParamSpec::matrix(&[8], &[8]));
+        let y = &w * &(&w * &x);
+        let l = &y.pointmul(&y).sum_all() + &w.pointmul(&w).sum_all().scale(1e-2);
+        let mut s =
+            Session::with_options(&g, options(backend, Prec::Bf16, Some(Prec::F32))).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::sgd(), &[]).unwrap();
+        let text = step.routine().low_level_text().to_string();
+        assert_eq!(text.matches("'w' in bf16").count(), 1, "{text}");
+        let mut losses = vec![];
+        for _ in 0..3 {
+            s.step(&mut step, 1e-3, &[]).unwrap();
+            losses.push(s.loss(&step).unwrap());
+        }
+        (losses, s.read(&w).unwrap())
+    };
+    let want = run(BackendKind::Interp);
+    assert!(want.0.iter().all(|l| l.is_finite()));
+    for backend in backends() {
+        assert_eq!(run(backend), want, "{backend:?}");
+    }
+}
