@@ -277,24 +277,6 @@ fn pointwise(
     }
 }
 
-/// `lhs := value`, cell by cell (a copy into another precision rounds).
-pub(crate) fn copy(
-    lhs: NodeId,
-    value: NodeId,
-    dims: &[usize],
-    symbols: &mut rocannl_arrayjit::indexing::SymbolGen,
-) -> Asgn {
-    let p = pointwise(dims, &[false], symbols);
-    Asgn::Accum {
-        lhs,
-        accum: None,
-        rhs: vec![value],
-        expr: a(0),
-        projections: Arc::new(p),
-        initialize_neutral: false,
-    }
-}
-
 fn a(i: usize) -> ScalarExpr {
     ScalarExpr::Arg(i)
 }
@@ -306,7 +288,9 @@ fn b(op: BinOp, x: ScalarExpr, y: ScalarExpr) -> ScalarExpr {
 }
 
 impl Session {
-    fn update(
+    /// `lhs := expr(rhs)` cell by cell over `dims`, each argument of `rhs` either of `dims` or
+    /// a scalar (`true`). A copy into a node of another precision rounds.
+    pub(crate) fn update(
         &mut self,
         lhs: NodeId,
         rhs: Vec<(NodeId, bool)>,

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use rocannl_arrayjit::assignments::{Asgn, FetchOp};
+use rocannl_arrayjit::assignments::{Asgn, FetchOp, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol, SymbolGen};
 use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::tnode::{MemoryMode, NodeId, NodeTable, TensorNode};
@@ -362,7 +362,7 @@ impl Session {
                 self.graph.tensor(t).label(),
                 self.prec.name()
             )));
-            code.push(crate::optim::copy(n, value, &dims, &mut self.symbols));
+            code.push(self.update(n, vec![(value, false)], ScalarExpr::Arg(0), &dims));
         }
         Ok(code)
     }
@@ -420,7 +420,12 @@ impl Session {
             let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
             if let Source::Op { op, .. } = source {
                 let cx = self.op_ctx(t, true)?;
-                code.extend(self.cast_code(&cx.args)?);
+                // The forward code of the same routine made every copy the gradients read.
+                debug_assert!(
+                    cx.args
+                        .iter()
+                        .all(|n| !self.cast_source.contains_key(n) || self.cast_done.contains(n))
+                );
                 let grads = op.backward(&cx);
                 if !grads.is_empty() {
                     code.push(Asgn::Comment(format!(

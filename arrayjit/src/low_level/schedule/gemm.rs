@@ -54,13 +54,14 @@ pub const MIN_WIDE_DEPTH: usize = 64;
 /// (attention, per head) 0.97–0.98× (docs/models.md, "Mixed precision").
 pub const MIN_PAIR_DEPTH: usize = 64;
 
-/// Whether a product of `cells` result cells per call and a reduction of `depth` steps is worth
-/// a call of the kernel.
-fn deep_enough(depth: usize, cells: usize, bf16_pairs: bool) -> bool {
-    if bf16_pairs {
-        depth >= MIN_PAIR_DEPTH
-    } else {
-        depth >= MIN_GEMM_DEPTH || (depth >= MIN_WIDE_DEPTH && cells >= MIN_WIDE_CELLS)
+/// Whether a product of `cells` result cells and a reduction of `depth` steps is worth a call
+/// of the kernel; `pairs_in_place`: a bf16 product whose `A` the kernel reads in place (`None`:
+/// not a bf16 product).
+fn deep_enough(depth: usize, cells: usize, pairs_in_place: Option<bool>) -> bool {
+    match pairs_in_place {
+        Some(true) => depth >= MIN_PAIR_DEPTH,
+        Some(false) => depth >= MIN_GEMM_DEPTH,
+        None => depth >= MIN_GEMM_DEPTH || (depth >= MIN_WIDE_DEPTH && cells >= MIN_WIDE_CELLS),
     }
 }
 
@@ -142,8 +143,7 @@ fn calls(
     let (m, m_rest) = merge(prog, &m_loops, &[&c, &xo])?;
     let (n, n_rest) = merge(prog, &n_loops, &[&c, &yo])?;
     let (k, k_rest) = merge(prog, &nest.red, &[&xo, &yo])?;
-    if !k_rest.is_empty() || !deep_enough(k.axis.extent, m.axis.extent * n.axis.extent, bf16_pairs)
-    {
+    if !k_rest.is_empty() {
         return None;
     }
     // Cell loops outside the product, in the nest's order.
@@ -162,8 +162,9 @@ fn calls(
     }
     // The bf16 kernel's shallow products are worth a call only when it reads `A` in place
     // (rows contiguous along an even reduction); packing `A` too, it needs the f32 depth.
-    let in_place = |s: &Strided| s.step(prog, &k) == 1 && k.axis.extent.is_multiple_of(2);
-    if bf16_pairs && k.axis.extent < MIN_GEMM_DEPTH && !in_place(&a) {
+    let in_place = a.step(prog, &k) == 1 && k.axis.extent.is_multiple_of(2);
+    let pairs = bf16_pairs.then_some(in_place);
+    if !deep_enough(k.axis.extent, m.axis.extent * n.axis.extent, pairs) {
         return None;
     }
     let kernel_vars: Vec<Var> = m.vars.iter().chain(&n.vars).chain(&k.vars).copied().collect();

@@ -710,51 +710,38 @@ fn inner(s: Stmt) -> Vec<Stmt> {
 
 /// `s` with every read of `node` replaced by the constant `c` (the value the cells hold).
 pub(crate) fn reads_as_const(s: Stmt, node: NodeId, c: f64) -> Stmt {
-    let value = |v: Expr| {
+    map_stmt(s, &|i| i.clone(), &|v| {
         v.rewrite(&mut |e| match e {
             Expr::Get(m, _) if m == node => Expr::Const(c),
             e => e,
         })
-    };
-    match s {
-        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-            var,
-            extent,
-            limit,
-            parallel,
-            body: body.into_iter().map(|b| reads_as_const(b, node, c)).collect(),
-        },
-        Stmt::If { guards, body } => Stmt::If {
-            guards,
-            body: body.into_iter().map(|b| reads_as_const(b, node, c)).collect(),
-        },
-        Stmt::Set { node: n, idx, value: v } => Stmt::Set { node: n, idx, value: value(v) },
-        Stmt::SetLocal { local, value: v } => Stmt::SetLocal { local, value: value(v) },
-        other => other,
-    }
+    })
 }
 
 /// Replaces loop variables in every index of a statement.
 pub(crate) fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
+    map_stmt(s, &|i| i.subst(f), &|v| v.subst(f))
+}
+
+/// `s` with `index` applied to every index of its guards and stores and `value` to every stored
+/// value, its loops and conditions kept.
+fn map_stmt(s: Stmt, index: &impl Fn(&Index) -> Index, value: &impl Fn(Expr) -> Expr) -> Stmt {
+    let body = |b: Vec<Stmt>| b.into_iter().map(|b| map_stmt(b, index, value)).collect();
     match s {
-        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-            var,
-            extent,
-            limit,
-            parallel,
-            body: body.into_iter().map(|b| subst_stmt(b, f)).collect(),
-        },
-        Stmt::If { guards, body } => Stmt::If {
-            guards: guards
-                .into_iter()
-                .map(|g| Guard { index: g.index.subst(f), bound: g.bound })
-                .collect(),
-            body: body.into_iter().map(|b| subst_stmt(b, f)).collect(),
-        },
-        Stmt::Set { node, idx, value } => {
-            Stmt::Set { node, idx: idx.iter().map(|i| i.subst(f)).collect(), value: value.subst(f) }
+        Stmt::For { var, extent, limit, parallel, body: b } => {
+            Stmt::For { var, extent, limit, parallel, body: body(b) }
         }
-        Stmt::SetLocal { local, value } => Stmt::SetLocal { local, value: value.subst(f) },
+        Stmt::If { guards, body: b } => Stmt::If {
+            guards: guards
+                .iter()
+                .map(|g| Guard { index: index(&g.index), bound: g.bound })
+                .collect(),
+            body: body(b),
+        },
+        Stmt::Set { node, idx, value: v } => {
+            Stmt::Set { node, idx: idx.iter().map(index).collect(), value: value(v) }
+        }
+        Stmt::SetLocal { local, value: v } => Stmt::SetLocal { local, value: value(v) },
         s => s,
     }
 }
