@@ -108,6 +108,9 @@ pub enum Logic {
     Terminal(Terminal),
     /// Pointwise with NumPy-style broadcasting per row (unary, binary, ternary).
     Pointwise(Vec<ShapeId>),
+    /// Pointwise without broadcasting: every row of every argument equals the result's (a
+    /// loss's predictions and targets, which must pair cell for cell).
+    Same(Vec<ShapeId>),
     /// `a * b`: the input axes of `a` contract with the output axes of `b`.
     Compose(ShapeId, ShapeId),
     /// `a * b + c` (fused multiply-add).
@@ -132,7 +135,7 @@ impl Logic {
     pub fn arg_ids(&self) -> impl Iterator<Item = ShapeId> + '_ {
         let (listed, fixed): (&[ShapeId], [Option<ShapeId>; 3]) = match self {
             Logic::Terminal(_) => (&[], [None; 3]),
-            Logic::Pointwise(a) | Logic::Einsum(_, a) => (a, [None; 3]),
+            Logic::Pointwise(a) | Logic::Same(a) | Logic::Einsum(_, a) => (a, [None; 3]),
             Logic::Compose(a, b) => (&[], [Some(*a), Some(*b), None]),
             Logic::ComposeAccumulate(a, b, c) => (&[], [Some(*a), Some(*b), Some(*c)]),
             Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => {
@@ -148,6 +151,7 @@ impl Logic {
             Logic::Terminal(t) if t.param => "param".into(),
             Logic::Terminal(_) => "leaf".into(),
             Logic::Pointwise(a) => format!("pointwise op of {} argument(s)", a.len()),
+            Logic::Same(a) => format!("pointwise op of {} argument(s) of one shape", a.len()),
             Logic::Compose(..) => "compose (matmul)".into(),
             Logic::ComposeAccumulate(..) => "compose-accumulate (fma)".into(),
             Logic::Einsum(s, _) => format!("einsum \"{}\"", s.text),
@@ -192,7 +196,7 @@ pub fn get_inequalities(
     let cs = &mut d.constraints;
     cs.reserve(match logic {
         Logic::Terminal(_) => 5,
-        Logic::Pointwise(_) => 3 * args.len(),
+        Logic::Pointwise(_) | Logic::Same(_) => 3 * args.len(),
         Logic::Compose(..) | Logic::ComposeAccumulate(..) => 8,
         Logic::Transpose(_) | Logic::BatchSlice(..) | Logic::Reshape(_) => 4,
         Logic::Einsum(..) => 0,
@@ -225,6 +229,16 @@ pub fn get_inequalities(
             for a in args {
                 for kind in Kind::ALL {
                     cs.push(ineq(cur.row(kind), a.row(kind)));
+                }
+            }
+        }
+        Logic::Same(_) => {
+            for a in args {
+                for kind in Kind::ALL {
+                    cs.push(Constraint::RowEq {
+                        r1: cur.row(kind).clone(),
+                        r2: a.row(kind).clone(),
+                    });
                 }
             }
         }

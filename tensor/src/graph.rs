@@ -69,6 +69,25 @@ pub struct NodeInfo {
     pub differentiable: bool,
 }
 
+/// A lookup that reads a tensor's values as ids: they must be integers in `0..count`.
+#[derive(Clone, Debug)]
+pub(crate) struct IdUse {
+    /// What reads them, for messages (`embedding 'wte.table'`).
+    pub reader: String,
+    /// How many ids there are: a fixed count, or the size of a tensor's last output axis
+    /// (known once shapes are inferred).
+    pub count: IdCount,
+}
+
+/// How many ids a lookup has.
+#[derive(Clone, Debug)]
+pub(crate) enum IdCount {
+    /// A fixed number (an embedding's vocabulary).
+    Fixed(usize),
+    /// The last output axis of this tensor (a classifier's logits).
+    LastOutputOf(TensorId),
+}
+
 pub(crate) struct GraphInner {
     pub inf: Inference,
     pub nodes: Vec<NodeInfo>,
@@ -88,6 +107,9 @@ pub(crate) struct GraphInner {
     pub dynamic: FxHashMap<TensorId, DynDim>,
     /// Data tensors holding ids, stored as unsigned 32-bit integers ([`Graph::ids`]).
     pub ids: rustc_hash::FxHashSet<TensorId>,
+    /// Tensors read as ids by a lookup (an embedding's rows, a sparse loss's classes): what
+    /// reads them and how many ids it has. Writes into them are checked against each.
+    pub id_uses: FxHashMap<TensorId, Vec<IdUse>>,
     /// Every dynamic size made by [`Graph::dynamic`].
     pub dyn_dims: Vec<DynDim>,
     /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
@@ -213,6 +235,7 @@ impl Graph {
                 no_decay: Default::default(),
                 dynamic: FxHashMap::default(),
                 ids: rustc_hash::FxHashSet::default(),
+                id_uses: FxHashMap::default(),
                 dyn_dims: Vec::new(),
                 within_depth: 0,
             })),
@@ -429,6 +452,41 @@ impl Graph {
         let t = self.data_dyn(label, batch, more_batch, input, output);
         self.borrow_mut().ids.insert(t.id);
         t
+    }
+
+    /// Records that a lookup reads `t`'s values as ids in `0..count`: every write into `t`,
+    /// and constant values of `t`, are checked against it.
+    pub(crate) fn reads_ids(&self, t: &Tensor, count: IdCount, reader: String) {
+        let mut g = self.borrow_mut();
+        let mut at = t.id;
+        loop {
+            g.id_uses
+                .entry(at)
+                .or_default()
+                .push(IdUse { reader: reader.clone(), count: count.clone() });
+            // A batch slice's values are its argument's: that is what gets written.
+            match &g.nodes[at.0 as usize].source {
+                Source::Op { op, args } if op.selects_cells() && args.len() == 1 => at = args[0],
+                _ => break,
+            }
+        }
+    }
+
+    /// The tightest range the lookups reading `t` as ids allow: the number of ids and the
+    /// reader that sets it. `None` when nothing reads `t` as ids (or shapes are not known yet).
+    pub(crate) fn id_range(&self, t: TensorId) -> Option<(usize, String)> {
+        let uses = self.borrow().id_uses.get(&t).cloned()?;
+        uses.into_iter()
+            .filter_map(|u| {
+                let n = match u.count {
+                    IdCount::Fixed(n) => n,
+                    IdCount::LastOutputOf(logits) => {
+                        *self.tensor(logits).rows().ok()?.output.last()?
+                    }
+                };
+                Some((n, u.reader))
+            })
+            .min_by_key(|(n, _)| *n)
     }
 
     /// Whether a tensor holds ids ([`Graph::ids`]).

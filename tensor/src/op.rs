@@ -50,6 +50,11 @@ pub trait Op: fmt::Debug {
     fn dynamic_rows(&self) -> Option<crate::DynDim> {
         None
     }
+    /// Whether every cell of the result is a cell of the (single) argument, unchanged (a batch
+    /// slice): a lookup reading the result as ids reads the argument's values as ids too.
+    fn selects_cells(&self) -> bool {
+        false
+    }
     /// The forward assignment(s).
     fn forward(&self, cx: &OpCtx) -> Asgn;
     /// The gradient assignments, accumulating (`+=`) into the gradients of the arguments that

@@ -444,6 +444,9 @@ impl Session {
         outputs: &[&Tensor],
         options: &StepOptions,
     ) -> Result<TrainStep> {
+        for t in std::iter::once(loss).chain(outputs.iter().copied()) {
+            self.own(t)?;
+        }
         if let Some(max) = options.clip_grad_norm
             && !(max > 0.0 && max.is_finite())
         {

@@ -483,6 +483,9 @@ impl Session {
     /// Compiles a routine for a plan: the forward code of everything the outputs (and the
     /// backprop root) need, then backpropagation if asked.
     pub fn compile(&mut self, name: &str, plan: &Plan) -> Result<Routine> {
+        for t in plan.outputs.iter().chain(&plan.grads).chain(&plan.backprop_from) {
+            self.own(t)?;
+        }
         let code = self.plan_code(plan)?;
         let visible = self.visible_nodes(plan);
         self.compile_code(name, Asgn::Seq(code), &visible)
@@ -536,6 +539,7 @@ impl Session {
     /// Compiles forward and backpropagation from `root` (its gradient seeded with ones, i.e.
     /// the gradient of the sum of its cells); the parameters' gradients are readable.
     pub fn backprop(&mut self, root: &Tensor, outputs: &[&Tensor]) -> Result<Routine> {
+        self.own(root)?;
         let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
         outs.push(root.clone());
         let plan =
@@ -573,7 +577,10 @@ impl Session {
             self.ctx.ensure_buffer(&node)?;
             self.ready.insert(t);
             match leaf {
-                Leaf::Data(Some(values)) => self.write_node(n, prec, &dims, &values)?,
+                Leaf::Data(Some(values)) => {
+                    self.check_ids(&self.graph.tensor(t), &values)?;
+                    self.write_node(n, prec, &dims, &values)?
+                }
                 Leaf::Data(None) => {}
                 Leaf::Param(init_spec) => {
                     let rows = self.graph.tensor(t).rows()?;
@@ -667,6 +674,8 @@ impl Session {
     /// A tensor with a dynamic axis ([`crate::Graph::data_dyn`]) takes the cells of its
     /// current size ([`Session::set_size`]).
     pub fn write(&mut self, t: &Tensor, values: &[f64]) -> Result<()> {
+        self.own(t)?;
+        self.check_ids(t, values)?;
         let dims = t.dims()?;
         let n = self.node_of(t.id);
         let prec = self.prec_of(t.id);
@@ -705,6 +714,7 @@ impl Session {
     /// assert!(err.contains("'ids'") && err.contains("position 1") && err.contains("5"), "{err}");
     /// ```
     pub fn write_ids(&mut self, t: &Tensor, ids: &[u32], bound: usize) -> Result<()> {
+        self.own(t)?;
         // Arithmetic on the ids is carried out in the compute precision (f32 but in f64
         // sessions), whatever they are stored in.
         let stored = self.prec_of(t.id);
@@ -743,6 +753,7 @@ impl Session {
     /// current size — the one set last with [`Session::set_size`], so read a batch's results
     /// before setting the next batch's size.
     pub fn read(&self, t: &Tensor) -> Result<Vec<f64>> {
+        self.own(t)?;
         let n = self.value.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' was not computed by this session", t.label()))
         })?;
@@ -752,6 +763,7 @@ impl Session {
     /// Reads a tensor's values in the session's precision, without converting them (a copy of
     /// the buffer, allocated fallibly).
     pub fn read_array(&self, t: &Tensor) -> Result<NdArray> {
+        self.own(t)?;
         let n = self.value.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' was not computed by this session", t.label()))
         })?;
@@ -760,6 +772,7 @@ impl Session {
 
     /// Reads a tensor's gradient in the session's precision, without converting it.
     pub fn read_grad_array(&self, t: &Tensor) -> Result<NdArray> {
+        self.own(t)?;
         let n = self.grad.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' has no gradient in this session", t.label()))
         })?;
@@ -768,10 +781,42 @@ impl Session {
 
     /// Reads a tensor's gradient (after a routine that backpropagates and keeps it).
     pub fn read_grad(&self, t: &Tensor) -> Result<Vec<f64>> {
+        self.own(t)?;
         let n = self.grad.get(&t.id).ok_or_else(|| {
             Error::usage(format!("'{}' has no gradient in this session", t.label()))
         })?;
         self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
+    }
+
+    /// An error unless `t` is a tensor of this session's graph: ids are per graph, so another
+    /// graph's tensor would silently stand for one of this graph's.
+    pub(crate) fn own(&self, t: &Tensor) -> Result<()> {
+        if self.graph.same(&t.graph) {
+            return Ok(());
+        }
+        Err(Error::usage(format!(
+            "'{}' is a tensor of another graph than this session's: a session reads, writes \
+             and computes only the tensors of the graph it was made from",
+            t.label()
+        )))
+    }
+
+    /// An error unless every value written into `t` is an id in the range of each lookup that
+    /// reads `t` as ids (an embedding's rows, a sparse loss's classes): an id out of range, a
+    /// fraction, a negative number or NaN would select no row and silently count as zero.
+    pub(crate) fn check_ids(&self, t: &Tensor, values: &[f64]) -> Result<()> {
+        let Some((n, reader)) = self.graph.id_range(t.id) else { return Ok(()) };
+        let bad = values
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !(v.fract() == 0.0 && **v >= 0.0 && **v < n as f64));
+        match bad {
+            None => Ok(()),
+            Some((pos, v)) => Err(Error::usage(format!(
+                "'{}' is read as ids by {reader} (ids 0..{n}), but position {pos} holds {v}",
+                t.label()
+            ))),
+        }
     }
 
     pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {

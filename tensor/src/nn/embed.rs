@@ -1,7 +1,7 @@
 //! Embeddings: a table lookup written as a one-hot product, so its gradient is the usual
 //! compose gradient.
 
-use crate::graph::{Graph, ParamSpec, Tensor};
+use crate::graph::{Graph, IdCount, ParamSpec, Tensor};
 use crate::init::Init;
 
 /// A `vocab × dim` table looked up by integer ids.
@@ -31,6 +31,11 @@ impl Embedding {
     #[track_caller]
     pub fn apply(&self, ids: &Tensor) -> Tensor {
         let _within = ids.graph().within("Embedding::apply");
+        ids.graph().reads_ids(
+            ids,
+            IdCount::Fixed(self.vocab),
+            format!("the embedding '{}'", self.table.label()),
+        );
         let onehot = ids.eq(&ids.graph().range(self.vocab));
         self.table.matmul(&onehot)
     }

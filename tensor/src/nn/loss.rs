@@ -4,7 +4,7 @@
 //! never overflows; cross-entropy uses the log-softmax `x - max - log Σ exp(x - max)` directly
 //! instead of taking the log of a softmax, which would lose precision for small probabilities.
 
-use crate::graph::Tensor;
+use crate::graph::{IdCount, Tensor};
 
 use super::OUTPUT_AXES;
 
@@ -81,7 +81,10 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
 #[track_caller]
 pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Tensor {
     let _within = logits.graph().within("loss::cross_entropy_with");
-    let log_p = logits.log_softmax(OUTPUT_AXES).named(&format!("log_softmax({})", logits.label()));
+    // Targets pair with the logits cell for cell: no broadcasting (a leftover axis of size 1
+    // would otherwise score every example against every target).
+    let tied = logits.same_shape_as(targets);
+    let log_p = tied.log_softmax(OUTPUT_AXES).named(&format!("log_softmax({})", logits.label()));
     let per = -(targets.pointmul(&log_p)).einsum1(OUTPUT_AXES);
     reduction.apply(per)
 }
@@ -106,6 +109,11 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reductio
 #[track_caller]
 pub fn sparse_cross_entropy_with(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
     let _within = logits.graph().within("loss::sparse_cross_entropy_with");
+    logits.graph().reads_ids(
+        labels,
+        IdCount::LastOutputOf(logits.id),
+        format!("the classes of '{}'", logits.label()),
+    );
     let one_hot =
         labels.eq(&logits.graph().positions('o')).named(&format!("one_hot({})", labels.label()));
     cross_entropy_with(logits, &one_hot, reduction)
@@ -129,7 +137,11 @@ pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
     let _within = pred.graph().within("loss::mse_with");
-    let d = (pred - target).named(&format!("{} - {}", pred.label(), target.label()));
+    let d = (&pred.same_shape_as(target) - target).named(&format!(
+        "{} - {}",
+        pred.label(),
+        target.label()
+    ));
     reduction.apply(d.pointmul(&d))
 }
 
@@ -145,5 +157,5 @@ pub fn hinge(scores: &Tensor, labels: &Tensor) -> Tensor {
 #[track_caller]
 pub fn hinge_with(scores: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
     let _within = scores.graph().within("loss::hinge_with");
-    reduction.apply((1.0 - &labels.pointmul(scores)).relu())
+    reduction.apply((1.0 - &labels.pointmul(&scores.same_shape_as(labels))).relu())
 }

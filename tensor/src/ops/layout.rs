@@ -40,6 +40,9 @@ impl Op for Transpose {
 pub struct BatchSlice(pub SliceIndex);
 
 impl Op for BatchSlice {
+    fn selects_cells(&self) -> bool {
+        true
+    }
     fn name(&self) -> String {
         match &self.0 {
             SliceIndex::Fixed(i) => format!("batch_slice {i}"),
@@ -64,6 +67,9 @@ impl Op for BatchSlice {
 pub struct DynamicRows(pub crate::DynDim);
 
 impl Op for DynamicRows {
+    fn selects_cells(&self) -> bool {
+        true
+    }
     fn name(&self) -> String {
         format!("dynamic_rows {}", self.0)
     }

@@ -204,7 +204,45 @@ impl Op for Where {
     }
 }
 
+/// The first argument's values, with every argument of exactly the result's shape (no
+/// broadcasting): ties a loss's predictions to its targets, so that a leftover axis of size 1
+/// on one side is a shape error naming both tensors instead of a batch × batch table.
+#[derive(Debug)]
+pub struct SameShape;
+
+impl Op for SameShape {
+    fn name(&self) -> String {
+        "same_shape".into()
+    }
+    fn logic(&self, args: &[ShapeId]) -> Logic {
+        Logic::Same(args.to_vec())
+    }
+    fn forward(&self, cx: &OpCtx) -> Asgn {
+        cx.out(None, &x(0), false)
+    }
+    fn backward(&self, cx: &OpCtx) -> Vec<Asgn> {
+        cx.grad(0, &G).into_iter().collect()
+    }
+}
+
 impl Tensor {
+    /// `self`, with its shape tied to `other`'s: both must have exactly the same rows, with no
+    /// broadcasting either way (gradients flow to `self` only). Losses use it to pair
+    /// predictions with targets cell for cell.
+    ///
+    /// ```
+    /// use rocannl_tensor::Graph;
+    /// let g = Graph::new();
+    /// let pred = g.data("pred", &[4, 1], &[], &[]);
+    /// let target = g.data("target", &[4], &[], &[]);
+    /// let _ = (&pred.same_shape_as(&target) - &target);
+    /// let err = g.finish().unwrap_err().to_string();
+    /// assert!(err.contains("pred") && err.contains("target"), "{err}");
+    /// ```
+    pub fn same_shape_as(&self, other: &Tensor) -> Tensor {
+        self.graph.add_op(Rc::new(SameShape), &[self, other])
+    }
+
     fn unary(&self, op: UnOp) -> Tensor {
         self.graph.add_op(Rc::new(Unary(op)), &[self])
     }

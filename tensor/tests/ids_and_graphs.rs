@@ -1,0 +1,119 @@
+//! Values that would silently select nothing, and tensors that belong elsewhere: ids out of
+//! the range of the lookup that reads them, and tensors of another graph, are errors naming
+//! the tensor — never a zero row, a zero loss, another tensor's values or a panic.
+
+use rocannl_tensor::nn::{embed::Embedding, loss};
+use rocannl_tensor::train::{Column, Loader};
+use rocannl_tensor::{Graph, Session};
+
+fn embedding_graph(
+    ids_leaf: impl Fn(&Graph) -> rocannl_tensor::Tensor,
+) -> (Graph, rocannl_tensor::Tensor, rocannl_tensor::Tensor) {
+    let g = Graph::with_seed(0);
+    let ids = ids_leaf(&g);
+    let e = Embedding::new(&g, "wte", 5, 4).apply(&ids);
+    (g, ids, e)
+}
+
+#[test]
+fn writing_ids_beyond_an_embeddings_vocabulary_is_an_error() {
+    for ids_leaf in
+        [(|g: &Graph| g.data("tokens", &[3], &[], &[])) as fn(&Graph) -> _, |g: &Graph| {
+            g.ids("tokens", &[3], &[], &[])
+        }]
+    {
+        let (g, ids, e) = embedding_graph(ids_leaf);
+        let mut s = Session::new(&g).unwrap();
+        let r = s.forward(&[&e]).unwrap();
+        s.write(&ids, &[0.0, 4.0, 2.0]).unwrap();
+        s.run(&r).unwrap();
+        for bad in [5.0, 7.0, 1.5, -1.0, f64::NAN, f64::INFINITY] {
+            let err = s.write(&ids, &[0.0, bad, 2.0]).unwrap_err().to_string();
+            assert!(
+                err.contains("'tokens'")
+                    && err.contains("position 1")
+                    && err.contains("'wte.table'"),
+                "{bad}: {err}"
+            );
+            assert!(err.contains("0..5"), "{err}");
+        }
+    }
+}
+
+#[test]
+fn write_ids_checks_the_vocabulary_of_the_embedding_not_only_the_callers_bound() {
+    let (g, ids, _e) = embedding_graph(|g| g.ids("tokens", &[2], &[], &[]));
+    let mut s = Session::new(&g).unwrap();
+    s.write_ids(&ids, &[1, 4], 65).unwrap();
+    let err = s.write_ids(&ids, &[1, 7], 65).unwrap_err().to_string();
+    assert!(err.contains("'tokens'") && err.contains("7") && err.contains("0..5"), "{err}");
+}
+
+#[test]
+fn constant_ids_out_of_range_are_an_error_when_the_session_prepares_them() {
+    let (g, _ids, e) = embedding_graph(|g| g.ndarray("tokens", &[2], &[], &[], &[1.0, 9.0]));
+    let mut s = Session::new(&g).unwrap();
+    let err = s.forward(&[&e]).unwrap_err().to_string();
+    assert!(err.contains("'tokens'") && err.contains("9") && err.contains("position 1"), "{err}");
+}
+
+#[test]
+fn labels_beyond_a_sparse_losss_classes_are_an_error() {
+    let g = Graph::new();
+    let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0; 6]);
+    let labels = g.data("labels", &[2], &[], &[]);
+    let l = loss::sparse_cross_entropy(&logits, &labels);
+    let mut s = Session::new(&g).unwrap();
+    let r = s.forward(&[&l]).unwrap();
+    s.write(&labels, &[2.0, 0.0]).unwrap();
+    s.run(&r).unwrap();
+    assert!((s.read(&l).unwrap()[0] - 3f64.ln()).abs() < 1e-6);
+    let err = s.write(&labels, &[3.0, 0.0]).unwrap_err().to_string();
+    assert!(
+        err.contains("'labels'") && err.contains("classes of 'logits'") && err.contains("0..3"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_loader_checks_the_ids_it_loads_through_its_batches() {
+    let g = Graph::with_seed(0);
+    let cols = [Column::new("tokens", &[], vec![0.0, 1.0, 2.0, 3.0, 8.0])];
+    let loader = Loader::new(&g, &cols, 2).unwrap();
+    let e = Embedding::new(&g, "wte", 5, 4).apply(loader.batch(0));
+    let mut s = Session::new(&g).unwrap();
+    let _r = s.forward(&[&e]).unwrap();
+    let err = loader.load(&mut s, &cols, &[0, 1, 2, 3, 4]).unwrap_err().to_string();
+    assert!(err.contains("'tokens'") && err.contains("8") && err.contains("position 4"), "{err}");
+    let ok = [Column::new("tokens", &[], vec![0.0, 1.0, 2.0, 3.0, 4.0])];
+    loader.load(&mut s, &ok, &[0, 1, 2, 3, 4]).unwrap();
+}
+
+#[test]
+fn a_tensor_of_another_graph_is_refused_by_every_session_call() {
+    let g1 = Graph::new();
+    let a = g1.data("a", &[], &[], &[2]);
+    let y1 = a.relu();
+    let g2 = Graph::new();
+    let b = g2.data("b", &[], &[], &[3]);
+    let y2 = b.relu();
+    let mut s = Session::new(&g1).unwrap();
+    let r = s.forward(&[&y1]).unwrap();
+    s.write(&a, &[1.0, 2.0]).unwrap();
+    s.run(&r).unwrap();
+    let errs = [
+        s.write(&b, &[1.0, 2.0, 3.0]).unwrap_err(),
+        s.write_ids(&b, &[1, 2, 3], 4).unwrap_err(),
+        s.read(&y2).unwrap_err(),
+        s.read_grad(&b).unwrap_err(),
+        s.forward(&[&y2]).unwrap_err(),
+        s.backprop(&y2, &[]).unwrap_err(),
+    ];
+    for e in errs {
+        let e = e.to_string();
+        assert!(e.contains("another graph"), "{e}");
+    }
+    // The session's own tensors are untouched.
+    assert_eq!(s.read(&a).unwrap(), vec![1.0, 2.0]);
+    assert_eq!(s.read(&y1).unwrap(), vec![1.0, 2.0]);
+}

@@ -1,0 +1,66 @@
+//! A loss pairs predictions with targets cell for cell: shapes that would broadcast (a
+//! leftover axis of size 1, an ids tensor given as dense targets) are shape errors naming both
+//! tensors, as PyTorch refuses them — never a mean over batch × batch pairs.
+
+use rocannl_tensor::nn::loss;
+use rocannl_tensor::{Graph, ParamSpec, Session};
+
+fn value(g: &Graph, t: &rocannl_tensor::Tensor) -> Result<f64, String> {
+    let mut s = Session::new(g).map_err(|e| e.to_string())?;
+    let r = s.forward(&[t]).map_err(|e| e.to_string())?;
+    s.run(&r).map_err(|e| e.to_string())?;
+    Ok(s.read(t).map_err(|e| e.to_string())?[0])
+}
+
+#[test]
+fn sparse_cross_entropy_refuses_logits_with_a_leftover_axis_of_one() {
+    let g = Graph::new();
+    let logits = g.ndarray("logits", &[3, 1], &[], &[2], &[0.0, 0.0, 0.0, 5.0, 5.0, 0.0]);
+    let labels = g.ndarray("labels", &[3], &[], &[], &[0.0, 1.0, 0.0]);
+    let l = loss::sparse_cross_entropy(&logits, &labels);
+    let err = value(&g, &l).unwrap_err();
+    assert!(err.contains("logits") && err.contains("labels"), "{err}");
+    // The right shapes give the right value (0.2355 in the user's report).
+    let g = Graph::new();
+    let logits = g.ndarray("logits", &[3], &[], &[2], &[0.0, 0.0, 0.0, 5.0, 5.0, 0.0]);
+    let labels = g.ndarray("labels", &[3], &[], &[], &[0.0, 1.0, 0.0]);
+    let l = loss::sparse_cross_entropy(&logits, &labels);
+    let expect = (2f64.ln() + 2.0 * (1.0 + (-5f64).exp()).ln()) / 3.0;
+    assert!((value(&g, &l).unwrap() - expect).abs() < 1e-6);
+}
+
+#[test]
+fn dense_cross_entropy_refuses_ids_as_targets() {
+    let g = Graph::new();
+    let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0; 6]);
+    let ids = g.ids("ids", &[2], &[], &[]);
+    let l = loss::cross_entropy(&logits, &ids);
+    let err = value(&g, &l).unwrap_err();
+    assert!(err.contains("logits") && err.contains("ids"), "{err}");
+}
+
+#[test]
+fn mse_and_hinge_refuse_targets_that_would_broadcast() {
+    let g = Graph::new();
+    let pred = g.ndarray("pred", &[4], &[], &[1], &[1.0; 4]);
+    let target = g.ndarray("target", &[4], &[], &[], &[1.0; 4]);
+    let err = value(&g, &loss::mse(&pred, &target)).unwrap_err();
+    assert!(err.contains("pred") && err.contains("target"), "{err}");
+    let g = Graph::new();
+    let scores = g.ndarray("scores", &[4, 1], &[], &[], &[1.0; 4]);
+    let labels = g.ndarray("labels", &[4], &[], &[], &[1.0; 4]);
+    let err = value(&g, &loss::hinge(&scores, &labels)).unwrap_err();
+    assert!(err.contains("scores") && err.contains("labels"), "{err}");
+}
+
+#[test]
+fn a_param_still_takes_its_shape_from_the_targets() {
+    let g = Graph::new();
+    let x = g.data("x", &[8], &[], &[3]);
+    let y = g.data("y", &[8], &[], &[2]);
+    let w = g.param_with("w", ParamSpec::default());
+    let l = loss::mse(&w.matmul(&x), &y);
+    let _ = l;
+    g.finish().unwrap();
+    assert_eq!(w.shape_string(), "|3->2");
+}
