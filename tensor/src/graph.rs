@@ -110,6 +110,10 @@ pub(crate) struct GraphInner {
     /// Tensors read as ids by a lookup (an embedding's rows, a sparse loss's classes): what
     /// reads them and how many ids it has. Writes into them are checked against each.
     pub id_uses: FxHashMap<TensorId, Vec<IdUse>>,
+    /// Statistics kept in f32 in a half-precision session (a norm's mean of squares, a
+    /// softmax's sum, a loss), whose values or gradients would overflow or lose all precision
+    /// in f16 or bf16 ([`Tensor::kept_in_f32`]).
+    pub f32_stats: rustc_hash::FxHashSet<TensorId>,
     /// Every dynamic size made by [`Graph::dynamic`].
     pub dyn_dims: Vec<DynDim>,
     /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
@@ -236,6 +240,7 @@ impl Graph {
                 dynamic: FxHashMap::default(),
                 ids: rustc_hash::FxHashSet::default(),
                 id_uses: FxHashMap::default(),
+                f32_stats: rustc_hash::FxHashSet::default(),
                 dyn_dims: Vec::new(),
                 within_depth: 0,
             })),
@@ -857,6 +862,14 @@ impl Tensor {
     /// The tensor's label.
     pub fn label(&self) -> String {
         self.graph.borrow().nodes[self.id.0 as usize].label.clone()
+    }
+
+    /// The same tensor, stored (value and gradient) in f32 when the session computes in f16 or
+    /// bf16, as PyTorch's autocast runs norms, softmax sums and losses in f32: a mean of
+    /// squares of activations of 300 is 90,000, past f16's largest number.
+    pub(crate) fn kept_in_f32(self) -> Tensor {
+        self.graph.borrow_mut().f32_stats.insert(self.id);
+        self
     }
 
     /// Renames the tensor (for messages and persistence); returns it for chaining.

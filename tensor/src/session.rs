@@ -191,13 +191,19 @@ impl Session {
     }
 
     /// The storage precision of a tensor's value and gradient: the master precision for
-    /// parameters, the session's for everything else.
+    /// parameters, f32 for the statistics a half-precision session keeps in f32
+    /// (`Tensor::kept_in_f32`), the session's for everything else.
     fn prec_of(&self, t: TensorId) -> Prec {
         if self.graph.borrow().ids.contains(&t) {
             return Prec::U32;
         }
         match self.graph.tensor(t).info().source {
             Source::Leaf(Leaf::Param(_)) => self.master,
+            _ if matches!(self.prec, Prec::F16 | Prec::Bf16)
+                && self.graph.borrow().f32_stats.contains(&t) =>
+            {
+                Prec::F32
+            }
             _ => self.prec,
         }
     }

@@ -14,13 +14,14 @@ impl Tensor {
     pub fn softmax(&self, spec: &str) -> Tensor {
         let shifted = self - &self.einmax1(spec).detach();
         let e = shifted.exp();
-        &e / &e.einsum1(spec)
+        // The sum in f32 in a half-precision session (as PyTorch's autocast).
+        &e / &e.einsum1(spec).kept_in_f32()
     }
 
     /// Log-softmax along the axes `spec` reduces.
     pub fn log_softmax(&self, spec: &str) -> Tensor {
         let shifted = self - &self.einmax1(spec).detach();
-        let log_sum = shifted.exp().einsum1(spec).log();
+        let log_sum = shifted.exp().einsum1(spec).kept_in_f32().log().kept_in_f32();
         &shifted - &log_sum
     }
 
@@ -47,8 +48,8 @@ impl Reduction {
     /// Applies the reduction to per-position values.
     pub fn apply(self, per_position: Tensor) -> Tensor {
         match self {
-            Reduction::Mean => per_position.mean_all(),
-            Reduction::Sum => per_position.sum_all(),
+            Reduction::Mean => per_position.kept_in_f32().mean_all(),
+            Reduction::Sum => per_position.kept_in_f32().sum_all(),
             Reduction::None => per_position,
         }
     }
@@ -85,7 +86,7 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reductio
     // would otherwise score every example against every target).
     let tied = logits.same_shape_as(targets);
     let log_p = tied.log_softmax(OUTPUT_AXES).named(&format!("log_softmax({})", logits.label()));
-    let per = -(targets.pointmul(&log_p)).einsum1(OUTPUT_AXES);
+    let per = -(targets.pointmul(&log_p).kept_in_f32()).einsum1(OUTPUT_AXES).kept_in_f32();
     reduction.apply(per)
 }
 
@@ -137,12 +138,12 @@ pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
     let _within = pred.graph().within("loss::mse_with");
-    let d = (&pred.same_shape_as(target) - target).named(&format!(
+    let d = (&pred.same_shape_as(target) - target).kept_in_f32().named(&format!(
         "{} - {}",
         pred.label(),
         target.label()
     ));
-    reduction.apply(d.pointmul(&d))
+    reduction.apply(d.pointmul(&d).kept_in_f32())
 }
 
 /// Hinge loss `mean(max(0, 1 - y·f))` for labels `y = ±1`; [`hinge_with`] chooses the

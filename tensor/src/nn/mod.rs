@@ -253,11 +253,11 @@ pub fn dropout(g: &Graph, x: &Tensor, p: f64, training: bool) -> Tensor {
 impl Tensor {
     /// The sum of all cells (a scalar).
     pub fn sum_all(&self) -> Tensor {
-        self.einsum1(ALL_AXES)
+        self.einsum1(ALL_AXES).kept_in_f32()
     }
 
     /// The mean of all cells (a scalar).
     pub fn mean_all(&self) -> Tensor {
-        self.mean1(ALL_AXES)
+        self.mean1(ALL_AXES).kept_in_f32()
     }
 }

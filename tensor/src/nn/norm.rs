@@ -54,9 +54,12 @@ impl LayerNorm {
     #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let _within = x.graph().within("LayerNorm::apply");
-        let centered = x - &x.mean1(OUTPUT_AXES);
-        let var = centered.pointmul(&centered).mean1(OUTPUT_AXES);
-        let normed = &centered / &(&var + self.eps).sqrt();
+        // The statistics in f32 in a half-precision session: squares of activations past 256
+        // overflow f16.
+        let centered = (x - &x.mean1(OUTPUT_AXES).kept_in_f32()).kept_in_f32();
+        let var = centered.pointmul(&centered).kept_in_f32().mean1(OUTPUT_AXES).kept_in_f32();
+        let std = (&var + self.eps).kept_in_f32().sqrt().kept_in_f32();
+        let normed = &centered / &std;
         &normed.pointmul(&self.gain) + &self.bias
     }
 }
@@ -98,7 +101,9 @@ impl RmsNorm {
     #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let _within = x.graph().within("RmsNorm::apply");
-        let ms = x.pointmul(x).mean1(OUTPUT_AXES);
-        (x / &(&ms + self.eps).sqrt()).pointmul(&self.gain)
+        // The statistics in f32 in a half-precision session (see `LayerNorm::apply`).
+        let ms = x.pointmul(x).kept_in_f32().mean1(OUTPUT_AXES).kept_in_f32();
+        let rms = (&ms + self.eps).kept_in_f32().sqrt().kept_in_f32();
+        (x / &rms).pointmul(&self.gain)
     }
 }

@@ -329,20 +329,29 @@ impl Tensor {
     /// assert!((v[2] - 0.841_344_7).abs() < 1e-6 && (v[0] + 0.158_655_3).abs() < 1e-6);
     /// ```
     pub fn gelu(&self) -> Tensor {
-        let half_x = self.scale(0.5);
-        let cdf = &self.scale(std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0;
+        // The factors (and so their gradients, `G·x/2` past f16's range for large `x`) in f32
+        // in a half-precision session.
+        let half_x = self.scale(0.5).kept_in_f32();
+        let erf = self.scale(std::f64::consts::FRAC_1_SQRT_2).kept_in_f32().erf().kept_in_f32();
+        let cdf = (&erf + 1.0).kept_in_f32();
         half_x.pointmul(&cdf)
     }
     /// GELU, tanh approximation: `x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))/2` (PyTorch's
     /// `gelu(approximate="tanh")`, GPT-2's).
     pub fn gelu_tanh(&self) -> Tensor {
-        let cube = self.pointmul(self).pointmul(self);
-        let inner = (self + &cube.scale(0.044715)).scale((2.0 / std::f64::consts::PI).sqrt());
-        self.scale(0.5).pointmul(&(&inner.tanh() + 1.0))
+        // The cube in f32 in a half-precision session: 256³ is past f16's largest number.
+        let cube = self.pointmul(self).kept_in_f32().pointmul(self).kept_in_f32();
+        let inner = (self + &cube.scale(0.044715).kept_in_f32())
+            .kept_in_f32()
+            .scale((2.0 / std::f64::consts::PI).sqrt())
+            .kept_in_f32();
+        let one_plus_tanh = (&inner.tanh().kept_in_f32() + 1.0).kept_in_f32();
+        self.scale(0.5).kept_in_f32().pointmul(&one_plus_tanh)
     }
     /// SiLU (swish): `x·sigmoid(x)`.
     pub fn silu(&self) -> Tensor {
-        self.pointmul(&self.sigmoid())
+        // The sigmoid (and so its gradient, `G·x`) in f32 in a half-precision session.
+        self.pointmul(&self.sigmoid().kept_in_f32())
     }
     /// Absolute value.
     pub fn abs(&self) -> Tensor {
