@@ -28,7 +28,7 @@ use crate::assignments::{Asgn, FetchOp, ScalarExpr};
 use crate::error::Error;
 use crate::indexing::{AxisIndex, Projections, Symbol};
 use crate::low_level::{Expr, Guard, IdxVar, Index, Limit, Program, RuntimeCheck, Stmt, Var};
-use crate::ops::{BinOp, TernOp};
+use crate::ops::{BinOp, Prec, TernOp, UnOp};
 use crate::tnode::{NodeId, NodeTable, TensorNode, row_major_strides};
 
 /// Lowers a whole assignment sequence into one program.
@@ -376,6 +376,37 @@ fn guarded(guards: Vec<Guard>, body: Vec<Stmt>) -> Vec<Stmt> {
     if guards.is_empty() { body } else { vec![Stmt::If { guards, body }] }
 }
 
+/// Terms from which a sum of one tensor's values (not a product's) accumulates in f64 instead
+/// of its compute precision. A shorter sum accumulates in order in f32, within `(n - 1)·u·Σ|x|`
+/// of the exact sum (`u = 2⁻²⁴`: 6·10⁻⁵ of `Σ|x|` at most, about `√n·u` typically), and keeps
+/// the CPU kernels that take short reductions (a layer norm's statistics, a softmax's sum);
+/// a longer one is within one rounding of the exact sum, `|s|·u`, plus `n·2⁻⁵³·Σ|x|`.
+pub const WIDE_SUM_MIN_POINTS: usize = 1024;
+
+/// Whether a reduction's term multiplies two factors that both vary along the reduction (a
+/// matrix product's, a dot product's): such sums accumulate in the compute precision, as the
+/// product kernels and every BLAS do; sums of one tensor's values accumulate in f64.
+fn is_product(e: &ScalarExpr, varies: &impl Fn(usize) -> bool) -> bool {
+    fn depends(e: &ScalarExpr, varies: &impl Fn(usize) -> bool) -> bool {
+        match e {
+            ScalarExpr::Arg(i) => varies(*i),
+            ScalarExpr::Const(_) | ScalarExpr::Symbol(_) => false,
+            ScalarExpr::Unop(_, a) => depends(a, varies),
+            ScalarExpr::Binop(_, a, b) => depends(a, varies) || depends(b, varies),
+            ScalarExpr::Ternop(_, a, b, c) => {
+                depends(a, varies) || depends(b, varies) || depends(c, varies)
+            }
+        }
+    }
+    match e {
+        ScalarExpr::Binop(BinOp::Mul, a, b) | ScalarExpr::Ternop(TernOp::Fma, a, b, _) => {
+            depends(a, varies) && depends(b, varies)
+        }
+        ScalarExpr::Unop(UnOp::Neg, a) => is_product(a, varies),
+        _ => false,
+    }
+}
+
 fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> Result<(), Error> {
     check_shapes(prog, a)?;
     let p = a.proj;
@@ -463,10 +494,27 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         let v = if start_neutral || a.accum.is_none() { value } else { combine(old, value) };
         guarded(rhs_guards, vec![Stmt::Set { node: id, idx: lhs_idx.clone(), value: v }])
     } else {
-        let t = prog.fresh_local(a.lhs.prec.compute());
+        let varies = |i: usize| rhs_idx[i].iter().any(|x| red_vars.iter().any(|v| x.uses(*v)));
+        let points: usize = red_vars.iter().map(|v| extents[v]).product();
+        let wide = a.accum == Some(BinOp::Add)
+            && points >= WIDE_SUM_MIN_POINTS
+            && matches!(a.lhs.prec, Prec::F32 | Prec::F16 | Prec::Bf16)
+            && !is_product(a.expr, &varies);
+        let (t, steps) = if wide {
+            // A sum of one tensor's values (not a product's): each term is computed as
+            // before, in the precision's compute precision, and added to an f64 accumulator,
+            // rounded once when stored. Its error is then that of the final rounding for any
+            // length a routine can have (see `docs/lowering.md`, "Accurate sums").
+            let t = prog.fresh_local(Prec::F64);
+            let u = prog.fresh_local(a.lhs.prec.compute());
+            let sum = Expr::bin(BinOp::Add, Expr::Local(t), Expr::Local(u));
+            (t, vec![Stmt::SetLocal { local: u, value }, Stmt::SetLocal { local: t, value: sum }])
+        } else {
+            let t = prog.fresh_local(a.lhs.prec.compute());
+            (t, vec![Stmt::SetLocal { local: t, value: combine(Expr::Local(t), value) }])
+        };
         let start = if start_neutral { Expr::Const(neutral) } else { old };
-        let step = Stmt::SetLocal { local: t, value: combine(Expr::Local(t), value) };
-        let mut inner = guarded(rhs_guards, vec![step]);
+        let mut inner = guarded(rhs_guards, steps);
         for v in red_vars.iter().rev() {
             // Past the size every contribution is the neutral element: the loop may stop there.
             let limit =

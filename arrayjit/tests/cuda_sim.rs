@@ -386,16 +386,17 @@ fn snapshot_block_reduction_kernel() {
     let text: String = lower(&prog).iter().map(|k| k.to_string()).collect();
     expect_test::expect![[r#"
         kernel k0(n0, n4) threads 1024 in blocks of 256
-          shared f32 n2[256]
-          scratch f32 n4[4]
-          local f32 t1
+          shared f64 n2[256]
+          scratch f64 n4[4]
+          local f64 t2
           v2 := thread in block
           v4 := gid / 256 % 2
           v0 := gid / 512 % 2
           t0 := 0
           for v3 in 0..4 {
             if 0 <= 512*v3 + v2 + 256*v4 < 2048 {
-              t0 := add(t0, n0[v0, 512*v3 + v2 + 256*v4])
+              t1 := n0[v0, 512*v3 + v2 + 256*v4]
+              t0 := add(t0, t1)
             }
           }
           n2[v2] := t0
@@ -410,24 +411,24 @@ fn snapshot_block_reduction_kernel() {
           barrier
           if 0 <= v2 < 32 {
             t0 := add(n2[v2], n2[v2 + 32])
-            t1 := shuffle down 16 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 8 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 4 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 2 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 1 of t0
-            t0 := add(t0, t1)
+            t2 := shuffle down 16 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 8 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 4 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 2 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 1 of t0
+            t0 := add(t0, t2)
             if 0 <= v2 < 1 {
               n4[2*v0 + v4] := t0
             }
           }
         kernel k1(n1, n4) threads 512 in blocks of 256
-          shared f32 n2[256]
-          scratch f32 n4[4]
-          local f32 t1
+          shared f64 n2[256]
+          scratch f64 n4[4]
+          local f64 t2
           v2 := thread in block
           v0 := gid / 256 % 2
           t0 := 0
@@ -446,16 +447,16 @@ fn snapshot_block_reduction_kernel() {
           barrier
           if 0 <= v2 < 32 {
             t0 := add(n2[v2], n2[v2 + 32])
-            t1 := shuffle down 16 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 8 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 4 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 2 of t0
-            t0 := add(t0, t1)
-            t1 := shuffle down 1 of t0
-            t0 := add(t0, t1)
+            t2 := shuffle down 16 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 8 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 4 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 2 of t0
+            t0 := add(t0, t2)
+            t2 := shuffle down 1 of t0
+            t0 := add(t0, t2)
             if 0 <= v2 < 1 {
               n1[v0] := t0
             }

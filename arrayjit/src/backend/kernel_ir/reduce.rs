@@ -61,6 +61,8 @@ impl<'a> Reduction<'a> {
                 update = Some(value.clone())
             }
             Stmt::For { .. } | Stmt::If { .. } | Stmt::Comment(_) => {}
+            // A term computed into a local of its own first (a long sum accumulating in f64).
+            Stmt::SetLocal { local: l, .. } if l != local => {}
             _ => others = true,
         });
         let update = update?;
