@@ -218,6 +218,38 @@ fn a_repeated_param_may_state_the_empty_batch_row_it_omitted() {
     assert_eq!((rc, kind(&v)), (1, "input"), "{v}");
 }
 
+/// A param repeated with the same init is one param even when the init holds NaN (NaN is
+/// not `==` to itself, but it is the same init); a really different init is still a conflict.
+#[test]
+fn a_repeated_param_with_an_identical_nan_init_is_one_param() {
+    let w = |init: Value| json!({"leaf": "param", "name": "w", "output": [2], "init": init});
+    for init in [
+        json!({"constant": "nan"}),
+        json!({"values": ["nan", 1.5]}),
+        json!({"values": ["inf", "-inf"]}),
+        json!({"uniform": ["nan", 1], "seed": 3}),
+    ] {
+        let doc = json!({"expr": {"op": "add", "args": [w(init.clone()), w(init.clone())]}});
+        let (rc, v, _) = rocannl(&["shapes"], &doc.to_string());
+        assert_eq!(rc, 0, "{doc}: {v}");
+        assert_eq!(v["params"].as_object().map(|p| p.len()), Some(1), "{v}");
+    }
+    let doc = json!({"expr": {"op": "add", "args": [w(json!({"constant": "nan"})), w(json!({"constant": "nan"}))]}});
+    let (rc, v, _) = rocannl(&["eval", "--backend", "interp"], &doc.to_string());
+    assert_eq!((rc, &v["values"]), (0, &json!(["nan", "nan"])), "{v}");
+    for (a, b) in [
+        (json!({"constant": "nan"}), json!({"constant": 1})),
+        (json!({"values": ["nan", 1]}), json!({"values": ["nan", 2]})),
+        (json!({"constant": "inf"}), json!({"constant": "-inf"})),
+        (json!({"uniform": ["nan", 1], "seed": 3}), json!({"uniform": ["nan", 1], "seed": 4})),
+    ] {
+        let doc = json!({"expr": {"op": "add", "args": [w(a), w(b)]}});
+        let (rc, v, _) = rocannl(&["shapes"], &doc.to_string());
+        assert_eq!((rc, kind(&v)), (1, "input"), "{doc}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("different init")));
+    }
+}
+
 fn range(n: usize) -> Value {
     json!({"leaf": "range", "n": n})
 }

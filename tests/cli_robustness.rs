@@ -175,6 +175,69 @@ fn work_and_memory_beyond_the_limits_are_refused_before_running() {
     assert_eq!((rc, kind(&v)), (2, "usage"), "{v}");
 }
 
+/// `bench --reps` takes 1 to 1,000,000 timed runs: 0 (which left nothing to report), a count
+/// whose records would exhaust memory, one past `u64` or not a number is a usage error (exit
+/// status 2) before anything runs; so is an optimization level past 3.
+#[test]
+fn bench_reps_outside_1_to_a_million_are_usage_errors() {
+    let doc = r#"{"expr": {"leaf": "range", "n": 2}}"#;
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "--backend", "interp", "--json"];
+        args.extend(extra);
+        args.push("-");
+        rocannl(&args, doc)
+    };
+    for reps in
+        ["0", "1000001", "2000000000", "18446744073709551615", "18446744073709551616", "-1", "x"]
+    {
+        let started = std::time::Instant::now();
+        let (rc, v) = bench(&[&format!("--reps={reps}")]);
+        assert_eq!((rc, kind(&v)), (2, "usage"), "--reps {reps}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("--reps")), "{v}");
+        assert!(started.elapsed().as_secs() < 30, "--reps {reps} is refused at once");
+    }
+    let (rc, v) = bench(&["--opt-level", "4"]);
+    assert_eq!((rc, kind(&v)), (2, "usage"), "{v}");
+    // The smallest count is one run, with figures.
+    let (rc, v) = bench(&["--reps", "1"]);
+    assert_eq!(rc, 0, "{v}");
+    let run = &v["runs"][0]["run_s"];
+    assert_eq!(run["reps"], json!(1), "{v}");
+    assert!(["median", "min", "max"].iter().all(|k| run[k].as_f64().is_some()), "{v}");
+}
+
+/// The default work limit is the backend's: the interpreter refuses at once a 90-byte document
+/// it would take minutes over (it was allowed 10¹¹ operations, 40 minutes of its time), saying
+/// which limit, the estimate, and the flag; native code runs the smaller one in seconds.
+#[test]
+fn the_default_work_limit_is_the_backends() {
+    let sum = |n: u64| {
+        json!({"expr": {"op": "einsum1", "spec": "i => 0", "args": [{"leaf": "range", "n": n}]}})
+            .to_string()
+    };
+    for n in [2_000_000_000u64, 100_000_000_000] {
+        let started = std::time::Instant::now();
+        let (rc, v) = rocannl(&["eval", "--backend", "interp", "-"], &sum(n));
+        assert_eq!((rc, kind(&v)), (1, "limit"), "{v}");
+        let m = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(m.contains(&format!("needs {} operations of work", n + 2)), "{m}");
+        assert!(m.contains("above the limit of 1000000000 operations"), "{m}");
+        assert!(m.contains("interp backend's default") && m.contains("--max-work"), "{m}");
+        assert!(started.elapsed().as_secs() < 10, "refused before running");
+    }
+    // An explicit limit is no backend's default.
+    let (rc, v) = rocannl(&["eval", "--backend", "interp", "--max-work", "10", "-"], &sum(100));
+    assert_eq!((rc, kind(&v)), (1, "limit"), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.contains("default")), "{v}");
+    if cfg!(feature = "gccjit") {
+        let started = std::time::Instant::now();
+        let (rc, v) = rocannl(&["eval", "--backend", "gccjit", "-"], &sum(2_000_000_000));
+        assert_eq!(rc, 0, "{v}");
+        assert!(v["values"][0].as_f64().is_some_and(|x| x > 0.0), "{v}");
+        eprintln!("gccjit: 2·10⁹ operations in {:.1} s", started.elapsed().as_secs_f64());
+    }
+}
+
 /// A param's explicit init values that do not fill its inferred shape are an `input` error
 /// naming the param, found by `shapes` already.
 #[test]

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use crate::cache::CacheOutcome;
-use crate::low_level::estimate::estimate;
+use crate::low_level::estimate::{Estimate, WorkLimit, estimate};
 use crate::low_level::optimize::{OptimizeOptions, optimize};
 use std::path::Path;
 use std::sync::Arc;
@@ -187,6 +187,29 @@ impl Context {
         self.compile_with(name, asgn, nodes, false)
     }
 
+    /// Refuses a routine whose estimate exceeds the limits ([`CompileOptions::limits`]).
+    fn check_limits(&self, name: &str, need: Estimate) -> Result<(), Error> {
+        let limits = self.opts.limits;
+        let kind = self.backend.kind();
+        let work = limits.max_work.for_backend(kind);
+        let default_for = (limits.max_work == WorkLimit::Default).then_some(kind);
+        for (resource, value, limit, default_for) in [
+            ("memory", need.memory_bytes, limits.max_memory, None),
+            ("work", need.work, work, default_for),
+        ] {
+            if let Some(limit) = limit.filter(|l| value > *l) {
+                return Err(Error::LimitExceeded {
+                    routine: name.to_string(),
+                    resource,
+                    estimate: value,
+                    limit,
+                    default_for,
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn compile_with(
         &mut self,
         name: &str,
@@ -205,19 +228,7 @@ impl Context {
         crate::low_level::memory::run(&mut prog, |n| self.backend.has_buffer(n));
         let optimized = Instant::now();
         let need = estimate(&prog, |n| self.backend.has_buffer(n));
-        let limits = self.opts.limits;
-        for (resource, value, limit) in
-            [("memory", need.memory_bytes, limits.max_memory), ("work", need.work, limits.max_work)]
-        {
-            if let Some(limit) = limit.filter(|l| value > *l) {
-                return Err(Error::LimitExceeded {
-                    routine: name.to_string(),
-                    resource,
-                    estimate: value,
-                    limit,
-                });
-            }
-        }
+        self.check_limits(name, need)?;
         for id in prog.materialized_nodes() {
             let node = &prog.nodes[&id];
             if prog.arena.offset_of(id).is_none() {

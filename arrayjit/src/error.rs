@@ -148,11 +148,10 @@ pub enum Error {
         bytes: usize,
     },
     /// A routine needs more memory or work than the limits allow
-    /// (`low_level::estimate::Limits`).
+    /// (`low_level::estimate::Limits`, raised through [`crate::CompileOptions::limits`]).
     #[error(
-        "routine `{routine}` needs {} of {resource}, above the limit of {}",
-        show(resource, *estimate),
-        show(resource, *limit)
+        "{}; raise it with CompileOptions::limits",
+        limit_message(routine, resource, *estimate, *limit, *default_for)
     )]
     LimitExceeded {
         /// The routine.
@@ -163,6 +162,9 @@ pub enum Error {
         estimate: u64,
         /// The limit.
         limit: u64,
+        /// The backend whose default the limit is, when it is one
+        /// (`low_level::estimate::WorkLimit::Default`).
+        default_for: Option<crate::BackendKind>,
     },
     /// A routine run on a context other than the one that compiled it.
     #[error("routine `{0}` was compiled by another context")]
@@ -189,6 +191,35 @@ pub enum Error {
 }
 
 /// A figure of a limit error for people.
+/// What [`Error::LimitExceeded`] says, without how to raise the limit (which callers with
+/// their own knobs, such as a command line's flags, add):
+/// `routine `r` needs 1.5 GiB of memory, above the limit of 1.0 GiB`.
+///
+/// ```
+/// use rocannl_arrayjit::{BackendKind, error::limit_message};
+/// let m = limit_message("step", "work", 10_000, 100, Some(BackendKind::Interp));
+/// assert_eq!(
+///     m,
+///     "routine `step` needs 10000 operations of work, above the limit of 100 operations \
+///      (the interp backend's default)"
+/// );
+/// ```
+pub fn limit_message(
+    routine: &str,
+    resource: &str,
+    estimate: u64,
+    limit: u64,
+    default_for: Option<crate::BackendKind>,
+) -> String {
+    let default =
+        default_for.map_or(String::new(), |k| format!(" (the {} backend's default)", k.name()));
+    format!(
+        "routine `{routine}` needs {} of {resource}, above the limit of {}{default}",
+        show(resource, estimate),
+        show(resource, limit)
+    )
+}
+
 fn show(resource: &str, x: u64) -> String {
     if resource == "memory" { human_bytes(x) } else { format!("{x} operations") }
 }

@@ -8,7 +8,7 @@ use common::*;
 use expect_test::expect;
 use rocannl_arrayjit::assignments::{Asgn, FetchOp, ScalarExpr};
 use rocannl_arrayjit::indexing::{Projections, SymbolGen};
-use rocannl_arrayjit::low_level::estimate::Limits;
+use rocannl_arrayjit::low_level::estimate::{Limits, WorkLimit};
 use rocannl_arrayjit::ops::{BinOp, Prec};
 use rocannl_arrayjit::tnode::{MemoryMode, NodeId, NodeTable};
 use rocannl_arrayjit::{BackendKind, CompileOptions, Context, Error, NdArray};
@@ -176,7 +176,7 @@ fn the_memory_limit_counts_the_peak_of_intermediates_not_their_sum() {
     let mib = 1u64 << 20;
     // x and y have buffers of their own: 2 MiB, plus a 2 MiB arena.
     let opts = |max| CompileOptions {
-        limits: Limits { max_memory: Some(max), max_work: None },
+        limits: Limits { max_memory: Some(max), max_work: WorkLimit::Unlimited },
         ..CompileOptions::default()
     };
     let mut ctx = Context::new(BackendKind::Interp, opts(3 * mib)).unwrap();

@@ -8,7 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rocannl::arrayjit::BackendKind;
-use rocannl::arrayjit::low_level::estimate::Limits;
+use rocannl::arrayjit::low_level::estimate::{Limits, WorkLimit};
 use rocannl::document::{build, doc};
 use rocannl::tensor::{Plan, Session, SessionOptions};
 
@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let mut opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
-    opts.compile.limits = Limits { max_memory: Some(1 << 20), max_work: Some(1 << 16) };
+    opts.compile.limits = Limits { max_memory: Some(1 << 20), max_work: WorkLimit::At(1 << 16) };
     let Ok(mut session) = Session::with_options(&built.graph, opts) else { return };
     let plan = Plan {
         outputs: vec![built.root.clone()],

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::arrayjit::error::limit_message;
 use crate::shape::{RowDecl, ShapeError};
 use crate::tensor::{Error, Graph, Init, ParamSpec, Tensor};
 
@@ -56,11 +57,12 @@ pub fn tensor_error(e: Error) -> CliError {
             | J::Cuda(_),
         ) => ErrorKind::Backend,
         Error::Compile(J::SymbolOutOfRange { .. } | J::OutOfBounds { .. }) => ErrorKind::Shape,
-        Error::Compile(J::LimitExceeded { resource, .. }) => {
+        Error::Compile(J::LimitExceeded { routine, resource, estimate, limit, default_for }) => {
             let flag = if *resource == "memory" { "--max-memory BYTES" } else { "--max-work OPS" };
+            let what = limit_message(routine, resource, *estimate, *limit, *default_for);
             return CliError {
                 kind: ErrorKind::Limit,
-                message: format!("{e}; raise the limit with {flag} (or none)"),
+                message: format!("{what}; raise the limit with {flag} (or none)"),
             };
         }
         Error::Compile(J::Alloc { .. }) => ErrorKind::Limit,

@@ -86,12 +86,38 @@ fn size(n: u64, what: &str) -> Result<usize, CliError> {
 }
 
 /// How a param is initialized.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Two inits are equal when they say the same thing: numbers compare bit for bit, except that
+/// every NaN equals every NaN (`{"constant": "nan"}` repeats `{"constant": "nan"}`), and 0
+/// differs from -0.
+#[derive(Clone, Debug)]
 pub enum Init {
     Constant(f64),
     Values(Vec<f64>),
     Uniform { lo: f64, hi: f64, seed: u64 },
 }
+
+/// The same number as written: bit for bit, or both NaN.
+pub fn same_number(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+impl PartialEq for Init {
+    fn eq(&self, other: &Init) -> bool {
+        match (self, other) {
+            (Init::Constant(a), Init::Constant(b)) => same_number(*a, *b),
+            (Init::Values(a), Init::Values(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_number(*x, *y))
+            }
+            (Init::Uniform { lo, hi, seed }, Init::Uniform { lo: lo2, hi: hi2, seed: seed2 }) => {
+                same_number(*lo, *lo2) && same_number(*hi, *hi2) && seed == seed2
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Init {}
 
 #[derive(Clone, Debug)]
 pub enum Leaf {

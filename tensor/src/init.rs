@@ -15,7 +15,19 @@ use rocannl_arrayjit::ops::{BinOp, UnOp};
 use rocannl_arrayjit::tnode::NodeId;
 
 /// How a parameter is initialized.
-#[derive(Clone, Debug, PartialEq, Default)]
+///
+/// Two inits are equal when they describe the same initialization: numbers compare bit for
+/// bit, except that every NaN equals every NaN (so an init equals itself, NaN or not), and 0
+/// differs from -0.
+///
+/// ```
+/// use rocannl_tensor::Init;
+/// assert_eq!(Init::Constant(f64::NAN), Init::Constant(f64::NAN));
+/// assert_eq!(Init::Values(vec![1.0, f64::NAN]), Init::Values(vec![1.0, f64::NAN]));
+/// assert_ne!(Init::Constant(0.0), Init::Constant(-0.0));
+/// assert_ne!(Init::Constant(1.0).seeded(1), Init::Constant(1.0).seeded(2));
+/// ```
+#[derive(Clone, Debug, Default)]
 pub enum Init {
     /// Every cell holds this value.
     Constant(f64),
@@ -49,6 +61,36 @@ pub enum Init {
     /// Another initialization with an explicit seed.
     Seeded(Box<Init>, u64),
 }
+
+/// The same number: bit for bit, or both NaN.
+fn same(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+impl PartialEq for Init {
+    fn eq(&self, other: &Init) -> bool {
+        use Init::*;
+        match (self, other) {
+            (Constant(a), Constant(b)) => same(*a, *b),
+            (Values(a), Values(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same(*x, *y))
+            }
+            (Uniform { lo: a, hi: b }, Uniform { lo: c, hi: d })
+            | (Normal { mean: a, std: b }, Normal { mean: c, std: d }) => {
+                same(*a, *c) && same(*b, *d)
+            }
+            (Seeded(a, s), Seeded(b, t)) => s == t && a == b,
+            (FanInUniform, FanInUniform)
+            | (KaimingUniform, KaimingUniform)
+            | (KaimingNormal, KaimingNormal)
+            | (XavierUniform, XavierUniform)
+            | (XavierNormal, XavierNormal) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Init {}
 
 impl Init {
     /// The same initialization with an explicit seed.
@@ -226,6 +268,23 @@ mod tests {
         assert_eq!(Init::FanInUniform.resolve(4, 3), Dist::Uniform { lo: -0.5, hi: 0.5 });
         assert_eq!(Init::KaimingNormal.resolve(8, 1), Dist::Normal { mean: 0.0, std: 0.5 });
         assert_eq!(Init::KaimingNormal.seeded(3).explicit_seed(), Some(3));
+    }
+
+    #[test]
+    fn identical_nan_inits_are_equal_and_different_ones_are_not() {
+        let nan = f64::NAN;
+        let quiet_other = f64::from_bits(nan.to_bits() | 1); // another NaN payload
+        assert_eq!(Init::Constant(nan), Init::Constant(quiet_other));
+        assert_eq!(Init::Uniform { lo: nan, hi: 1.0 }, Init::Uniform { lo: nan, hi: 1.0 });
+        assert_eq!(
+            Init::Normal { mean: 0.0, std: nan }.seeded(4),
+            Init::Normal { mean: 0.0, std: nan }.seeded(4)
+        );
+        assert_eq!(Init::KaimingUniform, Init::KaimingUniform);
+        assert_ne!(Init::Constant(nan), Init::Constant(1.0));
+        assert_ne!(Init::Values(vec![nan]), Init::Values(vec![nan, nan]));
+        assert_ne!(Init::Uniform { lo: 0.0, hi: 1.0 }, Init::Normal { mean: 0.0, std: 1.0 });
+        assert_ne!(Init::KaimingUniform, Init::XavierUniform);
     }
 
     #[test]

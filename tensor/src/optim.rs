@@ -101,6 +101,45 @@ impl Optimizer {
         }
     }
 
+    /// Checks the hyper-parameters against PyTorch's ranges: momentum, ε and weight decay
+    /// finite and at least 0, β₁ and β₂ in `[0, 1)`, Nesterov momentum only with a momentum.
+    /// [`Session::train_step`] checks them; anything else is a usage error naming the value.
+    ///
+    /// ```
+    /// use rocannl_tensor::Optimizer;
+    /// assert!(Optimizer::adam().check().is_ok());
+    /// let e = Optimizer::Adam { beta1: 1.0, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }.check();
+    /// assert!(e.unwrap_err().to_string().contains("beta1"));
+    /// assert!(Optimizer::sgd().with_weight_decay(f64::NAN).check().is_err());
+    /// ```
+    pub fn check(&self) -> Result<()> {
+        let at_least_0 = |x: f64| x >= 0.0 && x.is_finite();
+        let beta = |x: f64| (0.0..1.0).contains(&x);
+        let bad = match *self {
+            Optimizer::Sgd { momentum, nesterov, weight_decay } => [
+                (!at_least_0(momentum)).then(|| format!("momentum = {momentum}")),
+                (nesterov && momentum <= 0.0)
+                    .then(|| "Nesterov momentum without a momentum".to_string()),
+                (!at_least_0(weight_decay)).then(|| format!("weight_decay = {weight_decay}")),
+                None,
+            ],
+            Optimizer::Adam { beta1, beta2, eps, weight_decay }
+            | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => [
+                (!beta(beta1)).then(|| format!("beta1 = {beta1}")),
+                (!beta(beta2)).then(|| format!("beta2 = {beta2}")),
+                (!at_least_0(eps)).then(|| format!("eps = {eps}")),
+                (!at_least_0(weight_decay)).then(|| format!("weight_decay = {weight_decay}")),
+            ],
+        };
+        match bad.into_iter().flatten().next() {
+            None => Ok(()),
+            Some(what) => Err(Error::usage(format!(
+                "optimizer {self:?}: {what} is out of range (momentum, eps and weight decay are \
+                 finite and at least 0, the betas in [0, 1))"
+            ))),
+        }
+    }
+
     /// The runtime scalars for step `t` (1-based) with learning rate `lr`:
     /// `[lr, c1, c2]` where Adam's update is `p -= c1 · m / (√v · c2 + ε)`.
     fn scalars(&self, t: u64, lr: f64) -> [f64; 3] {
@@ -447,6 +486,7 @@ impl Session {
         for t in std::iter::once(loss).chain(outputs.iter().copied()) {
             self.own(t)?;
         }
+        opt.check()?;
         if let Some(max) = options.clip_grad_norm
             && !(max > 0.0 && max.is_finite())
         {
@@ -656,8 +696,15 @@ impl Session {
     /// Runs one training step with learning rate `lr` and runtime symbols bound.
     ///
     /// The graph's step counter ([`crate::Graph::step_symbol`]), if the step uses it, is bound
-    /// to the step's number.
+    /// to the step's number. A learning rate that is negative, infinite or NaN (a schedule gone
+    /// wrong, say) is a usage error, and the step is not run.
     pub fn step(&mut self, ts: &mut TrainStep, lr: f64, bindings: &[(Symbol, i64)]) -> Result<()> {
+        if !(lr >= 0.0 && lr.is_finite()) {
+            return Err(Error::usage(format!(
+                "the learning rate of step {} is {lr}: it must be a finite number, at least 0",
+                ts.steps + 1
+            )));
+        }
         let mut all = bindings.to_vec();
         if let Some(sym) = self.graph().existing_step_symbol()
             && ts.routine.runtime_symbols().contains(&sym)

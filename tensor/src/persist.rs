@@ -6,7 +6,11 @@
 //! match, so a file that does not fit leaves the session unchanged.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rocannl_arrayjit::NdArray;
 use rocannl_arrayjit::ops::Prec;
@@ -43,6 +47,10 @@ impl Session {
 
     /// Saves every parameter to a safetensors file.
     ///
+    /// The file is written whole or not at all: to a new file beside it, then renamed over it.
+    /// A new checkpoint gets the mode any new file gets (read and write for everyone the umask
+    /// allows, as `File::create` makes it); replacing a file keeps that file's mode.
+    ///
     /// ```
     /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
     /// let g = Graph::new();
@@ -76,8 +84,10 @@ impl Session {
                     .map_err(|e| persist(format!("parameter '{n}': {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        safetensors::tensor::serialize_to_file(views, None, path)
-            .map_err(|e| persist(format!("{}: {e}", path.display())))
+        let file = safetensors::tensor::serialize(views, None)
+            .map_err(|e| persist(format!("{}: {e}", path.display())))?;
+        drop(bytes);
+        write_atomically(path, &file)
     }
 
     /// Loads every parameter from a safetensors file written by [`Session::save_params`]. All
@@ -122,5 +132,53 @@ impl Session {
             self.write_array(&p, &arr)?;
         }
         Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` atomically: into a new file in the same folder, renamed over `path`
+/// once complete, so that readers see the old file or the new one, never a part. The new file is
+/// created as `File::create` creates one (mode 0666 less the umask, which the system applies);
+/// when `path` exists, its mode is copied first.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let name =
+        path.file_name().ok_or_else(|| persist(format!("{} names no file", path.display())))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let kept_mode = std::fs::metadata(path).ok().map(|m| m.permissions());
+    let (temp, mut file) = create_temp(dir, name).map_err(io)?;
+    let written = (|| {
+        if let Some(mode) = kept_mode {
+            file.set_permissions(mode)?;
+        }
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&temp, path)
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        io(e)
+    })
+}
+
+/// A new, empty file `.NAME.PID.N.tmp` in `dir`, created exclusively (never an existing one).
+fn create_temp(dir: &Path, name: &OsStr) -> std::io::Result<(PathBuf, File)> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut attempts = 0;
+    loop {
+        let mut temp = OsString::from(".");
+        temp.push(name);
+        temp.push(format!(".{}.{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let temp = dir.join(temp);
+        match OpenOptions::new().write(true).create_new(true).open(&temp) {
+            Ok(f) => return Ok((temp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempts < 100 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }

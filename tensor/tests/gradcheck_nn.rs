@@ -285,3 +285,81 @@ fn block_dropout_acts_in_training_only() {
     assert_ne!(t1, t2, "a fresh mask every step");
     assert_ne!(t1, e1, "training drops");
 }
+
+/// A dropout probability outside [0, 1] (or NaN) is a usage error naming the tensor and the
+/// value, in training and outside it, through the blocks that take one too.
+#[test]
+fn dropout_rejects_probabilities_outside_0_1() {
+    use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock};
+    use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
+    use rocannl_tensor::{Error, Graph};
+    for p in [1.5, -0.5, f64::NAN, f64::INFINITY] {
+        for training in [true, false] {
+            let g = Graph::new();
+            let x = g.data("x", &[4], &[], &[8]);
+            let _ = nn::dropout(&g, &x, p, training);
+            match g.finish() {
+                Err(Error::Usage(m)) => {
+                    assert!(m.contains("'x'") && m.contains(&format!("{p}")), "{m}")
+                }
+                other => panic!("p = {p}: {other:?}"),
+            }
+        }
+        let g = Graph::new();
+        let x = g.data("x", &[2, 5], &[], &[8]);
+        let block =
+            TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 4), 16, Activation::Relu)
+                .with_dropout(p);
+        let _ = block.apply_training(&x, true);
+        let e = g.finish().unwrap_err().to_string();
+        assert!(e.contains("dropout") && e.contains(&format!("{p}")), "{e}");
+        let g = Graph::new();
+        let cfg = GptConfig {
+            vocab: 5,
+            context: 4,
+            width: 8,
+            heads: 2,
+            layers: 1,
+            ff: 8,
+            act: Activation::Relu,
+            dropout: p,
+        };
+        let ids = g.data("ids", &[2, 4], &[], &[]);
+        let _ = Gpt::new(&g, "gpt", cfg).apply_training(&ids, true);
+        assert!(matches!(g.finish(), Err(Error::Usage(_))), "GPT dropout {p}");
+    }
+}
+
+/// At p = 1 every cell is exactly 0 and so is every gradient through dropout: a training step
+/// leaves the parameters finite (and, with nothing else in the loss, unchanged), on the
+/// interpreter and on native code. At p = 0 dropout is the identity.
+#[test]
+fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
+    use rocannl_tensor::{BackendKind, Graph, Optimizer, Prec, Session, SessionOptions};
+    let backends = BackendKind::available().into_iter().filter(|b| *b != BackendKind::Cuda);
+    for backend in backends {
+        let g = Graph::with_seed(7);
+        let x = g.ndarray("x", &[4], &[], &[3], &spread(12, -2.0, 2.0));
+        let w =
+            g.param_with("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
+        let y = nn::dropout(&g, &w.matmul(&x), 1.0, true);
+        let loss = loss::mse(&y, &g.number(1.0));
+        assert!(nn::dropout(&g, &x, 0.0, true).id() == x.id(), "p = 0 is the identity");
+        let opts = SessionOptions { backend, prec: Prec::F32, ..SessionOptions::default() };
+        let mut s = Session::with_options(&g, opts).unwrap();
+        let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y]).unwrap();
+        for _ in 0..3 {
+            s.step(&mut step, 0.1, &[]).unwrap();
+        }
+        assert!(
+            s.read(&y).unwrap().iter().all(|v| *v == 0.0 && v.is_sign_positive()),
+            "{backend:?}"
+        );
+        let l = s.loss(&step).unwrap();
+        assert!((l - 1.0).abs() < 1e-6, "{backend:?}: the loss of zeros against 1 is {l}");
+        let after = s.read(&w).unwrap();
+        assert!(after.iter().all(|v| v.is_finite()), "{backend:?}: {after:?}");
+        let init: Vec<f64> = spread(15, -1.0, 1.0).iter().map(|v| *v as f32 as f64).collect();
+        assert_eq!(after, init, "{backend:?}: a zero gradient moves nothing");
+    }
+}

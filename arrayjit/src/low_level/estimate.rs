@@ -8,6 +8,7 @@
 //! a caller can refuse it with a typed error naming the limit instead ([`Limits`]).
 
 use super::{Program, Stmt};
+use crate::backend::BackendKind;
 use crate::tnode::NodeId;
 
 /// What one run of a program needs.
@@ -26,25 +27,75 @@ pub struct Limits {
     /// Bytes of new buffers.
     pub max_memory: Option<u64>,
     /// Statement executions per run.
-    pub max_work: Option<u64>,
+    pub max_work: WorkLimit,
 }
 
-/// The default work limit: 10¹¹ statement executions per run.
+/// The most statement executions one run of a routine may take.
+///
+/// The default depends on the backend that compiles the routine, so that a run the default
+/// allows takes seconds to about a minute on it ([`default_max_work`]): the interpreter
+/// executes tens of millions of statements a second where native code executes billions.
+///
+/// ```
+/// use rocannl_arrayjit::BackendKind;
+/// use rocannl_arrayjit::low_level::estimate::{WorkLimit, DEFAULT_MAX_WORK, DEFAULT_MAX_WORK_INTERP};
+/// assert_eq!(WorkLimit::Default.for_backend(BackendKind::Gccjit), Some(DEFAULT_MAX_WORK));
+/// assert_eq!(WorkLimit::Default.for_backend(BackendKind::Interp), Some(DEFAULT_MAX_WORK_INTERP));
+/// assert_eq!(WorkLimit::At(5).for_backend(BackendKind::Interp), Some(5));
+/// assert_eq!(WorkLimit::Unlimited.for_backend(BackendKind::Gccjit), None);
+/// ```
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum WorkLimit {
+    /// The compiling backend's default, [`default_max_work`].
+    #[default]
+    Default,
+    /// At most this many statement executions, on every backend.
+    At(u64),
+    /// No limit.
+    Unlimited,
+}
+
+impl WorkLimit {
+    /// The limit on `backend`: `None` is no limit.
+    pub fn for_backend(self, backend: BackendKind) -> Option<u64> {
+        match self {
+            WorkLimit::Default => Some(default_max_work(backend)),
+            WorkLimit::At(n) => Some(n),
+            WorkLimit::Unlimited => None,
+        }
+    }
+}
+
+/// The default work limit of native backends (gccjit, cuda): 10¹¹ statement executions per run.
 pub const DEFAULT_MAX_WORK: u64 = 100_000_000_000;
+
+/// The default work limit of the interpreter (and of the kernel simulator, slower still):
+/// 10⁹ statement executions per run. The interpreter executes 15 to 36 million statements a
+/// second (docs/backends.md, "Limits"), so a run the default allows takes under about a minute;
+/// native code executes 10¹¹ in about as long.
+pub const DEFAULT_MAX_WORK_INTERP: u64 = 1_000_000_000;
+
+/// The default work limit of `backend` ([`WorkLimit::Default`]).
+pub fn default_max_work(backend: BackendKind) -> u64 {
+    match backend {
+        BackendKind::Interp | BackendKind::CudaSim => DEFAULT_MAX_WORK_INTERP,
+        BackendKind::Gccjit | BackendKind::Cuda => DEFAULT_MAX_WORK,
+    }
+}
 
 /// The largest default memory limit, 16 GiB.
 pub const DEFAULT_MAX_MEMORY: u64 = 16 << 30;
 
 impl Default for Limits {
-    /// The smaller of 16 GiB and the memory available, and 10¹¹ operations.
+    /// The smaller of 16 GiB and the memory available, and the backend's default work limit.
     fn default() -> Self {
-        Limits { max_memory: Some(default_max_memory()), max_work: Some(DEFAULT_MAX_WORK) }
+        Limits { max_memory: Some(default_max_memory()), max_work: WorkLimit::Default }
     }
 }
 
 impl Limits {
     /// No limits.
-    pub const NONE: Limits = Limits { max_memory: None, max_work: None };
+    pub const NONE: Limits = Limits { max_memory: None, max_work: WorkLimit::Unlimited };
 }
 
 /// The smaller of 16 GiB and the memory the system reports available (`MemAvailable` in

@@ -71,7 +71,8 @@ pub struct Setup {
     /// The session options (precision, limits, optimization level); the backend and the
     /// compile cache are set per run.
     pub base: SessionOptions,
-    /// Timed runs.
+    /// Timed runs, 1 to 1,000,000 (the command line refuses other counts: each run's time is
+    /// kept).
     pub reps: usize,
     /// The document's shape inference time.
     pub shape_s: f64,

@@ -19,6 +19,7 @@ use std::io::{self, Read, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use rocannl::arrayjit::low_level::estimate::WorkLimit;
 use rocannl::arrayjit::{BackendKind, NdArray, Prec};
 use rocannl::tensor::{Plan, Session, SessionOptions, Tensor};
 use serde_json::json;
@@ -62,7 +63,7 @@ struct LimitArgs {
     #[arg(long, value_parser = parse_limit)]
     max_memory: Option<Limit>,
     /// The most scalar operations (loop iterations) one run may take (a number, or `none`;
-    /// default 10^11).
+    /// default 10^11 on native backends, 10^9 on the interpreter: about a minute of each).
     #[arg(long, value_parser = parse_limit)]
     max_work: Option<Limit>,
 }
@@ -92,6 +93,10 @@ enum Command {
     Bench(BenchArgs),
 }
 
+/// The most timed runs `bench --reps` takes per backend: each run's time is kept (8 bytes a
+/// run) for the median, and a million runs of even the smallest document take seconds.
+const MAX_REPS: u64 = 1_000_000;
+
 #[derive(clap::Args, Clone)]
 struct BenchArgs {
     /// The document (`-` for standard input).
@@ -102,9 +107,9 @@ struct BenchArgs {
     /// The precision: f32 (default) or f64.
     #[arg(long)]
     precision: Option<String>,
-    /// Timed runs per backend.
-    #[arg(long, default_value_t = 20)]
-    reps: usize,
+    /// Timed runs per backend, 1 to 1000000 (default 20).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=MAX_REPS))]
+    reps: u64,
     /// Print `{"runs": [..]}` instead of a table.
     #[arg(long)]
     json: bool,
@@ -331,7 +336,7 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
         opts.compile.limits.max_memory = m;
     }
     if let Some(Limit(w)) = c.limits.max_work {
-        opts.compile.limits.max_work = w;
+        opts.compile.limits.max_work = w.map_or(WorkLimit::Unlimited, WorkLimit::At);
     }
     // For people debugging a document: every compiled routine's assignments, low-level IR and
     // generated source are written to this folder.
@@ -437,8 +442,11 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
             let backends = bench::backends(&b.backend)?;
             let started = std::time::Instant::now();
             let (document, built) = load(&common)?;
-            let setup =
-                bench::Setup { base, reps: b.reps, shape_s: started.elapsed().as_secs_f64() };
+            let setup = bench::Setup {
+                base,
+                reps: b.reps as usize,
+                shape_s: started.elapsed().as_secs_f64(),
+            };
             let mut runs = Vec::new();
             for (backend, named) in backends {
                 match bench::bench_backend(&document, &built, backend, &setup) {

@@ -70,9 +70,16 @@ pub struct MultiHeadAttention {
 }
 
 impl MultiHeadAttention {
-    /// The projections of an attention layer named `name`.
+    /// The projections of an attention layer named `name`; `cfg` has at least one head, at
+    /// least 1 wide (else a usage error naming the layer, returned by [`Graph::finish`]).
     #[track_caller]
     pub fn new(g: &Graph, name: &str, cfg: AttentionConfig) -> MultiHeadAttention {
+        if cfg.heads == 0 || cfg.head_dim == 0 {
+            g.record(crate::Error::usage(format!(
+                "attention '{name}': {} heads of width {}; both must be at least 1",
+                cfg.heads, cfg.head_dim
+            )));
+        }
         let proj = ParamSpec::output(&[cfg.heads, cfg.head_dim]).init(Init::XavierUniform);
         // Each param made here (not in a closure), so that a duplicate name is reported at
         // the caller's line.

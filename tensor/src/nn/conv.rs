@@ -63,7 +63,8 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
-    /// A convolution layer.
+    /// A convolution layer; the window's sides and the stride are at least 1 (0 is a usage
+    /// error naming the layer, returned by [`Graph::finish`]).
     #[track_caller]
     pub fn new(
         g: &Graph,
@@ -73,6 +74,12 @@ impl Conv2d {
         stride: usize,
         padding: Padding,
     ) -> Conv2d {
+        if kernel.0 == 0 || kernel.1 == 0 || stride == 0 {
+            g.record(crate::Error::usage(format!(
+                "conv2d '{name}': the window {}×{} and the stride {stride} must be at least 1",
+                kernel.0, kernel.1
+            )));
+        }
         let mut window: Vec<Option<usize>> =
             [kernel.0, kernel.1].into_iter().filter(|k| *k > 1).map(Some).collect();
         window.push(None);
@@ -131,15 +138,29 @@ fn pool_spec(stride: usize) -> String {
     format!("... | {stride}*oh+wh, {stride}*ow+ww, ..c..; wh, ww => ... | oh, ow, ..c..")
 }
 
-/// Max pooling over `k × k` windows moving by `stride` (valid).
+/// Records a usage error naming `x` when a pooling window or stride is 0.
+fn check_pool(g: &Graph, what: &str, x: &Tensor, k: usize, stride: usize) {
+    if k == 0 || stride == 0 {
+        g.record(crate::Error::usage(format!(
+            "{what} of '{}': the window {k} and the stride {stride} must be at least 1",
+            x.label()
+        )));
+    }
+}
+
+/// Max pooling over `k × k` windows moving by `stride` (valid); `k` and `stride` are at least
+/// 1 (0 is a usage error naming `x`, returned by [`Graph::finish`]).
 pub fn max_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
+    check_pool(g, "max_pool2d", x, k, stride);
     let window = g.constant(0.0, &[], &[], &[k, k]);
     x.tropical(&pool_spec(stride), &window)
 }
 
-/// Average pooling over `k × k` windows moving by `stride` (valid).
+/// Average pooling over `k × k` windows moving by `stride` (valid); `k` and `stride` are at
+/// least 1, as for [`max_pool2d`].
 pub fn avg_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
-    let window = g.constant(1.0 / (k * k) as f64, &[], &[], &[k, k]);
+    check_pool(g, "avg_pool2d", x, k, stride);
+    let window = g.constant(1.0 / (k * k).max(1) as f64, &[], &[], &[k, k]);
     x.einsum(&pool_spec(stride), &window)
 }
 

@@ -67,9 +67,17 @@ pub struct Gpt {
 
 impl Gpt {
     /// A GPT named `name` (params `name.tok.table`, `name.pos`, `name.h0.att.wq`, …,
-    /// `name.head.w`).
+    /// `name.head.w`). The width must be a positive multiple of the heads and the dropout a
+    /// probability (else a usage error naming the model or the tensor, returned by
+    /// [`Graph::finish`]).
     #[track_caller]
     pub fn new(g: &Graph, name: &str, cfg: GptConfig) -> Gpt {
+        if cfg.heads == 0 || !cfg.width.is_multiple_of(cfg.heads) {
+            g.record(crate::Error::usage(format!(
+                "GPT '{name}': its width {} must be a positive multiple of its {} heads",
+                cfg.width, cfg.heads
+            )));
+        }
         let tok = Embedding::new(g, &format!("{name}.tok"), cfg.vocab, cfg.width);
         let pos = g.param_with(
             &format!("{name}.pos"),

@@ -234,6 +234,11 @@ pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation)
 /// `1/(1-p)`, with a fresh mask every step (the mask's random numbers are salted with the graph's
 /// step counter); outside training, the identity.
 ///
+/// `p` must be a probability in `[0, 1]`: anything else (a negative number, one above 1, NaN)
+/// is a usage error naming `x`, returned by [`Graph::finish`] (in training and outside it). At
+/// `p = 0` dropout is the identity; at `p = 1` every cell is exactly 0 and so is the gradient
+/// (no `0 · ∞`).
+///
 /// ```
 /// use rocannl_tensor::{Graph, nn};
 /// let g = Graph::new();
@@ -241,13 +246,31 @@ pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation)
 /// let y = nn::dropout(&g, &x, 0.5, true);
 /// g.finish().unwrap();
 /// assert_eq!(y.dims().unwrap(), vec![4, 8]);
+///
+/// let bad = Graph::new();
+/// let x = bad.data("x", &[4], &[], &[8]);
+/// let _ = nn::dropout(&bad, &x, 1.5, true);
+/// let e = bad.finish().unwrap_err().to_string();
+/// assert!(e.contains("'x'") && e.contains("1.5"), "{e}");
 /// ```
 pub fn dropout(g: &Graph, x: &Tensor, p: f64, training: bool) -> Tensor {
-    if !training || p <= 0.0 {
+    if !(0.0..=1.0).contains(&p) {
+        g.record(crate::Error::usage(format!(
+            "dropout of '{}': p = {p} is not a probability in [0, 1]",
+            x.label()
+        )));
         return x.clone();
     }
+    if !training || p == 0.0 {
+        return x.clone();
+    }
+    let zero = g.number(0.0);
+    if p == 1.0 {
+        // Every cell dropped: exact zeros, whatever `x` holds, and a zero gradient.
+        return Tensor::where_(&g.number(1.0), &zero, x);
+    }
     let dropped = x.uniform_like(Some(g.step_symbol())).lt(&g.number(p));
-    Tensor::where_(&dropped, &g.number(0.0), &x.scale(1.0 / (1.0 - p)))
+    Tensor::where_(&dropped, &zero, &x.scale(1.0 / (1.0 - p)))
 }
 
 impl Tensor {

@@ -8,6 +8,15 @@ use crate::init::Init;
 
 use super::OUTPUT_AXES;
 
+/// Records a usage error naming the layer when `eps` is negative, infinite or NaN.
+fn check_eps(g: &Graph, name: &str, eps: f64) {
+    if !(eps >= 0.0 && eps.is_finite()) {
+        g.record(crate::Error::usage(format!(
+            "normalization '{name}': eps = {eps} must be a finite number, at least 0"
+        )));
+    }
+}
+
 /// `(x - mean) / sqrt(var + eps) * gain + bias` over `x`'s output axes.
 ///
 /// ```
@@ -40,10 +49,12 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// A layer norm named `name` (params `name.gain`, `name.bias`, exempt from weight decay).
+    /// A layer norm named `name` (params `name.gain`, `name.bias`, exempt from weight decay);
+    /// `eps` is finite and at least 0 (else a usage error, returned by [`Graph::finish`]).
     #[track_caller]
     pub fn new(g: &Graph, name: &str, eps: f64) -> LayerNorm {
         // One gain and one bias per normalized (output) position; no input axes.
+        check_eps(g, name, eps);
         let vector = || ParamSpec::default().with_input(&[]).no_decay();
         let gain = g.param_with(&format!("{name}.gain"), vector().init(Init::Constant(1.0)));
         let bias = g.param_with(&format!("{name}.bias"), vector().init(Init::Constant(0.0)));
@@ -87,9 +98,11 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// An RMS norm named `name` (param `name.gain`, exempt from weight decay).
+    /// An RMS norm named `name` (param `name.gain`, exempt from weight decay); `eps` as for
+    /// [`LayerNorm::new`].
     #[track_caller]
     pub fn new(g: &Graph, name: &str, eps: f64) -> RmsNorm {
+        check_eps(g, name, eps);
         let gain = g.param_with(
             &format!("{name}.gain"),
             ParamSpec::default().with_input(&[]).no_decay().init(Init::Constant(1.0)),
