@@ -40,8 +40,9 @@ fn fresh_dir(name: &str) -> PathBuf {
     d
 }
 
+/// The entries (shared libraries) in the cache's own folder in `dir`.
 fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join(rocannl::arrayjit::cache::ENTRIES))
         .map(|r| {
             r.flatten()
                 .map(|e| e.path())
