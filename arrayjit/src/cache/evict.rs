@@ -117,21 +117,34 @@ fn is_file(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
 }
 
-/// Removes `dir/name` (unlinking never follows a link); gone already is fine.
+/// Removes `dir/name` if it is a regular file (a link or anything else stays); gone already is
+/// fine.
 fn remove(dir: &Path, name: &str) {
-    let _ = fs::remove_file(dir.join(name));
+    let path = dir.join(name);
+    if is_file(&path) {
+        let _ = fs::remove_file(path);
+    }
 }
 
-/// Removes the step records whose entry is gone, or which do not name an entry at all.
+/// Removes the step records whose entry is gone, or which do not name an entry at all, and
+/// stale temporary files of the step index.
 fn drop_stale_steps(dir: &Path) {
     let steps = dir.join(super::STEPS);
     if files::check_folder(&steps, false, false).is_err() {
         return;
     }
     let Ok(listing) = fs::read_dir(&steps) else { return };
+    let now = SystemTime::now();
     for e in listing.flatten() {
         let Some(name) = e.file_name().to_str().map(str::to_string) else { continue };
-        if !is_key(&name) || !e.metadata().is_ok_and(|m| m.file_type().is_file()) {
+        let Ok(meta) = e.metadata() else { continue };
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        if files::is_temp_name(&name) && stale(now, meta.modified().unwrap_or(now)) {
+            remove(&steps, &name);
+        }
+        if !is_key(&name) {
             continue;
         }
         let live = match files::read_regular(&steps.join(&name), super::STEP_RECORD_CAP) {

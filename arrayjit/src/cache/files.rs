@@ -166,6 +166,19 @@ pub fn read_regular(path: &Path, cap: u64) -> Read {
     Read::Bytes(file, bytes)
 }
 
+/// Removes `path` if it is still the file `file` was opened from (not one renamed into its
+/// place since, by another process).
+pub fn remove_if_same(path: &Path, file: &fs::File) {
+    let (Ok(at), Ok(opened)) = (fs::symlink_metadata(path), file.metadata()) else { return };
+    #[cfg(unix)]
+    if (at.dev(), at.ino()) != (opened.dev(), opened.ino()) {
+        return;
+    }
+    #[cfg(not(unix))]
+    let _ = (at, opened);
+    let _ = fs::remove_file(path);
+}
+
 /// Writes `bytes` to a fresh temporary file in `dir` (see the module documentation), flushed
 /// to the disk, then renames it to `dir/name`. On failure the temporary file is removed.
 pub fn write_new(dir: &Path, name: &OsStr, bytes: &[u8]) -> io::Result<()> {

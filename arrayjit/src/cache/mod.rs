@@ -25,17 +25,18 @@
 //! - `.rocannl-<12 random letters and digits>.tmp`: a file being written.
 //!
 //! Eviction and every other removal only remove regular files of exactly these names in that
-//! folder ([`evict`]), never following a link.
+//! folder (`cache/evict.rs`), never following a link.
 //!
 //! # What it refuses, and why
 //!
 //! An entry is native code that this process loads and runs, so a file someone else could have
-//! written is never used. All file access goes through [`files`]:
+//! written is never used. All file access goes through `cache/files.rs`:
 //! - the folder named by the user, and the cache's own folder, are used only if they are the
 //!   user's, not writable by group or others (and the cache's own folder not a link): otherwise
-//!   anyone else could plant a library with a matching digest. Such a folder is refused with a
-//!   warning and the routine compiled without the cache (as ssh refuses a key in a folder others
-//!   may write);
+//!   anyone else could plant a library with a matching digest, or replace one between its check
+//!   and its load. Such a folder is refused with a warning and the routine compiled without the
+//!   cache (as ssh refuses a key in a folder others may write). The folders above are not
+//!   checked (ccache does not either);
 //! - an entry, digest or step record is read without following a link at its name and without
 //!   blocking on a FIFO or device; it is used only if it is a regular file of the user's, not
 //!   writable by group or others, and at most [`MAX_ENTRY_BYTES`] long (read bounded);
@@ -232,12 +233,7 @@ impl Cache {
         }
         let dir = self.folder(false)?;
         let path = dir.join(format!("{key}.{}", kind.extension()));
-        self.read_entry(&dir, key, &path)
-    }
-
-    /// The path of a valid entry, or `None`.
-    fn read_entry(&self, dir: &Path, key: &str, path: &Path) -> Option<(PathBuf, Vec<u8>)> {
-        let (file, bytes) = match files::read_regular(path, MAX_ENTRY_BYTES) {
+        let (file, bytes) = match files::read_regular(&path, MAX_ENTRY_BYTES) {
             Read::Bytes(file, bytes) => (file, bytes),
             Read::Missing => return None,
             Read::Unusable(why) => {
@@ -252,13 +248,13 @@ impl Cache {
         };
         if digest.trim_ascii() != hex(&Sha256::digest(&bytes)).as_bytes() {
             warn(&format!("entry {} is damaged", path.display()));
-            // A regular file of the cache's own name in its own folder.
-            let _ = std::fs::remove_file(path);
+            // Unless another process has just put a new entry in its place.
+            files::remove_if_same(&path, &file);
             return None;
         }
         // Eviction removes the least recently used first (through the handle: the file read).
         let _ = file.set_modified(SystemTime::now());
-        Some((path.to_path_buf(), bytes))
+        Some((path, bytes))
     }
 
     /// The entry holding the compiled step whose content key is `step`, if one was recorded

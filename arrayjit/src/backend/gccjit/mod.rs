@@ -257,6 +257,8 @@ impl Gccjit {
                 entries[i] = stored.then(|| keys[i].clone());
             }
         }
+        // Anything still missing (nowhere to write, a failed build, a library that did not load)
+        // is compiled in memory, where a failure is an error.
         for (i, c) in code.iter_mut().enumerate() {
             if c.is_none() {
                 let (b, t) = codegen::build(prog, steps, slots, names, &builds[i], Output::Memory)?;
