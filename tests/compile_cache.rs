@@ -1,7 +1,9 @@
 //! The persistent compile cache through the command line: a second process is served from the
-//! cache with the same answer; a damaged entry, an unwritable folder and two processes racing
-//! to fill the same entry all give the right answer, never an error or a crash.
-#![cfg(feature = "gccjit")]
+//! cache with the same answer; a damaged entry, an unwritable, read-only or non-UTF-8 folder, a
+//! folder others may write (refused) and two processes racing to fill the same entry all give
+//! the right answer, never an error or a crash; a folder of the user's own files pointed at as
+//! the cache keeps them all.
+#![cfg(all(unix, feature = "gccjit"))]
 
 mod common;
 
@@ -40,8 +42,9 @@ fn fresh_dir(name: &str) -> PathBuf {
     d
 }
 
+/// The entries (shared libraries) in the cache's own folder in `dir`.
 fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join(rocannl::arrayjit::cache::ENTRIES))
         .map(|r| {
             r.flatten()
                 .map(|e| e.path())
@@ -130,5 +133,73 @@ fn processes_racing_to_fill_one_entry_all_succeed() {
     let (v, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
     assert_eq!(v, reference);
     assert!(err.is_empty(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_non_utf8_cache_folder_is_no_error() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let base = fresh_dir("non-utf8");
+    let dir = base.join(std::ffi::OsStr::from_bytes(b"cache-\xff"));
+    let (reference, _) = eval(&[], true);
+    let (cold, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(cold, reference);
+    assert!(err.is_empty(), "{err}");
+    assert!(!entries(&dir).is_empty(), "the routine was stored");
+    let (warm, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(warm, reference);
+    assert!(err.is_empty(), "{err}");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_folder_writable_by_others_is_refused_with_one_warning() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = fresh_dir("shared");
+    let (reference, _) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    let stored = entries(&dir);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (v, err) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(v, reference);
+    assert_eq!(err.matches("warning").count(), 1, "{err}");
+    assert!(err.contains("group or others may write"), "{err}");
+    assert_eq!(entries(&dir), stored, "nothing written there");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pointing_the_cache_at_a_folder_of_the_users_files_leaves_them_alone() {
+    let dir = fresh_dir("users-files");
+    std::fs::create_dir_all(&dir).expect("folder");
+    let names = ["thesis.tmp", "libmine.so", "model.ptx", "kernel.cubin", "notes.sha256"];
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    for n in names {
+        std::fs::write(dir.join(n), b"the user's").expect("a file of the user's");
+        let f = std::fs::File::options().append(true).open(dir.join(n)).expect("open");
+        f.set_modified(old).expect("age");
+    }
+    let (reference, _) = eval(&[], true);
+    for _ in 0..2 {
+        let env: [(&str, &Path); 2] =
+            [("ROCANNL_CACHE_DIR", &dir), ("ROCANNL_CACHE_MAX_BYTES", Path::new("1"))];
+        let (v, _) = eval(&env, false);
+        assert_eq!(v, reference);
+    }
+    for n in names {
+        assert_eq!(std::fs::read(dir.join(n)).expect(n), b"the user's");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_read_only_cache_folder_is_no_error() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = fresh_dir("read-only");
+    std::fs::create_dir_all(&dir).expect("folder");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500)).expect("chmod");
+    let (reference, _) = eval(&[], true);
+    let (v, _) = eval(&[("ROCANNL_CACHE_DIR", &dir)], false);
+    assert_eq!(v, reference);
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -209,7 +209,7 @@ fn compiled_modules_are_cached_on_disk() {
         assert_eq!(second, fresh, "{arch}");
     }
     let ext = |e: &str| {
-        std::fs::read_dir(&dir)
+        std::fs::read_dir(cache.entries_dir())
             .unwrap()
             .filter(|f| f.as_ref().unwrap().path().extension().is_some_and(|x| x == e))
             .count()
@@ -230,7 +230,7 @@ fn compiled_modules_are_cached_on_disk() {
 
     // A damaged entry is compiled again (and rewritten), never used.
     let key = k(&src, PTX_ARCH);
-    let entry = dir.join(format!("{key}.ptx"));
+    let entry = cache.entries_dir().join(format!("{key}.ptx"));
     let mut bytes = std::fs::read(&entry).unwrap();
     bytes.truncate(bytes.len() / 2);
     std::fs::write(&entry, &bytes).unwrap();

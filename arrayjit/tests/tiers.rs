@@ -43,8 +43,9 @@ fn outputs(ctx: &Context, case: &Case) -> Vec<Vec<f64>> {
     case.outputs.iter().map(|o| ctx.read(*o).unwrap().to_f64_vec()).collect()
 }
 
+/// The files of the cache's own folder in `dir` whose name ends with `ext`.
 fn entries(dir: &Path, ext: &str) -> usize {
-    std::fs::read_dir(dir)
+    std::fs::read_dir(dir.join(rocannl_arrayjit::cache::ENTRIES))
         .map(|r| r.flatten().filter(|e| e.path().to_string_lossy().ends_with(ext)).count())
         .unwrap_or(0)
 }

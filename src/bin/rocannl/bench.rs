@@ -44,25 +44,15 @@ fn plan(document: &Document, built: &Built) -> Plan {
     }
 }
 
-/// A temporary cache folder, removed when dropped.
-struct TempCache(std::path::PathBuf);
+/// A temporary cache folder of a fresh random name (mode 0700), removed when dropped; `None`
+/// where none can be made (the runs then have no cache).
+struct TempCache(Option<tempfile::TempDir>);
 
 impl TempCache {
     fn new(backend: BackendKind) -> TempCache {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        TempCache(rocannl::arrayjit::env::temp_dir().join(format!(
-            "rocannl-bench-{}-{}-{nanos}",
-            backend.name(),
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for TempCache {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let prefix = format!("rocannl-bench-{}-", backend.name());
+        let tmp = rocannl::arrayjit::env::temp_dir();
+        TempCache(tempfile::Builder::new().prefix(&prefix).tempdir_in(tmp).ok())
     }
 }
 
@@ -81,7 +71,10 @@ pub struct Setup {
 /// The options of a run on `backend` with its own compile cache.
 fn opts_for(base: &SessionOptions, backend: BackendKind, cache: &TempCache) -> SessionOptions {
     let mut opts = SessionOptions { backend, ..base.clone() };
-    opts.compile.cache = CacheMode::Dir(cache.0.clone());
+    opts.compile.cache = match &cache.0 {
+        Some(dir) => CacheMode::Dir(dir.path().to_path_buf()),
+        None => CacheMode::Off,
+    };
     opts
 }
 

@@ -137,13 +137,25 @@ impl Child {
     }
 }
 
-/// A fresh temporary path for a library built without a compile cache (created, so that it is
-/// known to be writable); `None` where the temporary folder is not.
-pub fn temp_library() -> Option<std::path::PathBuf> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let path = crate::env::temp_dir().join(format!("rocannl-{}-{n}.so", std::process::id()));
-    std::fs::File::create(&path).ok()?;
-    Some(path)
+/// A private temporary folder where GCC writes the libraries of one compile: created with a
+/// random name and mode 0700 (`tempfile`), so that nobody else can plant a link or a file where
+/// GCC will write or where the library is loaded from; removed, with what is in it, when
+/// dropped (a loaded library stays mapped). Children write into it; only the parent drops it.
+#[derive(Debug)]
+pub struct Scratch(tempfile::TempDir);
+
+impl Scratch {
+    /// A fresh folder in the temporary folder; `None` where none can be made there, or where its
+    /// path is not UTF-8 (libgccjit takes the path of its output as text).
+    pub fn new() -> Option<Scratch> {
+        let dir = tempfile::Builder::new().prefix("rocannl-").tempdir_in(crate::env::temp_dir());
+        let dir = dir.ok()?;
+        dir.path().to_str()?;
+        Some(Scratch(dir))
+    }
+
+    /// Where build `i` writes its library.
+    pub fn library(&self, i: usize) -> std::path::PathBuf {
+        self.0.path().join(format!("{i}.so"))
+    }
 }

@@ -30,7 +30,7 @@ use pool::{Pool, StepFn};
 use super::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
 use super::host::{HostArena, HostBuffer, HostBuffers};
 use super::{Backend, BackendKind, CompileOptions};
-use crate::cache::{Cache, CacheOutcome};
+use crate::cache::{Cache, CacheOutcome, EntryKind};
 use crate::error::Error;
 use crate::low_level::{Program, Stmt};
 use crate::ndarray::NdArray;
@@ -218,9 +218,10 @@ impl Gccjit {
     /// Builds the machine code of a planned program's builds (each some of its distinct steps
     /// at one optimization level, with the functions named `names`), through the compile cache
     /// when there is one: a build whose entry exists is loaded; every other build is compiled
-    /// into a shared library — in the cache folder, else a temporary file — and loaded from
-    /// there, the builds of different bins (`bin_of`) in parallel child processes ([`fork`]).
-    /// Without anywhere to write, a build is compiled in memory. Returns the code of each
+    /// into a shared library in a private temporary folder ([`fork::Scratch`]), the builds of
+    /// different bins (`bin_of`) in parallel child processes ([`fork`]), loaded from there and
+    /// copied into the cache. A build with nowhere to write, or whose library failed to build or
+    /// load, is compiled in memory (where a failure is an error). Returns the code of each
     /// build, the times, and each build's cache entry (`None` where it has none).
     fn build_all(
         cache: Option<Cache>,
@@ -237,100 +238,27 @@ impl Gccjit {
                 Cache::key(&parts)
             })
             .collect();
-        let mut code: Vec<Option<Code>> = builds.iter().map(|_| None).collect();
-        let mut entries: Vec<Option<String>> = builds.iter().map(|_| None).collect();
-        if let Some(cache) = &cache {
-            for (i, key) in keys.iter().enumerate() {
-                let Some(path) = cache.lookup(key) else { continue };
-                // The library is a routine this code generator built (its digest matches).
-                if let Some(lib) = codegen::load_library(&path) {
-                    code[i] = Some(Code::Library(lib));
-                    entries[i] = Some(key.clone());
-                }
-            }
-        }
-        // Where each missing build writes its library: the cache folder, else a temporary file.
-        let targets: Vec<Option<(PathBuf, bool)>> = (0..builds.len())
-            .map(|i| {
-                if code[i].is_some() {
-                    return None;
-                }
-                target(cache.as_ref(), &keys[i])
-            })
+        let (mut code, mut entries) = from_cache(cache.as_ref(), &keys);
+        // Where each missing build writes its library.
+        let scratch = code.iter().any(Option::is_none).then(fork::Scratch::new).flatten();
+        let mut targets: Vec<Option<PathBuf>> = (0..builds.len())
+            .map(|i| scratch.as_ref().filter(|_| code[i].is_none()).map(|s| s.library(i)))
             .collect();
         let mut times = BuildTimes::default();
         let started = Instant::now();
-        let to_file = |i: usize| targets[i].as_ref().map(|(p, _)| p.as_path());
-        // Builds by bin, each in a child: GCC's driver then changes only the child's
-        // environment ([`crate::env`]). A bin whose fork failed is built here.
-        let bins = group_by_bin(bin_of, |i| to_file(i).is_some());
-        let build_here = |i: usize, times: &mut BuildTimes| -> Result<(), Error> {
-            let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
-            let (_, t) = codegen::build(prog, steps, slots, names, &builds[i], out)?;
-            times.codegen_s += t.codegen_s;
-            times.compile_s += t.compile_s;
-            Ok(())
-        };
-        let mut children = Vec::new();
-        let mut here: Vec<usize> = Vec::new();
-        if !bins.is_empty() {
-            let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
-                .iter()
-                .map(|bin| {
-                    let bin = bin.clone();
-                    let job = move || {
-                        bin.iter().all(|&i| {
-                            let out = Output::SharedLibrary(to_file(i).unwrap_or(Path::new("")));
-                            codegen::build_unlocked(prog, steps, slots, names, &builds[i], out)
-                                .is_ok()
-                        })
-                    };
-                    Box::new(job) as Box<dyn FnOnce() -> bool + '_>
-                })
-                .collect();
-            for (bin, child) in bins.iter().zip(fork::spawn(jobs)) {
-                match child {
-                    Ok(child) => children.push((bin.clone(), child)),
-                    // No fork: built here.
-                    Err(_) => here.extend(bin),
-                }
-            }
-        }
-        let mut first_error = None;
-        for &i in &here {
-            if let Err(e) = build_here(i, &mut times) {
-                first_error.get_or_insert(e);
-            }
-        }
-        for (bin, child) in children {
-            if !child.wait() {
-                // Built again here, where a failure becomes a typed error.
-                for i in bin {
-                    if let Err(e) = build_here(i, &mut times) {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-        }
-        if let Some(e) = first_error {
-            for (path, _) in targets.iter().flatten() {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(e);
-        }
+        let built = build_files(input, builds, bin_of, &targets, &mut times);
+        targets.iter_mut().zip(built).filter(|(_, ok)| !ok).for_each(|(t, _)| *t = None);
         // Wall time of the builds, whatever ran where.
         times.compile_s = started.elapsed().as_secs_f64() - times.codegen_s;
         for (i, target) in targets.iter().enumerate() {
-            let Some((path, in_cache)) = target else { continue };
-            if let Some(lib) = install(cache.as_ref(), &keys[i], path, *in_cache) {
+            let Some(path) = target else { continue };
+            if let Some((lib, stored)) = install(cache.as_ref(), &keys[i], path) {
                 code[i] = Some(Code::Library(lib));
-                if *in_cache {
-                    entries[i] = Some(keys[i].clone());
-                }
+                entries[i] = stored.then(|| keys[i].clone());
             }
         }
-        // Anything still missing (nowhere to write, or a library that did not load) is compiled
-        // in memory.
+        // Anything still missing (nowhere to write, a failed build, a library that did not load)
+        // is compiled in memory, where a failure is an error.
         for (i, c) in code.iter_mut().enumerate() {
             if c.is_none() {
                 let (b, t) = codegen::build(prog, steps, slots, names, &builds[i], Output::Memory)?;
@@ -657,11 +585,72 @@ impl Gccjit {
     }
 }
 
-/// Where a build writes its library: a temporary file in the cache folder (`true`), else in
-/// the temporary folder; `None` when neither is writable.
-fn target(cache: Option<&Cache>, key: &str) -> Option<(PathBuf, bool)> {
-    let in_cache = cache.and_then(|c| c.temp_path(key)).map(|p| (p, true));
-    in_cache.or_else(|| fork::temp_library().map(|p| (p, false)))
+/// The code of each build whose entry is in the cache (`None` for the others), and its entry.
+fn from_cache(cache: Option<&Cache>, keys: &[String]) -> (Vec<Option<Code>>, Vec<Option<String>>) {
+    let mut code: Vec<Option<Code>> = keys.iter().map(|_| None).collect();
+    let mut entries: Vec<Option<String>> = keys.iter().map(|_| None).collect();
+    let Some(cache) = cache else { return (code, entries) };
+    for (i, key) in keys.iter().enumerate() {
+        // A library of the user's own, in a folder only the user can write, whose digest
+        // matches: one this code generator built.
+        let Some(path) = cache.lookup(key) else { continue };
+        if let Some(lib) = codegen::load_library(&path) {
+            code[i] = Some(Code::Library(lib));
+            entries[i] = Some(key.clone());
+        }
+    }
+    (code, entries)
+}
+
+/// Builds each build that has a target into its file: by bin, each in a child (GCC's driver
+/// then changes only the child's environment, [`crate::env`]); a bin whose fork failed is built
+/// here. Returns which builds succeeded (a failure here is not yet an error: the build is made
+/// again in memory, where it becomes one).
+fn build_files(
+    input: &BuildInput<'_>,
+    builds: &[BuildOptions],
+    bin_of: &[usize],
+    targets: &[Option<PathBuf>],
+    times: &mut BuildTimes,
+) -> Vec<bool> {
+    let BuildInput { prog, steps, slots, names, .. } = *input;
+    let mut ok = vec![false; builds.len()];
+    let bins = group_by_bin(bin_of, |i| targets[i].is_some());
+    if bins.is_empty() {
+        return ok;
+    }
+    let build = |i: usize, locked: bool| {
+        let out = Output::SharedLibrary(targets[i].as_deref().unwrap_or(Path::new("")));
+        let f = if locked { codegen::build } else { codegen::build_unlocked };
+        f(prog, steps, slots, names, &builds[i], out)
+    };
+    let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
+        .iter()
+        .map(|bin| {
+            let job = move || bin.iter().all(|&i| build(i, false).is_ok());
+            Box::new(job) as Box<dyn FnOnce() -> bool + '_>
+        })
+        .collect();
+    let mut children = Vec::new();
+    for (bin, child) in bins.iter().zip(fork::spawn(jobs)) {
+        match child {
+            Ok(child) => children.push((bin, child)),
+            // No fork: built here.
+            Err(_) => {
+                for &i in bin {
+                    if let Ok((_, t)) = build(i, true) {
+                        times.codegen_s += t.codegen_s;
+                        ok[i] = true;
+                    }
+                }
+            }
+        }
+    }
+    for (bin, child) in children {
+        let built = child.wait();
+        bin.iter().for_each(|&i| ok[i] = built);
+    }
+    ok
 }
 
 /// The builds `0..bin_of.len()` that `keep` keeps, grouped by bin (one process each), in order
@@ -677,22 +666,13 @@ fn group_by_bin(bin_of: &[usize], keep: impl Fn(usize) -> bool) -> Vec<Vec<usize
     bins
 }
 
-/// Loads a library just built at `path`: moved into the cache as the entry `key` first when it
-/// was written there, else loaded and its file removed (the mapping stays).
-fn install(
-    cache: Option<&Cache>,
-    key: &str,
-    path: &Path,
-    in_cache: bool,
-) -> Option<libloading::Library> {
-    if in_cache {
-        let entry = cache.and_then(|c| c.store(key, path));
-        entry.and_then(|e| codegen::load_library(&e))
-    } else {
-        let lib = codegen::load_library(path);
-        let _ = std::fs::remove_file(path);
-        lib
-    }
+/// Loads a library just built at `path` (in a private folder: nobody else could have written
+/// it), then stores a copy in the cache as the entry `key` when there is a cache. Returns the
+/// library and whether it was stored; `None` when it does not load.
+fn install(cache: Option<&Cache>, key: &str, path: &Path) -> Option<(libloading::Library, bool)> {
+    let lib = codegen::load_library(path)?;
+    let stored = cache.and_then(|c| c.store_file(key, path, EntryKind::SharedLibrary)).is_some();
+    Some((lib, stored))
 }
 
 /// The rows of a parallel step's outermost loop to split across the threads: a dynamic batch's

@@ -17,7 +17,7 @@
 //! (a training step, then an evaluation forward) are optimized in that order instead of
 //! sharing the cores among all of them. Dropping the backend stops its pending builds: their
 //! children are killed (as they are when the process ends: a child dies with the thread that
-//! forked it) and their temporary files removed.
+//! forked it) and their private temporary folder removed.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -186,18 +186,10 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
             Cache::key(&parts)
         })
         .collect();
-    // Where each build writes: a temporary file in the cache folder, else in the temporary
-    // folder. Nowhere to write: no background build.
-    let mut targets: Vec<(PathBuf, bool)> = Vec::new();
-    for key in &keys {
-        match super::target(cache, key) {
-            Some(t) => targets.push(t),
-            None => {
-                remove(&targets);
-                return None;
-            }
-        }
-    }
+    // Where each build writes: a private temporary folder. Nowhere to write: no background
+    // build.
+    let scratch = fork::Scratch::new()?;
+    let targets: Vec<PathBuf> = (0..keys.len()).map(|i| scratch.library(i)).collect();
     let bins = super::group_by_bin(&owned.bin_of, |_| true);
     let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
         .iter()
@@ -205,7 +197,7 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
             let targets = &targets;
             let job = move || {
                 bin.iter().all(|&i| {
-                    let out = Output::SharedLibrary(&targets[i].0);
+                    let out = Output::SharedLibrary(&targets[i]);
                     let o = owned;
                     codegen::build_unlocked(
                         &o.prog,
@@ -244,31 +236,18 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
         ok &= c.wait();
     }
     if !ok || cancel.stop.load(Ordering::Acquire) {
-        remove(&targets);
         return None;
     }
     let mut libs = Vec::with_capacity(targets.len());
-    for (i, (path, in_cache)) in targets.iter().enumerate() {
-        let lib = super::install(cache, &keys[i], path, *in_cache);
-        if let (Some(c), Some(_), true) = (cache, &lib, *in_cache) {
+    for (i, path) in targets.iter().enumerate() {
+        let (lib, stored) = super::install(cache, &keys[i], path)?;
+        if let (Some(c), true) = (cache, stored) {
             for k in &owned.builds[i].steps {
                 c.store_step(&owned.step_keys[*k], &keys[i]);
             }
         }
-        match lib {
-            Some(lib) => libs.push(lib),
-            None => {
-                remove(&targets[i + 1..]);
-                return None;
-            }
-        }
+        libs.push(lib);
     }
     let steps = owned.builds.iter().map(|b| b.steps.clone()).collect();
     Some(Upgrade { libs, steps })
-}
-
-fn remove(targets: &[(PathBuf, bool)]) {
-    for (path, _) in targets {
-        let _ = std::fs::remove_file(path);
-    }
 }
