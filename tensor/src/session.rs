@@ -45,8 +45,9 @@ pub struct SessionOptions {
     /// parameter that is itself the factor is cast; one reached through another operation (a
     /// transpose, a slice) is read in the master precision. On a host with AVX-512 BF16, such
     /// products of at least 64 reduction steps run on its bf16 dot products (docs/models.md,
-    /// "Mixed precision"); elsewhere they convert their factors to f32, and the values are the
-    /// same on every host. `false`: products read the master weights themselves (more precise,
+    /// "Mixed precision"); elsewhere they convert their factors to f32 and add the steps in order,
+    /// as the interpreter does, so such products differ in their last bits between the two kinds
+    /// of host (`ROCANNL_ISA=avx2` gives the interpreter's bits anywhere). `false`: products read the master weights themselves (more precise,
     /// slower). f16 sessions do not cast: with no f16 products on the CPU a copy would only add
     /// conversions.
     pub autocast: bool,

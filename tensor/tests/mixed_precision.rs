@@ -74,7 +74,9 @@ fn loss_scaling_keeps_small_f16_gradients() {
         let run = |prec: Prec, master: Option<Prec>, scale: Option<LossScale>| {
             let g = Graph::with_seed(1);
             let w = g.param_with("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
-            let l = w.sum_all().scale(2f64.powi(-26));
+            // The loss is summed in f32, but the doubled weights are an f16 activation: the
+            // gradient reaching them, 2⁻²⁷, is below f16's smallest number.
+            let l = w.scale(2.0).sum_all().scale(2f64.powi(-27));
             let mut s = Session::with_options(&g, options(backend, prec, master)).unwrap();
             let opts = StepOptions { loss_scale: scale, ..StepOptions::default() };
             let mut step = s.train_step_with(&l, &Optimizer::sgd(), &[], &opts).unwrap();

@@ -66,6 +66,11 @@ pub fn check_step(inf: &Inference, step: StepId) -> Result<(), String> {
                 }
             }
         }
+        Logic::Same(_) => {
+            if args.iter().any(|a| *a != cur) {
+                return fail("equal shapes");
+            }
+        }
         Logic::Compose(..) | Logic::ComposeAccumulate(..) => {
             let (a, b) = (&args[0], &args[1]);
             ge(&a[1], &b[2], "a.input ≥ b.output")?;

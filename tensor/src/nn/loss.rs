@@ -4,7 +4,7 @@
 //! never overflows; cross-entropy uses the log-softmax `x - max - log Σ exp(x - max)` directly
 //! instead of taking the log of a softmax, which would lose precision for small probabilities.
 
-use crate::graph::{IdCount, Tensor};
+use crate::graph::{IdCount, Leaf, Source, Tensor};
 
 use super::OUTPUT_AXES;
 
@@ -28,6 +28,15 @@ impl Tensor {
     /// Softmax over all output axes (the classes of a classifier).
     pub fn softmax_classes(&self) -> Tensor {
         self.softmax(OUTPUT_AXES)
+    }
+}
+
+/// `pred` tied to `target`'s shape ([`Tensor::same_shape_as`]), unless the target is a number
+/// ([`crate::Graph::number`]): one value for every cell, which has no axes to mispair.
+fn paired(pred: &Tensor, target: &Tensor) -> Tensor {
+    match target.info().source {
+        Source::Leaf(Leaf::Constant(_)) => pred.clone(),
+        _ => pred.same_shape_as(target),
     }
 }
 
@@ -138,7 +147,7 @@ pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
     let _within = pred.graph().within("loss::mse_with");
-    let d = (&pred.same_shape_as(target) - target).kept_in_f32().named(&format!(
+    let d = (&paired(pred, target) - target).kept_in_f32().named(&format!(
         "{} - {}",
         pred.label(),
         target.label()
@@ -158,5 +167,5 @@ pub fn hinge(scores: &Tensor, labels: &Tensor) -> Tensor {
 #[track_caller]
 pub fn hinge_with(scores: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
     let _within = scores.graph().within("loss::hinge_with");
-    reduction.apply((1.0 - &labels.pointmul(&scores.same_shape_as(labels))).relu())
+    reduction.apply((1.0 - &labels.pointmul(&paired(scores, labels))).relu())
 }
