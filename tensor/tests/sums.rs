@@ -33,7 +33,8 @@ fn the_sum_of_a_million_tenths_is_a_hundred_thousand() {
         assert_eq!(sum, 100000.0, "{backend:?}");
         assert!((mean - 0.1).abs() <= 2.0 * 2f64.powi(-27), "{backend:?}: {mean}");
         let (sum, _) = sum_and_mean(1_000_000, 0.1, Prec::F64, backend);
-        assert!((sum - 100000.0).abs() < 1e-6, "{backend:?}: {sum}");
+        // f64 sums accumulate in order: within n·2⁻⁵³·Σ|x| (1.1·10⁻⁵ here) of the exact sum.
+        assert!((sum - 100000.0).abs() <= 1e6 * 2f64.powi(-53) * 1e5, "{backend:?}: {sum}");
     }
 }
 
