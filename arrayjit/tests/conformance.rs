@@ -388,3 +388,49 @@ fn u32_tensors_load_and_store_alike_everywhere() {
     let err = rocannl_arrayjit::NdArray::from_f64(Prec::U32, &[2], &[1.0, 2.5]).unwrap_err();
     assert!(err.to_string().contains("cell 1 holds 2.5"), "{err}");
 }
+
+/// `pow` with a constant exponent is the C library's `pow` in compiled code too: GCC must not
+/// rewrite `pow(x, 0.5)` as `sqrt(x)` (which gives `-0` for `-0` and NaN for `-inf`, where
+/// `pow` gives `+0` and `+inf`), nor other constant powers as products, at `-O0` and `-O3`, in
+/// f32 and f64: the interpreter's bits at the IEEE corners.
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_pow_by_a_constant_keeps_signed_zeros_and_infinities() {
+    use rocannl_arrayjit::assignments::ScalarExpr;
+    use rocannl_arrayjit::ops::BinOp;
+    let xs = vec![
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        1e-45,
+        -1e-45,
+        3e38,
+        -3e38,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        -2.5,
+    ];
+    for prec in [Prec::F32, Prec::F64] {
+        for e in [0.5, -0.5, 0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 1.5, 1.0 / 3.0] {
+            let expr = ScalarExpr::bin(BinOp::Pow, ScalarExpr::Arg(0), ScalarExpr::Const(e));
+            let case = map_case(&format!("pow_{e}_{}", prec.name()), prec, prec, expr, xs.clone());
+            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
+            for level in [0, 3] {
+                let opts = CompileOptions { opt_level: level, ..optimized() };
+                let got = run_case(BackendKind::Gccjit, opts, &case);
+                for (i, (g, w)) in got[0].iter().zip(&want[0]).enumerate() {
+                    assert!(
+                        g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(),
+                        "{} at -O{level}: x = {:e}: gccjit {g:e}, interp {w:e}",
+                        case.name,
+                        xs[i]
+                    );
+                }
+            }
+        }
+    }
+}

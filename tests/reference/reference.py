@@ -303,6 +303,12 @@ class Arith:
 # Shapes
 
 
+def zero_where(x, mask):
+    """``x`` with the cells under ``mask`` exactly 0 (and decided)."""
+    v = np.where(mask, 0.0, x.v)
+    return EV(v, np.where(mask, 0.0, x.e), np.where(mask, False, x.amb))
+
+
 def mem_dims(shape):
     """Memory order: batch, output, input."""
     return list(shape["batch"]) + list(shape["output"]) + list(shape["input"])
@@ -1050,6 +1056,11 @@ class Evaluator:
                 elif op == "pow":
                     da = ar.mul(b, ar.pow(a, ar.sub(b, one))) if node.args[0].needs_grad else None
                     db = ar.mul(y, ar.unary("log", a)) if node.args[1].needs_grad else None
+                    # x^0 is constant in x, and 0^y (y >= 0) constant in y: 0, not 0·inf.
+                    if da is not None:
+                        da = zero_where(da, b.v == 0)
+                    if db is not None:
+                        db = zero_where(db, (a.v == 0) & (b.v >= 0))
                     d = [ar.mul(gt, da) if da is not None else None,
                          ar.mul(gt, db) if db is not None else None]
                 else:  # max, min: ties split the gradient evenly

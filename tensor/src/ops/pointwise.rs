@@ -92,9 +92,21 @@ impl Binary {
             BinOp::Sub => (c(1.0), c(-1.0)),
             BinOp::Mul => (b, a),
             BinOp::Div => (un(UnOp::Recip, b.clone()), un(UnOp::Neg, bin(BinOp::Div, Y, b))),
+            // As PyTorch: `x^0` is constant in `x` (no `0·x^-1 = 0·inf` at `x = 0`), and
+            // `0^y` for `y >= 0` is constant in `y` (no `0·log 0 = 0·-inf`).
             BinOp::Pow => (
-                mul(b.clone(), bin(BinOp::Pow, a.clone(), bin(BinOp::Sub, b, c(1.0)))),
-                mul(Y, un(UnOp::Log, a)),
+                ScalarExpr::tern(
+                    TernOp::Where,
+                    bin(BinOp::Eq, b.clone(), c(0.0)),
+                    c(0.0),
+                    mul(b.clone(), bin(BinOp::Pow, a.clone(), bin(BinOp::Sub, b.clone(), c(1.0)))),
+                ),
+                ScalarExpr::tern(
+                    TernOp::Where,
+                    mul(bin(BinOp::Eq, a.clone(), c(0.0)), bin(BinOp::Le, c(0.0), b)),
+                    c(0.0),
+                    mul(Y, un(UnOp::Log, a)),
+                ),
             ),
             // Ties split the gradient evenly between the arguments.
             BinOp::Max => (

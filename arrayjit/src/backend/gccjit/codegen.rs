@@ -320,6 +320,8 @@ struct Gen<'c> {
     locals: FxHashMap<LocalId, LValue<'c>>,
     /// The run table's helper addresses, loaded once per function when first needed.
     helper_ptrs: FxHashMap<usize, LValue<'c>>,
+    /// C library functions declared as plain external functions (see [`Gen::libm_call`]).
+    libm: FxHashMap<String, Function<'c>>,
     bounds_check: bool,
     fresh: usize,
     /// The function's name (its epilogues' names start with it).
@@ -397,6 +399,7 @@ impl<'c> Gen<'c> {
             limits: 0,
             locals: FxHashMap::default(),
             helper_ptrs: FxHashMap::default(),
+            libm: FxHashMap::default(),
             bounds_check,
             fresh: 0,
             fn_name: name.to_string(),
@@ -1074,6 +1077,22 @@ impl<'c> Gen<'c> {
         self.ctx.new_call(None, f, args)
     }
 
+    /// A call of the C library's function (`name`, or `name` + `f` in f32) through a plain
+    /// external declaration, which GCC does not know as a builtin: it cannot rewrite it. For
+    /// `pow` that matters: GCC turns `__builtin_pow(x, 0.5)` into `sqrt(x)`, which differs at
+    /// `-0` (`-0` instead of `+0`) and `-inf` (NaN instead of `+inf`).
+    fn libm_call(&mut self, name: &str, ty: Type<'c>, args: &[RValue<'c>]) -> RValue<'c> {
+        let suffix = if ty == self.t.f32 { "f" } else { "" };
+        let full = format!("{name}{suffix}");
+        let ctx = self.ctx;
+        let f = *self.libm.entry(full.clone()).or_insert_with(|| {
+            let params: Vec<_> =
+                (0..args.len()).map(|i| ctx.new_parameter(None, ty, format!("a{i}"))).collect();
+            ctx.new_function(None, FunctionType::Extern, ty, &params, &full, false)
+        });
+        self.ctx.new_call(None, f, args)
+    }
+
     fn cmp(&self, op: ComparisonOp, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
         self.ctx.new_comparison(None, op, a, b)
     }
@@ -1176,7 +1195,7 @@ impl<'c> Gen<'c> {
             BinOp::Sub => arith(self, BinaryOp::Minus),
             BinOp::Mul => arith(self, BinaryOp::Mult),
             BinOp::Div => arith(self, BinaryOp::Divide),
-            BinOp::Pow => self.builtin("pow", ty, &[a, b]),
+            BinOp::Pow => self.libm_call("pow", ty, &[a, b]),
             BinOp::Max | BinOp::Min => {
                 let a = self.temp(a, ty);
                 let b = self.temp(b, ty);
