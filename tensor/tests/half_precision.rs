@@ -30,6 +30,25 @@ fn ops() -> Vec<(&'static str, Build)> {
         ("log_softmax", |_, x| x.log_softmax("..b..|..i..->..o.. => ..b..|..i..->0")),
         ("layer_norm", |g, x| norm::layer_norm(g, "ln", x, 1e-5)),
         ("rms_norm", |g, x| norm::RmsNorm::new(g, "rms", 1e-6).apply(x)),
+        ("add", |g, x| x + &g.vector("c", &[0.5, -2.0, 3.0, 0.25])),
+        ("sub", |g, x| x - &g.vector("c", &[0.5, -2.0, 3.0, 0.25])),
+        ("pointmul", |g, x| x.pointmul(&g.vector("c", &[0.5, -2.0, 3.0, 0.25]))),
+        ("div", |g, x| x / &g.vector("c", &[0.5, -2.0, 3.0, 0.25])),
+        ("square", |_, x| x.pointmul(x)),
+        ("pow3", |_, x| x.powf(3.0)),
+        ("max", |g, x| x.max(&g.vector("c", &[0.5, -2.0, 3.0, 0.25]))),
+        ("min", |g, x| x.min(&g.vector("c", &[0.5, -2.0, 3.0, 0.25]))),
+        ("where", |g, x| {
+            let c = g.vector("c", &[1.0, 0.0, 1.0, 0.0]);
+            rocannl_tensor::Tensor::where_(&c, x, &x.scale(-0.5))
+        }),
+        ("matmul", |g, x| {
+            let v = [0.5, -1.0, 0.25, 2.0, 1.0, 0.5, -0.5, 0.75, -2.0, 0.125, 1.5, -0.25, 1.0, 0.0];
+            let w = g.ndarray("w", &[], &[4], &[4], &[v.as_slice(), &[0.5, 2.0]].concat());
+            w.matmul(x)
+        }),
+        ("einsum_outer_sum", |_, x| x.einsum("i;j => i", x)),
+        ("einmax1", |_, x| x.einmax1("i => 0")),
         ("mean_all", |_, x| x.mean_all()),
         ("sum_all", |_, x| x.sum_all()),
         ("mse", |g, x| loss::mse(x, &g.ndarray("t", &[], &[], &[4], &[0.5, 0.25, -0.5, 1.0]))),
