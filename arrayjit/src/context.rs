@@ -75,6 +75,12 @@ impl Routine {
         &self.name
     }
 
+    /// The routine's number in its context: distinct routines of one context have distinct
+    /// numbers.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     /// The optimized low-level IR, in its stable text form.
     pub fn low_level_text(&self) -> &str {
         &self.low_level

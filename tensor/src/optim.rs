@@ -705,6 +705,7 @@ impl Session {
                 ts.steps + 1
             )));
         }
+        self.check_written(&ts.routine)?;
         let mut all = bindings.to_vec();
         if let Some(sym) = self.graph().existing_step_symbol()
             && ts.routine.runtime_symbols().contains(&sym)

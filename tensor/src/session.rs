@@ -90,6 +90,10 @@ pub struct Session {
     proj: FxHashMap<TensorId, Vec<Arc<Projections>>>,
     /// Leaves whose host data or initialization has been written.
     ready: FxHashSet<TensorId>,
+    /// The data tensors (written by the host) each compiled routine reads, by routine number.
+    data_reads: FxHashMap<usize, Vec<TensorId>>,
+    /// Data tensors whose values have been written (by the host, or constants).
+    written: FxHashSet<TensorId>,
     /// Extra nodes that are host visible.
     persistent: FxHashSet<NodeId>,
     pub(crate) symbols: SymbolGen,
@@ -153,6 +157,8 @@ impl Session {
             next_node: 0,
             proj: FxHashMap::default(),
             ready: FxHashSet::default(),
+            data_reads: FxHashMap::default(),
+            written: FxHashSet::default(),
             persistent: FxHashSet::default(),
             symbols: SymbolGen::starting_at(1 << 20),
             dyn_axes: FxHashMap::default(),
@@ -529,10 +535,24 @@ impl Session {
         visible: &FxHashSet<NodeId>,
     ) -> Result<Routine> {
         let table = self.node_table(&code, visible)?;
+        let reads: Vec<TensorId> = self
+            .value
+            .iter()
+            .filter(|(t, n)| {
+                // A tensor of no cells has nothing to write.
+                table.get(**n).is_ok_and(|node| node.dims.iter().product::<usize>() > 0)
+                    && matches!(
+                        self.graph.tensor(**t).info().source,
+                        Source::Leaf(Leaf::Data(None))
+                    )
+            })
+            .map(|(t, _)| *t)
+            .collect();
         // Compiling checks the routine's limits and allocates its buffers before any leaf is
         // initialized: a routine too big for them is refused before anything large is built.
         let routine = self.ctx.compile(name, &code, &table)?;
         self.prepare_leaves(&table)?;
+        self.data_reads.insert(routine.index(), reads);
         Ok(routine)
     }
 
@@ -668,6 +688,7 @@ impl Session {
 
     /// Runs a routine with runtime symbols bound (e.g. the batch of a batch slice).
     pub fn run_with(&mut self, r: &Routine, bindings: &[(Symbol, i64)]) -> Result<()> {
+        self.check_written(r)?;
         if self.graph.borrow().dyn_dims.is_empty() {
             self.ctx.run(r, bindings)?;
         } else {
@@ -697,8 +718,17 @@ impl Session {
         }
         let node = TensorNode::new(n, &t.label(), &dims, prec, MemoryMode::HostVisible);
         let spread = self.spread_dynamic(t, &dims, values)?;
+        let cells: usize = dims.iter().product();
+        if spread.is_none() && values.len() != cells {
+            return Err(Error::usage(format!(
+                "'{}' holds {cells} values (dims {dims:?}), but {} were given",
+                t.label(),
+                values.len()
+            )));
+        }
         self.ctx.ensure_buffer(&node)?;
         self.ready.insert(t.id);
+        self.written.insert(t.id);
         self.write_node(n, prec, &dims, spread.as_deref().unwrap_or(values))
     }
 
@@ -793,6 +823,21 @@ impl Session {
             Error::usage(format!("'{}' has no gradient in this session", t.label()))
         })?;
         self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
+    }
+
+    /// An error unless every data tensor the routine reads has been written: a step on data
+    /// never written would silently compute on zeros.
+    pub(crate) fn check_written(&self, r: &Routine) -> Result<()> {
+        let Some(reads) = self.data_reads.get(&r.index()) else { return Ok(()) };
+        match reads.iter().find(|t| !self.written.contains(t)) {
+            None => Ok(()),
+            Some(t) => Err(Error::usage(format!(
+                "routine '{}' reads '{}', which was never written: write its values first \
+                 (Session::write, write_ids, or a Loader's load)",
+                r.name(),
+                self.graph.tensor(*t).label()
+            ))),
+        }
     }
 
     /// An error unless `t` is a tensor of this session's graph: ids are per graph, so another

@@ -1,6 +1,7 @@
 //! Values that would silently select nothing, and tensors that belong elsewhere: ids out of
-//! the range of the lookup that reads them, and tensors of another graph, are errors naming
-//! the tensor — never a zero row, a zero loss, another tensor's values or a panic.
+//! the range of the lookup that reads them, tensors of another graph, data never written and
+//! the wrong number of values are errors naming the tensor — never a zero row, a zero loss,
+//! another tensor's values, a step on zeros or a panic.
 
 use rocannl_tensor::nn::{embed::Embedding, loss};
 use rocannl_tensor::train::{Column, Loader};
@@ -116,4 +117,41 @@ fn a_tensor_of_another_graph_is_refused_by_every_session_call() {
     // The session's own tensors are untouched.
     assert_eq!(s.read(&a).unwrap(), vec![1.0, 2.0]);
     assert_eq!(s.read(&y1).unwrap(), vec![1.0, 2.0]);
+}
+
+#[test]
+fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
+    let g = Graph::with_seed(0);
+    let x = g.data("inputs", &[4], &[], &[3]);
+    let y = g.data("targets", &[4], &[], &[1]);
+    let w = g.param("w");
+    let l = loss::mse(&w.matmul(&x), &y);
+    let mut s = Session::new(&g).unwrap();
+    let mut step = s.train_step(&l, &rocannl_tensor::Optimizer::sgd(), &[]).unwrap();
+    s.write(&x, &[1.0; 12]).unwrap();
+    let err = s.step(&mut step, 0.1, &[]).unwrap_err().to_string();
+    assert!(err.contains("'targets'") && err.contains("never written"), "{err}");
+    let before = s.read(&w).unwrap();
+    s.write(&y, &[1.0; 4]).unwrap();
+    assert_eq!(s.read(&w).unwrap(), before, "the refused step changed nothing");
+    s.step(&mut step, 0.1, &[]).unwrap();
+    // A forward routine alike.
+    let r = s.forward(&[&l]).unwrap();
+    s.run(&r).unwrap();
+}
+
+#[test]
+fn writing_the_wrong_number_of_values_names_the_tensor() {
+    let g = Graph::new();
+    let x = g.data("tokens", &[2, 8], &[], &[]);
+    let _ = x.relu();
+    let mut s = Session::new(&g).unwrap();
+    let err = s.write(&x, &[0.0; 15]).unwrap_err().to_string();
+    assert!(err.contains("'tokens'") && err.contains("16") && err.contains("15"), "{err}");
+}
+
+#[test]
+fn an_embeddings_result_is_named_after_its_table_and_ids() {
+    let (_g, _ids, e) = embedding_graph(|g| g.ids("tokens", &[3], &[], &[]));
+    assert_eq!(e.label(), "wte.table[tokens]");
 }

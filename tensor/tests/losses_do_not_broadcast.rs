@@ -36,7 +36,13 @@ fn dense_cross_entropy_refuses_ids_as_targets() {
     let ids = g.ids("ids", &[2], &[], &[]);
     let l = loss::cross_entropy(&logits, &ids);
     let err = value(&g, &l).unwrap_err();
-    assert!(err.contains("logits") && err.contains("ids"), "{err}");
+    assert!(err.contains("'ids'") && err.contains("sparse_cross_entropy"), "{err}");
+    // Ids in a plain data tensor have no output axis: a shape error naming both tensors.
+    let g = Graph::new();
+    let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0; 6]);
+    let labels = g.ndarray("labels", &[2], &[], &[], &[0.0, 2.0]);
+    let err = value(&g, &loss::cross_entropy(&logits, &labels)).unwrap_err();
+    assert!(err.contains("logits") && err.contains("labels"), "{err}");
 }
 
 #[test]

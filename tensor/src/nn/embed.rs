@@ -36,8 +36,10 @@ impl Embedding {
             IdCount::Fixed(self.vocab),
             format!("the embedding '{}'", self.table.label()),
         );
-        let onehot = ids.eq(&ids.graph().range(self.vocab));
-        self.table.matmul(&onehot)
+        let onehot =
+            ids.eq(&ids.graph().range(self.vocab)).named(&format!("one_hot({})", ids.label()));
+        // Labelled after the table and the ids, so that messages name the lookup.
+        self.table.matmul(&onehot).named(&format!("{}[{}]", self.table.label(), ids.label()))
     }
 }
 

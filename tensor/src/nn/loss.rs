@@ -91,6 +91,13 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
 #[track_caller]
 pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Tensor {
     let _within = logits.graph().within("loss::cross_entropy_with");
+    if targets.graph().holds_ids(targets) {
+        targets.graph().record(crate::Error::usage(format!(
+            "cross_entropy's targets '{}' hold ids: dense targets are probabilities over the \
+             classes; for integer labels use loss::sparse_cross_entropy",
+            targets.label()
+        )));
+    }
     // Targets pair with the logits cell for cell: no broadcasting (a leftover axis of size 1
     // would otherwise score every example against every target).
     let tied = logits.same_shape_as(targets);
