@@ -320,6 +320,40 @@ fn row_reductions_of_every_operator() {
     }
 }
 
+/// A column sum of 1024 rows or more (a bias gradient over a large batch) accumulates in f64
+/// (docs/lowering.md, "Accurate sums"): the schedule gives it an f64 copy of its result, which
+/// the in-place kernel takes, and every backend configuration gives the interpreter's bits.
+#[test]
+fn long_column_sums_accumulate_in_an_f64_copy_with_the_interpreters_bits() {
+    for (rows, init) in [(1024, true), (1500, false), (4096, true)] {
+        let cols = contraction(
+            &format!("long_cols_{rows}_{init}"),
+            "kj",
+            &[rows, 48],
+            Arg(&[48], "j", Prec::F32),
+            &[Arg(&[rows, 48], "k,j", Prec::F32)],
+            BinOp::Add,
+            init,
+        );
+        let mut prog =
+            compile_program(&cols.name, &cols.asgn, &cols.nodes, &CompileOptions::default())
+                .unwrap();
+        schedule_cpu(&mut prog, &CpuSchedule::default());
+        verify(&prog, "schedule").unwrap();
+        let text = prog.to_string();
+        assert!(
+            prog.nodes.values().any(|n| n.prec == Prec::F64 && n.label.ends_with(".f64")),
+            "{text}"
+        );
+        let want = run_case(BackendKind::Interp, CompileOptions::default(), &cols);
+        for threads in [1, 3] {
+            let opts = CompileOptions { threads: Some(threads), ..CompileOptions::default() };
+            let got = run_case(BackendKind::Gccjit, opts, &cols);
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{} on {threads} threads", cols.name);
+        }
+    }
+}
+
 /// Calls of the map kernel (every map and reduction, with and without threads, a dynamic
 /// size) give the interpreter's bits exactly: each cell's operations in the nest's order. The
 /// scheduled program run by the interpreter (which runs a call as the nest it stands for)

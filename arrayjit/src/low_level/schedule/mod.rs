@@ -29,7 +29,9 @@
 //!
 //! Nests neither kernel fits are left as lowered, except that a short reduction over many cells
 //! computes 8 of its cells side by side, each in its own order (`interleave`). `Nest` is the
-//! recognized form both kernels start from.
+//! recognized form both kernels start from. A long sum of plain reads that lowering made
+//! accumulate in an f64 local is first given an f64 copy of its result to accumulate in
+//! (`widened`), so that the kernels take it in its order.
 
 mod axpy;
 mod dot;
@@ -39,6 +41,7 @@ mod interleave;
 mod map;
 mod pack;
 mod rounded;
+mod widened;
 mod zeroed;
 
 pub use gemm::{MIN_GEMM_STEPS, MIN_PAIR_DEPTH};
@@ -124,75 +127,97 @@ pub fn schedule_cpu(prog: &mut Program, opts: &CpuSchedule) {
     let body = std::mem::take(&mut prog.body);
     let mut out = Vec::with_capacity(body.len());
     for s in body {
-        let recognized = Nest::recognize(prog, &s);
-        // An accumulation onto a tensor zeroed just before reads +0 instead, and the fill goes.
-        let s = if recognized.is_none() { zeroed::fold(prog, &mut out, s) } else { s };
-        // A pointwise nest on a product's result: inside the product's call.
-        if recognized.is_none()
-            && opts.kernel_calls
-            && opts.epilogues
-            && epilogue::attach(prog, &mut out, &s)
-        {
-            continue;
-        }
-        // Reductions other than products (and, with `MapCalls::All`, pointwise maps): calls of
-        // the map kernel, whatever their size (a small nest of constant trip counts costs GCC as
-        // much to compile as a large one).
-        if opts.kernel_calls && opts.map_calls != MapCalls::Off {
-            let all = opts.map_calls == MapCalls::All;
-            let min = if all { 1 } else { map::MIN_MAP_POINTS };
-            let call = match &recognized {
-                Some(nest) => map::reduction(prog, nest, opts.threads, min),
-                None if all => map::pointwise(prog, &s, opts.threads, min),
-                None => None,
-            };
-            if let Some(stmts) = call {
-                out.extend(stmts);
-                continue;
-            }
-        }
-        let Some(nest) = recognized.filter(|n| n.work() >= MIN_WORK) else {
-            out.extend(as_generated(prog, s));
-            continue;
-        };
-        // A sum onto a tensor zeroed just before (a gradient, an arena intermediate) starts
-        // from 0 instead: the fill's pass and the kernel's reads of the zeros go.
-        let zeroed = zeroed_before(prog, &out, &nest);
-        let nest = if zeroed.is_some() { Nest { init: Some(0.0), ..nest } } else { nest };
-        let zeroed = zeroed.map(|(i, past)| (i, past.map(|p| past_the_limit(&out[i], p))));
-        let result = nest.node;
-        let Some((nest, mut before, mut after)) = in_f32(prog, nest) else {
-            out.extend(as_generated(prog, s));
-            continue;
-        };
-        let call =
-            if opts.kernel_calls { gemm::rewrite(prog, &nest, opts, &mut out) } else { None };
-        let rewritten =
-            call.or_else(|| axpy::rewrite(prog, &nest)).or_else(|| dot::rewrite(prog, &nest));
-        match rewritten {
-            Some(mut stmts) => {
-                // A bf16 result the pair kernel can round itself needs no f32 copy.
-                if nest.node != result
-                    && rounded::round_in_kernel(prog, &mut stmts, nest.node, result)
-                {
-                    before.clear();
-                    after.clear();
-                }
-                match zeroed {
-                    Some((i, None)) => {
-                        out[i] = Stmt::Comment("zero fill: the next reduction starts from 0".into())
-                    }
-                    Some((i, Some(rest))) => out[i] = rest,
-                    None => {}
-                }
+        // A long sum of plain reads accumulating in an f64 local: into an f64 copy of its
+        // result, which the kernels take (`widened`); the lane kernel would change its order.
+        let (s, after) = match widened::in_f64(prog, &s) {
+            Some((before, s, after)) => {
                 out.extend(before);
-                out.extend(stmts.into_iter().map(drop_unit_loops));
-                out.extend(after);
+                (s, after)
             }
-            None => out.extend(as_generated(prog, s)),
-        }
+            None => (s, vec![]),
+        };
+        let keep_order = !after.is_empty();
+        schedule_one(prog, opts, &mut out, s, keep_order);
+        out.extend(after);
     }
     prog.body = out;
+}
+
+/// Schedules one top-level statement, appending what it becomes to `out`; `keep_order` rules
+/// out the lane kernel.
+fn schedule_one(
+    prog: &mut Program,
+    opts: &CpuSchedule,
+    out: &mut Vec<Stmt>,
+    s: Stmt,
+    keep_order: bool,
+) {
+    let recognized = Nest::recognize(prog, &s);
+    // An accumulation onto a tensor zeroed just before reads +0 instead, and the fill goes.
+    let s = if recognized.is_none() { zeroed::fold(prog, out, s) } else { s };
+    // A pointwise nest on a product's result: inside the product's call.
+    if recognized.is_none()
+        && opts.kernel_calls
+        && opts.epilogues
+        && epilogue::attach(prog, out, &s)
+    {
+        return;
+    }
+    // Reductions other than products (and, with `MapCalls::All`, pointwise maps): calls of
+    // the map kernel, whatever their size (a small nest of constant trip counts costs GCC as
+    // much to compile as a large one).
+    if opts.kernel_calls && opts.map_calls != MapCalls::Off {
+        let all = opts.map_calls == MapCalls::All;
+        let min = if all { 1 } else { map::MIN_MAP_POINTS };
+        let call = match &recognized {
+            Some(nest) => map::reduction(prog, nest, opts.threads, min),
+            None if all => map::pointwise(prog, &s, opts.threads, min),
+            None => None,
+        };
+        if let Some(stmts) = call {
+            out.extend(stmts);
+            return;
+        }
+    }
+    let Some(nest) = recognized.filter(|n| n.work() >= MIN_WORK) else {
+        out.extend(as_generated(prog, s));
+        return;
+    };
+    // A sum onto a tensor zeroed just before (a gradient, an arena intermediate) starts
+    // from 0 instead: the fill's pass and the kernel's reads of the zeros go.
+    let zeroed = zeroed_before(prog, out, &nest);
+    let nest = if zeroed.is_some() { Nest { init: Some(0.0), ..nest } } else { nest };
+    let zeroed = zeroed.map(|(i, past)| (i, past.map(|p| past_the_limit(&out[i], p))));
+    let result = nest.node;
+    let Some((nest, mut before, mut after)) = in_f32(prog, nest) else {
+        out.extend(as_generated(prog, s));
+        return;
+    };
+    let call = if opts.kernel_calls { gemm::rewrite(prog, &nest, opts, out) } else { None };
+    let rewritten = call
+        .or_else(|| axpy::rewrite(prog, &nest))
+        .or_else(|| if keep_order { None } else { dot::rewrite(prog, &nest) });
+    match rewritten {
+        Some(mut stmts) => {
+            // A bf16 result the pair kernel can round itself needs no f32 copy.
+            if nest.node != result && rounded::round_in_kernel(prog, &mut stmts, nest.node, result)
+            {
+                before.clear();
+                after.clear();
+            }
+            match zeroed {
+                Some((i, None)) => {
+                    out[i] = Stmt::Comment("zero fill: the next reduction starts from 0".into())
+                }
+                Some((i, Some(rest))) => out[i] = rest,
+                None => {}
+            }
+            out.extend(before);
+            out.extend(stmts.into_iter().map(drop_unit_loops));
+            out.extend(after);
+        }
+        None => out.extend(as_generated(prog, s)),
+    }
 }
 
 /// A nest no kernel takes, as generated code: a short reduction over many cells with its cells
