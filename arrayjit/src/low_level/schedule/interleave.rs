@@ -43,7 +43,7 @@ pub const MAX_BODY_COST: u32 = 24;
 
 /// Peels the loops around a single statement (no guards): the loops, outermost first, and the
 /// statements inside the innermost.
-fn loops_of(s: &Stmt) -> (Vec<Loop>, &[Stmt]) {
+pub(super) fn loops_of(s: &Stmt) -> (Vec<Loop>, &[Stmt]) {
     let mut loops = vec![];
     let mut cur = std::slice::from_ref(s);
     while let [Stmt::For { var, extent, limit, parallel, body }] = cur {

@@ -22,7 +22,7 @@
 //! its terms in order and is rounded once, so the bits are the lowered nest's (and the
 //! interpreter's). The lane kernel, which would sum in another order, is not used for it.
 
-use super::{Loop, covers_every_cell};
+use super::{covers_every_cell, interleave, wrap};
 use crate::low_level::{Expr, LocalId, Program, Scratch, Stmt};
 use crate::ops::{BinOp, Prec};
 use crate::tnode::{MemoryMode, NodeId, TensorNode};
@@ -31,7 +31,10 @@ use crate::tnode::{MemoryMode, NodeId, TensorNode};
 /// (copying the result in, when the sum adds onto it) and after it (copying it back), or
 /// `None` when `s` is not a widened sum of plain reads that writes every cell of its result.
 pub(super) fn in_f64(prog: &mut Program, s: &Stmt) -> Option<(Vec<Stmt>, Stmt, Vec<Stmt>)> {
-    let (cells, block) = cell_loops(s)?;
+    let (cells, block) = interleave::loops_of(s);
+    if cells.is_empty() {
+        return None;
+    }
     let [
         Stmt::SetLocal { local: t, value: start },
         red @ Stmt::For { .. },
@@ -72,32 +75,8 @@ pub(super) fn in_f64(prog: &mut Program, s: &Stmt) -> Option<(Vec<Stmt>, Stmt, V
         red,
         Stmt::Set { node: id, idx: idx.clone(), value: Expr::Local(*t) },
     ];
-    Some((before, rewrap(&cells, body), after))
-}
-
-/// The cell loops around the nest's block (no guards), outermost first, and the block.
-fn cell_loops(s: &Stmt) -> Option<(Vec<Loop>, &[Stmt])> {
-    let mut loops = Vec::new();
-    let mut cur = std::slice::from_ref(s);
-    while let [Stmt::For { var, extent, limit, parallel, body }] = cur {
-        loops.push(Loop { var: *var, extent: *extent, limit: *limit, parallel: *parallel });
-        cur = body;
-    }
-    (!loops.is_empty()).then_some((loops, cur))
-}
-
-fn rewrap(cells: &[Loop], body: Vec<Stmt>) -> Stmt {
-    let mut body = body;
-    for l in cells.iter().rev() {
-        body = vec![Stmt::For {
-            var: l.var,
-            extent: l.extent,
-            limit: l.limit,
-            parallel: l.parallel,
-            body,
-        }];
-    }
-    body.pop().expect("at least one cell loop")
+    let nest = wrap(&cells, body).pop()?;
+    Some((before, nest, after))
 }
 
 /// The reduction loops with `u := x[..]; t := add(t, u)` replaced by `t := add(t, x[..])`,
