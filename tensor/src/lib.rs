@@ -12,6 +12,7 @@
 //! 3. Run routines, write inputs and read values; train with [`train`]; save and load
 //!    parameters with [`persist`].
 
+mod checks;
 pub mod dynamic;
 pub mod error;
 pub mod graph;

@@ -45,10 +45,10 @@ pub struct SessionOptions {
     /// parameter that is itself the factor is cast; one reached through another operation (a
     /// transpose, a slice) is read in the master precision. On a host with AVX-512 BF16, such
     /// products of at least 64 reduction steps run on its bf16 dot products (docs/models.md,
-    /// "Mixed precision"); elsewhere they convert their factors to f32 and add the steps in order,
-    /// as the interpreter does, so such products differ in their last bits between the two kinds
-    /// of host (`ROCANNL_ISA=avx2` gives the interpreter's bits anywhere). `false`: products read the master weights themselves (more precise,
-    /// slower). f16 sessions do not cast: with no f16 products on the CPU a copy would only add
+    /// "Mixed precision"); elsewhere they convert their factors to f32 and add the steps in
+    /// order, as the interpreter does, so such products differ in their last bits between the
+    /// two kinds of host (`ROCANNL_ISA=avx2` gives the interpreter's bits anywhere). `false`:
+    /// products read the master weights themselves (more precise, slower). f16 sessions do not cast: with no f16 products on the CPU a copy would only add
     /// conversions.
     pub autocast: bool,
     /// Compiler settings.
@@ -91,9 +91,9 @@ pub struct Session {
     /// Leaves whose host data or initialization has been written.
     ready: FxHashSet<TensorId>,
     /// The data tensors (written by the host) each compiled routine reads, by routine number.
-    data_reads: FxHashMap<usize, Vec<TensorId>>,
-    /// Data tensors whose values have been written (by the host, or constants).
-    written: FxHashSet<TensorId>,
+    pub(crate) data_reads: FxHashMap<usize, Vec<TensorId>>,
+    /// Data tensors whose values the host has written.
+    pub(crate) written: FxHashSet<TensorId>,
     /// Extra nodes that are host visible.
     persistent: FxHashSet<NodeId>,
     pub(crate) symbols: SymbolGen,
@@ -823,52 +823,6 @@ impl Session {
             Error::usage(format!("'{}' has no gradient in this session", t.label()))
         })?;
         self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
-    }
-
-    /// An error unless every data tensor the routine reads has been written: a step on data
-    /// never written would silently compute on zeros.
-    pub(crate) fn check_written(&self, r: &Routine) -> Result<()> {
-        let Some(reads) = self.data_reads.get(&r.index()) else { return Ok(()) };
-        match reads.iter().find(|t| !self.written.contains(t)) {
-            None => Ok(()),
-            Some(t) => Err(Error::usage(format!(
-                "routine '{}' reads '{}', which was never written: write its values first \
-                 (Session::write, write_ids, or a Loader's load)",
-                r.name(),
-                self.graph.tensor(*t).label()
-            ))),
-        }
-    }
-
-    /// An error unless `t` is a tensor of this session's graph: ids are per graph, so another
-    /// graph's tensor would silently stand for one of this graph's.
-    pub(crate) fn own(&self, t: &Tensor) -> Result<()> {
-        if self.graph.same(&t.graph) {
-            return Ok(());
-        }
-        Err(Error::usage(format!(
-            "'{}' is a tensor of another graph than this session's: a session reads, writes \
-             and computes only the tensors of the graph it was made from",
-            t.label()
-        )))
-    }
-
-    /// An error unless every value written into `t` is an id in the range of each lookup that
-    /// reads `t` as ids (an embedding's rows, a sparse loss's classes): an id out of range, a
-    /// fraction, a negative number or NaN would select no row and silently count as zero.
-    pub(crate) fn check_ids(&self, t: &Tensor, values: &[f64]) -> Result<()> {
-        let Some((n, reader)) = self.graph.id_range(t.id) else { return Ok(()) };
-        let bad = values
-            .iter()
-            .enumerate()
-            .find(|(_, v)| !(v.fract() == 0.0 && **v >= 0.0 && **v < n as f64));
-        match bad {
-            None => Ok(()),
-            Some((pos, v)) => Err(Error::usage(format!(
-                "'{}' is read as ids by {reader} (ids 0..{n}), but position {pos} holds {v}",
-                t.label()
-            ))),
-        }
     }
 
     pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {
