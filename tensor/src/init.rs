@@ -58,8 +58,14 @@ pub enum Init {
     XavierUniform,
     /// Xavier (Glorot) normal: standard deviation `√(2/(fan_in+fan_out))`.
     XavierNormal,
+    /// LeCun uniform (variance `1/fan_in`, for SELU and unit-variance layers): `±√(3/fan_in)`.
+    LecunUniform,
+    /// LeCun normal: standard deviation `1/√fan_in` (flax's and JAX's default for dense layers).
+    LecunNormal,
     /// Another initialization with an explicit seed.
     Seeded(Box<Init>, u64),
+    /// Another initialization's values multiplied by a gain ([`Init::gain`]).
+    Scaled(Box<Init>, f64),
 }
 
 /// The same number: bit for bit, or both NaN.
@@ -80,7 +86,10 @@ impl PartialEq for Init {
                 same(*a, *c) && same(*b, *d)
             }
             (Seeded(a, s), Seeded(b, t)) => s == t && a == b,
+            (Scaled(a, g), Scaled(b, h)) => same(*g, *h) && a == b,
             (FanInUniform, FanInUniform)
+            | (LecunUniform, LecunUniform)
+            | (LecunNormal, LecunNormal)
             | (KaimingUniform, KaimingUniform)
             | (KaimingNormal, KaimingNormal)
             | (XavierUniform, XavierUniform)
@@ -96,6 +105,22 @@ impl Init {
     /// The same initialization with an explicit seed.
     pub fn seeded(self, seed: u64) -> Init {
         Init::Seeded(Box::new(self), seed)
+    }
+
+    /// The same initialization with every value multiplied by `gain` (PyTorch's `gain`
+    /// argument, for any scheme: `Init::KaimingNormal.gain(0.5)`, a residual projection's
+    /// `Init::Normal { mean: 0.0, std: 0.02 }.gain(1.0 / (2.0 * layers as f64).sqrt())`).
+    ///
+    /// ```
+    /// use rocannl_tensor::init::{Dist, Init};
+    /// assert_eq!(Init::LecunNormal.gain(2.0).resolve(16, 1), Dist::Normal { mean: 0.0, std: 0.5 });
+    /// assert_eq!(
+    ///     Init::Uniform { lo: -1.0, hi: 3.0 }.gain(-0.5).resolve(1, 1),
+    ///     Dist::Uniform { lo: -1.5, hi: 0.5 }
+    /// );
+    /// ```
+    pub fn gain(self, gain: f64) -> Init {
+        Init::Scaled(Box::new(self), gain)
     }
 
     /// The distribution after resolving fan-based scales.
@@ -117,7 +142,13 @@ impl Init {
                 Dist::Uniform { lo: -b, hi: b }
             }
             Init::XavierNormal => Dist::Normal { mean: 0.0, std: (2.0 / (fi + fo)).sqrt() },
+            Init::LecunUniform => {
+                let b = (3.0 / fi).sqrt();
+                Dist::Uniform { lo: -b, hi: b }
+            }
+            Init::LecunNormal => Dist::Normal { mean: 0.0, std: 1.0 / fi.sqrt() },
             Init::Seeded(inner, _) => inner.resolve(fan_in, fan_out),
+            Init::Scaled(inner, g) => inner.resolve(fan_in, fan_out).scaled(*g),
         }
     }
 
@@ -125,6 +156,7 @@ impl Init {
     pub fn explicit_seed(&self) -> Option<u64> {
         match self {
             Init::Seeded(_, s) => Some(*s),
+            Init::Scaled(inner, _) => inner.explicit_seed(),
             _ => None,
         }
     }
@@ -151,6 +183,19 @@ pub enum Dist {
         /// Standard deviation.
         std: f64,
     },
+}
+
+impl Dist {
+    /// Every value multiplied by `g`: `g·x` for `x` drawn from `self`.
+    fn scaled(self, g: f64) -> Dist {
+        match self {
+            Dist::Constant(v) => Dist::Constant(v * g),
+            Dist::Values(vs) => Dist::Values(vs.into_iter().map(|v| v * g).collect()),
+            Dist::Uniform { lo, hi } if g < 0.0 => Dist::Uniform { lo: hi * g, hi: lo * g },
+            Dist::Uniform { lo, hi } => Dist::Uniform { lo: lo * g, hi: hi * g },
+            Dist::Normal { mean, std } => Dist::Normal { mean: mean * g, std: std * g.abs() },
+        }
+    }
 }
 
 /// Derives a parameter's seed from the graph's seed and its id (SplitMix64 of both).
