@@ -120,6 +120,12 @@ fn einsum_family() {
         let a = param(g, "a", &[], &[3], -1.0, 1.0);
         (vec![a.clone()], a.einsum1("i => 2i"))
     });
+    for unbiased in [false, true] {
+        check(&format!("var1_{unbiased}"), |g| {
+            let a = param(g, "a", &[], &[2, 5], -1.0, 1.0);
+            (vec![a.clone()], a.var1("i, j => i, 0", unbiased))
+        });
+    }
     check("einmax1", |g| {
         let a = param(g, "a", &[], &[2, 3], -1.0, 1.0);
         (vec![a.clone()], a.einmax1("ij => i"))

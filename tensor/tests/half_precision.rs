@@ -49,6 +49,8 @@ fn ops() -> Vec<(&'static str, Build)> {
         }),
         ("einsum_outer_sum", |_, x| x.einsum("i;j => i", x)),
         ("einmax1", |_, x| x.einmax1("i => 0")),
+        ("var_biased", |_, x| x.var1("i => 0", false)),
+        ("var_unbiased", |_, x| x.var1("i => 0", true)),
         ("mean_all", |_, x| x.mean_all()),
         ("sum_all", |_, x| x.sum_all()),
         ("mse", |g, x| loss::mse(x, &g.ndarray("t", &[], &[], &[4], &[0.5, 0.25, -0.5, 1.0]))),

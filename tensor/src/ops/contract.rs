@@ -253,6 +253,38 @@ impl Tensor {
         self.einsum_n(spec, &[], Reduce::Mean)
     }
 
+    /// The variance over the axes `spec` reduces, which must map them to one position (as
+    /// [`Tensor::softmax`]'s spec: `"... | t -> h => ... | 0 -> h"`): the mean of the squared
+    /// deviations from [`Tensor::mean1`] (`unbiased: false`, PyTorch's `correction=0`), or
+    /// their sum over `n - 1` (`unbiased: true`, `correction=1`, `torch.var`'s default). The
+    /// statistics are kept in f32 in half-precision sessions; a dynamic batch counts its
+    /// current rows.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let x = g.ndarray("x", &[2], &[], &[4], &[1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 8.0]);
+    /// let biased = x.var1("b|i => b|0", false);
+    /// let unbiased = x.var1("b|i => b|0", true);
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&biased, &unbiased]).unwrap();
+    /// s.run(&r).unwrap();
+    /// assert_eq!(s.read(&biased).unwrap(), vec![1.25, 12.0]);
+    /// assert_eq!(s.read(&unbiased).unwrap(), vec![(5.0f32 / 3.0) as f64, 16.0]);
+    /// ```
+    pub fn var1(&self, spec: &str, unbiased: bool) -> Tensor {
+        let centered = (self - &self.mean1(spec).kept_in_f32()).kept_in_f32();
+        let squares = centered.pointmul(&centered).kept_in_f32();
+        if !unbiased {
+            return squares.mean1(spec).kept_in_f32();
+        }
+        // The number of cells each result cell reduces: a sum of ones shaped like `self`
+        // (`x < x` is 0 for every x, NaN and infinities included).
+        let ones = &self.detach().lt(&self.detach()) + 1.0;
+        let count = ones.einsum1(spec).kept_in_f32();
+        (&squares.einsum1(spec).kept_in_f32() / &(&count - 1.0)).kept_in_f32()
+    }
+
     /// Unary einsum reducing by maximum (OCANNL's `@^^`).
     pub fn einmax1(&self, spec: &str) -> Tensor {
         self.einsum_n(spec, &[], Reduce::Max)
