@@ -180,6 +180,25 @@ fn gccjit_optimization_levels_compute_the_same_bits() {
     }
 }
 
+/// gccjit at `-O0` and `-O3` gives the interpreter's bits on a map over inputs `xs` (any NaN
+/// for a NaN).
+#[cfg(feature = "gccjit")]
+fn assert_gccjit_gives_the_interpreters_bits(case: &Case, xs: &[f64]) {
+    let want = run_case(BackendKind::Interp, CompileOptions::default(), case);
+    for level in [0, 3] {
+        let opts = CompileOptions { opt_level: level, ..optimized() };
+        let got = run_case(BackendKind::Gccjit, opts, case);
+        for (i, (g, w)) in got[0].iter().zip(&want[0]).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(),
+                "{} at -O{level}: x = {:e}: gccjit {g:e}, interp {w:e}",
+                case.name,
+                xs[i]
+            );
+        }
+    }
+}
+
 /// `exp`, `tanh` and `sigmoid` (which calls `exp`) in compiled, vectorized loops compute the
 /// interpreter's bits (`rocannl_arrayjit::math`): over the whole range of inputs, special
 /// values, subnormal results, overflow and vector tails included, at `-O3` and `-O0`, in every
@@ -214,19 +233,7 @@ fn gccjit_exp_and_tanh_compute_the_interpreters_bits() {
     for prec in [Prec::F32, Prec::Bf16, Prec::F16] {
         for op in [UnOp::Exp, UnOp::Tanh, UnOp::Sigmoid] {
             let case = unop_case_on(op, prec, xs.clone());
-            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
-            for level in [0, 3] {
-                let opts = CompileOptions { opt_level: level, ..optimized() };
-                let got = run_case(BackendKind::Gccjit, opts, &case);
-                for (i, (g, w)) in got[0].iter().zip(&want[0]).enumerate() {
-                    assert!(
-                        g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(),
-                        "{} at -O{level}: x = {:e}: gccjit {g:e}, interp {w:e}",
-                        case.name,
-                        xs[i]
-                    );
-                }
-            }
+            assert_gccjit_gives_the_interpreters_bits(&case, &xs);
         }
     }
 }
@@ -418,19 +425,7 @@ fn gccjit_pow_by_a_constant_keeps_signed_zeros_and_infinities() {
         for e in [0.5, -0.5, 0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 1.5, 1.0 / 3.0] {
             let expr = ScalarExpr::bin(BinOp::Pow, ScalarExpr::Arg(0), ScalarExpr::Const(e));
             let case = map_case(&format!("pow_{e}_{}", prec.name()), prec, prec, expr, xs.clone());
-            let want = run_case(BackendKind::Interp, CompileOptions::default(), &case);
-            for level in [0, 3] {
-                let opts = CompileOptions { opt_level: level, ..optimized() };
-                let got = run_case(BackendKind::Gccjit, opts, &case);
-                for (i, (g, w)) in got[0].iter().zip(&want[0]).enumerate() {
-                    assert!(
-                        g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(),
-                        "{} at -O{level}: x = {:e}: gccjit {g:e}, interp {w:e}",
-                        case.name,
-                        xs[i]
-                    );
-                }
-            }
+            assert_gccjit_gives_the_interpreters_bits(&case, &xs);
         }
     }
 }

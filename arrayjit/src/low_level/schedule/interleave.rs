@@ -26,7 +26,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{Loop, wrap};
+use super::{Cell, Loop, wrap};
 use crate::low_level::{Expr, IdxVar, Index, LocalId, Program, Stmt, Var};
 
 /// Cells computed together.
@@ -61,17 +61,8 @@ pub(crate) fn rewrite(prog: &mut Program, s: &Stmt) -> Option<Vec<Stmt>> {
     if j.limit.is_some() || j.extent < R || !j.extent.is_multiple_of(R) {
         return None;
     }
-    let [
-        Stmt::SetLocal { local: t, value: start },
-        red @ Stmt::For { .. },
-        Stmt::Set { node, idx, value: Expr::Local(t2) },
-    ] = block
-    else {
-        return None;
-    };
-    if t != t2 {
-        return None;
-    }
+    let Cell { local, start, red, node, idx } = Cell::of(block)?;
+    let t = &local;
     // `j` alone indexes one axis of the cell: distinct `j`, distinct cells.
     if idx.iter().filter(|i| i.uses(j.var)).count() != 1
         || !idx.iter().any(|i| i.as_var() == Some(j.var))

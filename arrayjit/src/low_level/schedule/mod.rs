@@ -46,7 +46,7 @@ mod zeroed;
 
 pub use gemm::{MIN_GEMM_STEPS, MIN_PAIR_DEPTH};
 
-use super::{Expr, Guard, Index, Limit, Program, Stmt, Var};
+use super::{Expr, Guard, Index, Limit, LocalId, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, TernOp};
 use crate::tnode::{MemoryMode, NodeId, TensorNode, row_major_strides};
 
@@ -519,14 +519,7 @@ impl Nest {
                 _ => return None,
             }
         };
-        let [
-            Stmt::SetLocal { local: t, value: start },
-            red_stmt @ Stmt::For { .. },
-            Stmt::Set { node, idx, value: Expr::Local(t2) },
-        ] = block
-        else {
-            return None;
-        };
+        let Cell { local: t, start, red: red_stmt, node, idx } = Cell::of(block)?;
         let mut red = Vec::new();
         let mut point_guards = Vec::new();
         let mut cur = std::slice::from_ref(red_stmt);
@@ -540,13 +533,10 @@ impl Nest {
                     point_guards.extend(guards.iter().cloned());
                     cur = body;
                 }
-                [Stmt::SetLocal { local: t3, value }] if t3 == t => break value,
+                [Stmt::SetLocal { local: t3, value }] if *t3 == t => break value,
                 _ => return None,
             }
         };
-        if t != t2 {
-            return None;
-        }
         let prec = prog.nodes.get(node)?.prec;
         // A half-precision result accumulates in an f32 local; [`in_f32`] gives its kernel an
         // f32 copy to work in.
@@ -554,7 +544,7 @@ impl Nest {
         if local != prec.compute() {
             return None;
         }
-        let is_t = |e: &Expr| matches!(e, Expr::Local(l) if l == t);
+        let is_t = |e: &Expr| matches!(e, Expr::Local(l) if *l == t);
         let update = match upd {
             Expr::Binop(op, a, b) if op.is_reorderable() && is_t(a) => {
                 Update::Op(*op, (**b).clone())
@@ -586,7 +576,7 @@ impl Nest {
             cell_guards,
             point_guards,
             node: *node,
-            idx: idx.clone(),
+            idx: idx.to_vec(),
             update,
             init,
             prec,
@@ -678,6 +668,36 @@ pub(crate) fn largest_divisor(n: usize, at_most: usize, multiple_of: usize) -> u
 /// `Σ coeff·var + offset` over loop variables.
 pub(crate) fn lin(terms: &[(usize, Var)], off: usize) -> Index {
     Index::new(terms.iter().map(|&(c, v)| (c as i64, super::IdxVar::Loop(v))).collect(), off as i64)
+}
+
+/// The three statements of one cell of a reduction nest, inside its cell loops:
+/// `t := start; <reduction loops>; c[idx] := t`.
+pub(crate) struct Cell<'a> {
+    /// The accumulator `t`.
+    pub local: LocalId,
+    /// Its initial value (the neutral element, or the cell's old value).
+    pub start: &'a Expr,
+    /// The (outermost) reduction loop.
+    pub red: &'a Stmt,
+    /// The result `c`.
+    pub node: &'a NodeId,
+    /// The cell's index in `c`.
+    pub idx: &'a [Index],
+}
+
+impl<'a> Cell<'a> {
+    /// The cell, when `block` is one (the accumulator stored is the one initialized).
+    pub(crate) fn of(block: &'a [Stmt]) -> Option<Cell<'a>> {
+        let [
+            Stmt::SetLocal { local, value: start },
+            red @ Stmt::For { .. },
+            Stmt::Set { node, idx, value: Expr::Local(stored) },
+        ] = block
+        else {
+            return None;
+        };
+        (local == stored).then_some(Cell { local: *local, start, red, node, idx })
+    }
 }
 
 /// Wraps `body` in loops, the first of `loops` outermost.

@@ -22,7 +22,7 @@
 //! its terms in order and is rounded once, so the bits are the lowered nest's (and the
 //! interpreter's). The lane kernel, which would sum in another order, is not used for it.
 
-use super::{covers_every_cell, interleave, wrap};
+use super::{Cell, covers_every_cell, interleave, wrap};
 use crate::low_level::{Expr, LocalId, Program, Scratch, Stmt};
 use crate::ops::{BinOp, Prec};
 use crate::tnode::{MemoryMode, NodeId, TensorNode};
@@ -35,16 +35,9 @@ pub(super) fn in_f64(prog: &mut Program, s: &Stmt) -> Option<(Vec<Stmt>, Stmt, V
     if cells.is_empty() {
         return None;
     }
-    let [
-        Stmt::SetLocal { local: t, value: start },
-        red @ Stmt::For { .. },
-        Stmt::Set { node, idx, value: Expr::Local(t2) },
-    ] = block
-    else {
-        return None;
-    };
+    let Cell { local: t, start, red, node, idx } = Cell::of(block)?;
     let c = prog.nodes.get(node)?.clone();
-    if t != t2 || prog.locals[t.0 as usize] != Prec::F64 || c.prec == Prec::F64 {
+    if prog.locals[t.0 as usize] != Prec::F64 || c.prec == Prec::F64 {
         return None;
     }
     let onto = match start {
@@ -55,7 +48,7 @@ pub(super) fn in_f64(prog: &mut Program, s: &Stmt) -> Option<(Vec<Stmt>, Stmt, V
     if !covers_every_cell(idx, &cells, &c.dims) {
         return None;
     }
-    let red = direct_terms(prog, red, *t)?;
+    let red = direct_terms(prog, red, t)?;
     let id = prog.fresh_node_id();
     let label = format!("{}.f64", c.label);
     prog.nodes.insert(id, TensorNode::new(id, &label, &c.dims, Prec::F64, MemoryMode::Local));
@@ -69,11 +62,11 @@ pub(super) fn in_f64(prog: &mut Program, s: &Stmt) -> Option<(Vec<Stmt>, Stmt, V
     };
     let before = if onto { vec![copy(prog, c.id, id)] } else { vec![] };
     let after = vec![copy(prog, id, c.id)];
-    let start = if onto { Expr::Get(id, idx.clone()) } else { Expr::Const(0.0) };
+    let start = if onto { Expr::Get(id, idx.to_vec()) } else { Expr::Const(0.0) };
     let body = vec![
-        Stmt::SetLocal { local: *t, value: start },
+        Stmt::SetLocal { local: t, value: start },
         red,
-        Stmt::Set { node: id, idx: idx.clone(), value: Expr::Local(*t) },
+        Stmt::Set { node: id, idx: idx.to_vec(), value: Expr::Local(t) },
     ];
     let nest = wrap(&cells, body).pop()?;
     Some((before, nest, after))
