@@ -3,7 +3,10 @@
 //! - [`half_moons`]: two interleaving half circles with Gaussian noise (generated, seeded);
 //! - [`digits`]: the 1,797 8×8 handwritten digits bundled in `data/digits.csv` (UCI optical
 //!   digits, CC BY 4.0; see `data/README.md`);
-//! - [`names`]: 5,163 first names bundled in `data/names.txt` (1990 US Census, public domain).
+//! - [`names`]: 5,163 first names bundled in `data/names.txt` (1990 US Census, public domain);
+//! - [`names_32k`]: the 32,033 most common US baby names of 2018 bundled in
+//!   `data/names32k.txt`, the list most character-level language-model tutorials train on
+//!   (US Social Security Administration data, public domain, as distributed with makemore).
 //!
 //! Random numbers come from the same counter-based generator as parameter initialization, so a
 //! seed gives the same data everywhere.
@@ -116,6 +119,25 @@ pub fn digits() -> Digits {
 /// ```
 pub fn names() -> Vec<String> {
     include_str!("../data/names.txt")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// The 32,033 names of `data/names32k.txt`, lower case, in the file's order (as the file is
+/// distributed, most common first; 29,494 are distinct, some appear more than once). This is the list that most character-level language-model lectures and
+/// tutorials use (the `names.txt` of makemore); [`names`] is a different, smaller list.
+///
+/// ```
+/// let names = rocannl::datasets::names_32k();
+/// assert_eq!(names.len(), 32_033);
+/// assert_eq!(&names[..3], ["emma", "olivia", "ava"]);
+/// assert!(names.iter().all(|n| n.chars().all(|c| c.is_ascii_lowercase())));
+/// ```
+pub fn names_32k() -> Vec<String> {
+    include_str!("../data/names32k.txt")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
