@@ -198,12 +198,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let train = SequenceLoader::new(d.train.clone(), CONTEXT, BATCH, a.seed ^ 0x5eed)?;
     let mut losses = Vec::with_capacity(a.steps);
     let train_started = Instant::now();
+    // When the first step's result is there, and when the optimized code of every routine
+    // started serving (the start of the first step that ran it), from the start of compiling.
+    let (mut first_step_s, mut optimized_s) = (None, None);
     for t in 0..a.steps {
         let (xs, ys) = train.batch(t);
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
+        let step_started = compile.elapsed().as_secs_f64();
         s.step(&mut step, schedule.at(t, a.steps), &[])?;
         losses.push(s.loss(&step)?);
+        first_step_s = first_step_s.or(Some(compile.elapsed().as_secs_f64()));
+        if optimized_s.is_none() && !s.builds_pending() {
+            optimized_s = Some(step_started);
+        }
         if !a.json && (t % 200 == 0 || t + 1 == a.steps) {
             println!("step {t:>5}: loss {:.4}", losses[t]);
         }
@@ -234,7 +242,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // Valid JSON whatever happens: a non-finite loss is written as null.
         let line = serde_json::json!({
             "train_loss": train_loss, "val_loss": val_loss, "steps_per_s": steps_per_s,
-            "compile_s": compile_s, "wall_s": wall_s, "samples": samples, "params": params,
+            "compile_s": compile_s, "first_step_s": first_step_s, "optimized_s": optimized_s,
+            "wall_s": wall_s, "samples": samples, "params": params,
             "precision": a.prec.name(), "master": s.master_prec().name(),
             "skipped_steps": step.skipped_steps(),
             "data": {
@@ -247,7 +256,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "train loss (mean of the last 50 steps) {train_loss:.4}, validation loss {val_loss:.4}"
         );
-        println!("{steps_per_s:.1} steps/s; compile {compile_s:.2} s; wall {wall_s:.2} s");
+        let optimized = optimized_s.map_or("not within the run".into(), |t| format!("{t:.2} s"));
+        println!(
+            "{steps_per_s:.1} steps/s; compile {compile_s:.2} s (first step done at {:.2} s, \
+             optimized code serving from {optimized}); wall {wall_s:.2} s",
+            first_step_s.unwrap_or(compile_s)
+        );
         if step.skipped_steps() > 0 {
             println!("loss scaling skipped {} steps", step.skipped_steps());
         }

@@ -349,6 +349,13 @@ impl Context {
         self.backend.finish_builds();
     }
 
+    /// Whether some routine still runs its quick first build, its optimized build under way or
+    /// ready to be swapped in by its next run ([`CompileOptions::tiered`]). Does not wait: a
+    /// program can report when the optimized code starts serving without blocking for it.
+    pub fn builds_pending(&self) -> bool {
+        self.backend.builds_pending()
+    }
+
     /// Whether a routine runs its final code: false while a tiered routine still runs its quick
     /// first build (until a run after its optimized build is ready, or
     /// [`Context::finish_builds`]).

@@ -164,3 +164,46 @@ fn bf16_stores_round_to_nearest_even_exactly_as_the_interpreter() {
         }
     }
 }
+
+/// Two fills from the generator, `x := uniform(seed_x)` and `y := uniform(seed_y)`, on tensors
+/// of one shape.
+fn fills(nodes: &mut NodeTable, seeds: [u64; 2], n: usize) -> (Asgn, [NodeId; 2]) {
+    use rocannl_arrayjit::assignments::FetchOp;
+    let x = host(nodes, "x", &[n], Prec::F32);
+    let y = host(nodes, "y", &[n], Prec::F32);
+    let fill = |lhs, seed| Asgn::Fetch { lhs, fetch: FetchOp::Uniform { seed, salt: None } };
+    (Asgn::Seq(vec![fill(x, seeds[0]), fill(y, seeds[1])]), [x, y])
+}
+
+#[test]
+fn seeds_are_values_of_a_call_not_code_so_another_seed_is_served_from_the_cache() {
+    use rocannl_arrayjit::CacheOutcome;
+    let dir = rocannl_arrayjit::env::temp_dir()
+        .join(format!("rocannl-test-seeds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = CompileOptions {
+        cache: rocannl_arrayjit::cache::CacheMode::Dir(dir.clone()),
+        tiered: false,
+        ..CompileOptions::default()
+    };
+    let n = 1000;
+    for (k, seeds) in [[7u64, 11], [123_456_789, u64::MAX], [11, 7]].into_iter().enumerate() {
+        let mut nodes = NodeTable::default();
+        let (asgn, [x, y]) = fills(&mut nodes, seeds, n);
+        let mut ctx = Context::new(BackendKind::Gccjit, opts.clone()).unwrap();
+        let r = ctx.compile("fills", &asgn, &nodes).unwrap();
+        let want = if k == 0 { CacheOutcome::Miss } else { CacheOutcome::Hit };
+        assert_eq!(r.report().cache, want, "seeds {seeds:?}: {:?}", r.report());
+        // One function for both fills: they differ only in their tensors and seeds.
+        let src = r.source_text();
+        assert_eq!(src.matches("\nvoid step_").count(), 1, "{src}");
+        ctx.run(&r, &[]).unwrap();
+        for (node, seed) in [(x, seeds[0]), (y, seeds[1])] {
+            let got = ctx.read(node).unwrap().to_f64_vec();
+            let want: Vec<f64> =
+                (0..n as u64).map(|i| rocannl_arrayjit::ops::uniform(seed, i)).collect();
+            assert_eq!(got, want, "seed {seed}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -66,10 +66,12 @@ fn a_tiered_routine_computes_the_optimized_bits_before_and_after_the_swap() {
 
         let (mut ctx, r) = setup(&case, opts(&dir, true));
         assert!(!ctx.runs_optimized(&r), "{}: the first tier runs first", case.name);
+        assert!(ctx.builds_pending(), "{}: its optimized build is pending", case.name);
         ctx.run(&r, &case.bindings).unwrap();
         assert_eq!(bits(&outputs(&ctx, &case)), bits(&want), "{}: first tier", case.name);
         ctx.finish_builds();
         assert!(ctx.runs_optimized(&r), "{}: swapped in", case.name);
+        assert!(!ctx.builds_pending(), "{}: nothing pending", case.name);
         ctx.run(&r, &case.bindings).unwrap();
         assert_eq!(bits(&outputs(&ctx, &case)), bits(&want), "{}: optimized", case.name);
 

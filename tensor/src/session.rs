@@ -681,6 +681,25 @@ impl Session {
         self.ctx.finish_builds();
     }
 
+    /// Whether some routine of this session still runs its quick first build while its
+    /// optimized build is made in the background ([`CompileOptions::tiered`]); false once every
+    /// routine compiled so far has run its optimized code. It does not wait, so a program can
+    /// time when the optimized code starts serving ([`Session::finish_builds`] waits for it).
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::new();
+    /// let x = g.vector("x", &[1.0, -2.0]);
+    /// let y = x.relu();
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// s.finish_builds();
+    /// assert!(!s.builds_pending());
+    /// ```
+    pub fn builds_pending(&self) -> bool {
+        self.ctx.builds_pending()
+    }
+
     /// Runs a routine.
     pub fn run(&mut self, r: &Routine) -> Result<()> {
         self.run_with(r, &[])

@@ -168,6 +168,9 @@ pub struct CRenderer<'a> {
     pub dialect: Dialect,
     /// Whether every access is preceded by a bounds check (C dialect only).
     pub bounds_check: bool,
+    /// Whether a `uniform`'s seed is a number into the step's `seeds` array (gccjit's
+    /// canonical steps, whose calls pass their seeds) rather than the seed itself.
+    pub seed_numbers: bool,
 }
 
 impl CRenderer<'_> {
@@ -235,6 +238,9 @@ impl CRenderer<'_> {
             Expr::Get(n, idx) => self.load(*n, idx, ty),
             Expr::Local(l) => format!("({ty}){l}"),
             Expr::IndexValue(i) => format!("({ty})({})", self.index(i)),
+            Expr::Uniform { seed, offset } if self.seed_numbers => {
+                format!("rc_uniform{sfx}(seeds[{seed}], {})", self.index(offset))
+            }
             Expr::Uniform { seed, offset } => {
                 format!("rc_uniform{sfx}({seed}ULL, {})", self.index(offset))
             }

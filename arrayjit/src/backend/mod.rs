@@ -239,6 +239,11 @@ pub trait Backend {
     fn runs_optimized(&self, _routine: usize) -> bool {
         true
     }
+    /// Whether some routine still runs its quick first build (its optimized build under way
+    /// or not yet swapped in). Does not wait.
+    fn builds_pending(&self) -> bool {
+        false
+    }
     /// Waits for every routine's background build and swaps it in, and for the builds made
     /// only for the compile cache (a no-op for backends without tiers).
     fn finish_builds(&mut self) {}

@@ -47,7 +47,12 @@ pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
         for (l, p) in &k.locals {
             prog.locals[l.0 as usize] = *p;
         }
-        let r = CRenderer { prog: &prog, dialect: Dialect::Cuda, bounds_check: false };
+        let r = CRenderer {
+            prog: &prog,
+            dialect: Dialect::Cuda,
+            bounds_check: false,
+            seed_numbers: false,
+        };
         kernel(&r, &mut out, k);
         prog.locals.truncate(program_locals);
     }

@@ -320,6 +320,8 @@ struct Gen<'c> {
     locals: FxHashMap<LocalId, LValue<'c>>,
     /// The run table's helper addresses, loaded once per function when first needed.
     helper_ptrs: FxHashMap<usize, LValue<'c>>,
+    /// The call's seeds, by number, loaded once per function when first needed.
+    seeds: FxHashMap<u64, LValue<'c>>,
     /// C library functions declared as plain external functions (see [`Gen::libm_call`]).
     libm: FxHashMap<String, Function<'c>>,
     bounds_check: bool,
@@ -399,6 +401,7 @@ impl<'c> Gen<'c> {
             limits: 0,
             locals: FxHashMap::default(),
             helper_ptrs: FxHashMap::default(),
+            seeds: FxHashMap::default(),
             libm: FxHashMap::default(),
             bounds_check,
             fresh: 0,
@@ -1221,6 +1224,24 @@ impl<'c> Gen<'c> {
         }
     }
 
+    /// The call's seed number `k` ([`super::dedup`]): the `k`-th value of the `u64` array in
+    /// the buffer table's slot after the nodes, loaded into a local at the function's entry.
+    fn seed(&mut self, k: u64) -> RValue<'c> {
+        if let Some(l) = self.seeds.get(&k) {
+            return l.to_rvalue();
+        }
+        let u = self.t.u64;
+        let slot = self.long(self.slots.len() as i64);
+        let raw = self.ctx.new_array_access(None, self.bufs, slot).to_rvalue();
+        let table = self.ctx.new_cast(None, raw, u.make_pointer());
+        let value = self.ctx.new_array_access(None, table, self.long(k as i64));
+        let l = self.func.new_local(None, u, format!("seed{k}"));
+        self.entry.add_assignment(None, l, value.to_rvalue());
+        self.seeds.insert(k, l);
+        l.to_rvalue()
+    }
+
+    /// `uniform(seed, offset)` for the call's seed number `seed`.
     fn uniform(&mut self, seed: u64, offset: &Index, ty: Type<'c>) -> RValue<'c> {
         let u = self.t.u64;
         let k = |g: &Self, x: u64| g.ctx.new_rvalue_from_long(u, x as i64);
@@ -1229,7 +1250,8 @@ impl<'c> Gen<'c> {
         let z = self.new_local(u, "rng");
         let plus1 = self.ctx.new_binary_op(None, BinaryOp::Plus, u, off, k(self, 1));
         let mixed = self.ctx.new_binary_op(None, BinaryOp::Mult, u, plus1, k(self, SPLITMIX_GAMMA));
-        let start = self.ctx.new_binary_op(None, BinaryOp::Plus, u, k(self, seed), mixed);
+        let seed = self.seed(seed);
+        let start = self.ctx.new_binary_op(None, BinaryOp::Plus, u, seed, mixed);
         self.block.add_assignment(None, z, start);
         for (shift, mul) in [(30, Some(SPLITMIX_M1)), (27, Some(SPLITMIX_M2)), (31, None)] {
             let sh =

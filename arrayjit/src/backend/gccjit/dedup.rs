@@ -13,6 +13,12 @@
 //!
 //! The canonical program is also what the compile cache keys on, so two routines that compile
 //! to the same distinct steps share a cache entry whatever their node numbering.
+//!
+//! Random-number seeds are values, not code: a canonical step names its seeds by number
+//! (`uniform(0, …)` is the step's first seed) and each call passes its own seeds in one more
+//! slot of its buffer table, after the nodes. So a parameter initialization or a dropout mask
+//! with another seed (another `Graph::with_seed`, another run of the same script) calls the
+//! same machine code and finds it in the compile cache.
 
 use rustc_hash::FxHashMap;
 
@@ -48,6 +54,8 @@ pub struct Call {
     pub step: usize,
     /// The real node of each slot.
     pub nodes: Vec<NodeId>,
+    /// The seed behind each of the step's seed numbers.
+    pub seeds: Vec<u64>,
 }
 
 impl Deduped {
@@ -99,7 +107,7 @@ pub fn dedup(prog: &Program, steps: &[(Vec<Stmt>, StepKind)]) -> Deduped {
                 distinct.len() - 1
             }
         };
-        calls.push(Call { step, nodes: c.nodes });
+        calls.push(Call { step, nodes: c.nodes, seeds: c.seeds });
     }
     Deduped { prog: out, steps: distinct, slots, keys, calls }
 }
@@ -159,6 +167,7 @@ struct Canon {
     var_of: FxHashMap<Var, Var>,
     locals: Vec<LocalId>,
     local_of: FxHashMap<LocalId, LocalId>,
+    seeds: Vec<u64>,
 }
 
 impl Canon {
@@ -184,6 +193,17 @@ impl Canon {
             self.locals.push(l);
             next
         })
+    }
+
+    /// A seed's number in the step: its position among the step's distinct seeds.
+    fn seed(&mut self, seed: u64) -> u64 {
+        match self.seeds.iter().position(|s| *s == seed) {
+            Some(k) => k as u64,
+            None => {
+                self.seeds.push(seed);
+                self.seeds.len() as u64 - 1
+            }
+        }
     }
 
     fn index(&mut self, i: &Index) -> Index {
@@ -273,7 +293,7 @@ impl Canon {
             Expr::Local(l) => Expr::Local(self.local(*l)),
             Expr::IndexValue(i) => Expr::IndexValue(self.index(i)),
             Expr::Uniform { seed, offset } => {
-                Expr::Uniform { seed: *seed, offset: self.index(offset) }
+                Expr::Uniform { seed: self.seed(*seed), offset: self.index(offset) }
             }
             Expr::Unop(op, a) => Expr::Unop(*op, Box::new(self.expr(a))),
             Expr::Binop(op, a, b) => {

@@ -134,6 +134,8 @@ struct Compiled {
     background: Option<tier::Tier>,
     /// The routine's own buffers (packed operands of the CPU schedule), in `table`.
     _scratch: Vec<HostBuffer>,
+    /// Each call's seeds, in `table` after its nodes ([`dedup`]).
+    _seeds: Vec<Box<[u64]>>,
     /// The routine's intermediates ([`crate::low_level::memory`]), in `table`.
     _arena: HostArena,
     /// The distinct steps' functions ([`dedup`]).
@@ -283,10 +285,10 @@ impl Gccjit {
         // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
         // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot;
         // 12: maps and reductions call the map kernel, two new slots; 13: products with
-        // epilogues, two new slots; 14: `pow` through a plain external declaration), so older
-        // cache entries are not used.
+        // epilogues, two new slots; 14: `pow` through a plain external declaration; 15: seeds
+        // read from the buffer table), so older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 14; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 15; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
@@ -444,6 +446,7 @@ impl Gccjit {
         let mut scratch: FxHashMap<NodeId, HostBuffer> = FxHashMap::default();
         let mut labels: FxHashMap<NodeId, String> = FxHashMap::default();
         let mut tables = Vec::with_capacity(deduped.calls.len());
+        let mut seeds = Vec::with_capacity(deduped.calls.len());
         for call in &deduped.calls {
             let mut table = Vec::with_capacity(call.nodes.len());
             for n in &call.nodes {
@@ -469,6 +472,10 @@ impl Gccjit {
                 };
                 table.push(ptr);
             }
+            // The call's seeds, after its nodes ([`dedup`]).
+            let call_seeds: Box<[u64]> = call.seeds.clone().into_boxed_slice();
+            table.push(call_seeds.as_ptr() as *mut u8);
+            seeds.push(call_seeds);
             tables.push(table);
         }
         let reused = code.len();
@@ -527,6 +534,7 @@ impl Gccjit {
             names,
             background,
             _scratch: scratch.into_values().collect(),
+            _seeds: seeds,
             _arena: arena,
             steps: fns,
             calls,
@@ -544,7 +552,12 @@ impl Gccjit {
     fn render_planned(&self, deduped: &dedup::Deduped) -> String {
         let prog = &deduped.prog;
         let steps = &deduped.steps;
-        let r = CRenderer { prog, dialect: Dialect::C, bounds_check: self.opts.bounds_check };
+        let r = CRenderer {
+            prog,
+            dialect: Dialect::C,
+            bounds_check: self.opts.bounds_check,
+            seed_numbers: true,
+        };
         let mut out = prelude(Dialect::C);
         if self.opts.bounds_check {
             out.push_str("extern void rc_report(void *err, long long node, long long axis, long long index, long long bound);\n");
@@ -570,6 +583,13 @@ impl Gccjit {
                     let slot = slots.iter().position(|s| *s == n).unwrap_or(0);
                     let _ = writeln!(out, "  {ty} *{p} = ({ty} *)bufs[{slot}];");
                 }
+            }
+            if deduped.calls.iter().any(|c| c.step == k && !c.seeds.is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "  const unsigned long long *seeds = (const unsigned long long *)bufs[{}];",
+                    slots.len()
+                );
             }
             r.declarations(&mut out, body, 1);
             match (kind, body.as_slice()) {
@@ -866,6 +886,10 @@ impl Backend for Gccjit {
         self.routines
             .get(routine)
             .is_some_and(|r| r.as_ref().is_some_and(|r| r.background.is_none()))
+    }
+
+    fn builds_pending(&self) -> bool {
+        self.routines.iter().flatten().any(|r| r.background.is_some())
     }
 
     fn release(&mut self, routine: usize) -> Result<(), Error> {
