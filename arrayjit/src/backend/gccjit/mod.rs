@@ -276,20 +276,17 @@ impl Gccjit {
     }
 
     /// What every step's machine code depends on besides the step itself: the code
-    /// generator's and libgccjit's versions, the host's target flags and the options. Part of
-    /// each step's content key; nothing in it names the routine (its steps are canonical,
-    /// [`dedup`]), so routines and programs with steps in common share them.
+    /// generator (a digest of this crate's sources, made by its build script, so that an entry
+    /// made by another generator is never used and no version needs bumping by hand),
+    /// libgccjit's version, the host's target flags and the options. Part of each step's
+    /// content key; nothing in it names the routine (its steps are canonical, [`dedup`]), so
+    /// routines and programs with steps in common share them.
     fn setup_key(&self) -> String {
         let v = gccjit::Version::get();
-        // The codegen number changes whenever the code generated for the same program changes
-        // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
-        // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot;
-        // 12: maps and reductions call the map kernel, two new slots; 13: products with
-        // epilogues, two new slots; 14: `pow` through a plain external declaration; 15: seeds
-        // read from the buffer table), so older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 15; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen {}; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
+            env!("ROCANNL_CODEGEN_DIGEST"),
             v.major,
             v.minor,
             v.patch,
