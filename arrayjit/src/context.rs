@@ -8,11 +8,9 @@
 //! plan ([`crate::low_level::memory`]): they cannot be read after it has run.
 //! `run` binds runtime symbols, checks that they keep every index in range, and executes.
 
-use std::time::Instant;
-
 use crate::cache::CacheOutcome;
+use crate::low_level::Program;
 use crate::low_level::estimate::{Estimate, WorkLimit, estimate};
-use crate::low_level::optimize::{OptimizeOptions, optimize};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,7 +18,7 @@ use rustc_hash::FxHashMap;
 
 use crate::assignments::Asgn;
 use crate::backend::interp::Interp;
-use crate::backend::{Backend, BackendKind, CompileOptions};
+use crate::backend::{Backend, BackendKind, BuildReport, BuildRequest, CompileOptions, Compiled};
 use crate::error::Error;
 use crate::indexing::Symbol;
 use crate::low_level::RuntimeCheck;
@@ -216,6 +214,10 @@ impl Context {
         Ok(())
     }
 
+    /// The pipeline of one routine, a phase per line: the front end (lowering and
+    /// optimization, [`crate::front_end`]), the memory plan, the estimate checked against the
+    /// limits before anything is allocated, the buffers that outlive the routine, the backend's
+    /// build (or the interpreter for a small routine run once), the debug dumps, the report.
     fn compile_with(
         &mut self,
         name: &str,
@@ -223,84 +225,21 @@ impl Context {
         nodes: &NodeTable,
         once: bool,
     ) -> Result<Routine, Error> {
-        let started = Instant::now();
-        // Loop nests from projections, then the optimization pipeline.
-        let mut prog = crate::lower::lower(name, asgn, nodes)?;
-        let lowered = Instant::now();
-        let opt =
-            OptimizeOptions { virtualize: self.opts.virtualize, ..OptimizeOptions::default() };
-        optimize(&mut prog, &opt)?;
+        let (mut prog, front_phases) = crate::front_end(name, asgn, nodes, &self.opts)?;
         // Intermediates without a buffer share one arena of the routine's own.
-        crate::low_level::memory::run(&mut prog, |n| self.backend.has_buffer(n));
-        let optimized = Instant::now();
+        crate::low_level::memory::plan_arena(&mut prog, |n| self.backend.has_buffer(n));
         let need = estimate(&prog, |n| self.backend.has_buffer(n));
         self.check_limits(name, need)?;
-        for id in prog.materialized_nodes() {
-            let node = &prog.nodes[&id];
-            if prog.arena.offset_of(id).is_none() {
-                self.backend.alloc(node)?;
-            }
-            self.nodes.insert(id, node.clone());
-        }
-        // A node with no elements has no code touching it; it still gets its (empty) buffer so
-        // that it can be read and written like any other.
-        for id in asgn.nodes() {
-            let node = nodes.get(id)?;
-            if node.num_elements() == 0 && !self.backend.has_buffer(id) {
-                self.backend.alloc(node)?;
-                self.nodes.insert(id, node.clone());
-            }
-        }
+        self.allocate(&prog, asgn, nodes)?;
         let low_level = prog.to_string();
-        // A small routine run once costs less on the interpreter than GCC's fixed cost, and
-        // computes the same bits.
-        // (Unless its native code is in the compile cache: loading it is faster still. If it is
-        // not, it is built for the cache in the background, for the next process.)
-        // Only with tiers: a context without them builds everything natively and caches it.
-        let mut interpreted = once
-            && self.opts.tiered
-            && self.backend.kind() != BackendKind::Interp
-            && need.work <= RUN_ONCE_INTERP_WORK
-            && self.backend.host_buffers().is_some();
-        let cached = if interpreted { self.backend.compile_cached(&prog, true)? } else { None };
-        interpreted &= cached.is_none();
-        let compiled = match (cached, self.backend.host_buffers()) {
-            (Some(c), _) => Ok(c),
-            (None, Some(buffers)) if interpreted => {
-                self.interp.compile_on(&prog, buffers).map(|i| (i, low_level.clone()))
-            }
-            _ => self.backend.compile(&prog),
-        };
-        if let Some(dir) = &self.opts.debug_dir {
-            let ext = match self.backend.kind() {
-                _ if interpreted => "interp.txt",
-                BackendKind::Interp => "interp.txt",
-                BackendKind::Gccjit => "c",
-                BackendKind::Cuda => "cu",
-                BackendKind::CudaSim => "kernels.txt",
-            };
-            // A compile that failed leaves its source too: that is when it is needed most.
-            let source = match &compiled {
-                Ok((_, source)) => source.clone(),
-                Err(_) => self.backend.render(&prog)?,
-            };
-            write_debug(dir, &format!("{name}.asgn.txt"), &asgn.to_string())?;
-            write_debug(dir, &format!("{name}.ll.txt"), &low_level)?;
-            write_debug(dir, &format!("{name}.{ext}"), &source)?;
-        }
-        let (index, source) = compiled?;
-        let mut phases = vec![
-            ("lowering", (lowered - started).as_secs_f64()),
-            ("optimization", (optimized - lowered).as_secs_f64()),
-        ];
-        if !interpreted {
-            phases.extend(self.backend.last_compile_phases());
-        }
-        let report = CompileReport {
-            phases,
-            cache: if interpreted { CacheOutcome::Off } else { self.backend.last_cache_outcome() },
-            flops: crate::low_level::flops(&prog),
-        };
+        let interpret = once && need.work <= RUN_ONCE_INTERP_WORK;
+        let (compiled, interpreted) = self.build(&prog, once, interpret, &low_level);
+        self.dump(name, asgn, &prog, &low_level, &compiled, interpreted)?;
+        let compiled = compiled?;
+        let mut phases = front_phases.to_vec();
+        phases.extend(compiled.report.phases);
+        let flops = crate::low_level::flops(&prog);
+        let report = CompileReport { phases, cache: compiled.report.cache, flops };
         for n in &prog.virtual_nodes {
             if let Some(node) = prog.nodes.get(n) {
                 self.nodes.entry(*n).or_insert_with(|| node.clone());
@@ -308,16 +247,112 @@ impl Context {
         }
         Ok(Routine {
             name: name.to_string(),
-            index,
+            index: compiled.routine,
             owner: self.owner.clone(),
             low_level,
-            source,
+            source: compiled.listing,
             virtual_nodes: prog.virtual_nodes,
             runtime_symbols: prog.runtime_symbols,
             runtime_checks: prog.runtime_checks,
             report,
             interpreted,
         })
+    }
+
+    /// Zeroed buffers for the nodes a routine materializes outside its arena, and for the
+    /// nodes with no elements (no code touches them; they still get their empty buffer, so
+    /// that they can be read and written like any other).
+    fn allocate(&mut self, prog: &Program, asgn: &Asgn, nodes: &NodeTable) -> Result<(), Error> {
+        for id in prog.materialized_nodes() {
+            let node = &prog.nodes[&id];
+            if prog.arena.offset_of(id).is_none() {
+                self.backend.alloc(node)?;
+            }
+            self.nodes.insert(id, node.clone());
+        }
+        for id in asgn.nodes() {
+            let node = nodes.get(id)?;
+            if node.num_elements() == 0 && !self.backend.has_buffer(id) {
+                self.backend.alloc(node)?;
+                self.nodes.insert(id, node.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// What a routine is built at: a routine run once at a lower level and without tiers
+    /// (GCC's `-O3` time would exceed any run time it saves), the others as the options say.
+    fn request(&self, once: bool) -> BuildRequest {
+        let req = BuildRequest::from_options(&self.opts);
+        if once {
+            BuildRequest { opt_level: req.opt_level.min(RUN_ONCE_OPT_LEVEL), tiered: false }
+        } else {
+            req
+        }
+    }
+
+    /// The backend's build of a routine, or the interpreter's: a small routine run once
+    /// (`interpret`) costs less on the interpreter than GCC's fixed cost, and computes the same
+    /// bits — unless its native code is in the compile cache, which is faster still (if it is
+    /// not, it is built for the cache in the background, for the next process). Only with
+    /// tiers: a context without them builds everything natively and caches it. Returns the
+    /// build and whether it is the interpreter's.
+    fn build(
+        &mut self,
+        prog: &Program,
+        once: bool,
+        interpret: bool,
+        low_level: &str,
+    ) -> (Result<Compiled, Error>, bool) {
+        let req = self.request(once);
+        let interpret = interpret
+            && self.opts.tiered
+            && self.backend.kind() != BackendKind::Interp
+            && self.backend.host_buffers().is_some();
+        if interpret {
+            match self.backend.compile_cached(prog, &req, true) {
+                Ok(Some(c)) => return (Ok(c), false),
+                Err(e) => return (Err(e), false),
+                Ok(None) => {}
+            }
+            if let Some(buffers) = self.backend.host_buffers() {
+                let built = self.interp.compile_on(prog, buffers).map(|routine| Compiled {
+                    routine,
+                    listing: low_level.to_string(),
+                    report: BuildReport::default(),
+                });
+                return (built, true);
+            }
+        }
+        (self.backend.compile(prog, &req), false)
+    }
+
+    /// With [`CompileOptions::debug_dir`], the routine's assignments, low-level IR and
+    /// generated source (of a build that failed too: that is when it is needed most).
+    fn dump(
+        &self,
+        name: &str,
+        asgn: &Asgn,
+        prog: &Program,
+        low_level: &str,
+        compiled: &Result<Compiled, Error>,
+        interpreted: bool,
+    ) -> Result<(), Error> {
+        let Some(dir) = &self.opts.debug_dir else { return Ok(()) };
+        let ext = match self.backend.kind() {
+            _ if interpreted => "interp.txt",
+            BackendKind::Interp => "interp.txt",
+            BackendKind::Gccjit => "c",
+            BackendKind::Cuda => "cu",
+            BackendKind::CudaSim => "kernels.txt",
+        };
+        let source = match compiled {
+            Ok(c) => c.listing.clone(),
+            Err(_) => self.backend.render(prog)?,
+        };
+        write_debug(dir, &format!("{name}.asgn.txt"), &asgn.to_string())?;
+        write_debug(dir, &format!("{name}.ll.txt"), low_level)?;
+        write_debug(dir, &format!("{name}.{ext}"), &source)
     }
 
     /// Compiles a routine that will run once (parameter initialization), for the least time
@@ -333,12 +368,7 @@ impl Context {
         asgn: &Asgn,
         nodes: &NodeTable,
     ) -> Result<Routine, Error> {
-        self.backend.set_opt_level(self.opts.opt_level.min(RUN_ONCE_OPT_LEVEL));
-        self.backend.set_tiered(false);
-        let routine = self.compile_with(name, asgn, nodes, true);
-        self.backend.set_opt_level(self.opts.opt_level);
-        self.backend.set_tiered(self.opts.tiered);
-        routine
+        self.compile_with(name, asgn, nodes, true)
     }
 
     /// Waits until every routine runs its optimized build: with tiered builds

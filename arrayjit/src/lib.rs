@@ -45,17 +45,38 @@ pub use tnode::{MemoryMode, NodeId, NodeTable, TensorNode};
 use low_level::Program;
 use low_level::optimize::{OptimizeOptions, optimize};
 
-/// The backend-independent part of compilation: lowering, then the optimization pipeline.
+/// The backend-independent part of compilation: lowering, then the optimization pipeline
+/// ([`Context`] runs the same phases, [`front_end`], and goes on to the backend).
 pub fn compile_program(
     name: &str,
     asgn: &Asgn,
     nodes: &NodeTable,
     opts: &CompileOptions,
 ) -> Result<Program, Error> {
+    front_end(name, asgn, nodes, opts).map(|(prog, _)| prog)
+}
+
+/// Seconds of the front end's phases, `lowering` and `optimization`, by name.
+pub type FrontEndTimes = [(&'static str, f64); 2];
+
+/// [`compile_program`] with the seconds of each of its two phases (`lowering`,
+/// `optimization`), for compile reports.
+pub fn front_end(
+    name: &str,
+    asgn: &Asgn,
+    nodes: &NodeTable,
+    opts: &CompileOptions,
+) -> Result<(Program, FrontEndTimes), Error> {
+    let started = std::time::Instant::now();
     // Loop nests from projections (zero-fill, guards, local accumulators).
     let mut prog = lower::lower(name, asgn, nodes)?;
+    let lowered = std::time::Instant::now();
     // Virtualize, simplify, CSE, dead stores; verified between passes in debug builds.
     let opt = OptimizeOptions { virtualize: opts.virtualize, ..OptimizeOptions::default() };
     optimize(&mut prog, &opt)?;
-    Ok(prog)
+    let phases = [
+        ("lowering", (lowered - started).as_secs_f64()),
+        ("optimization", lowered.elapsed().as_secs_f64()),
+    ];
+    Ok((prog, phases))
 }

@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use rocannl_arrayjit::backend::Backend;
 use rocannl_arrayjit::backend::interp::Interp;
+use rocannl_arrayjit::backend::{Backend, BuildRequest};
 use rocannl_arrayjit::low_level::{Index, Program, Stmt};
 use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::{CompileOptions, Error, NdArray, compile_program};
@@ -45,7 +45,8 @@ fn run_planted(backend: &mut dyn Backend) -> Result<(), Error> {
         let node = case.nodes.get(*id).unwrap();
         backend.write(*id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap())?;
     }
-    let (r, _) = backend.compile(&prog)?;
+    let r =
+        backend.compile(&prog, &BuildRequest::from_options(&CompileOptions::default()))?.routine;
     backend.run(r, &[])
 }
 
@@ -160,7 +161,7 @@ fn a_bad_index_in_a_shared_step_names_the_tensor_of_that_call() {
     for id in prog.materialized_nodes() {
         backend.alloc(&prog.nodes[&id]).unwrap();
     }
-    let (r, _) = backend.compile(&prog).unwrap();
+    let r = backend.compile(&prog, &BuildRequest::from_options(&opts)).unwrap().routine;
     let err = backend.run(r, &[]).unwrap_err();
     assert!(
         matches!(&err, Error::OutOfBounds { node: 4, axis: 0, index: 3, bound: 3, label } if label == "b2"),

@@ -620,7 +620,13 @@ fn nests_over_the_same_cells_fuse_when_threads_keep_to_their_cells() {
             sim.alloc(&prog.nodes[&n]).unwrap();
         }
         sim.write(X, &NdArray::from_f64(Prec::F64, &[64], &xs).unwrap()).unwrap();
-        let (r, _) = sim.compile(&prog).unwrap();
+        let r = sim
+            .compile(
+                &prog,
+                &rocannl_arrayjit::backend::BuildRequest::from_options(&CompileOptions::default()),
+            )
+            .unwrap()
+            .routine;
         sim.run(r, &[]).unwrap();
         assert_eq!(sim.read(z).unwrap().to_f64_vec(), want);
     }

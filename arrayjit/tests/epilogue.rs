@@ -164,7 +164,13 @@ fn interpreted(case: &Case, prog: &Program) -> Vec<Vec<f64>> {
         let node = case.nodes.get(*id).unwrap();
         be.write(*id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap()).unwrap();
     }
-    let (routine, _) = be.compile(prog).unwrap();
+    let routine = be
+        .compile(
+            prog,
+            &rocannl_arrayjit::backend::BuildRequest::from_options(&CompileOptions::default()),
+        )
+        .unwrap()
+        .routine;
     be.run(routine, &[]).unwrap();
     case.outputs.iter().map(|o| be.read(*o).unwrap().to_f64_vec()).collect()
 }

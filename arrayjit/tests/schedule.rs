@@ -895,7 +895,13 @@ fn bf16_products_use_the_pairwise_kernel_and_the_interpreter_agrees() {
             let node = case.nodes.get(*id).unwrap();
             interp.write(*id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap()).unwrap();
         }
-        let (r, _) = interp.compile(&prog).unwrap();
+        let r = interp
+            .compile(
+                &prog,
+                &rocannl_arrayjit::backend::BuildRequest::from_options(&CompileOptions::default()),
+            )
+            .unwrap()
+            .routine;
         interp.run(r, &[]).unwrap();
         let pairs = interp.read(case.outputs[0]).unwrap().to_f64_vec();
         let sequential = run_case(BackendKind::Interp, CompileOptions::default(), &case);

@@ -349,7 +349,7 @@ impl CRenderer<'_> {
                     self.expr_checks(out, value, depth);
                     self.checks(out, *node, idx, depth);
                 }
-                let ty = compute_ctype(expr_prec(self.prog, value, prec));
+                let ty = compute_ctype(self.prog.compute_prec(value, prec));
                 let v = self.store(prec, self.expr(value, ty));
                 let _ = writeln!(out, "{pad}{} = {v};", self.cell(*node, idx));
             }
@@ -358,7 +358,7 @@ impl CRenderer<'_> {
                 if self.bounds_check {
                     self.expr_checks(out, value, depth);
                 }
-                let ty = compute_ctype(expr_prec(self.prog, value, prec));
+                let ty = compute_ctype(self.prog.compute_prec(value, prec));
                 let lty = compute_ctype(prec);
                 let _ = writeln!(out, "{pad}{local} = ({lty})({});", self.expr(value, ty));
             }
@@ -468,19 +468,6 @@ impl CRenderer<'_> {
             let _ = writeln!(out, "{pad}{} {l};", compute_ctype(self.prog.locals[l.0 as usize]));
         }
     }
-}
-
-/// The precision an expression is computed in: `f64` when it stores to or reads `f64`.
-pub fn expr_prec(prog: &Program, e: &Expr, target: Prec) -> Prec {
-    let mut p = target.compute();
-    e.visit(&mut |e| match e {
-        Expr::Get(n, _) if prog.nodes.get(n).is_some_and(|n| n.prec == Prec::F64) => {
-            p = Prec::F64;
-        }
-        Expr::Local(l) if prog.locals.get(l.0 as usize) == Some(&Prec::F64) => p = Prec::F64,
-        _ => {}
-    });
-    p
 }
 
 fn render_const(c: f64, ty: &str) -> String {

@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 
 use super::device_pool::{Block, CachingPool, PoolStats};
 use super::kernel_ir::{self, KCond, KStmt, Kernel, SHARED_LIMIT};
-use super::{Backend, BackendKind};
+use super::{Backend, BackendKind, BuildReport, BuildRequest, Compiled};
 use crate::error::Error;
 use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
 use crate::ndarray::NdArray;
@@ -123,12 +123,12 @@ impl Backend for CudaSim {
         Ok(kernel_ir::lower(prog).iter().map(|k| k.to_string()).collect())
     }
 
-    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
+    fn compile(&mut self, prog: &Program, _req: &BuildRequest) -> Result<Compiled, Error> {
         let kernels = kernel_ir::lower(prog);
-        let text = kernels.iter().map(|k| k.to_string()).collect();
+        let listing = kernels.iter().map(|k| k.to_string()).collect();
         let arena = routine_buffers(&mut self.pool, prog, &kernels)?;
         self.routines.push(Some(Routine { prog: prog.clone(), kernels, arena }));
-        Ok((self.routines.len() - 1, text))
+        Ok(Compiled { routine: self.routines.len() - 1, listing, report: BuildReport::default() })
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {
@@ -482,7 +482,7 @@ impl Launch<'_> {
                 KStmt::AtomicAdd { node, idx, value } => {
                     for &t in &now {
                         let prec = self.prec_of(*node)?;
-                        let compute = super::c_syntax::expr_prec(self.prog, value, prec);
+                        let compute = self.prog.compute_prec(value, prec);
                         let x = self.eval(value, &threads[t], compute)?;
                         let (flat, _) = self.locate(*node, idx, &threads[t])?;
                         self.touch(*node, flat, threads[t].gid, Kind::Atomic)?;
@@ -592,13 +592,10 @@ impl Launch<'_> {
         Ok(())
     }
 
-    /// [`super::c_syntax::expr_prec`], once per expression of the kernel.
+    /// [`crate::low_level::Program::compute_prec`], once per expression of the kernel.
     fn compute_prec(&mut self, value: &Expr, target: Prec) -> Prec {
         let prog = self.prog;
-        *self
-            .precs
-            .entry(value as *const Expr)
-            .or_insert_with(|| super::c_syntax::expr_prec(prog, value, target))
+        *self.precs.entry(value as *const Expr).or_insert_with(|| prog.compute_prec(value, target))
     }
 
     /// One thread runs a low-level statement to its end.

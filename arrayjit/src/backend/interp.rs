@@ -2,7 +2,7 @@
 //!
 //! It executes the low-level IR with the reference semantics of [`crate::ops`] in the declared
 //! precision, exactly as compiled code does: every operation is performed in the statement's
-//! compute precision ([`expr_prec`]: `f32` for `f16`, `bf16` and `f32`, `f64` when the
+//! compute precision ([`Program::compute_prec`](crate::low_level::Program::compute_prec): `f32` for `f16`, `bf16` and `f32`, `f64` when the
 //! statement stores to or reads `f64`) with the same formula and the same C library functions
 //! compiled code calls, and every store rounds to the storage precision. An `f32` program thus
 //! computes what compiled `f32` code computes, overflow to infinity included. "Compiling" resolves the IR once into a tree with flat buffer offsets
@@ -11,9 +11,8 @@
 
 use half::{bf16, f16};
 
-use super::c_syntax::expr_prec;
 use super::host::{HostArena, HostBuffers};
-use super::{Backend, BackendKind, CompileOptions};
+use super::{Backend, BackendKind, BuildReport, BuildRequest, CompileOptions};
 use crate::error::Error;
 use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
 use crate::ndarray::NdArray;
@@ -312,7 +311,7 @@ impl Resolver<'_> {
             },
             Stmt::Set { node, idx, value } => {
                 let prec = self.prog.nodes.get(node).map_or(Prec::F64, |n| n.prec);
-                let compute = expr_prec(self.prog, value, prec);
+                let compute = self.prog.compute_prec(value, prec);
                 let value = self.expr(value);
                 IStmt::Set { access: self.access(*node, idx), compute, value }
             }
@@ -321,7 +320,7 @@ impl Resolver<'_> {
                 IStmt::SetLocal {
                     local: local.0 as usize,
                     prec,
-                    compute: expr_prec(self.prog, value, prec),
+                    compute: self.prog.compute_prec(value, prec),
                     value: self.expr(value),
                 }
             }
@@ -734,9 +733,9 @@ impl Backend for Interp {
         Ok(prog.to_string())
     }
 
-    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
-        let index = compile_in(&mut self.routines, prog, &self.buffers)?;
-        Ok((index, prog.to_string()))
+    fn compile(&mut self, prog: &Program, _req: &BuildRequest) -> Result<super::Compiled, Error> {
+        let routine = compile_in(&mut self.routines, prog, &self.buffers)?;
+        Ok(super::Compiled { routine, listing: prog.to_string(), report: BuildReport::default() })
     }
 
     fn host_buffers(&self) -> Option<&HostBuffers> {

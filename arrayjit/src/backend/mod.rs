@@ -200,15 +200,57 @@ pub(crate) fn check_dims(node: &TensorNode, data: &NdArray) -> Result<(), Error>
     })
 }
 
-/// A backend: buffers plus render, compile and run.
+/// What one build asks of a backend besides the program: the settings that differ from
+/// routine to routine (a routine run once is built at a lower level and without tiers; see
+/// [`crate::Context::compile_once`]). Everything else comes from the backend's
+/// [`CompileOptions`], fixed when it was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildRequest {
+    /// Optimization level of native code, 0..=3 (native backends; the others ignore it).
+    pub opt_level: u8,
+    /// Tiered builds ([`CompileOptions::tiered`]; native backends).
+    pub tiered: bool,
+}
+
+impl BuildRequest {
+    /// The request a context makes for its ordinary routines.
+    pub fn from_options(opts: &CompileOptions) -> BuildRequest {
+        BuildRequest { opt_level: opts.opt_level, tiered: opts.tiered }
+    }
+}
+
+/// How a routine was built: seconds per backend phase and what the compile cache did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BuildReport {
+    /// Seconds per phase, in order (gccjit: `schedule`, `render`, `cache`, `codegen`,
+    /// `c compile`).
+    pub phases: Vec<(&'static str, f64)>,
+    /// What the compile cache did.
+    pub cache: crate::cache::CacheOutcome,
+}
+
+/// A routine a backend compiled: its index in the backend's table, the generated source it
+/// compiled (what [`Backend::render`] gives, rendered once) and how it was built.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The routine's index, for [`Backend::run`] and [`Backend::release`].
+    pub routine: usize,
+    /// The generated source.
+    pub listing: String,
+    /// Phases and cache outcome.
+    pub report: BuildReport,
+}
+
+/// A backend: buffers plus render, compile and run. Compiling takes everything it depends on as
+/// arguments and returns everything it produces: no setting changes between calls, and no
+/// result waits in the backend for a later getter.
 pub trait Backend {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
     /// The generated source of a program (pure; no compiler involved).
     fn render(&self, prog: &Program) -> Result<String, Error>;
-    /// Compiles a program whose buffers are already allocated; returns its routine index and
-    /// the generated source it compiled (what [`Backend::render`] gives, rendered once).
-    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error>;
+    /// Compiles a program whose buffers are already allocated.
+    fn compile(&mut self, prog: &Program, req: &BuildRequest) -> Result<Compiled, Error>;
     /// [`Backend::compile`] when every part of the program's code is in the compile cache, else
     /// `None` (backends without a cache: always `None`). Then, with `prebuild`, the code is
     /// built into the cache in the background (after the next run of any routine), for later
@@ -216,24 +258,11 @@ pub trait Backend {
     fn compile_cached(
         &mut self,
         _prog: &Program,
+        _req: &BuildRequest,
         _prebuild: bool,
-    ) -> Result<Option<(usize, String)>, Error> {
+    ) -> Result<Option<Compiled>, Error> {
         Ok(None)
     }
-    /// What the last [`Backend::compile`] found in the compile cache.
-    fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
-        crate::cache::CacheOutcome::Off
-    }
-    /// Seconds per phase of the last [`Backend::compile`], for reports.
-    fn last_compile_phases(&self) -> Vec<(&'static str, f64)> {
-        Vec::new()
-    }
-    /// Sets the optimization level of the routines compiled from now on (native backends;
-    /// the others ignore it).
-    fn set_opt_level(&mut self, _level: u8) {}
-    /// Turns tiered builds ([`CompileOptions::tiered`]) on or off for the routines compiled
-    /// from now on (native backends; the others ignore it).
-    fn set_tiered(&mut self, _on: bool) {}
     /// Whether a routine runs its final code (false while a tiered routine still runs its quick
     /// first build).
     fn runs_optimized(&self, _routine: usize) -> bool {

@@ -102,9 +102,10 @@ const STEPS: &str = "steps";
 const STEP_RECORD_CAP: u64 = 128;
 
 /// What a compile found in the cache.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum CacheOutcome {
     /// No cache (disabled, or a backend without one).
+    #[default]
     Off,
     /// Compiled and stored.
     Miss,

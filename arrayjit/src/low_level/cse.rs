@@ -16,7 +16,7 @@ use super::{Expr, LocalId, Program, Stmt};
 use crate::ops::Prec;
 
 /// Eliminates repeated subexpressions in every statement.
-pub fn run(prog: &mut Program) {
+pub fn eliminate_common_subexprs(prog: &mut Program) {
     let body = std::mem::take(&mut prog.body);
     prog.body = cse_block(prog, body);
 }

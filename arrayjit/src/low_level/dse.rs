@@ -13,7 +13,7 @@ use super::virtualize::remove_def;
 use super::{Expr, LocalId, Program, Stmt, prune_empty};
 
 /// Removes dead stores; returns the nodes whose writes were all removed.
-pub fn run(prog: &mut Program) -> Vec<super::NodeId> {
+pub fn remove_dead_stores(prog: &mut Program) -> Vec<super::NodeId> {
     let mut removed_nodes = Vec::new();
     loop {
         let uses = trace(prog);

@@ -40,7 +40,7 @@ pub const ALIGN: usize = 64;
 /// Plans the arena of `prog`'s intermediates: the materialized nodes that need not outlive the
 /// routine (memory mode below `OnDevice`) and have no buffer yet (`has_buffer` is false). A
 /// node that already has a buffer keeps it. Inserts the zero fills described above.
-pub fn run(prog: &mut Program, has_buffer: impl Fn(NodeId) -> bool) {
+pub fn plan_arena(prog: &mut Program, has_buffer: impl Fn(NodeId) -> bool) {
     let candidates: FxHashSet<NodeId> = prog
         .materialized_nodes()
         .into_iter()

@@ -720,6 +720,22 @@ pub struct RuntimeCheck {
 }
 
 impl Program {
+    /// The precision an expression storing to a `target` tensor is computed in: the target's
+    /// compute precision ([`Prec::compute`]: `f32` for `f16`, `bf16` and `f32`), or `f64` when
+    /// the expression reads an `f64` tensor or local. A rule of the IR that every backend
+    /// follows, so that they all round at the same places.
+    pub fn compute_prec(&self, e: &Expr, target: Prec) -> Prec {
+        let mut p = target.compute();
+        e.visit(&mut |e| match e {
+            Expr::Get(n, _) if self.nodes.get(n).is_some_and(|n| n.prec == Prec::F64) => {
+                p = Prec::F64;
+            }
+            Expr::Local(l) if self.locals.get(l.0 as usize) == Some(&Prec::F64) => p = Prec::F64,
+            _ => {}
+        });
+        p
+    }
+
     /// A fresh loop variable.
     pub fn fresh_var(&mut self) -> Var {
         let v = Var(self.next_var);

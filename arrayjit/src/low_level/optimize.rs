@@ -30,17 +30,17 @@ pub fn optimize(prog: &mut Program, opts: &OptimizeOptions) -> Result<(), Error>
     // Visit counting (`trace`) feeds the next two passes; they recount after each change.
     if opts.virtualize {
         // Inline intermediates computed once and read once, or cheap, into their consumers.
-        super::virtualize::run(prog);
+        super::virtualize::inline_virtual_nodes(prog);
         check(prog, "virtualize")?;
     }
     // Fold constants, apply algebraic identities, fuse multiply-adds.
-    super::simplify::run(prog);
+    super::simplify::simplify_exprs(prog);
     check(prog, "simplify")?;
     // Compute repeated subexpressions once into locals.
-    super::cse::run(prog);
+    super::cse::eliminate_common_subexprs(prog);
     check(prog, "cse")?;
     // Drop writes nobody reads: unread intermediates and locals.
-    super::dse::run(prog);
+    super::dse::remove_dead_stores(prog);
     check(prog, "dse")?;
     prog.virtual_nodes.sort();
     prog.virtual_nodes.dedup();

@@ -11,7 +11,7 @@ use super::{Expr, Program, Stmt};
 use crate::ops::{BinOp, TernOp, UnOp};
 
 /// Simplifies every expression of the program.
-pub fn run(prog: &mut Program) {
+pub fn simplify_exprs(prog: &mut Program) {
     for s in &mut prog.body {
         simplify_stmt(s);
     }

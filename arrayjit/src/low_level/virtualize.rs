@@ -79,7 +79,7 @@ struct Table {
 }
 
 /// Inlines every eligible node; returns the inlined nodes in the order they were removed.
-pub fn run(prog: &mut Program) -> Vec<NodeId> {
+pub fn inline_virtual_nodes(prog: &mut Program) -> Vec<NodeId> {
     let mut table = Table {
         sites: Vec::new(),
         costs: Vec::new(),

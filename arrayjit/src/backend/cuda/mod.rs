@@ -20,7 +20,7 @@ use cudarc::driver::{
 use rustc_hash::FxHashMap;
 
 use super::device_pool::{Block, CachingPool, PoolStats};
-use super::{Backend, BackendKind, CompileOptions};
+use super::{Backend, BackendKind, BuildReport, BuildRequest, CompileOptions, Compiled};
 use crate::error::Error;
 use crate::low_level::Program;
 use crate::ndarray::NdArray;
@@ -54,7 +54,7 @@ pub fn probe_device() -> Result<(), Error> {
 /// Device memory from the caching pool.
 type DevBlock = Block<CudaSlice<u8>>;
 
-struct Compiled {
+struct Loaded {
     kernels: Vec<(CudaFunction, crate::backend::kernel_ir::Kernel)>,
     /// The routine's intermediates ([`crate::low_level::memory`]) and where each lives in it
     /// (byte offset and length).
@@ -71,11 +71,10 @@ pub struct Cuda {
     nvrtc: nvrtc::Nvrtc,
     buffers: FxHashMap<NodeId, (TensorNode, DevBlock)>,
     /// `None` once released.
-    routines: Vec<Option<Compiled>>,
+    routines: Vec<Option<Loaded>>,
     /// Every device allocation: tensors, arenas, scratch.
     pool: CachingPool<CudaSlice<u8>>,
     cache: Option<crate::cache::Cache>,
-    last_outcome: crate::cache::CacheOutcome,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -99,7 +98,6 @@ impl Cuda {
             routines: Vec::new(),
             pool: CachingPool::default(),
             cache: crate::cache::Cache::open(&opts.cache),
-            last_outcome: crate::cache::CacheOutcome::Off,
         })
     }
 
@@ -114,7 +112,7 @@ impl Cuda {
     }
 
     /// A compiled routine's arena and its kernels' scratch, from the pool.
-    fn routine_memory(&mut self, prog: &Program, r: &mut Compiled) -> Result<(), Error> {
+    fn routine_memory(&mut self, prog: &Program, r: &mut Loaded) -> Result<(), Error> {
         if prog.arena.bytes > 0 {
             r.arena = Some(self.take(prog.arena.bytes)?);
         }
@@ -132,7 +130,7 @@ impl Cuda {
     }
 
     /// Gives a routine's memory back to the pool.
-    fn give_back(&mut self, r: Compiled) {
+    fn give_back(&mut self, r: Loaded) {
         for b in r.arena.into_iter().chain(r.scratch.into_values()) {
             self.pool.give(b);
         }
@@ -148,7 +146,7 @@ impl Backend for Cuda {
         Ok(render::render(prog).source)
     }
 
-    fn compile(&mut self, prog: &Program) -> Result<(usize, String), Error> {
+    fn compile(&mut self, prog: &Program, _req: &BuildRequest) -> Result<Compiled, Error> {
         let src = render::render(prog);
         let (ptx, outcome) = module_cache::compile(
             &self.nvrtc,
@@ -158,7 +156,6 @@ impl Backend for Cuda {
             PTX_ARCH,
             false,
         )?;
-        self.last_outcome = outcome;
         let text = String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string();
         let module =
             self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text)).map_err(driver_err)?;
@@ -172,18 +169,15 @@ impl Backend for Cuda {
             let node = prog.nodes.get(&a.node).ok_or(Error::UnknownNode(a.node.0))?;
             slots.insert(a.node, (a.offset, node.num_elements() * node.prec.size_in_bytes()));
         }
-        let mut r = Compiled { kernels, arena: None, slots, scratch: FxHashMap::default() };
+        let mut r = Loaded { kernels, arena: None, slots, scratch: FxHashMap::default() };
         if let Err(e) = self.routine_memory(prog, &mut r) {
             // What was taken goes back: the pool's figures stay true.
             self.give_back(r);
             return Err(e);
         }
         self.routines.push(Some(r));
-        Ok((self.routines.len() - 1, src.source))
-    }
-
-    fn last_cache_outcome(&self) -> crate::cache::CacheOutcome {
-        self.last_outcome
+        let report = BuildReport { phases: Vec::new(), cache: outcome };
+        Ok(Compiled { routine: self.routines.len() - 1, listing: src.source, report })
     }
 
     fn alloc(&mut self, node: &TensorNode) -> Result<(), Error> {

@@ -19,7 +19,7 @@ use gccjit::{
 };
 use rustc_hash::FxHashMap;
 
-use crate::backend::c_syntax::{expr_prec, nodes_of};
+use crate::backend::c_syntax::nodes_of;
 use crate::error::Error;
 use crate::low_level::{Expr, IdxVar, Index, Limit, LocalId, Program, Stmt, Var};
 use crate::math;
@@ -633,7 +633,7 @@ impl<'c> Gen<'c> {
             }
             Stmt::Set { node, idx, value } => {
                 let prec = self.prog.nodes[node].prec;
-                let ty = self.compute_type(expr_prec(self.prog, value, prec));
+                let ty = self.compute_type(self.prog.compute_prec(value, prec));
                 let v = self.expr(value, ty);
                 let cell = self.cell(*node, idx);
                 let stored = self.storage_value(v, prec);
@@ -642,7 +642,7 @@ impl<'c> Gen<'c> {
             Stmt::SetLocal { local, value } => {
                 let prec = self.prog.locals[local.0 as usize];
                 let lty = self.compute_type(prec);
-                let ty = self.compute_type(expr_prec(self.prog, value, prec));
+                let ty = self.compute_type(self.prog.compute_prec(value, prec));
                 let v = self.expr(value, ty);
                 let l = self.local(*local);
                 let v = if ty == lty { v } else { self.ctx.new_cast(None, v, lty) };

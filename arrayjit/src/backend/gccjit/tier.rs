@@ -190,7 +190,7 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
     // build.
     let scratch = fork::Scratch::new()?;
     let targets: Vec<PathBuf> = (0..keys.len()).map(|i| scratch.library(i)).collect();
-    let bins = super::group_by_bin(&owned.bin_of, |_| true);
+    let bins = super::build::group_by_bin(&owned.bin_of, |_| true);
     let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
         .iter()
         .map(|bin| {
@@ -240,7 +240,7 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
     }
     let mut libs = Vec::with_capacity(targets.len());
     for (i, path) in targets.iter().enumerate() {
-        let (lib, stored) = super::install(cache, &keys[i], path)?;
+        let (lib, stored) = super::build::install(cache, &keys[i], path)?;
         if let (Some(c), true) = (cache, stored) {
             for k in &owned.builds[i].steps {
                 c.store_step(&owned.step_keys[*k], &keys[i]);

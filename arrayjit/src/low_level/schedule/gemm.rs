@@ -110,7 +110,8 @@ fn calls(
             return None;
         }
     }
-    if expr_prec(prog, x, nest.prec) != nest.prec || expr_prec(prog, y, nest.prec) != nest.prec {
+    if prog.compute_prec(x, nest.prec) != nest.prec || prog.compute_prec(y, nest.prec) != nest.prec
+    {
         return None;
     }
     // Every cell loop indexes one axis of the result alone: distinct iterations, distinct cells.
@@ -267,10 +268,6 @@ fn product(u: &Update) -> Option<Product<'_>> {
         }
         _ => None,
     }
-}
-
-fn expr_prec(prog: &Program, e: &Expr, target: Prec) -> Prec {
-    crate::backend::c_syntax::expr_prec(prog, e, target)
 }
 
 /// A tensor read with an affine index.
