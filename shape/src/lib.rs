@@ -20,6 +20,7 @@
 
 pub mod close;
 pub mod constraint;
+mod conv_report;
 pub mod dim;
 pub mod env;
 pub mod error;
