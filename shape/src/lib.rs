@@ -28,6 +28,7 @@ pub mod ineq;
 pub mod inference;
 pub mod logic;
 pub mod proj;
+pub mod reshape;
 pub mod row;
 pub mod row_constraint;
 pub mod solve;
