@@ -183,6 +183,27 @@ fn the_einsum_split_with_a_two_position_weight_is_the_same_layer() {
 }
 
 #[test]
+fn an_einsum_merge_is_the_flatten_of_its_stride_and_kernel() {
+    // `3*k+c` with `c` of 3 writes position 3k + c: the pairs' `k, c` merged, as the reshape.
+    for backend in backends() {
+        let g = Graph::new();
+        let (x, w, h) = wavenet_stage(&g, |x| {
+            x.unflatten(RowKind::Batch, -1, &[None, Some(2)])
+                .einsum1("..b.., t, k | c => ..b.., t | 3*k+c")
+        });
+        let root = h.sin();
+        g.set_strict(true);
+        let mut s = session(&g, backend);
+        let bp = s.backprop(&root, &[&h]).unwrap();
+        s.run(&bp).unwrap();
+        let what = format!("{backend:?} einsum merge");
+        close12(&s.read(&h).unwrap(), &H, &format!("{what} h"));
+        close12(&s.read_grad(&x).unwrap(), &DX, &format!("{what} dx"));
+        close12(&s.read_grad(&w).unwrap(), &DW, &format!("{what} dw"));
+    }
+}
+
+#[test]
 fn the_natural_flatten_consecutive_einsum_infers_its_pairs_from_the_weight() {
     // The building-blocks report: x of batch 32, 8 positions, 24 channels.
     let g = Graph::new();
@@ -309,7 +330,7 @@ fn merging_a_dynamic_batch_axis_is_an_error_naming_the_reshape() {
     let x = g.data_dyn("x", &b, &[4], &[], &[3]);
     let y = x.flatten(RowKind::Batch, 0, 2);
     let mut s = Session::new(&g).unwrap();
-    let e = s.forward(&[&y]).err().expect("merging a dynamic axis").to_string();
+    let e = s.forward(&[&y]).expect_err("merging a dynamic axis").to_string();
     assert!(e.contains("reshape") && e.contains("batch"), "{e}");
 }
 
@@ -319,7 +340,7 @@ fn a_regrouping_across_axis_boundaries_is_an_error_and_a_flat_axis_does_it() {
     let x = g.data("x", &[], &[], &[6, 4]);
     let y = x.reshape(&View::new().output(&[4, 6]));
     let mut s = Session::new(&g).unwrap();
-    let e = s.forward(&[&y]).err().expect("6,4 as 4,6").to_string();
+    let e = s.forward(&[&y]).expect_err("6,4 as 4,6").to_string();
     assert!(e.contains("reshape 'reshape' of 'x' from |->6,4 to |->4,6"), "{e}");
     assert!(e.contains("reshape through one flat axis first"), "{e}");
 
