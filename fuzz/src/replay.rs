@@ -67,7 +67,7 @@ fn logic(step: &StepPlan, runtime: &mut u32) -> Option<(ShapeId, Logic)> {
             };
             (id(shape), Logic::BatchSlice(id(a), index))
         }
-        StepPlan::Reshape { shape, a } => (id(shape), Logic::Reshape(id(a))),
+        StepPlan::Reshape { shape, a } => (id(shape), Logic::Reshape(id(a), Default::default())),
     })
 }
 

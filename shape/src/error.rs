@@ -7,8 +7,10 @@
 //! `batch|input->output`.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::constraint::Origin;
+use crate::dim::ConvDim;
 use crate::spec::SpecError;
 
 /// What the solver found contradictory, before the operations are named.
@@ -18,11 +20,14 @@ pub struct Conflict {
     pub message: String,
     /// The operations whose constraints conflict.
     pub origin: Origin,
+    /// The convolution axis whose size failed, if that is what failed: the message then names
+    /// it as the user wrote it in the spec, with its stride and kernel.
+    pub conv: Option<Arc<ConvDim>>,
 }
 
 /// Builds a [`Conflict`].
 pub(crate) fn conflict(message: impl Into<String>, origin: &Origin) -> Conflict {
-    Conflict { message: message.into(), origin: origin.clone() }
+    Conflict { message: message.into(), origin: origin.clone(), conv: None }
 }
 
 /// One operation named in an error: its kind, its debug name and its shapes.

@@ -77,7 +77,7 @@ impl ShapeDecl {
 /// A guess made while closing a parameter's shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Warning {
-    /// The parameter's name.
+    /// The parameter's name (for a convolution axis that closing split, the einsum's result).
     pub param: String,
     /// The row in which the guess was made.
     pub kind: Kind,
@@ -92,9 +92,9 @@ impl fmt::Display for Warning {
 }
 
 #[derive(Clone, Debug)]
-struct StepRecord {
-    shape: ShapeId,
-    logic: Logic,
+pub(crate) struct StepRecord {
+    pub(crate) shape: ShapeId,
+    pub(crate) logic: Logic,
     labels: Vec<(String, DimVar)>,
     /// The user's call that made the step, when a library function built it from smaller
     /// operations (`loss::mse at src/main.rs:9:5`).
@@ -111,14 +111,14 @@ pub struct Inference {
     shapes: Vec<Shape>,
     /// The rows each shape was declared with (inferred rows start as a row variable).
     initial: Vec<[Row; 3]>,
-    steps: Vec<StepRecord>,
+    pub(crate) steps: Vec<StepRecord>,
     pending: Vec<Constr>,
     finished: bool,
     warnings: Vec<Warning>,
     strict: bool,
     /// The einsum label each label variable stands for (indexed by variable; every derivation
     /// of a step makes its own), so that messages can name them.
-    label_names: Vec<Option<Arc<str>>>,
+    pub(crate) label_names: Vec<Option<Arc<str>>>,
     /// The user's call that steps added from now on belong to ([`Inference::set_within`]).
     within: Option<Arc<str>>,
     /// The name of the next step added ([`Inference::name_next_op`]).
@@ -334,6 +334,7 @@ impl Inference {
             return Err(self.report(Conflict {
                 message: format!("could not infer shapes: {} remains unsolved", c.c),
                 origin: c.origin,
+                conv: None,
             }));
         }
         for sh in &mut self.shapes {
@@ -378,6 +379,7 @@ impl Inference {
         }
         self.finished = true;
         self.warnings = self.compute_warnings();
+        self.warnings.extend(self.conv_warnings());
         if self.strict
             && let Some(w) = self.warnings.first()
         {
@@ -483,7 +485,12 @@ impl Inference {
 
     /// Turns a solver conflict into an error naming the operations involved.
     pub(crate) fn report(&self, c: Conflict) -> ShapeError {
-        let message = self.readable(&c.message, true);
+        // A convolution axis is named as written, with its stride and kernel.
+        let message = match &c.conv {
+            Some(conv) => self.name_conv(&c.message, conv, c.origin.steps()),
+            None => c.message.clone(),
+        };
+        let message = self.readable(&message, true);
         self.report_message(message, &c.origin)
     }
 

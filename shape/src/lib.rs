@@ -20,6 +20,7 @@
 
 pub mod close;
 pub mod constraint;
+mod conv_report;
 pub mod dim;
 pub mod env;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod ineq;
 pub mod inference;
 pub mod logic;
 pub mod proj;
+pub mod reshape;
 pub mod row;
 pub mod row_constraint;
 pub mod solve;

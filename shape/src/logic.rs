@@ -18,6 +18,7 @@ use rustc_hash::FxHashMap;
 use crate::constraint::{Constraint, DimConstraint, RowConstraint, TotalElems};
 use crate::dim::{ConvDim, Dim};
 use crate::error::{ShapeError, ShapeMismatch};
+use crate::reshape::{ReshapeRows, check_rows, reshape_constraints};
 use crate::row::{Bcast, Kind, Row, RowId};
 use crate::spec::{AxisSpec, EinsumSpec, MAX_INDEX, RowSpec, RowVarSpec, ShapePattern};
 use crate::var::{DimVar, RowVar, ShapeId, VarGen};
@@ -121,8 +122,9 @@ pub enum Logic {
     Transpose(ShapeId),
     /// Removes the leftmost batch axis, taking one position.
     BatchSlice(ShapeId, SliceIndex),
-    /// Same number of elements, any shape.
-    Reshape(ShapeId),
+    /// The same cells in memory order, regrouped into other axes: the rows it changes hold
+    /// the same number of elements on both sides (see [`crate::reshape`]).
+    Reshape(ShapeId, ReshapeRows),
 }
 
 impl Logic {
@@ -138,7 +140,7 @@ impl Logic {
             Logic::Pointwise(a) | Logic::Same(a) | Logic::Einsum(_, a) => (a, [None; 3]),
             Logic::Compose(a, b) => (&[], [Some(*a), Some(*b), None]),
             Logic::ComposeAccumulate(a, b, c) => (&[], [Some(*a), Some(*b), Some(*c)]),
-            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a) => {
+            Logic::Transpose(a) | Logic::BatchSlice(a, _) | Logic::Reshape(a, _) => {
                 (&[], [Some(*a), None, None])
             }
         };
@@ -158,7 +160,7 @@ impl Logic {
             Logic::Transpose(_) => "transpose".into(),
             Logic::BatchSlice(_, SliceIndex::Fixed(i)) => format!("batch slice at {i}"),
             Logic::BatchSlice(_, SliceIndex::Runtime(s)) => format!("batch slice at {s}"),
-            Logic::Reshape(_) => "reshape".into(),
+            Logic::Reshape(..) => "reshape".into(),
         }
     }
 }
@@ -198,7 +200,7 @@ pub fn get_inequalities(
         Logic::Terminal(_) => 5,
         Logic::Pointwise(_) | Logic::Same(_) => 3 * args.len(),
         Logic::Compose(..) | Logic::ComposeAccumulate(..) => 8,
-        Logic::Transpose(_) | Logic::BatchSlice(..) | Logic::Reshape(_) => 4,
+        Logic::Transpose(_) | Logic::BatchSlice(..) | Logic::Reshape(..) => 4,
         Logic::Einsum(..) => 0,
     });
     match logic {
@@ -292,16 +294,9 @@ pub fn get_inequalities(
             cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });
             cs.push(Constraint::RowEq { r1: cur.output.clone(), r2: a.output.clone() });
         }
-        Logic::Reshape(_) => {
-            let a = args[0];
-            let t = vars.dim();
-            let total = RowConstraint::TotalElems {
-                numerator: TotalElems::StridedVar { coeff: 1, var: t, denom: 1 },
-                divided_by: vec![],
-            };
-            let rows = |s: &Shape| s.memory_rows().into_iter().cloned().collect::<Vec<_>>();
-            cs.push(Constraint::RowsConstr { rows: rows(a), constr: total.clone() });
-            cs.push(Constraint::RowsConstr { rows: rows(cur), constr: total });
+        Logic::Reshape(_, rows) => {
+            check_rows(rows).map_err(|e| ShapeError::Arity(format!("reshape: {e}")))?;
+            *cs = reshape_constraints(cur, args[0], rows, vars);
         }
         Logic::Einsum(spec, _) => {
             if spec.operands.len() != args.len() {

@@ -26,14 +26,14 @@ use rustc_hash::FxHashMap;
 use crate::constraint::{Constraint, Origin};
 use crate::dim::{ConvDim, Dim, SolvedDim};
 use crate::env::RowEntry;
-use crate::error::ShapeError;
+use crate::error::{ShapeError, ShapeMismatch};
 use crate::inference::Inference;
 use crate::logic::{Logic, Shape, get_inequalities};
 use crate::row::Row;
 use crate::row_constraint::slot_then;
 use crate::solve::Solver;
 use crate::stage::Stage;
-use crate::var::{DimVar, StepId};
+use crate::var::{DimVar, ShapeId, StepId};
 
 #[derive(Clone, Debug)]
 enum Def {
@@ -360,6 +360,35 @@ impl Resolver<'_, '_> {
 }
 
 impl Inference {
+    /// A reshape's projections: the common refinement of both shapes' axes
+    /// ([`crate::reshape::reshape_projections`]); a regrouping it cannot index is an error
+    /// naming the reshape and both shapes.
+    fn reshape_projections_of(
+        &self,
+        step: StepId,
+        cur: ShapeId,
+        arg: ShapeId,
+        symbols: &mut SymbolGen,
+    ) -> Result<Projections, ShapeError> {
+        let (cur, arg) = (self.shape(cur), self.shape(arg));
+        let fail = |msg: String| {
+            let message = format!(
+                "reshape '{}' of '{}' from {arg} to {cur}: {msg}",
+                cur.debug_name, arg.debug_name
+            );
+            ShapeError::Mismatch(Box::new(ShapeMismatch {
+                message,
+                ops: vec![],
+                steps: vec![step],
+            }))
+        };
+        let (Some(lhs), Some(rhs)) = (cur.dims(), arg.dims()) else {
+            return Err(fail("its shapes are not closed".into()));
+        };
+        let info = format!("reshape for '{}'", cur.debug_name);
+        crate::reshape::reshape_projections(&lhs, &rhs, symbols, info).map_err(fail)
+    }
+
     /// Derives the projections of a step (after [`Inference::finish`]).
     ///
     /// ```
@@ -406,6 +435,9 @@ impl Inference {
         }
         let logic = self.step_logic(step).clone();
         let cur_id = self.step_shape(step);
+        if let Logic::Reshape(a, _) = logic {
+            return self.reshape_projections_of(step, cur_id, a, symbols);
+        }
         let mut local = Solver::default();
         local.env.keep_padded_conv = true;
         // Only the result's name is used (in the projections' description).

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 
-use crate::constraint::{Constr, Constraint};
+use crate::constraint::{Constr, Constraint, Origin};
+use crate::dim::ConvDim;
 use crate::env::Environment;
 use crate::error::{Conflict, conflict};
 use crate::row::Row;
@@ -30,6 +31,17 @@ const FUEL: u64 = 1_000_000;
 /// See [`FUEL`].
 const FUEL_PER_VAR: u64 = 64;
 
+/// A convolution axis `conv = size` that only closing decided (see [`Solver::open_convs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OpenConv {
+    /// The axis, with its output and kernel as they were before closing.
+    pub conv: Arc<ConvDim>,
+    /// The axis' size.
+    pub size: usize,
+    /// The operations it came from.
+    pub origin: Origin,
+}
+
 /// The solver: environment, variable generator and closing bookkeeping.
 #[derive(Clone, Debug, Default)]
 pub struct Solver {
@@ -41,6 +53,9 @@ pub struct Solver {
     pub stage: Stage,
     /// Dimension variables closed to 1 without any upper bound (a guess).
     pub guessed_dims: FxHashSet<DimVar>,
+    /// Convolution axes of known size whose output and kernel were both still unknown when
+    /// stage 7 began: closing chose them, a guess reported by the inference driver.
+    pub(crate) open_convs: Vec<OpenConv>,
     /// Row variables closed to no axes without any upper bound (a guess).
     pub guessed_rows: FxHashSet<RowVar>,
     /// For row variables made by expanding another, indexed by variable: how many expansions

@@ -174,8 +174,9 @@ impl Solver {
             );
             return Ok(vec![]);
         };
-        let bad = |why: String| {
-            conflict(
+        let bad = |why: String| Conflict {
+            conv: Some(c.clone()),
+            ..conflict(
                 format!("convolution axis {} cannot have size {n}: {why}", Dim::Conv(c.clone())),
                 origin,
             )
@@ -196,11 +197,45 @@ impl Solver {
                 Ok(vec![Constraint::DimEq { d1: c.kernel.clone(), d2: Dim::of(k) }.at(origin)])
             }
             (None, None) => {
+                if let Some(eq) = self.conv_part_to_lub(c, origin) {
+                    // The size then determines the other part (or fails, naming both sources).
+                    let again = Constraint::DimEq { d1: Dim::Conv(c.clone()), d2: other.clone() };
+                    let both = eq.origin.clone();
+                    return Ok(vec![eq, again.at(&both)]);
+                }
+                if self.stage == Stage::DimsToLowerBound {
+                    self.note_open_conv(c, n, origin);
+                }
                 self.defer(
                     Constraint::DimEq { d1: Dim::Conv(c.clone()), d2: other.clone() }.at(origin),
                 );
                 Ok(vec![])
             }
+        }
+    }
+
+    /// A convolution axis of known size with both its kernel and its output unknown: from the
+    /// first closing stage on, a part that has a least upper bound (a later operation matched
+    /// it with a known size) takes it, before anything is closed to 1. The part cannot
+    /// broadcast inside the convolution, so the bound is the size the later operation needs;
+    /// the other part then follows from the size. `None` when neither part has a bound.
+    fn conv_part_to_lub(&self, c: &ConvDim, origin: &Origin) -> Option<Constr> {
+        if self.stage < Stage::TerminalDimsToOne {
+            return None;
+        }
+        [&c.kernel, &c.output].into_iter().find_map(|part| {
+            let Dim::Var(v) = part else { return None };
+            let (lub, from) = self.env.dim_bounds(*v).lub.clone()?;
+            let eq = Constraint::DimEq { d1: part.clone(), d2: lub };
+            Some(eq.at(&origin.join(&from)))
+        })
+    }
+
+    /// Records a convolution axis whose parts only closing will decide (once per axis).
+    fn note_open_conv(&mut self, c: &Arc<ConvDim>, size: usize, origin: &Origin) {
+        if !self.open_convs.iter().any(|o| o.conv == *c && o.origin == *origin) {
+            let conv = c.clone();
+            self.open_convs.push(crate::solve::OpenConv { conv, size, origin: origin.clone() });
         }
     }
 

@@ -270,7 +270,7 @@ fn shape_errors_show_labels_not_solver_variables() {
     let k = vector(&mut inf, "k", &[1]);
     let y = inf.new_shape("y", &ShapeDecl::inferred());
     let e = inf.add_step(y, Logic::Einsum(spec("2*o+k; k => o"), vec![x, k])).unwrap_err();
-    expect![[r#"shape error: convolution axis 2*o+1 cannot have size 6: 6 = 2*(output-1) + 1 has no whole-number solution; in einsum "2*o+k; k => o" 'y': result ...|...->...,_ from 'x' |->6, 'k' |->1"#]]
+    expect![[r#"shape error: convolution 2*o+k (stride 2, kernel k = 1) of einsum "2*o+k; k => o" cannot have size 6: 6 = 2*(o-1) + 1 has no whole-number solution; in einsum "2*o+k; k => o" 'y': result ...|...->...,_ from 'x' |->6, 'k' |->1"#]]
         .assert_eq(&e.to_string());
 }
 

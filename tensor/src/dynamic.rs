@@ -20,7 +20,7 @@
 //!   along its first axis (a cell's value does not depend on that axis' size);
 //! - a dynamic iterator that also indexes a fixed axis (size > 1) of another argument, two
 //!   dynamic sizes meeting in one iterator, and a dynamic axis addressed by a fixed position,
-//!   a convolution or a concatenation are errors naming the operation, the tensors and the
+//!   a convolution, a concatenation or a reshape that merges it with other axes are errors naming the operation, the tensors and the
 //!   sizes: at run time such a program would mix rows that exist with rows that do not.
 //!
 //! A parameter never has a dynamic axis: its gradient sums the batch away.
@@ -232,8 +232,9 @@ fn check_reach(
                     d,
                     op,
                     format!(
-                        "{} is addressed as `{i}` (a convolution or a concatenation), which \
-                         needs the size when compiling",
+                        "{} is addressed as `{i}` (a convolution, a concatenation, or a \
+                         reshape merging it with other axes), which needs the size when \
+                         compiling; a reshape may keep a dynamic axis first, as it is",
                         what()
                     ),
                 ));

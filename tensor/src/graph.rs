@@ -663,6 +663,16 @@ impl Graph {
 
     /// Adds an operation; a shape error is recorded for [`Graph::finish`].
     pub(crate) fn add_op(&self, op: Rc<dyn Op>, args: &[&Tensor]) -> Tensor {
+        self.add_op_shaped(op, args, &ShapeDecl::inferred())
+    }
+
+    /// Adds an operation whose result has some rows declared (a reshape's target).
+    pub(crate) fn add_op_shaped(
+        &self,
+        op: Rc<dyn Op>,
+        args: &[&Tensor],
+        decl: &ShapeDecl,
+    ) -> Tensor {
         if let Some(other) = args.iter().find(|a| !a.graph.same(self)) {
             self.record(Error::usage(format!(
                 "operation {} mixes tensors of different graphs ('{}')",
@@ -677,7 +687,7 @@ impl Graph {
             .iter()
             .map(|a| g.nodes.get(a.0 as usize).map_or(ShapeId(0), |n| n.shape))
             .collect();
-        let shape = g.inf.new_shape(&label, &ShapeDecl::inferred());
+        let shape = g.inf.new_shape(&label, decl);
         g.inf.name_next_op(&label);
         let step = match g.inf.add_step(shape, op.logic(&arg_shapes)) {
             Ok(s) => Some(s),

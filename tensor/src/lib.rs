@@ -30,9 +30,13 @@ pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
 pub use init::Init;
+pub use ops::reshape::View;
 pub use optim::{LossScale, Optimizer, StepOptions, TrainStep};
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so
 /// that a session can be configured from this crate alone.
 pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, Prec};
 pub use rocannl_shape::RowDecl;
+/// The three rows of a shape (batch, input, output), naming the row a [`Tensor::flatten`] or
+/// [`Tensor::unflatten`] works in.
+pub use rocannl_shape::row::Kind as RowKind;
 pub use session::{Plan, Session, SessionOptions};

@@ -100,7 +100,7 @@ pub fn check_step(inf: &Inference, step: StepId) -> Result<(), String> {
                 return fail("batch slicing");
             }
         }
-        Logic::Reshape(_) => {
+        Logic::Reshape(..) => {
             let n = |r: &Rows| r.iter().flatten().product::<usize>();
             if n(&cur) != n(&args[0]) {
                 return fail("reshape");

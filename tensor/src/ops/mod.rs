@@ -4,3 +4,4 @@
 pub mod contract;
 pub mod layout;
 pub mod pointwise;
+pub mod reshape;
