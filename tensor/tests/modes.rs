@@ -204,3 +204,74 @@ fn buffer_and_batch_norm_misuse_are_usage_errors() {
         }
     }
 }
+
+/// Over a dynamic batch, batch norm's statistics count the current rows only: the running
+/// estimates after a full batch and a partial one are those of the rows written.
+#[test]
+fn batch_norm_over_a_dynamic_batch_counts_the_current_rows() {
+    let rows: Vec<[f64; 2]> =
+        (0..6).map(|i| [i as f64 * 0.7 - 1.0, (i * i) as f64 * 0.3]).collect();
+    let stats = |n: usize, f: usize| {
+        let mean = rows[..n].iter().map(|r| r[f]).sum::<f64>() / n as f64;
+        let ss: f64 = rows[..n].iter().map(|r| (r[f] - mean) * (r[f] - mean)).sum();
+        (mean, ss / (n - 1) as f64)
+    };
+    for backend in backends() {
+        let g = Graph::new();
+        let batch = g.dynamic("batch", 6);
+        let x = g.data_dyn("x", &batch, &[], &[], &[2]);
+        let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
+        let y = bn.apply(&x);
+        let opts = SessionOptions {
+            backend,
+            prec: rocannl_tensor::Prec::F64,
+            ..SessionOptions::default()
+        };
+        let mut s = Session::with_options(&g, opts).unwrap();
+        let train = s.forward_in(Mode::Train, &[&y]).unwrap();
+        let (mut mean, mut var) = ([0.0; 2], [1.0; 2]);
+        for n in [6, 3] {
+            s.set_size(&batch, n).unwrap();
+            s.write(&x, &rows[..n].concat()).unwrap();
+            s.run(&train).unwrap();
+            for f in 0..2 {
+                let (m, v) = stats(n, f);
+                mean[f] = 0.9 * mean[f] + 0.1 * m;
+                var[f] = 0.9 * var[f] + 0.1 * v;
+            }
+        }
+        let got = [0, 1].map(|i| s.read(&bn.buffers()[i]).unwrap());
+        for (f, (m, v)) in mean.iter().zip(&var).enumerate() {
+            assert!((got[0][f] - m).abs() < 1e-12, "{backend:?}: mean {:?} vs {mean:?}", got[0]);
+            assert!((got[1][f] - v).abs() < 1e-12, "{backend:?}: var {:?} vs {var:?}", got[1]);
+        }
+    }
+}
+
+/// In f16 with f32 master weights, batch norm normalizes activations around 300 (its statistics
+/// computed in f32), and its running estimates are kept in f32, as the params are.
+#[test]
+fn batch_norm_in_f16_keeps_its_statistics_and_buffers_in_f32() {
+    use rocannl_tensor::Prec;
+    let values: Vec<f64> = (0..16).map(|i| 300.0 + ((i * 7) % 16) as f64 * 4.0).collect();
+    let g = Graph::new();
+    let x = g.ndarray("x", &[16], &[], &[1], &values);
+    let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
+    let y = bn.apply(&x);
+    let opts =
+        SessionOptions { prec: Prec::F16, master: Some(Prec::F32), ..SessionOptions::default() };
+    let mut s = Session::with_options(&g, opts).unwrap();
+    let train = s.forward_in(Mode::Train, &[&y]).unwrap();
+    s.run(&train).unwrap();
+    let mean = values.iter().sum::<f64>() / 16.0;
+    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / 15.0;
+    let yv = s.read(&y).unwrap();
+    let sd = (var * 15.0 / 16.0 + 1e-5).sqrt();
+    for (v, got) in values.iter().zip(&yv) {
+        assert!((got - (v - mean) / sd).abs() < 1e-2, "{v} -> {got}");
+    }
+    let running = s.read_array(&bn.buffers()[1]).unwrap();
+    assert_eq!(running.prec(), Prec::F32);
+    let want = 0.9 + 0.1 * var;
+    assert!((running.to_f64_vec()[0] - want).abs() < 1e-3 * want, "{running:?} vs {want}");
+}
