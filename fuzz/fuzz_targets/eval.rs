@@ -30,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
         } else {
             vec![]
         },
+        ..Plan::default()
     };
     let Ok(routine) = session.compile("eval", &plan) else { return };
     if session.run(&routine).is_err() {

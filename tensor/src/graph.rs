@@ -34,6 +34,9 @@ pub enum Leaf {
     Data(Option<Vec<f64>>),
     /// A learnable parameter.
     Param(Init),
+    /// State that routines compiled in train mode update in place ([`crate::buffer`]): never
+    /// trained, saved in checkpoints beside the params.
+    Buffer(Init),
     /// Every cell holds this number.
     Constant(f64),
     /// Every cell holds its row-major offset (`range`, `range_of_shape`).
@@ -118,6 +121,8 @@ pub(crate) struct GraphInner {
     pub dyn_dims: Vec<DynDim>,
     /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
     pub within_depth: usize,
+    /// The updates of buffers, in the order they were recorded ([`crate::buffer`]).
+    pub updates: Vec<crate::buffer::Update>,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -243,6 +248,7 @@ impl Graph {
                 f32_stats: rustc_hash::FxHashSet::default(),
                 dyn_dims: Vec::new(),
                 within_depth: 0,
+                updates: Vec::new(),
             })),
         }
     }
@@ -329,9 +335,11 @@ impl Graph {
 
     fn add_leaf(&self, label: &str, decl: ShapeDecl, leaf: Leaf, data: TerminalData) -> Tensor {
         let param = matches!(leaf, Leaf::Param(_));
+        // A buffer's sizes are inferred from use as a param's are (and guesses warned about).
+        let inferred = param || matches!(leaf, Leaf::Buffer(_));
         let mut g = self.borrow_mut();
         let shape = g.inf.new_shape(label, &decl);
-        let terminal = Terminal { param, data, input_equals_output: false };
+        let terminal = Terminal { param: inferred, data, input_equals_output: false };
         let step = match g.inf.add_step(shape, Logic::Terminal(terminal)) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -627,20 +635,41 @@ impl Graph {
     /// already taken is an error, reported by [`Graph::finish`] with both call sites.
     #[track_caller]
     pub fn param_with(&self, label: &str, spec: ParamSpec) -> Tensor {
-        let here = std::panic::Location::caller();
-        let earlier = self.borrow_mut().param_sites.insert(label.to_string(), here);
-        if let Some(first) = earlier {
-            self.borrow_mut().param_sites.insert(label.to_string(), first);
-            self.record(Error::usage(format!(
-                "two params are named '{label}': created at {first} and at {here}; give each its own name"
-            )));
-        }
+        self.claim_name(label, "params", std::panic::Location::caller());
         let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
         let t = self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows);
         if !spec.weight_decay {
             self.borrow_mut().no_decay.insert(t.id);
         }
         t
+    }
+
+    /// Records that a param or buffer (`what`) named `label` is created at `here`: names
+    /// identify both in checkpoints, so a name taken twice is an error naming both places.
+    pub(crate) fn claim_name(
+        &self,
+        label: &str,
+        what: &str,
+        here: &'static std::panic::Location<'static>,
+    ) {
+        let earlier = self.borrow_mut().param_sites.insert(label.to_string(), here);
+        if let Some(first) = earlier {
+            self.borrow_mut().param_sites.insert(label.to_string(), first);
+            self.record(Error::usage(format!(
+                "two {what} are named '{label}': created at {first} and at {here}; give each its \
+                 own name"
+            )));
+        }
+    }
+
+    /// A leaf added by another module of the crate (a buffer).
+    pub(crate) fn add_leaf_given(&self, label: &str, spec: &ParamSpec, leaf: Leaf) -> Tensor {
+        let decl = ShapeDecl {
+            batch: spec.batch.clone(),
+            input: spec.input.clone(),
+            output: spec.output.clone(),
+        };
+        self.add_leaf(label, decl, leaf, TerminalData::Rows)
     }
 
     /// Marks the operations built until the returned guard is dropped as part of the user's

@@ -10,13 +10,16 @@
 //!    [`op::Op::backward`], and an optimizer's update ([`optim`]) — compiled into one routine
 //!    per task by `rocannl-arrayjit`.
 //! 3. Run routines, write inputs and read values; train with [`train`]; save and load
-//!    parameters with [`persist`].
+//!    parameters and buffers with [`persist`]. Routines compute in a [`Mode`] (train or eval),
+//!    and train-mode routines update the graph's [`buffer`]s (batch norm's running statistics).
 
+pub mod buffer;
 mod checks;
 pub mod dynamic;
 pub mod error;
 pub mod graph;
 pub mod init;
+pub mod mode;
 pub mod nn;
 pub mod op;
 pub mod ops;
@@ -30,6 +33,7 @@ pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
 pub use init::Init;
+pub use mode::Mode;
 pub use ops::reshape::View;
 pub use optim::{LossScale, Optimizer, StepOptions, TrainStep};
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so

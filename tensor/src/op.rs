@@ -55,6 +55,12 @@ pub trait Op: fmt::Debug {
     fn selects_cells(&self) -> bool {
         false
     }
+    /// The one argument the operation reads in routines of this mode, when it reads only one
+    /// ([`crate::Tensor::by_mode`]): a routine computes nothing the other arguments need.
+    /// `None` (the default): every argument.
+    fn reads_only(&self, _mode: crate::Mode) -> Option<usize> {
+        None
+    }
     /// The forward assignment(s).
     fn forward(&self, cx: &OpCtx) -> Asgn;
     /// The gradient assignments, accumulating (`+=`) into the gradients of the arguments that
@@ -84,6 +90,8 @@ pub struct OpCtx {
     pub out_grad: Option<NodeId>,
     /// Each argument's gradient node, if it needs one (backward only).
     pub arg_grads: Vec<Option<NodeId>>,
+    /// The mode of the routine being generated ([`crate::Mode`]).
+    pub mode: crate::Mode,
 }
 
 const G_SLOT: usize = usize::MAX;
@@ -265,6 +273,7 @@ mod tests {
             proj: vec![Arc::new(p)],
             out_grad: Some(NodeId(3)),
             arg_grads: vec![Some(NodeId(4)), None],
+            mode: crate::Mode::Train,
         };
         let a = cx.grad(0, &mul(G, x(1))).unwrap();
         assert_eq!(a.to_string().trim(), "n4[i0] add= mul(n3[i0], n1[i0])  over [i0:4]");

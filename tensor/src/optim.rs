@@ -17,7 +17,8 @@ use rocannl_arrayjit::tnode::NodeId;
 
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
-use crate::session::{Plan, Session};
+use crate::mode::Mode;
+use crate::session::{Plan, PlanCode, Session};
 
 /// An optimizer and its hyper-parameters (the learning rate is given per step).
 #[derive(Clone, Debug, PartialEq)]
@@ -438,8 +439,10 @@ impl Session {
         Ok(code)
     }
 
-    /// Compiles a whole training step — forward, backpropagation from `loss` and the update of
-    /// every parameter — into one routine. `outputs` are also kept readable (e.g. predictions).
+    /// Compiles a whole training step — forward, backpropagation from `loss`, the update of
+    /// every parameter, then the updates of the buffers its forward pass computes (batch
+    /// norm's running statistics, [`crate::buffer`]) — into one routine, in train mode
+    /// ([`Mode::Train`]). `outputs` are also kept readable (e.g. predictions).
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Session, ParamSpec, Init, optim::Optimizer};
@@ -521,8 +524,9 @@ impl Session {
             Some(_) => trained.iter().map(|p| (*p).clone()).collect(),
             None => vec![],
         };
-        let plan = Plan { outputs: outs, backprop_from: Some(loss.clone()), grads };
-        let mut code = self.plan_code(&plan)?;
+        let plan =
+            Plan { outputs: outs, backprop_from: Some(loss.clone()), grads, mode: Mode::Train };
+        let PlanCode { mut code, buffer_updates, kept } = self.plan_code(&plan)?;
         let scalars = [
             self.extra_node("lr", &[], true),
             self.extra_node("adam_c1", &[], true),
@@ -540,13 +544,18 @@ impl Session {
         for p in &trained {
             update.extend(self.update_code(opt, p, scalars)?);
         }
-        let visible = self.visible_nodes(&plan);
+        let mut visible = self.visible_nodes(&plan);
+        visible.extend(kept);
         let (routine, scaler) = match scaling {
             None => {
                 code.extend(update);
+                code.extend(buffer_updates);
                 (self.compile_code("train_step", Asgn::Seq(code), &visible)?, None)
             }
             Some((cfg, [scale_node, inverse_node, check_node])) => {
+                // The forward pass runs whether or not the update is skipped: so do the
+                // buffers' updates (as PyTorch's running statistics under a `GradScaler`).
+                code.extend(buffer_updates);
                 let grads = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
                 let update = self.compile_code("train_update", Asgn::Seq(update), &visible)?;
                 let scale = cfg.init;

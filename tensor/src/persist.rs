@@ -1,9 +1,16 @@
-//! Saving and loading parameters as safetensors.
+//! Saving and loading parameters and buffers as safetensors.
 //!
-//! Each parameter is stored under its label with its dimensions in memory order (batch, output,
-//! input) and the parameters' precision ([`Session::master_prec`]), as raw little-endian bytes, so a round trip is
-//! bit-exact. Loading checks every name, shape and precision first and writes nothing unless all
-//! match, so a file that does not fit leaves the session unchanged.
+//! Each parameter and each buffer ([`crate::buffer`]: batch norm's running statistics) is
+//! stored under its label with its dimensions in memory order (batch, output, input) and the
+//! parameters' precision ([`Session::master_prec`]), as raw little-endian bytes, so a round
+//! trip is bit-exact. Loading checks every name, shape and precision first and writes nothing
+//! unless all match, so a file that does not fit leaves the session unchanged.
+//!
+//! Names are the modules' hierarchical names. [`crate::nn::BatchNorm`] names its tensors as
+//! PyTorch's `BatchNorm1d` and `BatchNorm2d` do (`bn.weight`, `bn.bias`, `bn.running_mean`,
+//! `bn.running_var`, `bn.num_batches_tracked`, each of `C` values but the last, a scalar), so
+//! their checkpoint loads into the PyTorch module with `load_state_dict` (the counter is
+//! stored as a float, which PyTorch converts to its integer).
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -34,18 +41,27 @@ fn persist(msg: impl Into<String>) -> Error {
     Error::Persist(msg.into())
 }
 
+/// What a checkpoint's tensor is, for messages.
+fn kind(t: &Tensor) -> &'static str {
+    if t.is_buffer() { "buffer" } else { "parameter" }
+}
+
 impl Session {
+    /// The params and the buffers by name.
     fn named_params(&self) -> Result<BTreeMap<String, Tensor>> {
         let mut out = BTreeMap::new();
-        for p in self.graph().params() {
+        for p in self.graph().params().into_iter().chain(self.graph().buffers()) {
             if out.insert(p.label(), p.clone()).is_some() {
-                return Err(persist(format!("two parameters are named '{}'", p.label())));
+                return Err(persist(format!(
+                    "two parameters or buffers are named '{}'",
+                    p.label()
+                )));
             }
         }
         Ok(out)
     }
 
-    /// Saves every parameter to a safetensors file.
+    /// Saves every parameter and every buffer to a safetensors file.
     ///
     /// The file is written whole or not at all: to a new file beside it, then renamed over it.
     /// A new checkpoint gets the mode any new file gets (read and write for everyone the umask
@@ -71,7 +87,7 @@ impl Session {
         let mut bytes = Vec::new();
         for (name, p) in &params {
             let values = self.read(p).map_err(|_| {
-                persist(format!("parameter '{name}' has no value yet: run a routine first"))
+                persist(format!("{} '{name}' has no value yet: run a routine first", kind(p)))
             })?;
             let arr = NdArray::from_f64(self.master_prec(), &p.dims()?, &values)?;
             bytes.push((name.clone(), p.dims()?, arr.to_bytes()));
@@ -90,8 +106,9 @@ impl Session {
         write_atomically(path, &file)
     }
 
-    /// Loads every parameter from a safetensors file written by [`Session::save_params`]. All
-    /// names, shapes and precisions are checked before anything is written.
+    /// Loads every parameter and every buffer from a safetensors file written by
+    /// [`Session::save_params`]. All names, shapes and precisions are checked before anything is
+    /// written.
     pub fn load_params(&mut self, path: &Path) -> Result<()> {
         let data = std::fs::read(path)
             .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
@@ -102,18 +119,20 @@ impl Session {
         for (name, p) in &params {
             let view = st
                 .tensor(name)
-                .map_err(|_| persist(format!("{} has no parameter '{name}'", path.display())))?;
+                .map_err(|_| persist(format!("{} has no {} '{name}'", path.display(), kind(p))))?;
             let dims = p.dims()?;
             if view.shape() != dims.as_slice() {
                 return Err(persist(format!(
-                    "parameter '{name}' has dims {dims:?} but {} stores {:?}",
+                    "{} '{name}' has dims {dims:?} but {} stores {:?}",
+                    kind(p),
                     path.display(),
                     view.shape()
                 )));
             }
             if view.dtype() != dtype(self.master_prec()) {
                 return Err(persist(format!(
-                    "parameter '{name}' is {} but {} stores {:?}",
+                    "{} '{name}' is {} but {} stores {:?}",
+                    kind(p),
                     self.master_prec().name(),
                     path.display(),
                     view.dtype()

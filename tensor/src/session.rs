@@ -23,6 +23,7 @@ use crate::dynamic::DynAxes;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, Source, Tensor, TensorId};
 use crate::init::{InitTarget, derive_seed, init_code};
+use crate::mode::Mode;
 use crate::op::OpCtx;
 
 /// How a session compiles.
@@ -118,6 +119,16 @@ pub struct Plan {
     pub backprop_from: Option<Tensor>,
     /// Tensors whose gradients must be readable afterwards.
     pub grads: Vec<Tensor>,
+    /// The mode the routine computes in ([`Mode`]; eval unless set).
+    pub mode: Mode,
+}
+
+/// A plan's code: the forward (and backward) pass, the buffers' updates that end the routine,
+/// and the nodes of the buffers' new values, which must survive until then.
+pub(crate) struct PlanCode {
+    pub code: Vec<Asgn>,
+    pub buffer_updates: Vec<Asgn>,
+    pub kept: Vec<NodeId>,
 }
 
 impl Session {
@@ -205,7 +216,7 @@ impl Session {
             return Prec::U32;
         }
         match self.graph.tensor(t).info().source {
-            Source::Leaf(Leaf::Param(_)) => self.master,
+            Source::Leaf(Leaf::Param(_) | Leaf::Buffer(_)) => self.master,
             _ if matches!(self.prec, Prec::F16 | Prec::Bf16)
                 && self.graph.borrow().f32_stats.contains(&t) =>
             {
@@ -250,6 +261,12 @@ impl Session {
 
     /// The tensors `roots` depend on, each after its arguments.
     pub(crate) fn topo(&self, roots: &[TensorId]) -> Vec<TensorId> {
+        self.topo_in(roots, None)
+    }
+
+    /// The tensors `roots` depend on in a routine of `mode` (every argument when `None`;
+    /// else only the branch of its mode of a [`Tensor::by_mode`]), each after its arguments.
+    pub(crate) fn topo_in(&self, roots: &[TensorId], mode: Option<Mode>) -> Vec<TensorId> {
         let g = self.graph.borrow();
         let mut order = Vec::new();
         let mut done = FxHashSet::default();
@@ -264,8 +281,9 @@ impl Session {
                 continue;
             }
             stack.push((t, true));
-            if let Source::Op { args, .. } = &g.nodes[t.0 as usize].source {
-                for a in args.iter().rev() {
+            if let Source::Op { op, args } = &g.nodes[t.0 as usize].source {
+                let only = mode.and_then(|m| op.reads_only(m)).and_then(|i| args.get(i..=i));
+                for a in only.unwrap_or(args).iter().rev() {
                     if !done.contains(a) {
                         stack.push((*a, false));
                     }
@@ -302,7 +320,7 @@ impl Session {
         Ok(ps)
     }
 
-    fn op_ctx(&mut self, t: TensorId, with_grads: bool) -> Result<OpCtx> {
+    fn op_ctx(&mut self, t: TensorId, with_grads: bool, mode: Mode) -> Result<OpCtx> {
         let args = match &self.graph.borrow().nodes[t.0 as usize].source {
             Source::Op { args, .. } => args.clone(),
             Source::Leaf(_) => vec![],
@@ -337,7 +355,7 @@ impl Session {
         } else {
             (None, vec![])
         };
-        Ok(OpCtx { out, args: arg_nodes, proj, out_grad, arg_grads })
+        Ok(OpCtx { out, args: arg_nodes, proj, out_grad, arg_grads, mode })
     }
 
     fn is_param(&self, t: TensorId) -> bool {
@@ -381,7 +399,7 @@ impl Session {
     }
 
     /// The forward code of the tensors in `order`.
-    fn forward_code(&mut self, order: &[TensorId]) -> Result<Vec<Asgn>> {
+    fn forward_code(&mut self, order: &[TensorId], mode: Mode) -> Result<Vec<Asgn>> {
         let mut code = Vec::new();
         for &t in order {
             let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
@@ -398,7 +416,7 @@ impl Session {
                     self.node_of(t);
                 }
                 Source::Op { op, .. } => {
-                    let cx = self.op_ctx(t, false)?;
+                    let cx = self.op_ctx(t, false, mode)?;
                     code.extend(self.cast_code(&cx.args)?);
                     code.push(Asgn::Comment(format!(
                         "{} '{}'",
@@ -414,7 +432,12 @@ impl Session {
 
     /// Backpropagation from `root` over `order` (the forward order): zero every gradient, seed
     /// the root's with ones, then each operation's gradient code in reverse.
-    fn backward_code(&mut self, root: TensorId, order: &[TensorId]) -> Result<Vec<Asgn>> {
+    fn backward_code(
+        &mut self,
+        root: TensorId,
+        order: &[TensorId],
+        mode: Mode,
+    ) -> Result<Vec<Asgn>> {
         let diff: Vec<TensorId> = order
             .iter()
             .copied()
@@ -432,7 +455,7 @@ impl Session {
         for &t in diff.iter().rev() {
             let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
             if let Source::Op { op, .. } = source {
-                let cx = self.op_ctx(t, true)?;
+                let cx = self.op_ctx(t, true, mode)?;
                 // The forward code of the same routine made every copy the gradients read.
                 debug_assert!(
                     cx.args
@@ -481,7 +504,10 @@ impl Session {
             };
             let tensor = self.graph.tensor(t);
             let persistent = !is_grad
-                && matches!(tensor.info().source, Source::Leaf(Leaf::Param(_) | Leaf::Data(_)));
+                && matches!(
+                    tensor.info().source,
+                    Source::Leaf(Leaf::Param(_) | Leaf::Buffer(_) | Leaf::Data(_))
+                );
             let mode = if persistent || visible.contains(&n) {
                 MemoryMode::HostVisible
             } else {
@@ -495,27 +521,39 @@ impl Session {
 
     /// Compiles a routine for a plan: the forward code of everything the outputs (and the
     /// backprop root) need, then backpropagation if asked.
+    ///
+    /// A routine compiled in [`Mode::Train`] ends with the updates of the buffers its forward
+    /// pass computes ([`crate::buffer`]).
     pub fn compile(&mut self, name: &str, plan: &Plan) -> Result<Routine> {
         for t in plan.outputs.iter().chain(&plan.grads).chain(&plan.backprop_from) {
             self.own(t)?;
         }
-        let code = self.plan_code(plan)?;
-        let visible = self.visible_nodes(plan);
+        let PlanCode { mut code, buffer_updates, kept } = self.plan_code(plan)?;
+        code.extend(buffer_updates);
+        let mut visible = self.visible_nodes(plan);
+        visible.extend(kept);
         self.compile_code(name, Asgn::Seq(code), &visible)
     }
 
-    pub(crate) fn plan_code(&mut self, plan: &Plan) -> Result<Vec<Asgn>> {
+    pub(crate) fn plan_code(&mut self, plan: &Plan) -> Result<PlanCode> {
         self.graph.finish()?;
         self.cast_done.clear();
         let mut roots: Vec<TensorId> = plan.outputs.iter().map(|t| t.id).collect();
         roots.extend(plan.backprop_from.as_ref().map(|t| t.id));
         roots.extend(plan.grads.iter().map(|t| t.id));
-        let order = self.topo(&roots);
-        let mut code = self.forward_code(&order)?;
+        let order = self.topo_in(&roots, Some(plan.mode));
+        // The new values of the buffers are computed with the forward pass and copied into the
+        // buffers at the end, so that everything before reads the values the step began with.
+        let updates = self.performed_updates(plan.mode, &order);
+        roots.extend(updates.iter().map(|u| u.value));
+        let with_updates = self.topo_in(&roots, Some(plan.mode));
+        let mut code = self.forward_code(&with_updates, plan.mode)?;
         if let Some(root) = &plan.backprop_from {
-            code.extend(self.backward_code(root.id, &order)?);
+            code.extend(self.backward_code(root.id, &order, plan.mode)?);
         }
-        Ok(code)
+        let kept = updates.iter().map(|u| self.node_of(u.value)).collect();
+        let buffer_updates = self.buffer_update_code(&updates)?;
+        Ok(PlanCode { code, buffer_updates, kept })
     }
 
     pub(crate) fn visible_nodes(&mut self, plan: &Plan) -> FxHashSet<NodeId> {
@@ -556,21 +594,23 @@ impl Session {
         Ok(routine)
     }
 
-    /// Compiles the forward pass computing `outputs`.
+    /// Compiles the forward pass computing `outputs`, in eval mode ([`Mode::Eval`]: no
+    /// dropout, batch norm's running statistics, no buffer updated); [`Session::forward_in`]
+    /// chooses the mode.
     pub fn forward(&mut self, outputs: &[&Tensor]) -> Result<Routine> {
-        let plan =
-            Plan { outputs: outputs.iter().map(|t| (*t).clone()).collect(), ..Plan::default() };
-        self.compile("forward", &plan)
+        self.forward_in(Mode::Eval, outputs)
     }
 
     /// Compiles forward and backpropagation from `root` (its gradient seeded with ones, i.e.
-    /// the gradient of the sum of its cells); the parameters' gradients are readable.
+    /// the gradient of the sum of its cells), in train mode ([`Mode::Train`], as a training
+    /// step: buffers are updated); the parameters' gradients are readable.
     pub fn backprop(&mut self, root: &Tensor, outputs: &[&Tensor]) -> Result<Routine> {
         self.own(root)?;
         let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
         outs.push(root.clone());
+        let grads = self.graph.params();
         let plan =
-            Plan { outputs: outs, backprop_from: Some(root.clone()), grads: self.graph.params() };
+            Plan { outputs: outs, backprop_from: Some(root.clone()), grads, mode: Mode::Train };
         self.compile("backprop", &plan)
     }
 
@@ -582,7 +622,9 @@ impl Session {
             .iter()
             .filter(|(t, n)| !self.ready.contains(t) && table.get(**n).is_ok())
             .filter_map(|(t, _)| match self.graph.tensor(*t).info().source {
-                Source::Leaf(l @ (Leaf::Param(_) | Leaf::Data(_))) => Some((*t, l)),
+                Source::Leaf(l @ (Leaf::Param(_) | Leaf::Buffer(_) | Leaf::Data(_))) => {
+                    Some((*t, l))
+                }
                 _ => None,
             })
             .collect();
@@ -609,7 +651,7 @@ impl Session {
                     self.write_node(n, prec, &dims, &values)?
                 }
                 Leaf::Data(None) => {}
-                Leaf::Param(init_spec) => {
+                Leaf::Param(init_spec) | Leaf::Buffer(init_spec) => {
                     let rows = self.graph.tensor(t).rows()?;
                     let (input, output) = (rows.input, rows.output);
                     let seed = derive_seed(self.graph.seed(), t.0);

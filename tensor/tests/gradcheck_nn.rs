@@ -223,15 +223,47 @@ fn convolution_and_pooling() {
     });
 }
 
+/// Batch norm in train mode (the batch's statistics) through its input, weight and bias: per
+/// feature over the batch, over batch and positions, and per channel of images.
+#[test]
+fn batch_norm() {
+    use rocannl_tensor::nn::{BatchNorm, BatchNormAxes, BatchNormConfig};
+    let features = BatchNormConfig::default()
+        .with_weight_init(Init::Values(vec![0.7, 1.3, -0.4]))
+        .with_bias_init(Init::Values(vec![0.1, -0.2, 0.3]));
+    let cases = [
+        ("batch_norm (N, C)", vec![5], vec![3], features.clone()),
+        ("batch_norm (N, L, C)", vec![2, 3], vec![3], features.clone()),
+        ("batch_norm images", vec![2], vec![2, 2, 3], features.with_axes(BatchNormAxes::Channels)),
+        ("batch_norm no affine", vec![4], vec![3], BatchNormConfig::default().with_affine(false)),
+    ];
+    for (name, batch, output, cfg) in cases {
+        check(name, |g| {
+            let n: usize = batch.iter().chain(&output).product();
+            let x = g.param_with(
+                "x",
+                ParamSpec::output(&output)
+                    .with_batch(&batch)
+                    .with_input(&[])
+                    .init(Init::Values(spread(n, -2.0, 2.0))),
+            );
+            let y = BatchNorm::new(g, "bn", cfg.clone()).apply(&x);
+            (g.params(), y)
+        });
+    }
+}
+
 #[test]
 fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     use rocannl_tensor::{Graph, Optimizer, Session};
     let g = Graph::with_seed(3);
     let x = g.param_with("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
-    let y = nn::dropout(&g, &x, 0.25, true);
+    let y = nn::dropout(&x, 0.25);
     let loss = y.sum_all();
-    assert!(nn::dropout(&g, &x, 0.25, false).id() == x.id(), "eval mode is the identity");
     let mut s = Session::with_options(&g, common::opts()).unwrap();
+    let eval = s.forward(&[&y]).unwrap();
+    s.run(&eval).unwrap();
+    assert_eq!(s.read(&y).unwrap(), s.read(&x).unwrap(), "eval mode is the identity");
     let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
     let mut masks = Vec::new();
     for _ in 0..2 {
@@ -264,20 +296,23 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
 fn block_dropout_acts_in_training_only() {
     use rocannl_tensor::nn::Activation;
     use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock};
-    use rocannl_tensor::{Graph, Session};
+    use rocannl_tensor::{Graph, Mode, Session};
     let g = Graph::with_seed(5);
     let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
     let block = TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 2), 6, Activation::Relu)
         .with_dropout(0.5);
-    let train = block.apply_training(&x, true);
-    let eval = block.apply(&x);
-    let plain = TransformerBlock { dropout: 0.0, ..block.clone() }.apply_training(&x, true);
+    let y = block.apply(&x);
+    let plain = TransformerBlock { dropout: 0.0, ..block.clone() }.apply(&x);
     let mut s = Session::with_options(&g, common::opts()).unwrap();
-    let r = s.forward(&[&train, &eval, &plain]).unwrap();
+    // One graph: the train-mode routine drops, the eval-mode one does not.
+    let train = s.forward_in(Mode::Train, &[&y, &plain]).unwrap();
+    let eval = s.forward(&[&y]).unwrap();
     let mut runs = Vec::new();
     for step in [1, 2] {
-        s.run_with(&r, &[(g.step_symbol(), step)]).unwrap();
-        runs.push((s.read(&train).unwrap(), s.read(&eval).unwrap(), s.read(&plain).unwrap()));
+        s.run_with(&train, &[(g.step_symbol(), step)]).unwrap();
+        let (t, p) = (s.read(&y).unwrap(), s.read(&plain).unwrap());
+        s.run(&eval).unwrap();
+        runs.push((t, s.read(&y).unwrap(), p));
     }
     let ((t1, e1, p1), (t2, e2, _)) = (&runs[0], &runs[1]);
     assert_eq!(e1, e2, "evaluation has no dropout");
@@ -287,30 +322,28 @@ fn block_dropout_acts_in_training_only() {
 }
 
 /// A dropout probability outside [0, 1] (or NaN) is a usage error naming the tensor and the
-/// value, in training and outside it, through the blocks that take one too.
+/// value, through the blocks that take one too.
 #[test]
 fn dropout_rejects_probabilities_outside_0_1() {
     use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock};
     use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
     use rocannl_tensor::{Error, Graph};
     for p in [1.5, -0.5, f64::NAN, f64::INFINITY] {
-        for training in [true, false] {
-            let g = Graph::new();
-            let x = g.data("x", &[4], &[], &[8]);
-            let _ = nn::dropout(&g, &x, p, training);
-            match g.finish() {
-                Err(Error::Usage(m)) => {
-                    assert!(m.contains("'x'") && m.contains(&format!("{p}")), "{m}")
-                }
-                other => panic!("p = {p}: {other:?}"),
+        let g = Graph::new();
+        let x = g.data("x", &[4], &[], &[8]);
+        let _ = nn::dropout(&x, p);
+        match g.finish() {
+            Err(Error::Usage(m)) => {
+                assert!(m.contains("'x'") && m.contains(&format!("{p}")), "{m}")
             }
+            other => panic!("p = {p}: {other:?}"),
         }
         let g = Graph::new();
         let x = g.data("x", &[2, 5], &[], &[8]);
         let block =
             TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 4), 16, Activation::Relu)
                 .with_dropout(p);
-        let _ = block.apply_training(&x, true);
+        let _ = block.apply(&x);
         let e = g.finish().unwrap_err().to_string();
         assert!(e.contains("dropout") && e.contains(&format!("{p}")), "{e}");
         let g = Graph::new();
@@ -325,7 +358,7 @@ fn dropout_rejects_probabilities_outside_0_1() {
             dropout: p,
         };
         let ids = g.data("ids", &[2, 4], &[], &[]);
-        let _ = Gpt::new(&g, "gpt", cfg).apply_training(&ids, true);
+        let _ = Gpt::new(&g, "gpt", cfg).apply(&ids);
         assert!(matches!(g.finish(), Err(Error::Usage(_))), "GPT dropout {p}");
     }
 }
@@ -342,9 +375,9 @@ fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
         let x = g.ndarray("x", &[4], &[], &[3], &spread(12, -2.0, 2.0));
         let w =
             g.param_with("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
-        let y = nn::dropout(&g, &w.matmul(&x), 1.0, true);
+        let y = nn::dropout(&w.matmul(&x), 1.0);
         let loss = loss::mse(&y, &g.number(1.0));
-        assert!(nn::dropout(&g, &x, 0.0, true).id() == x.id(), "p = 0 is the identity");
+        assert!(nn::dropout(&x, 0.0).id() == x.id(), "p = 0 is the identity");
         let opts = SessionOptions { backend, prec: Prec::F32, ..SessionOptions::default() };
         let mut s = Session::with_options(&g, opts).unwrap();
         let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y]).unwrap();

@@ -38,6 +38,7 @@ fn plan(document: &Document, built: &Built) -> Plan {
             outputs: vec![built.root.clone()],
             backprop_from: Some(built.root.clone()),
             grads: built.params.iter().map(|(_, t)| t.clone()).collect(),
+            ..Plan::default()
         }
     } else {
         Plan { outputs: vec![built.root.clone()], ..Plan::default() }

@@ -360,6 +360,7 @@ fn evaluate(
             outputs,
             backprop_from: Some(built.root.clone()),
             grads: built.params.iter().map(|(_, t)| t.clone()).collect(),
+            ..Plan::default()
         }
     } else {
         Plan { outputs, ..Plan::default() }

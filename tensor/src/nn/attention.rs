@@ -173,8 +173,8 @@ pub struct TransformerBlock {
     pub ff2: Dense,
     /// The MLP's activation.
     pub act: Activation,
-    /// Dropout on the attention's and the MLP's outputs, before each residual sum, when
-    /// applied for training ([`TransformerBlock::apply_training`]); 0 by default.
+    /// Dropout on the attention's and the MLP's outputs, before each residual sum, in train
+    /// mode ([`crate::Mode`]); 0 by default.
     pub dropout: f64,
 }
 
@@ -199,20 +199,13 @@ impl TransformerBlock {
         }
     }
 
-    /// The same block with dropout `p` on its residual branches in training.
+    /// The same block with dropout `p` on its residual branches in train mode.
     pub fn with_dropout(self, p: f64) -> TransformerBlock {
         TransformerBlock { dropout: p, ..self }
     }
 
-    /// The block applied to `x` (`... s | d`) for evaluation: no dropout.
-    #[track_caller]
-    pub fn apply(&self, x: &Tensor) -> Tensor {
-        let _within = x.graph().within("TransformerBlock::apply");
-        self.apply_training(x, false)
-    }
-
-    /// The block applied to `x`, with dropout on both residual branches when `training` (a
-    /// fresh mask every step, see [`super::dropout`]).
+    /// The block applied to `x` (`... s | d`), with dropout on both residual branches in train
+    /// mode (a fresh mask every step, see [`super::dropout`]) and none in eval mode.
     ///
     /// ```
     /// use rocannl_tensor::Graph;
@@ -221,17 +214,16 @@ impl TransformerBlock {
     /// let x = g.data("x", &[2, 5], &[], &[8]);
     /// let block = TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 4), 16, Activation::Relu)
     ///     .with_dropout(0.1);
-    /// let (train, eval) = (block.apply_training(&x, true), block.apply(&x)); // shared weights
+    /// let y = block.apply(&x); // dropout in training steps, none in `Session::forward`
     /// g.finish().unwrap();
-    /// assert_eq!(train.dims().unwrap(), eval.dims().unwrap());
+    /// assert_eq!(y.dims().unwrap(), vec![2, 5, 8]);
     /// ```
     #[track_caller]
-    pub fn apply_training(&self, x: &Tensor, training: bool) -> Tensor {
+    pub fn apply(&self, x: &Tensor) -> Tensor {
         let _within = x.graph().within("TransformerBlock::apply");
-        let g = x.graph();
         let a = self.att.apply(&self.ln1.apply(x));
-        let x1 = x + &super::dropout(g, &a, self.dropout, training);
+        let x1 = x + &super::dropout(&a, self.dropout);
         let h = self.act.apply(&self.ff1.apply(&self.ln2.apply(&x1)));
-        &x1 + &super::dropout(g, &self.ff2.apply(&h), self.dropout, training)
+        &x1 + &super::dropout(&self.ff2.apply(&h), self.dropout)
     }
 }

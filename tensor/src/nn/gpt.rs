@@ -26,7 +26,7 @@ pub struct GptConfig {
     pub ff: usize,
     /// The MLP's activation.
     pub act: Activation,
-    /// Dropout on the blocks' residual branches in training ([`Gpt::apply_training`]).
+    /// Dropout on the blocks' residual branches in train mode ([`crate::Mode`]).
     pub dropout: f64,
 }
 
@@ -98,20 +98,13 @@ impl Gpt {
         Gpt { tok, pos, blocks, ln_f, head, cfg }
     }
 
-    /// The logits for token ids `ids`, for evaluation (no dropout).
+    /// The logits for token ids `ids`, with the blocks' dropout in train mode.
     #[track_caller]
     pub fn apply(&self, ids: &Tensor) -> Tensor {
         let _within = ids.graph().within("Gpt::apply");
-        self.apply_training(ids, false)
-    }
-
-    /// The logits for token ids `ids`, with the blocks' dropout when `training`.
-    #[track_caller]
-    pub fn apply_training(&self, ids: &Tensor, training: bool) -> Tensor {
-        let _within = ids.graph().within("Gpt::apply");
         let mut x = &self.tok.apply(ids) + &self.pos;
         for b in &self.blocks {
-            x = b.apply_training(&x, training);
+            x = b.apply(&x);
         }
         self.head.apply(&self.ln_f.apply(&x))
     }

@@ -6,6 +6,7 @@
 //! Every block has a finite-difference gradient check (`tests/gradcheck_nn.rs`).
 
 pub mod attention;
+pub mod batchnorm;
 pub mod conv;
 pub mod embed;
 pub mod gpt;
@@ -14,6 +15,7 @@ pub mod module;
 pub mod norm;
 pub mod sample;
 
+pub use batchnorm::{BatchNorm, BatchNormAxes, BatchNormConfig};
 pub use module::Module;
 
 use crate::graph::{Graph, ParamSpec, Tensor};
@@ -230,30 +232,32 @@ pub fn mlp(g: &Graph, name: &str, x: &Tensor, widths: &[usize], act: Activation)
     Mlp::new(g, name, widths, act).apply(x)
 }
 
-/// Dropout: in training, each cell is zeroed with probability `p` and the others are scaled by
-/// `1/(1-p)`, with a fresh mask every step (the mask's random numbers are salted with the graph's
-/// step counter); outside training, the identity.
+/// Dropout, which depends on the routine's [`crate::Mode`]: in train mode (a training step), each
+/// cell is zeroed with probability `p` and the others are scaled by `1/(1-p)`, with a fresh mask
+/// every step (the mask's random numbers are salted with the graph's step counter); in eval
+/// mode ([`crate::Session::forward`]), the identity.
 ///
 /// `p` must be a probability in `[0, 1]`: anything else (a negative number, one above 1, NaN)
-/// is a usage error naming `x`, returned by [`Graph::finish`] (in training and outside it). At
-/// `p = 0` dropout is the identity; at `p = 1` every cell is exactly 0 and so is the gradient
-/// (no `0 · ∞`).
+/// is a usage error naming `x`, returned by [`Graph::finish`]. At `p = 0` dropout is the
+/// identity in both modes (`x` itself); at `p = 1` every cell is exactly 0 in train mode and
+/// so is the gradient (no `0 · ∞`).
 ///
 /// ```
 /// use rocannl_tensor::{Graph, nn};
 /// let g = Graph::new();
 /// let x = g.data("x", &[4], &[], &[8]);
-/// let y = nn::dropout(&g, &x, 0.5, true);
+/// let y = nn::dropout(&x, 0.5);
 /// g.finish().unwrap();
 /// assert_eq!(y.dims().unwrap(), vec![4, 8]);
 ///
 /// let bad = Graph::new();
 /// let x = bad.data("x", &[4], &[], &[8]);
-/// let _ = nn::dropout(&bad, &x, 1.5, true);
+/// let _ = nn::dropout(&x, 1.5);
 /// let e = bad.finish().unwrap_err().to_string();
 /// assert!(e.contains("'x'") && e.contains("1.5"), "{e}");
 /// ```
-pub fn dropout(g: &Graph, x: &Tensor, p: f64, training: bool) -> Tensor {
+pub fn dropout(x: &Tensor, p: f64) -> Tensor {
+    let g = x.graph();
     if !(0.0..=1.0).contains(&p) {
         g.record(crate::Error::usage(format!(
             "dropout of '{}': p = {p} is not a probability in [0, 1]",
@@ -261,16 +265,18 @@ pub fn dropout(g: &Graph, x: &Tensor, p: f64, training: bool) -> Tensor {
         )));
         return x.clone();
     }
-    if !training || p == 0.0 {
+    if p == 0.0 {
         return x.clone();
     }
     let zero = g.number(0.0);
-    if p == 1.0 {
+    let train = if p == 1.0 {
         // Every cell dropped: exact zeros, whatever `x` holds, and a zero gradient.
-        return Tensor::where_(&g.number(1.0), &zero, x);
-    }
-    let dropped = x.uniform_like(Some(g.step_symbol())).lt(&g.number(p));
-    Tensor::where_(&dropped, &zero, &x.scale(1.0 / (1.0 - p)))
+        Tensor::where_(&g.number(1.0), &zero, x)
+    } else {
+        let dropped = x.uniform_like(Some(g.step_symbol())).lt(&g.number(p));
+        Tensor::where_(&dropped, &zero, &x.scale(1.0 / (1.0 - p)))
+    };
+    Tensor::by_mode(&train, x)
 }
 
 impl Tensor {

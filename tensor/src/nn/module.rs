@@ -5,10 +5,15 @@
 //! windows, in generation — and every use shares the same params, so the routines of one
 //! session (a training step, an evaluation forward) train and read the same weights. Names
 //! identify params in checkpoints; a name used twice is an error naming both call sites.
+//!
+//! Blocks that behave differently in training and evaluation (dropout, batch norm) record both
+//! behaviours ([`crate::Mode`]); one `apply` serves the training step and the evaluation
+//! routines, which compile in their own modes.
 
 use crate::graph::Tensor;
 
 use super::attention::{MultiHeadAttention, TransformerBlock};
+use super::batchnorm::BatchNorm;
 use super::conv::Conv2d;
 use super::embed::Embedding;
 use super::gpt::Gpt;
@@ -33,6 +38,11 @@ use super::{Dense, Linear, Mlp};
 pub trait Module {
     /// The params, in creation order; their labels are their hierarchical names.
     fn params(&self) -> Vec<Tensor>;
+    /// The buffers ([`crate::buffer`]: state updated by train-mode routines, such as batch
+    /// norm's running statistics), in creation order; none unless the block keeps some.
+    fn buffers(&self) -> Vec<Tensor> {
+        vec![]
+    }
     /// The block applied to `x`.
     fn apply(&self, x: &Tensor) -> Tensor;
 }
@@ -134,5 +144,18 @@ impl Module for Gpt {
     }
     fn apply(&self, ids: &Tensor) -> Tensor {
         Gpt::apply(self, ids)
+    }
+}
+
+impl Module for BatchNorm {
+    fn params(&self) -> Vec<Tensor> {
+        self.weight.iter().chain(&self.bias).cloned().collect()
+    }
+    fn buffers(&self) -> Vec<Tensor> {
+        let stats = self.running.iter().flat_map(|r| [&r.mean, &r.var, &r.batches]);
+        stats.cloned().collect()
+    }
+    fn apply(&self, x: &Tensor) -> Tensor {
+        BatchNorm::apply(self, x)
     }
 }

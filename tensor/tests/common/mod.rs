@@ -1,7 +1,9 @@
 //! The finite-difference gradient check shared by the gradient test suites.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions, Tensor};
+use rocannl_tensor::{
+    BackendKind, Graph, Init, Mode, ParamSpec, Prec, Session, SessionOptions, Tensor,
+};
 
 pub fn opts() -> SessionOptions {
     SessionOptions { backend: BackendKind::Interp, prec: Prec::F64, ..SessionOptions::default() }
@@ -32,7 +34,8 @@ pub fn check(name: &str, build: impl Fn(&Graph) -> (Vec<Tensor>, Tensor)) {
     let mut s = Session::with_options(&g, opts()).unwrap_or_else(|e| panic!("{name}: {e}"));
     let bp = s.backprop(&root, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
     s.run(&bp).unwrap();
-    let fwd = s.forward(&[&root]).unwrap();
+    // In train mode, as backprop: batch norm normalizes by the batch's statistics.
+    let fwd = s.forward_in(Mode::Train, &[&root]).unwrap();
     let total = |s: &mut Session| -> f64 {
         s.run(&fwd).unwrap();
         s.read(&root).unwrap().iter().sum()
