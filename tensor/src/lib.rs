@@ -13,6 +13,7 @@
 //!    parameters with [`persist`].
 
 mod checks;
+pub mod decay;
 pub mod dynamic;
 pub mod error;
 pub mod graph;
@@ -26,6 +27,7 @@ pub mod session;
 mod sizes;
 pub mod train;
 
+pub use decay::DecayPolicy;
 pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
