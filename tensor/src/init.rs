@@ -124,8 +124,9 @@ impl Init {
     }
 
     /// The same initialization scaled for a projection that writes into a residual stream
-    /// summed over `layers` blocks of two branches each: a gain of `1/√(2·layers)` (GPT-2's rule,
-    /// which keeps the stream's variance from growing with depth). `layers = 0` counts as 1.
+    /// summed over `layers` blocks of two branches each: a gain of `1/√(2·layers)` (GPT-2's
+    /// rule, which keeps the stream's variance from growing with depth). `layers = 0` counts
+    /// as 1.
     ///
     /// ```
     /// use rocannl_tensor::init::{Dist, Init};

@@ -244,7 +244,8 @@ setters!(TransformerBlockConfig {
 ///
 /// ```
 /// use rocannl_tensor::Graph;
-/// use rocannl_tensor::nn::{Activation, attention::{AttentionConfig, TransformerBlock, TransformerBlockConfig}};
+/// use rocannl_tensor::nn::Activation;
+/// use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock, TransformerBlockConfig};
 /// let g = Graph::new();
 /// let x = g.data("x", &[2, 5], &[], &[8]);
 /// let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 4).with_causal(true), 32)
@@ -300,7 +301,9 @@ impl TransformerBlock {
     ///
     /// ```
     /// use rocannl_tensor::Graph;
-    /// use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock, TransformerBlockConfig};
+    /// use rocannl_tensor::nn::attention::{
+    ///     AttentionConfig, TransformerBlock, TransformerBlockConfig,
+    /// };
     /// let g = Graph::new();
     /// let x = g.data("x", &[2, 5], &[], &[8]);
     /// let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 4), 16).with_dropout(0.1);

@@ -9,7 +9,9 @@
 //! ```
 //! use rocannl_tensor::{Graph, Init, nn::{Linear, LinearConfig}};
 //! let g = Graph::new();
-//! let cfg = LinearConfig::new(64).with_bias(false).with_w_init(Init::Normal { mean: 0.0, std: 0.02 });
+//! let cfg = LinearConfig::new(64)
+//!     .with_bias(false)
+//!     .with_w_init(Init::Normal { mean: 0.0, std: 0.02 });
 //! let fc = Linear::new(&g, "fc", cfg);
 //! assert!(fc.b.is_none());
 //! ```

@@ -146,7 +146,8 @@ setters!(GptConfig {
 /// let logits = gpt.apply(&ids);
 /// g.finish().unwrap();
 /// assert_eq!(logits.dims().unwrap(), vec![32, 16, 27]);
-/// let count: usize = gpt.params().iter().map(|p| p.dims().unwrap().iter().product::<usize>()).sum();
+/// let count: usize =
+///     gpt.params().iter().map(|p| p.dims().unwrap().iter().product::<usize>()).sum();
 /// assert_eq!(count, 104_091);
 /// ```
 ///
@@ -169,7 +170,8 @@ setters!(GptConfig {
 /// g.finish().unwrap();
 /// assert_eq!(logits.dims().unwrap(), vec![8, 32, 65]);
 /// assert!(gpt.head.is_none()); // the logits read gpt.tok.table
-/// assert!(gpt.params().iter().all(|p| !p.label().ends_with(".b") && !p.label().ends_with(".bias")));
+/// let labels: Vec<String> = gpt.params().iter().map(|p| p.label()).collect();
+/// assert!(labels.iter().all(|l| !l.ends_with(".b") && !l.ends_with(".bias")), "{labels:?}");
 /// ```
 #[derive(Clone, Debug)]
 pub struct Gpt {

@@ -71,7 +71,8 @@ setters!(LayerNormConfig {
 /// let g = Graph::new();
 /// let x = g.ndarray("x", &[1], &[], &[4], &[1.0, 2.0, 3.0, 4.0]);
 /// let ln = LayerNorm::new(&g, "ln", LayerNormConfig::default());
-/// let bare = LayerNorm::new(&g, "bare", LayerNormConfig::default().with_elementwise_affine(false));
+/// let bare = LayerNormConfig::default().with_elementwise_affine(false);
+/// let bare = LayerNorm::new(&g, "bare", bare);
 /// let (y, z) = (ln.apply(&x), bare.apply(&x));
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&y, &z]).unwrap();
