@@ -75,11 +75,7 @@ impl Graph {
     /// ```
     pub fn set_decay(&self, param: &Tensor, decays: bool) {
         if !param.graph().same(self) || !param.is_param() {
-            self.record(Error::usage(format!(
-                "set_decay of '{}': it is not a param of this graph; only params are updated \
-                 by the optimizer",
-                param.label()
-            )));
+            self.record(not_a_param("set_decay", param));
             return;
         }
         self.borrow_mut().decay_set.insert(param.id(), decays);
@@ -88,8 +84,12 @@ impl Graph {
     /// Whether the optimizer's weight decay applies to `param`: its own decision
     /// ([`Graph::set_decay`]), else the [`DecayPolicy`]. Under
     /// [`DecayPolicy::AllMatricesAndTables`] it needs the param's shape: before
-    /// [`Graph::finish`] that is an error naming the param.
+    /// [`Graph::finish`] that is an error naming the param, as is a tensor that is not a param
+    /// of this graph.
     pub fn decays(&self, param: &Tensor) -> Result<bool> {
+        if !param.graph().same(self) || !param.is_param() {
+            return Err(not_a_param("decays", param));
+        }
         let (set, policy, flag) = {
             let g = self.borrow();
             (
@@ -104,4 +104,12 @@ impl Graph {
             (None, DecayPolicy::AllMatricesAndTables) => Ok(param.dims()?.len() >= 2),
         }
     }
+}
+
+/// The usage error of asking `what` about a tensor that is not a param of the graph asked.
+fn not_a_param(what: &str, t: &Tensor) -> Error {
+    Error::usage(format!(
+        "{what} of '{}': it is not a param of this graph; only params are updated by the optimizer",
+        t.label()
+    ))
 }

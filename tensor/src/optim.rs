@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::session::{Plan, Session};
 
-/// An optimizer and its hyper-parameters (the learning rate is given per step).
+/// An optimizer and its hyper-parameters (the learning rate is given per step). Its weight decay
+/// applies to the params that [`crate::Graph::decays`] picks ([`crate::DecayPolicy`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
     /// Stochastic gradient descent.

@@ -126,8 +126,10 @@ fn the_per_param_policy_keeps_the_construction_flags_and_set_decay_wins() {
     let g = Graph::new();
     let x = g.data("x", &[2], &[], &[3]);
     g.set_decay(&x, true);
+    let e = g.decays(&x).unwrap_err().to_string();
+    assert!(e.contains("decays of 'x'") && e.contains("not a param"), "{e}");
     let e = g.finish().unwrap_err().to_string();
-    assert!(e.contains("set_decay of 'x'"), "{e}");
+    assert!(e.contains("set_decay of 'x'") && e.contains("not a param"), "{e}");
 }
 
 /// The tied GPT's loss and its token table's gradient, and the same for an untied GPT whose

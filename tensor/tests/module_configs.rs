@@ -217,3 +217,25 @@ fn decay_flags_given_in_configs_are_the_ones_read() {
     assert_eq!(decays(&conv), [false, false]);
     assert_eq!(decays(&att), [false, false, false, false, true, true, true, true]);
 }
+
+#[test]
+fn the_new_switches_keep_gradients_right() {
+    use common::{check, spread};
+    check("attention with biases", |g| {
+        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let cfg = AttentionConfig::new(2, 2).with_bias(true).with_b_init(Init::Constant(0.3));
+        let y = &x + &MultiHeadAttention::new(g, "att", cfg).apply(&x);
+        (g.params(), y)
+    });
+    check("layer norm without bias", |g| {
+        let x = g.ndarray("x", &[2], &[], &[4], &spread(8, -1.0, 1.0));
+        let cfg = LayerNormConfig::default().with_bias(false).with_gain_init(Init::Constant(1.5));
+        let ln = LayerNorm::new(g, "ln", cfg);
+        (g.params(), ln.apply(&x).pointmul(&x))
+    });
+    check("conv without bias", |g| {
+        let x = g.ndarray("x", &[1], &[], &[4, 4, 2], &spread(32, -1.0, 1.0));
+        let conv = Conv2d::new(g, "c", Conv2dConfig::new((3, 3), 2).with_bias(false));
+        (g.params(), conv.apply(&x))
+    });
+}
