@@ -192,8 +192,8 @@ pub struct Gpt {
 }
 
 impl Gpt {
-    /// A GPT named `name` (params `name.tok.table`, `name.pos`, `name.h0.att.wq`, …,
-    /// `name.head.w`). The width must be a positive multiple of the heads and the dropout a
+    /// A GPT named `name` (params `name.tok.table`, `name.pos`, `name.h0.att.wq`, …, and
+    /// `name.head.w` unless the head is tied). The width must be a positive multiple of the heads and the dropout a
     /// probability (else a usage error naming the model or the tensor, returned by
     /// [`Graph::finish`]).
     #[track_caller]
