@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rocannl_arrayjit::ops::uniform;
-use rocannl_tensor::nn::{Activation, Mlp, loss};
+use rocannl_tensor::nn::{Mlp, MlpConfig, loss};
 use rocannl_tensor::{Graph, Optimizer, Session, SessionOptions};
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
@@ -51,7 +51,7 @@ fn mlp_step(
             (x, g.data_dyn("y", &d, &[], &[], &[classes]), Some(d))
         }
     };
-    let out = Mlp::new(&g, "mlp", widths, Activation::Relu).apply(&x);
+    let out = Mlp::new(&g, "mlp", MlpConfig::new(widths)).apply(&x);
     let l = if hinge { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
     let mut s = Session::with_options(&g, SessionOptions::default()).expect("session");
     let t0 = Instant::now();

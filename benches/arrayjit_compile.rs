@@ -128,13 +128,16 @@ fn chain(n: usize) -> (Asgn, NodeTable) {
 /// Lowering and optimization of a 2-layer transformer's training step (forward, backprop and
 /// Adam update), the kind of program the compile-latency work is measured on.
 fn transformer_step() -> (rocannl::tensor::Session, rocannl::tensor::Tensor) {
-    use rocannl::tensor::nn::attention::{AttentionConfig, transformer_block};
+    use rocannl::tensor::nn::attention::{
+        AttentionConfig, TransformerBlock, TransformerBlockConfig,
+    };
     use rocannl::tensor::nn::loss;
     use rocannl::tensor::{Graph, Session, SessionOptions};
     let g = Graph::with_seed(0);
     let mut x = g.data("tokens", &[32, 16], &[], &[64]);
     for l in 0..2 {
-        x = transformer_block(&g, &format!("layer{l}"), &x, AttentionConfig::new(4, 16), 256);
+        let cfg = TransformerBlockConfig::new(AttentionConfig::new(4, 16), 256);
+        x = TransformerBlock::new(&g, &format!("layer{l}"), cfg).apply(&x);
     }
     let y = g.data("targets", &[32, 16], &[], &[64]);
     let l = loss::mse(&x, &y);

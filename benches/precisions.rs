@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
-use rocannl::tensor::nn::{Activation, loss};
+use rocannl::tensor::nn::loss;
 use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions, TrainStep};
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{Graph, Prec, Session, SessionOptions, Tensor};
@@ -37,16 +37,7 @@ fn build(prec: Prec, vocab: usize) -> Result<Run, Box<dyn std::error::Error>> {
     let batch = g.dynamic("batch", BATCH);
     let x = g.ids_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
     let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
-    let cfg = GptConfig {
-        vocab,
-        context: CONTEXT,
-        width: 64,
-        heads: 4,
-        layers: 2,
-        ff: 256,
-        act: Activation::GeluTanh,
-        dropout: 0.0,
-    };
+    let cfg = GptConfig::new(vocab, CONTEXT, 64, 4, 2);
     let logits = Gpt::new(&g, "gpt", cfg).apply(&x);
     let mean = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None).mean_all();
     let master = (prec != Prec::F32).then_some(Prec::F32);

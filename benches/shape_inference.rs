@@ -7,15 +7,16 @@
 //! denominators of the per-tensor and per-operation figures in `docs/benchmarks.md`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use rocannl_tensor::nn::attention::{AttentionConfig, transformer_block};
-use rocannl_tensor::nn::conv::{Conv2d, Padding, max_pool2d};
-use rocannl_tensor::nn::{Dense, OUTPUT_AXES};
+use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock, TransformerBlockConfig};
+use rocannl_tensor::nn::conv::{Conv2d, Conv2dConfig, Padding, max_pool2d};
+use rocannl_tensor::nn::{Linear, LinearConfig, OUTPUT_AXES};
 use rocannl_tensor::{Graph, Tensor, TensorId};
 
 /// A convolution (einsum with convolution axes) + bias, then relu.
 fn conv(g: &Graph, name: &str, x: &Tensor, k: usize, out: usize, stride: usize) -> Tensor {
     let padding = if k == 1 && stride == 1 { Padding::Valid } else { Padding::Same };
-    Conv2d::new(g, name, (k, k), out, stride, padding).apply(x).relu()
+    let cfg = Conv2dConfig::new((k, k), out).with_stride(stride).with_padding(padding);
+    Conv2d::new(g, name, cfg).apply(x).relu()
 }
 
 /// ResNet-50: a 7×7/2 stem, max pooling, 16 bottleneck blocks (1×1, 3×3, 1×1 convolutions with
@@ -31,9 +32,11 @@ pub fn resnet50(g: &Graph) -> Tensor {
             let name = format!("s{si}b{b}");
             let a = conv(g, &format!("{name}.c1"), &h, 1, mid, 1);
             let a = conv(g, &format!("{name}.c2"), &a, 3, mid, s);
-            let a = Conv2d::new(g, &format!("{name}.c3"), (1, 1), out, 1, Padding::Valid).apply(&a);
+            let a = Conv2d::new(g, &format!("{name}.c3"), Conv2dConfig::new((1, 1), out)).apply(&a);
             let shortcut = if b == 0 {
-                Conv2d::new(g, &format!("{name}.proj"), (1, 1), out, s, Padding::Same).apply(&h)
+                let proj =
+                    Conv2dConfig::new((1, 1), out).with_stride(s).with_padding(Padding::Same);
+                Conv2d::new(g, &format!("{name}.proj"), proj).apply(&h)
             } else {
                 h.clone()
             };
@@ -41,14 +44,15 @@ pub fn resnet50(g: &Graph) -> Tensor {
         }
     }
     let pooled = h.mean1("... | h, w, c => ... | c");
-    Dense::new(g, "fc", 1000).apply(&pooled).softmax(OUTPUT_AXES)
+    Linear::new(g, "fc", LinearConfig::new(1000)).apply(&pooled).softmax(OUTPUT_AXES)
 }
 
 /// A 12-layer pre-norm transformer over sequences of 32 positions of width 64.
 pub fn transformer(g: &Graph) -> Tensor {
     let mut x = g.data("tokens", &[4, 32], &[], &[64]);
     for l in 0..12 {
-        x = transformer_block(g, &format!("layer{l}"), &x, AttentionConfig::new(4, 16), 256);
+        let cfg = TransformerBlockConfig::new(AttentionConfig::new(4, 16), 256);
+        x = TransformerBlock::new(g, &format!("layer{l}"), cfg).apply(&x);
     }
     x
 }

@@ -156,16 +156,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let batch = g.dynamic("batch", BATCH);
     let x = g.ids_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
     let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
-    let cfg = GptConfig {
-        vocab,
-        context: CONTEXT,
-        width: WIDTH,
-        heads: 4,
-        layers: 2,
-        ff: 4 * WIDTH,
-        act: Activation::GeluTanh,
-        dropout: 0.0,
-    };
+    // Attention without bias, MLPs and head with bias, PyTorch's default inits: the defaults.
+    let cfg = GptConfig::new(vocab, CONTEXT, WIDTH, 4, 2)
+        .with_ff(4 * WIDTH)
+        .with_act(Activation::GeluTanh);
     let gpt = Gpt::new(&g, "gpt", cfg);
     let logits = gpt.apply(&x);
     let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);

@@ -10,8 +10,8 @@
 use std::error::Error;
 
 use rocannl::datasets::{Digits, digits};
-use rocannl::tensor::nn::conv::{Conv2d, Padding, max_pool2d};
-use rocannl::tensor::nn::{Activation, Dense, Mlp, loss};
+use rocannl::tensor::nn::conv::{Conv2d, Conv2dConfig, Padding, max_pool2d};
+use rocannl::tensor::nn::{Linear, LinearConfig, Mlp, MlpConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, accuracy, shuffled, train};
 use rocannl::tensor::{Graph, Optimizer, Session, Tensor};
 
@@ -26,7 +26,7 @@ fn split(d: &Digits, test: usize) -> (Digits, Digits) {
 
 enum Model {
     Mlp(Mlp),
-    Cnn(Conv2d, Conv2d, Dense),
+    Cnn(Conv2d, Conv2d, Linear),
 }
 
 impl Model {
@@ -58,12 +58,12 @@ fn run(
     let loader = Loader::new(&g, &columns, 32)?;
     let model = if cnn {
         Model::Cnn(
-            Conv2d::new(&g, "conv1", (3, 3), 16, 1, Padding::Same),
-            Conv2d::new(&g, "conv2", (3, 3), 32, 1, Padding::Same),
-            Dense::new(&g, "head", 10),
+            Conv2d::new(&g, "conv1", Conv2dConfig::new((3, 3), 16).with_padding(Padding::Same)),
+            Conv2d::new(&g, "conv2", Conv2dConfig::new((3, 3), 32).with_padding(Padding::Same)),
+            Linear::new(&g, "head", LinearConfig::new(10)),
         )
     } else {
-        Model::Mlp(Mlp::new(&g, "mlp", &[64, 10], Activation::Relu))
+        Model::Mlp(Mlp::new(&g, "mlp", MlpConfig::new(&[64, 10])))
     };
     let logits = model.apply(&g, loader.batch(0));
     let loss = loss::cross_entropy(&logits, loader.batch(1)).named("loss");

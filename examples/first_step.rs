@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use rocannl::tensor::nn::{Activation, Mlp, loss};
+use rocannl::tensor::nn::{Mlp, MlpConfig, loss};
 use rocannl::tensor::{Graph, Optimizer, Session, SessionOptions};
 
 fn main() {
@@ -67,7 +67,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let g = Graph::with_seed(0);
     let x = g.data("x", &[batch], &[], &[features]);
     let y = g.data("y", &[batch], &[], &[classes]);
-    let out = Mlp::new(&g, "mlp", &[hidden, hidden, classes], Activation::Relu).apply(&x);
+    let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, hidden, classes])).apply(&x);
     let l = if moons { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
     let mut s = Session::with_options(&g, opts)?;
     let built = t0.elapsed().as_secs_f64();

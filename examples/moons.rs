@@ -11,7 +11,7 @@
 use std::error::Error;
 
 use rocannl::datasets::half_moons;
-use rocannl::tensor::nn::{Activation, Mlp, loss};
+use rocannl::tensor::nn::{Mlp, MlpConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
 use rocannl::tensor::{BackendKind, Graph, Optimizer, Session, SessionOptions};
 
@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Column::new("labels", &[1], train_set.labels.clone()),
     ];
     let loader = Loader::new(&g, &columns, 32)?;
-    let model = Mlp::new(&g, "mlp", &[16, 16, 1], Activation::Relu);
+    let model = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 16, 1]));
     let scores = model.apply(loader.batch(0));
     let loss = loss::hinge(&scores, loader.batch(1)).named("loss");
 

@@ -12,7 +12,7 @@ use std::error::Error;
 
 use rocannl::arrayjit::ops::uniform;
 use rocannl::datasets::names;
-use rocannl::tensor::nn::{Dense, loss};
+use rocannl::tensor::nn::{Linear, LinearConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
 use rocannl::tensor::{Graph, Init, Optimizer, ParamSpec, Session, Tensor};
 
@@ -107,7 +107,8 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
             "embed",
             ParamSpec::matrix(&[VOCAB], &[10]).init(Init::Normal { mean: 0.0, std: 1.0 }),
         );
-        (table, Some(Dense::new(&g, "hidden", 100)), Some(Dense::new(&g, "out", VOCAB)))
+        let hidden = Linear::new(&g, "hidden", LinearConfig::new(100));
+        (table, Some(hidden), Some(Linear::new(&g, "out", LinearConfig::new(VOCAB))))
     };
     let logits_of = |ctx: &Tensor| -> Tensor {
         let onehot = ctx.eq(&g.range(VOCAB)); // batch | context, 27

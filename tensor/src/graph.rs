@@ -106,6 +106,10 @@ pub(crate) struct GraphInner {
     pub param_sites: FxHashMap<String, &'static std::panic::Location<'static>>,
     /// Params exempt from weight decay ([`ParamSpec::no_decay`]).
     pub no_decay: rustc_hash::FxHashSet<TensorId>,
+    /// Which params the optimizer's weight decay applies to ([`Graph::set_decay_policy`]).
+    pub decay_policy: crate::decay::DecayPolicy,
+    /// Per-param decay set after construction ([`Graph::set_decay`]); wins over the policy.
+    pub decay_set: FxHashMap<TensorId, bool>,
     /// Data tensors whose first axis has a dynamic size ([`Graph::data_dyn`]).
     pub dynamic: FxHashMap<TensorId, DynDim>,
     /// Data tensors holding ids, stored as unsigned 32-bit integers ([`Graph::ids`]).
@@ -242,6 +246,8 @@ impl Graph {
                 specs: FxHashMap::default(),
                 param_sites: FxHashMap::default(),
                 no_decay: Default::default(),
+                decay_policy: Default::default(),
+                decay_set: FxHashMap::default(),
                 dynamic: FxHashMap::default(),
                 ids: rustc_hash::FxHashSet::default(),
                 id_uses: FxHashMap::default(),
@@ -774,11 +780,6 @@ impl Graph {
         self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect()
     }
 
-    /// Whether the optimizer's weight decay applies to a param ([`ParamSpec::no_decay`]).
-    pub fn decays(&self, param: &Tensor) -> bool {
-        !self.borrow().no_decay.contains(&param.id)
-    }
-
     /// All parameters, in creation order.
     pub fn params(&self) -> Vec<Tensor> {
         let ids: Vec<TensorId> = self
@@ -804,8 +805,10 @@ pub struct ParamSpec {
     pub output: RowDecl,
     /// Initialization.
     pub init: Init,
-    /// Whether the optimizer's weight decay applies (default: yes). The blocks of [`crate::nn`]
-    /// turn it off for biases, norm gains and embedding tables, as is usual for AdamW.
+    /// Whether the optimizer's weight decay applies (default: yes) under the default
+    /// [`DecayPolicy::PerParam`](crate::decay::DecayPolicy::PerParam). The blocks of
+    /// [`crate::nn`] turn it off for biases, norm gains and embedding tables unless their
+    /// config says otherwise; [`Graph::set_decay`] changes it after construction.
     pub weight_decay: bool,
 }
 

@@ -123,6 +123,20 @@ impl Init {
         Init::Scaled(Box::new(self), gain)
     }
 
+    /// The same initialization scaled for a projection that writes into a residual stream
+    /// summed over `layers` blocks of two branches each: a gain of `1/√(2·layers)` (GPT-2's
+    /// rule, which keeps the stream's variance from growing with depth). `layers = 0` counts
+    /// as 1.
+    ///
+    /// ```
+    /// use rocannl_tensor::init::{Dist, Init};
+    /// let proj = Init::Normal { mean: 0.0, std: 0.02 }.residual_scaled(8);
+    /// assert_eq!(proj.resolve(1, 1), Dist::Normal { mean: 0.0, std: 0.02 / 4.0 });
+    /// ```
+    pub fn residual_scaled(self, layers: usize) -> Init {
+        self.gain(1.0 / (2.0 * layers.max(1) as f64).sqrt())
+    }
+
     /// The distribution after resolving fan-based scales.
     pub fn resolve(&self, fan_in: usize, fan_out: usize) -> Dist {
         let (fi, fo) = (fan_in.max(1) as f64, fan_out.max(1) as f64);

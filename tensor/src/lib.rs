@@ -15,6 +15,7 @@
 
 pub mod buffer;
 mod checks;
+pub mod decay;
 pub mod dynamic;
 pub mod error;
 pub mod graph;
@@ -29,6 +30,7 @@ pub mod session;
 mod sizes;
 pub mod train;
 
+pub use decay::DecayPolicy;
 pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};

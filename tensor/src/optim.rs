@@ -20,7 +20,8 @@ use crate::graph::Tensor;
 use crate::mode::Mode;
 use crate::session::{Plan, PlanCode, Session};
 
-/// An optimizer and its hyper-parameters (the learning rate is given per step).
+/// An optimizer and its hyper-parameters (the learning rate is given per step). Its weight decay
+/// applies to the params that [`crate::Graph::decays`] picks ([`crate::DecayPolicy`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
     /// Stochastic gradient descent.
@@ -360,9 +361,9 @@ impl Session {
         let pn = self.node(p);
         let g = self.grad_node(p);
         let [lr, c1, c2] = scalars;
-        // Params exempt from weight decay (biases, norm gains, embeddings) get none.
+        // Params exempt from weight decay (by the graph's `DecayPolicy`) get none.
         let opt =
-            &if self.graph().decays(p) { opt.clone() } else { opt.clone().with_weight_decay(0.0) };
+            &if self.graph().decays(p)? { opt.clone() } else { opt.clone().with_weight_decay(0.0) };
         let label = p.label();
         let grad_with_l2 = |wd: f64| {
             if wd == 0.0 { a(1) } else { b(BinOp::Add, a(1), b(BinOp::Mul, k(wd), a(0))) }

@@ -2,7 +2,7 @@
 //! the maximum, what a routine compiled for that fixed size computes — values, loss, gradients
 //! and training steps — on every CPU backend; misuse is a clear error.
 
-use rocannl_tensor::nn::{Activation, Mlp, loss};
+use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::{
     BackendKind, DynDim, Error, Graph, Optimizer, Prec, Session, SessionOptions, Tensor,
 };
@@ -25,7 +25,7 @@ fn session(g: &Graph, backend: BackendKind) -> Session {
 /// A small regression model over `x` (batch | 5 features) with targets `y` (batch | 2): the
 /// prediction, the mean squared error and the model's params.
 fn model(g: &Graph, x: &Tensor, y: &Tensor) -> (Tensor, Tensor, Vec<Tensor>) {
-    let mlp = Mlp::new(g, "mlp", &[16, 2], Activation::Tanh);
+    let mlp = Mlp::new(g, "mlp", MlpConfig::new(&[16, 2]).with_act(Activation::Tanh));
     let pred = mlp.apply(x);
     let err = loss::mse(&pred, y);
     (pred, err, g.params())
@@ -261,7 +261,7 @@ fn scheduled_kernels_stop_at_the_size_and_agree_with_fixed_batches() {
             }
             None => (g.data("x", &[n], &[], &[input]), g.data("y", &[n], &[], &[10]), None),
         };
-        let out = Mlp::new(&g, "mlp", &[hidden, 10], Activation::Relu).apply(&x);
+        let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, 10])).apply(&x);
         let l = loss::mse(&out, &y);
         (g, x, y, d, l)
     };

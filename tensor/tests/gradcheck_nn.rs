@@ -3,19 +3,25 @@
 mod common;
 
 use common::{check, param, spread};
-use rocannl_tensor::nn::{self, Activation, attention, conv, embed, loss, norm};
+use rocannl_tensor::nn::attention::{
+    AttentionConfig, MultiHeadAttention, TransformerBlock, TransformerBlockConfig,
+};
+use rocannl_tensor::nn::conv::{Conv2d, Conv2dConfig, Padding};
+use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
+use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig};
+use rocannl_tensor::nn::{self, Activation, Linear, LinearConfig, Mlp, MlpConfig, conv, loss};
 use rocannl_tensor::{Init, ParamSpec};
 
 #[test]
 fn dense_and_mlp() {
     check("mlp", |g| {
         let x = g.ndarray("x", &[3], &[], &[2], &spread(6, -1.0, 1.0));
-        let y = nn::mlp(g, "mlp", &x, &[4, 2], Activation::Tanh);
+        let y = Mlp::new(g, "mlp", MlpConfig::new(&[4, 2]).with_act(Activation::Tanh)).apply(&x);
         (g.params(), y)
     });
     check("linear without bias", |g| {
         let x = g.ndarray("x", &[3], &[], &[2], &spread(6, -1.0, 1.0));
-        let y = nn::Linear::new(g, "proj", 4).apply(&x).tanh();
+        let y = Linear::new(g, "proj", LinearConfig::new(4).with_bias(false)).apply(&x).tanh();
         (g.params(), y)
     });
 }
@@ -105,32 +111,34 @@ fn layer_norm_and_embedding() {
             "x",
             ParamSpec::output(&[4]).with_batch(&[2]).init(Init::Values(spread(8, -1.0, 1.0))),
         );
-        let y = norm::layer_norm(g, "ln", &x, 1e-5);
+        let y = LayerNorm::new(g, "ln", LayerNormConfig::default()).apply(&x);
         (g.params(), y)
     });
     check("embedding", |g| {
         let ids = g.ndarray("ids", &[3], &[], &[], &[0.0, 2.0, 0.0]);
-        let e = embed::embedding(g, "emb", &ids, 3, 2);
+        let e = Embedding::new(g, "emb", EmbeddingConfig::new(3, 2)).apply(&ids);
         (g.params(), e)
     });
 }
 
 #[test]
 fn attention_and_transformer() {
-    let cfg = attention::AttentionConfig::new(2, 2);
+    let cfg = AttentionConfig::new(2, 2);
     check("self_attention", |g| {
         let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
-        let y = &x + &attention::self_attention(g, "att", &x, cfg);
+        let y = &x + &MultiHeadAttention::new(g, "att", cfg.clone()).apply(&x);
         (g.params(), y)
     });
     check("transformer_block", |g| {
         let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
-        (g.params(), attention::transformer_block(g, "blk", &x, cfg, 6))
+        let block = TransformerBlockConfig::new(cfg.clone(), 6);
+        (g.params(), TransformerBlock::new(g, "blk", block).apply(&x))
     });
     check("transformer_block_gelu_causal", |g| {
         let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
-        let act = rocannl_tensor::nn::Activation::GeluTanh;
-        (g.params(), attention::transformer_block_with(g, "blk", &x, cfg.causal(), 6, act))
+        let block = TransformerBlockConfig::new(cfg.clone().with_causal(true), 6)
+            .with_act(Activation::GeluTanh);
+        (g.params(), TransformerBlock::new(g, "blk", block).apply(&x))
     });
     // Causal: with the inputs as params too, so that the gradient to later positions' inputs
     // (zero from earlier outputs) is checked.
@@ -139,24 +147,27 @@ fn attention_and_transformer() {
             "x",
             ParamSpec::output(&[4]).with_batch(&[2, 3]).init(Init::Values(spread(24, -1.0, 1.0))),
         );
-        let y = &x + &attention::self_attention(g, "att", &x, cfg.causal());
+        let y = &x + &MultiHeadAttention::new(g, "att", cfg.clone().with_causal(true)).apply(&x);
         (g.params(), y)
     });
 }
 
 #[test]
 fn modules_share_their_params_across_applications() {
-    use rocannl_tensor::nn::{Module, norm::RmsNorm};
+    use rocannl_tensor::nn::{
+        Module,
+        norm::{RmsNorm, RmsNormConfig},
+    };
     check("rms_norm", |g| {
         let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
-        let n = RmsNorm::new(g, "rms", 1e-5);
+        let n = RmsNorm::new(g, "rms", RmsNormConfig::default().with_eps(1e-5));
         (n.params(), Module::apply(&n, &x).pointmul(&x))
     });
     // One dense layer applied to two inputs: its gradient sums both uses.
     check("dense_applied_twice", |g| {
         let a = g.ndarray("a", &[2], &[], &[3], &spread(6, -1.0, 1.0));
         let b = g.ndarray("b", &[4], &[], &[3], &spread(12, -0.5, 0.5));
-        let fc = rocannl_tensor::nn::Dense::new(g, "fc", 2);
+        let fc = Linear::new(g, "fc", LinearConfig::new(2));
         let y = &Module::apply(&fc, &a).tanh().sum_all() + &Module::apply(&fc, &b).sum_all();
         (fc.params(), y)
     });
@@ -172,13 +183,8 @@ fn causal_attention_looks_only_backwards() {
         v[8..].iter_mut().for_each(|x| *x += tail); // positions 2 and 3
         let x = g.ndarray("x", &[4], &[], &[4], &v);
         // The residual fixes the output projection's width (4).
-        let y = &x
-            + &attention::self_attention(
-                &g,
-                "att",
-                &x,
-                attention::AttentionConfig::new(2, 2).causal(),
-            );
+        let att = MultiHeadAttention::new(&g, "att", AttentionConfig::new(2, 2).with_causal(true));
+        let y = &x + &att.apply(&x);
         let mut s = Session::with_options(&g, common::opts()).unwrap();
         let r = s.forward(&[&y]).unwrap();
         s.run(&r).unwrap();
@@ -193,15 +199,17 @@ fn causal_attention_looks_only_backwards() {
 fn convolution_and_pooling() {
     check("conv2d_valid", |g| {
         let x = g.ndarray("x", &[1], &[], &[4, 4, 2], &spread(32, -1.0, 1.0));
-        (g.params(), conv::conv2d(g, "c", &x, (3, 3), 2, 1, conv::Padding::Valid))
+        (g.params(), Conv2d::new(g, "c", Conv2dConfig::new((3, 3), 2)).apply(&x))
     });
     check("conv2d_same", |g| {
         let x = g.ndarray("x", &[1], &[], &[4, 4, 1], &spread(16, -1.0, 1.0));
-        (g.params(), conv::conv2d(g, "c", &x, (3, 3), 2, 1, conv::Padding::Same))
+        let same = Conv2dConfig::new((3, 3), 2).with_padding(Padding::Same);
+        (g.params(), Conv2d::new(g, "c", same).apply(&x))
     });
     check("conv2d_strided", |g| {
         let x = g.ndarray("x", &[1], &[], &[5, 5, 1], &spread(25, -1.0, 1.0));
-        (g.params(), conv::conv2d(g, "c", &x, (3, 3), 1, 2, conv::Padding::Valid))
+        let strided = Conv2dConfig::new((3, 3), 1).with_stride(2);
+        (g.params(), Conv2d::new(g, "c", strided).apply(&x))
     });
     check("max_pool", |g| {
         let x = g.param_with(
@@ -294,13 +302,14 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
 
 #[test]
 fn block_dropout_acts_in_training_only() {
-    use rocannl_tensor::nn::Activation;
-    use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock};
+    use rocannl_tensor::nn::attention::{
+        AttentionConfig, TransformerBlock, TransformerBlockConfig,
+    };
     use rocannl_tensor::{Graph, Mode, Session};
     let g = Graph::with_seed(5);
     let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
-    let block = TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 2), 6, Activation::Relu)
-        .with_dropout(0.5);
+    let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 2), 6).with_dropout(0.5);
+    let block = TransformerBlock::new(&g, "blk", cfg);
     let y = block.apply(&x);
     let plain = TransformerBlock { dropout: 0.0, ..block.clone() }.apply(&x);
     let mut s = Session::with_options(&g, common::opts()).unwrap();
@@ -325,7 +334,6 @@ fn block_dropout_acts_in_training_only() {
 /// value, through the blocks that take one too.
 #[test]
 fn dropout_rejects_probabilities_outside_0_1() {
-    use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock};
     use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
     use rocannl_tensor::{Error, Graph};
     for p in [1.5, -0.5, f64::NAN, f64::INFINITY] {
@@ -340,23 +348,14 @@ fn dropout_rejects_probabilities_outside_0_1() {
         }
         let g = Graph::new();
         let x = g.data("x", &[2, 5], &[], &[8]);
-        let block =
-            TransformerBlock::new(&g, "blk", AttentionConfig::new(2, 4), 16, Activation::Relu)
-                .with_dropout(p);
+        let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 4), 16).with_dropout(p);
+        let block = TransformerBlock::new(&g, "blk", cfg);
         let _ = block.apply(&x);
         let e = g.finish().unwrap_err().to_string();
         assert!(e.contains("dropout") && e.contains(&format!("{p}")), "{e}");
         let g = Graph::new();
-        let cfg = GptConfig {
-            vocab: 5,
-            context: 4,
-            width: 8,
-            heads: 2,
-            layers: 1,
-            ff: 8,
-            act: Activation::Relu,
-            dropout: p,
-        };
+        let cfg =
+            GptConfig::new(5, 4, 8, 2, 1).with_ff(8).with_act(Activation::Relu).with_dropout(p);
         let ids = g.data("ids", &[2, 4], &[], &[]);
         let _ = Gpt::new(&g, "gpt", cfg).apply(&ids);
         assert!(matches!(g.finish(), Err(Error::Usage(_))), "GPT dropout {p}");

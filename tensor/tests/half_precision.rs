@@ -3,7 +3,8 @@
 //! sums, losses and composite activations are kept in f32 whatever the storage precision (as
 //! PyTorch's autocast), so a residual stream of 300 normalizes to ±1 instead of 0.
 
-use rocannl_tensor::nn::{loss, norm};
+use rocannl_tensor::nn::loss;
+use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
 use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions, Tensor};
 
 type Build = fn(&Graph, &Tensor) -> Tensor;
@@ -28,8 +29,8 @@ fn ops() -> Vec<(&'static str, Build)> {
         ("silu", |_, x| x.silu()),
         ("softmax", |_, x| x.softmax_classes()),
         ("log_softmax", |_, x| x.log_softmax("..b..|..i..->..o.. => ..b..|..i..->0")),
-        ("layer_norm", |g, x| norm::layer_norm(g, "ln", x, 1e-5)),
-        ("rms_norm", |g, x| norm::RmsNorm::new(g, "rms", 1e-6).apply(x)),
+        ("layer_norm", |g, x| LayerNorm::new(g, "ln", LayerNormConfig::default()).apply(x)),
+        ("rms_norm", |g, x| RmsNorm::new(g, "rms", RmsNormConfig::default()).apply(x)),
         ("add", |g, x| x + &g.vector("c", &[0.5, -2.0, 3.0, 0.25])),
         ("sub", |g, x| x - &g.vector("c", &[0.5, -2.0, 3.0, 0.25])),
         ("pointmul", |g, x| x.pointmul(&g.vector("c", &[0.5, -2.0, 3.0, 0.25]))),
@@ -175,9 +176,9 @@ fn f16_norms_of_activations_past_256_normalize_to_plus_minus_one() {
             let g = Graph::with_seed(0);
             let x = g.ndarray("x", &[1], &[], &[4], &[300.0, -300.0, 300.0, -300.0]);
             let y = if rms {
-                norm::RmsNorm::new(&g, "rms", 1e-6).apply(&x)
+                RmsNorm::new(&g, "rms", RmsNormConfig::default()).apply(&x)
             } else {
-                norm::layer_norm(&g, "ln", &x, 1e-5)
+                LayerNorm::new(&g, "ln", LayerNormConfig::default()).apply(&x)
             };
             let opts = SessionOptions { prec: Prec::F16, master, ..SessionOptions::default() };
             let mut s = Session::with_options(&g, opts).unwrap();

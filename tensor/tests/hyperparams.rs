@@ -3,9 +3,9 @@
 //! parameters, silent substitutions or panics.
 
 use rocannl_tensor::nn::attention::{AttentionConfig, MultiHeadAttention};
-use rocannl_tensor::nn::conv::{self, Padding};
+use rocannl_tensor::nn::conv::{self, Conv2d, Conv2dConfig};
 use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
-use rocannl_tensor::nn::norm::{LayerNorm, RmsNorm};
+use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
 use rocannl_tensor::nn::{Activation, loss};
 use rocannl_tensor::{
     BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Session, SessionOptions, Tensor,
@@ -82,9 +82,9 @@ fn normalization_eps_that_is_negative_infinite_or_nan_is_refused() {
             let g = Graph::new();
             let x = g.ndarray("x", &[1], &[], &[2], &[3.0, 4.0]);
             let _ = if rms {
-                RmsNorm::new(&g, "norm", eps).apply(&x)
+                RmsNorm::new(&g, "norm", RmsNormConfig::default().with_eps(eps)).apply(&x)
             } else {
-                LayerNorm::new(&g, "norm", eps).apply(&x)
+                LayerNorm::new(&g, "norm", LayerNormConfig::default().with_eps(eps)).apply(&x)
             };
             let m = usage_message(g.finish());
             assert!(m.contains("'norm'") && m.contains(&format!("{eps}")), "{m}");
@@ -92,7 +92,7 @@ fn normalization_eps_that_is_negative_infinite_or_nan_is_refused() {
     }
     let g = Graph::new();
     let x = g.ndarray("x", &[1], &[], &[2], &[3.0, 4.0]);
-    let _ = RmsNorm::new(&g, "norm", 0.0).apply(&x);
+    let _ = RmsNorm::new(&g, "norm", RmsNormConfig::default().with_eps(0.0)).apply(&x);
     g.finish().unwrap();
 }
 
@@ -101,7 +101,7 @@ fn windows_and_strides_of_zero_are_refused_naming_the_layer() {
     for (kernel, stride) in [((0, 3), 1), ((3, 0), 1), ((3, 3), 0)] {
         let g = Graph::new();
         let x = g.ndarray("x", &[1], &[], &[4, 4, 1], &[1.0; 16]);
-        let _ = conv::conv2d(&g, "c1", &x, kernel, 2, stride, Padding::Valid);
+        let _ = Conv2d::new(&g, "c1", Conv2dConfig::new(kernel, 2).with_stride(stride)).apply(&x);
         let m = usage_message(g.finish());
         assert!(m.contains("conv2d 'c1'"), "{m}");
     }
@@ -132,16 +132,7 @@ fn attention_without_heads_and_a_gpt_width_not_split_by_its_heads_are_refused() 
     }
     for heads in [0, 3] {
         let g = Graph::new();
-        let cfg = GptConfig {
-            vocab: 5,
-            context: 4,
-            width: 8,
-            heads,
-            layers: 1,
-            ff: 8,
-            act: Activation::Relu,
-            dropout: 0.0,
-        };
+        let cfg = GptConfig::new(5, 4, 8, heads, 1).with_ff(8).with_act(Activation::Relu);
         let ids = g.data("ids", &[2, 4], &[], &[]);
         let _ = Gpt::new(&g, "gpt", cfg).apply(&ids);
         let m = usage_message(g.finish());

@@ -1,7 +1,7 @@
 //! Ids stored as u32 (`Graph::ids`): exact in every session precision, checked when written,
 //! and computing exactly what float-stored ids compute.
 
-use rocannl_tensor::nn::embed::Embedding;
+use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::loss;
 use rocannl_tensor::{BackendKind, Graph, Prec, Session, SessionOptions};
 
@@ -20,7 +20,7 @@ fn model(
     } else {
         (g.data("x", &[4, 3], &[], &[]), g.data("y", &[4, 3], &[], &[]))
     };
-    let logits = Embedding::new(g, "emb", vocab, vocab).apply(&x);
+    let logits = Embedding::new(g, "emb", EmbeddingConfig::new(vocab, vocab)).apply(&x);
     (loss::sparse_cross_entropy(&logits, &y), [x, y])
 }
 
@@ -59,7 +59,7 @@ fn ids_stay_exact_in_half_precision_sessions() {
         for prec in [Prec::Bf16, Prec::F16] {
             let g = Graph::with_seed(1);
             let x = g.ids("x", &[4, 3], &[], &[]);
-            let emb = Embedding::new(&g, "emb", vocab, 4);
+            let emb = Embedding::new(&g, "emb", EmbeddingConfig::new(vocab, 4));
             let rows = emb.apply(&x);
             let opts = SessionOptions { backend, prec, ..SessionOptions::default() };
             let mut s = Session::with_options(&g, opts).unwrap();
@@ -79,7 +79,7 @@ fn ids_stay_exact_in_half_precision_sessions() {
             // Float-stored ids cannot hold this vocabulary, and the error says what to do.
             let g = Graph::with_seed(1);
             let x = g.data("x", &[4, 3], &[], &[]);
-            let _ = Embedding::new(&g, "emb", vocab, 4).apply(&x);
+            let _ = Embedding::new(&g, "emb", EmbeddingConfig::new(vocab, 4)).apply(&x);
             let opts = SessionOptions { backend, prec, ..SessionOptions::default() };
             let mut s = Session::with_options(&g, opts).unwrap();
             let err = s.write_ids(&x, &xs, vocab).unwrap_err().to_string();

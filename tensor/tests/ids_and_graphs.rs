@@ -3,7 +3,8 @@
 //! the wrong number of values are errors naming the tensor — never a zero row, a zero loss,
 //! another tensor's values, a step on zeros or a panic.
 
-use rocannl_tensor::nn::{embed::Embedding, loss};
+use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
+use rocannl_tensor::nn::loss;
 use rocannl_tensor::train::{Column, Loader};
 use rocannl_tensor::{Graph, Session};
 
@@ -12,7 +13,7 @@ fn embedding_graph(
 ) -> (Graph, rocannl_tensor::Tensor, rocannl_tensor::Tensor) {
     let g = Graph::with_seed(0);
     let ids = ids_leaf(&g);
-    let e = Embedding::new(&g, "wte", 5, 4).apply(&ids);
+    let e = Embedding::new(&g, "wte", EmbeddingConfig::new(5, 4)).apply(&ids);
     (g, ids, e)
 }
 
@@ -81,7 +82,7 @@ fn a_loader_checks_the_ids_it_loads_through_its_batches() {
     let g = Graph::with_seed(0);
     let cols = [Column::new("tokens", &[], vec![0.0, 1.0, 2.0, 3.0, 8.0])];
     let loader = Loader::new(&g, &cols, 2).unwrap();
-    let e = Embedding::new(&g, "wte", 5, 4).apply(loader.batch(0));
+    let e = Embedding::new(&g, "wte", EmbeddingConfig::new(5, 4)).apply(loader.batch(0));
     let mut s = Session::new(&g).unwrap();
     let _r = s.forward(&[&e]).unwrap();
     let err = loader.load(&mut s, &cols, &[0, 1, 2, 3, 4]).unwrap_err().to_string();

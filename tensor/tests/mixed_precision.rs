@@ -1,7 +1,7 @@
 //! Mixed precision (f32 master weights under half-precision activations) and dynamic loss
 //! scaling.
 
-use rocannl_tensor::nn::{Activation, Mlp, loss};
+use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::{
     BackendKind, Graph, Init, LossScale, Optimizer, ParamSpec, Prec, Session, SessionOptions,
     StepOptions,
@@ -21,7 +21,7 @@ fn regression(g: &Graph) -> (rocannl_tensor::Tensor, Vec<rocannl_tensor::Tensor>
     let ys: Vec<f64> = (0..16).map(|i| ((i * 5 % 7) as f64 - 3.0) / 4.0).collect();
     let x = g.ndarray("x", &[16], &[], &[4], &xs);
     let y = g.ndarray("y", &[16], &[], &[1], &ys);
-    let out = Mlp::new(g, "mlp", &[32, 1], Activation::GeluTanh).apply(&x);
+    let out = Mlp::new(g, "mlp", MlpConfig::new(&[32, 1]).with_act(Activation::GeluTanh)).apply(&x);
     let l = loss::mse(&out, &y);
     (l, g.params())
 }

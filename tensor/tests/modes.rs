@@ -2,7 +2,9 @@
 //! buffers updated in its compiled code) and evaluation routines (eval mode, buffers read and
 //! left alone), on the interpreter and on native code; buffers in checkpoints.
 
-use rocannl_tensor::nn::{self, Activation, BatchNorm, BatchNormConfig, Dense, Module, loss};
+use rocannl_tensor::nn::{
+    self, Activation, BatchNorm, BatchNormConfig, Linear, LinearConfig, Module, loss,
+};
 use rocannl_tensor::optim::Optimizer;
 use rocannl_tensor::{BackendKind, Error, Graph, Init, Mode, ParamSpec, Session, SessionOptions};
 
@@ -25,7 +27,7 @@ fn dataset(n: usize) -> (Vec<f64>, Vec<f64>) {
     (xs, ts)
 }
 
-/// Dense → BatchNorm → ReLU → Dense, trained by Adam: the training step updates the running
+/// Linear → BatchNorm → ReLU → Linear, trained by Adam: the training step updates the running
 /// statistics in its own code (the host writes only the batch), the loss falls, and the eval
 /// routine normalizes by exactly the statistics the steps left.
 #[test]
@@ -34,9 +36,9 @@ fn a_batch_norm_model_trains_and_evaluates_with_the_running_statistics() {
         let g = Graph::new();
         let x = g.data("x", &[16], &[], &[3]);
         let t = g.data("t", &[16], &[], &[1]);
-        let fc1 = Dense::new(&g, "fc1", 6);
+        let fc1 = Linear::new(&g, "fc1", LinearConfig::new(6));
         let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
-        let fc2 = Dense::new(&g, "fc2", 1);
+        let fc2 = Linear::new(&g, "fc2", LinearConfig::new(1));
         let z = fc1.apply(&x);
         let h = bn.apply(&z);
         let y = fc2.apply(&Activation::Relu.apply(&h));

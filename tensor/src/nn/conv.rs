@@ -10,6 +10,8 @@
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
+use super::config::setters;
+
 /// How a convolution treats borders.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Padding {
@@ -45,15 +47,82 @@ fn window_spec(kernel: (usize, usize), stride: usize) -> String {
     )
 }
 
-/// A 2-D convolution layer with `out_channels` filters of `kh × kw` and a bias; the input
-/// channels are inferred from the first input. The kernel's input row is `kh, kw, channels`
-/// (a 1-wide window axis is left out).
+/// The options of a [`Conv2d`]: `Conv2dConfig::new(window, out_channels)` has PyTorch's
+/// defaults (stride 1, no padding, a bias) and a Kaiming-uniform kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv2dConfig {
+    /// The window (`kh`, `kw`); each side at least 1.
+    pub window: (usize, usize),
+    /// The number of filters.
+    pub out_channels: usize,
+    /// The stride (default: 1); at least 1.
+    pub stride: usize,
+    /// The border handling (default: [`Padding::Valid`]).
+    pub padding: Padding,
+    /// Whether the layer adds one bias per output channel (default: yes).
+    pub bias: bool,
+    /// The kernel's init (default: [`Init::KaimingUniform`]).
+    pub kernel_init: Init,
+    /// The bias' init (default: 0).
+    pub b_init: Init,
+    /// Whether the kernel decays under [`crate::DecayPolicy::PerParam`] (default: yes).
+    pub kernel_decay: bool,
+    /// Whether the bias decays (default: no).
+    pub b_decay: bool,
+}
+
+impl Conv2dConfig {
+    /// `out_channels` filters of `window.0 × window.1`, with the defaults.
+    pub fn new(window: (usize, usize), out_channels: usize) -> Conv2dConfig {
+        Conv2dConfig {
+            window,
+            out_channels,
+            stride: 1,
+            padding: Padding::Valid,
+            bias: true,
+            kernel_init: Init::KaimingUniform,
+            b_init: Init::Constant(0.0),
+            kernel_decay: true,
+            b_decay: false,
+        }
+    }
+}
+
+setters!(Conv2dConfig {
+    with_window => window: (usize, usize),
+    with_out_channels => out_channels: usize,
+    with_stride => stride: usize,
+    with_padding => padding: Padding,
+    with_bias => bias: bool,
+    with_kernel_init => kernel_init: Init,
+    with_b_init => b_init: Init,
+    with_kernel_decay => kernel_decay: bool,
+    with_b_decay => b_decay: bool,
+});
+
+/// A 2-D convolution layer with `out_channels` filters of `kh × kw` and (by default) a bias;
+/// the input channels are inferred from the first input. The kernel's input row is
+/// `kh, kw, channels` (a 1-wide window axis is left out).
+///
+/// ```
+/// use rocannl_tensor::{Graph, nn::conv::{Conv2d, Conv2dConfig, Padding}};
+/// let g = Graph::new();
+/// let x = g.data("x", &[4], &[], &[8, 8, 3]);
+/// let valid = Conv2d::new(&g, "c1", Conv2dConfig::new((3, 3), 6));
+/// let same = Conv2dConfig::new((3, 3), 6).with_padding(Padding::Same).with_bias(false);
+/// let same = Conv2d::new(&g, "c2", same);
+/// let (y, z) = (valid.apply(&x), same.apply(&x));
+/// g.finish().unwrap();
+/// assert_eq!(y.dims().unwrap(), vec![4, 6, 6, 6]);
+/// assert_eq!(z.dims().unwrap(), vec![4, 8, 8, 6]);
+/// assert!(same.bias.is_none());
+/// ```
 #[derive(Clone, Debug)]
 pub struct Conv2d {
     /// `input: kh, kw, channels -> output: out_channels`.
     pub kernel: Tensor,
-    /// One bias per output channel.
-    pub bias: Tensor,
+    /// One bias per output channel (`None` when the config turned it off).
+    pub bias: Option<Tensor>,
     /// The window (`kh`, `kw`).
     pub window: (usize, usize),
     /// The stride.
@@ -63,17 +132,12 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
-    /// A convolution layer; the window's sides and the stride are at least 1 (0 is a usage
-    /// error naming the layer, returned by [`Graph::finish`]).
+    /// A convolution layer named `name` (params `name.kernel`, `name.b`); the window's sides
+    /// and the stride are at least 1 (0 is a usage error naming the layer, returned by
+    /// [`Graph::finish`]).
     #[track_caller]
-    pub fn new(
-        g: &Graph,
-        name: &str,
-        kernel: (usize, usize),
-        out_channels: usize,
-        stride: usize,
-        padding: Padding,
-    ) -> Conv2d {
+    pub fn new(g: &Graph, name: &str, cfg: Conv2dConfig) -> Conv2d {
+        let (kernel, stride) = (cfg.window, cfg.stride);
         if kernel.0 == 0 || kernel.1 == 0 || stride == 0 {
             g.record(crate::Error::usage(format!(
                 "conv2d '{name}': the window {}×{} and the stride {stride} must be at least 1",
@@ -85,15 +149,21 @@ impl Conv2d {
         window.push(None);
         let k = g.param_with(
             &format!("{name}.kernel"),
-            ParamSpec::output(&[out_channels])
-                .with_input_partial(&window)
-                .init(Init::KaimingUniform),
+            ParamSpec {
+                weight_decay: cfg.kernel_decay,
+                ..ParamSpec::output(&[cfg.out_channels])
+                    .with_input_partial(&window)
+                    .init(cfg.kernel_init)
+            },
         );
-        let b = g.param_with(
-            &format!("{name}.b"),
-            ParamSpec::vector(&[out_channels]).init(Init::Constant(0.0)).no_decay(),
-        );
-        Conv2d { kernel: k, bias: b, window: kernel, stride, padding }
+        let b = if cfg.bias {
+            let spec = ParamSpec::vector(&[cfg.out_channels]).init(cfg.b_init);
+            let spec = ParamSpec { weight_decay: cfg.b_decay, ..spec };
+            Some(g.param_with(&format!("{name}.b"), spec))
+        } else {
+            None
+        };
+        Conv2d { kernel: k, bias: b, window: kernel, stride, padding: cfg.padding }
     }
 
     /// The convolution of `x` (`... | h, w, c`).
@@ -105,33 +175,11 @@ impl Conv2d {
             Padding::Valid => x.einsum(&spec, &self.kernel),
             Padding::Same => x.einsum_padded(&spec, &self.kernel),
         };
-        &y + &self.bias
+        match &self.bias {
+            Some(b) => &y + b,
+            None => y,
+        }
     }
-}
-
-/// A 2-D convolution applied once.
-///
-/// ```
-/// use rocannl_tensor::{Graph, nn::conv::{self, Padding}};
-/// let g = Graph::new();
-/// let x = g.data("x", &[4], &[], &[8, 8, 3]);
-/// let y = conv::conv2d(&g, "c1", &x, (3, 3), 6, 1, Padding::Valid);
-/// let z = conv::conv2d(&g, "c2", &x, (3, 3), 6, 1, Padding::Same);
-/// g.finish().unwrap();
-/// assert_eq!(y.dims().unwrap(), vec![4, 6, 6, 6]);
-/// assert_eq!(z.dims().unwrap(), vec![4, 8, 8, 6]);
-/// ```
-#[track_caller]
-pub fn conv2d(
-    g: &Graph,
-    name: &str,
-    x: &Tensor,
-    kernel: (usize, usize),
-    out_channels: usize,
-    stride: usize,
-    padding: Padding,
-) -> Tensor {
-    Conv2d::new(g, name, kernel, out_channels, stride, padding).apply(x)
 }
 
 fn pool_spec(stride: usize) -> String {

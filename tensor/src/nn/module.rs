@@ -17,16 +17,16 @@ use super::batchnorm::BatchNorm;
 use super::conv::Conv2d;
 use super::embed::Embedding;
 use super::gpt::Gpt;
+use super::linear::{Linear, Mlp};
 use super::norm::{LayerNorm, RmsNorm};
-use super::{Dense, Linear, Mlp};
 
 /// A block that owns its params: built once, applied any number of times.
 ///
 /// ```
 /// use rocannl_tensor::Graph;
-/// use rocannl_tensor::nn::{Activation, Mlp, Module};
+/// use rocannl_tensor::nn::{Mlp, MlpConfig, Module};
 /// let g = Graph::new();
-/// let mlp = Mlp::new(&g, "mlp", &[8, 2], Activation::Relu);
+/// let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[8, 2]));
 /// let train = g.data("train", &[32], &[], &[5]);
 /// let eval = g.data("eval", &[7], &[], &[5]);
 /// let (a, b) = (Module::apply(&mlp, &train), Module::apply(&mlp, &eval)); // the same weights
@@ -47,18 +47,9 @@ pub trait Module {
     fn apply(&self, x: &Tensor) -> Tensor;
 }
 
-impl Module for Dense {
-    fn params(&self) -> Vec<Tensor> {
-        vec![self.w.clone(), self.b.clone()]
-    }
-    fn apply(&self, x: &Tensor) -> Tensor {
-        Dense::apply(self, x)
-    }
-}
-
 impl Module for Linear {
     fn params(&self) -> Vec<Tensor> {
-        vec![self.w.clone()]
+        std::iter::once(self.w.clone()).chain(self.b.clone()).collect()
     }
     fn apply(&self, x: &Tensor) -> Tensor {
         Linear::apply(self, x)
@@ -85,7 +76,7 @@ impl Module for Embedding {
 
 impl Module for Conv2d {
     fn params(&self) -> Vec<Tensor> {
-        vec![self.kernel.clone(), self.bias.clone()]
+        std::iter::once(self.kernel.clone()).chain(self.bias.clone()).collect()
     }
     fn apply(&self, x: &Tensor) -> Tensor {
         Conv2d::apply(self, x)
@@ -94,7 +85,7 @@ impl Module for Conv2d {
 
 impl Module for LayerNorm {
     fn params(&self) -> Vec<Tensor> {
-        vec![self.gain.clone(), self.bias.clone()]
+        self.gain.iter().chain(&self.bias).cloned().collect()
     }
     fn apply(&self, x: &Tensor) -> Tensor {
         LayerNorm::apply(self, x)
@@ -103,7 +94,7 @@ impl Module for LayerNorm {
 
 impl Module for RmsNorm {
     fn params(&self) -> Vec<Tensor> {
-        vec![self.gain.clone()]
+        self.gain.iter().cloned().collect()
     }
     fn apply(&self, x: &Tensor) -> Tensor {
         RmsNorm::apply(self, x)
@@ -112,7 +103,9 @@ impl Module for RmsNorm {
 
 impl Module for MultiHeadAttention {
     fn params(&self) -> Vec<Tensor> {
-        vec![self.wq.clone(), self.wk.clone(), self.wv.clone(), self.wo.clone()]
+        let weights = [&self.wq, &self.wk, &self.wv, &self.wo];
+        let biases = [&self.bq, &self.bk, &self.bv, &self.bo].into_iter().flatten();
+        weights.into_iter().chain(biases).cloned().collect()
     }
     fn apply(&self, x: &Tensor) -> Tensor {
         MultiHeadAttention::apply(self, x)
@@ -139,7 +132,7 @@ impl Module for Gpt {
         p.push(self.pos.clone());
         p.extend(self.blocks.iter().flat_map(Module::params));
         p.extend(self.ln_f.params());
-        p.extend(self.head.params());
+        p.extend(self.head.iter().flat_map(Module::params));
         p
     }
     fn apply(&self, ids: &Tensor) -> Tensor {
