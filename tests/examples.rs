@@ -117,3 +117,47 @@ fn char_gpt_learns_and_reports_json() {
     assert!(num(&v, "val_loss") < 2.8, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn wavenet_learns_with_batch_norm_and_saves_its_running_statistics() {
+    let dir =
+        rocannl::arrayjit::env::temp_dir().join(format!("rocannl-wavenet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(example("wavenet"))
+        .args(["--steps", "300", "--json"])
+        .current_dir(&dir)
+        .output()
+        .expect("run wavenet");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("a JSON last line");
+    assert_eq!(v["params"], 76_579, "{v}");
+    assert_eq!((&v["examples"]["train"], &v["examples"]["val"]), (&182_463.into(), &22_807.into()));
+    // Uniform guessing over 27 symbols is ln 27 ≈ 3.30; evaluated with the running statistics.
+    assert!(num(&v, "val_loss") < 2.8, "{v}");
+    let saved = std::fs::read(dir.join("wavenet.safetensors")).expect("the checkpoint");
+    let header = String::from_utf8_lossy(&saved[8..saved.len().min(4096)]).to_string();
+    for name in ["s2.bn.running_mean", "s2.bn.running_var", "s0.linear.w", "emb.table"] {
+        assert!(header.contains(name), "{name} missing from the checkpoint: {header}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_model_of_the_suite_trains_a_step() {
+    let list = Command::new(example("suite")).arg("--list").output().expect("run suite --list");
+    let names = String::from_utf8_lossy(&list.stdout).to_string();
+    let names: Vec<&str> = names.lines().collect();
+    assert!(names.len() >= 11, "{names:?}");
+    for name in names {
+        let out = Command::new(example("suite"))
+            .args(["--model", name, "--steps", "1", "--warmup", "1"])
+            .output()
+            .expect("run suite");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("JSON");
+        assert!(num(&v, "loss").is_finite() && num(&v, "step_s") > 0.0, "{name}: {v}");
+        assert!(num(&v, "params") > 0.0, "{name}: {v}");
+    }
+}

@@ -64,7 +64,7 @@ class Gpt(nn.Module):
         self.ln_f = nn.LayerNorm(w, eps=t["layer_norm_eps"], bias=c["bias"])
         self.tied = c["tied"]
         if not self.tied:
-            self.head = nn.Linear(w, c["vocab"], bias=False)
+            self.head = nn.Linear(w, c["vocab"], bias=c["bias"])
         # GPT-2's init, as the Rust side's GptConfig: weights N(0, 0.02), biases zero.
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):

@@ -153,15 +153,17 @@ def load_rocannl(model, path):
     mapping = {"emb.weight": "emb.table"}
     for s in range(3):
         lin, bn = 4 * s + 1, 4 * s + 2
-        mapping[f"stages.{lin}.weight"] = f"s{s}.linear.weight"
+        mapping[f"stages.{lin}.weight"] = f"s{s}.linear.w"
         for k in ("weight", "bias", "running_mean", "running_var"):
             mapping[f"stages.{bn}.bn.{k}"] = f"s{s}.bn.{k}"
-    mapping["head.weight"] = "head.weight"
-    mapping["head.bias"] = "head.bias"
+    mapping["head.weight"] = "head.w"
+    mapping["head.bias"] = "head.b"
     new = {}
     for k, v in sd.items():
         if k.endswith("num_batches_tracked"):
-            new[k] = v
+            name = mapping[k.replace("num_batches_tracked", "running_mean")]
+            count = st[name.replace("running_mean", "num_batches_tracked")]
+            new[k] = count.to(v.dtype).reshape(v.shape)
             continue
         t = st[mapping[k]]
         if t.shape != v.shape and t.dim() == 2 and t.t().shape == v.shape:
@@ -172,7 +174,7 @@ def load_rocannl(model, path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--steps", type=int, default=8000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
