@@ -41,3 +41,9 @@ pub mod document;
 pub use rocannl_arrayjit as arrayjit;
 pub use rocannl_shape as shape;
 pub use rocannl_tensor as tensor;
+
+/// The snippets of `docs/porting.md`, compiled and run as doctests so that the guide stays
+/// true.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/porting.md")]
+pub struct PortingGuide;
