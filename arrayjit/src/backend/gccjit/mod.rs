@@ -283,10 +283,11 @@ impl Gccjit {
         // (8: exp and tanh inline, f16 conversions inline; 9: -O2 vectorizes with alias checks;
         // 10: f32 -> bf16 by one biased addition; 11: bf16 products, a new run-table slot;
         // 12: maps and reductions call the map kernel, two new slots; 13: products with
-        // epilogues, two new slots; 14: `pow` through a plain external declaration), so older
-        // cache entries are not used.
+        // epilogues, two new slots; 14: `pow` through a plain external declaration; 16: `f32`
+        // `log`, `exp2`, `log2`, `erf` and `pow` inline, `f32` constants rounded to `f32`), so
+        // older cache entries are not used.
         format!(
-            "rocannl-gccjit {} codegen 14; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
+            "rocannl-gccjit {} codegen 16; libgccjit {}.{}.{}; march_native={} {:?} bounds_check={}",
             env!("CARGO_PKG_VERSION"),
             v.major,
             v.minor,
