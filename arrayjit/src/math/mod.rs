@@ -59,7 +59,7 @@ pub trait Emit {
     type U: Clone;
     /// An `f64` value.
     type D: Clone;
-    /// An `f32` constant (finite; a non-finite one is built from its bits, [`fbits`]).
+    /// An `f32` constant (finite; the functions build a non-finite one from its bits).
     fn f(&mut self, c: f32) -> Self::F;
     /// A word constant.
     fn u(&mut self, c: u32) -> Self::U;
