@@ -13,8 +13,10 @@ pub(super) fn ulps(got: f32, want: f64) -> f64 {
         // against a number.
         return f64::INFINITY;
     }
+    // 2^(⌊log2 w⌋ - 23), from the exponent bits of `w` (a normal `f64`).
     let w = want.abs().max(f32::MIN_POSITIVE as f64);
-    let spacing = 2f64.powi(w.log2().floor() as i32 - 23);
+    let exponent = (w.to_bits() >> 52) & 0x7ff;
+    let spacing = f64::from_bits((exponent - 23) << 52);
     (got as f64 - want).abs() / spacing
 }
 

@@ -25,14 +25,15 @@
 //! | `erf` | `erf.rs` | [`ERF_MAX_ULPS`] |
 //! | `pow` | `pow.rs` | [`POW_MAX_ULPS`] (over samples: two inputs) |
 //!
-//! Each is checked against an `f64` reference over every `f32` input (the `exhaustive_*`
-//! tests, ignored by default; a sample of a million inputs runs with the unit tests), and its
-//! special values (±0, ±inf, nan, subnormals) follow C99. `pow` computes `y·log2|x|` and its
-//! power of two in `f64` arithmetic (still vectorizable): the product needs more precision than
-//! `f32` carries.
+//! Each is checked against an `f64` reference over every `f32` input (the
+//! `exhaustive_accuracy` tests, ignored by default; a sample of a million inputs runs with the
+//! unit tests), and its special values (±0, ±inf, nan, subnormals) follow C99. `pow` computes
+//! `y·log2|x|` and its power of two in `f64` arithmetic (still vectorizable): the product needs
+//! more precision than `f32` carries.
 //!
-//! `sin` and `cos` stay the C library's calls, as does every function in `f64`: nothing in a
-//! model runs them in bulk.
+//! `sin` and `cos` stay the C library's calls (an argument reduction exact for every `f32`
+//! needs the bits of 2/π picked by the input's exponent, a table this form does not have), as
+//! does every function in `f64`.
 
 mod c_text;
 #[cfg(test)]
@@ -44,8 +45,9 @@ mod pow;
 
 pub use c_text::{Function, c_function};
 pub use erf::{ERF_MAX_ULPS, erf, erf_f32};
-pub use exp::tanh_f32;
-pub use exp::{EXP_MAX_ULPS, EXP2_MAX_ULPS, TANH_MAX_ULPS, exp, exp_f32, exp2, exp2_f32, tanh};
+pub use exp::{
+    EXP_MAX_ULPS, EXP2_MAX_ULPS, TANH_MAX_ULPS, exp, exp_f32, exp2, exp2_f32, tanh, tanh_f32,
+};
 pub use log::{LOG_MAX_ULPS, LOG2_MAX_ULPS, log, log_f32, log2, log2_f32};
 pub use pow::{POW_MAX_ULPS, pow, pow_f32};
 

@@ -7,6 +7,7 @@
 //! (exactly), `log1p(f) = 2s·(1 + T(s²))` with `s = f/(2 + f)` in `f64`, and `2ᵗ = 2ⁿ·2ʳ` with
 //! a polynomial for `2ʳ`, `|r| ≤ 1/2`; `2ⁿ` is applied as two `f32` powers of two widened to
 //! `f64`, so the single rounding is the final narrowing to `f32` (subnormal results included).
+//! (On a GPU with slow `f64` arithmetic this `pow` costs more than the other functions.)
 //!
 //! Then C99 (`powf`): a negative `x` with an odd integer `y` gives the negated power; a finite
 //! negative `x` with a finite non-integer `y` gives `nan`; `pow(x, ±0) = 1` and
@@ -20,8 +21,9 @@ use super::{
 };
 
 /// The largest error of [`pow_f32`] in units in the last place over the samples of the tests
-/// (two arguments: no exhaustive check).
-pub const POW_MAX_ULPS: f64 = 0.55;
+/// (two arguments: no exhaustive check): 0.50005 over two hundred million pairs, at
+/// `(0.7197059, -127.6891)` — `f64` carries the logarithm, so about the final rounding alone.
+pub const POW_MAX_ULPS: f64 = 0.501;
 
 /// `T(z)/z` of [`super::log`] to `f64` precision: degree 4, `T` within 1.1e-13.
 const LOG_POLY_D: [f64; 5] = [
