@@ -15,8 +15,9 @@
 use super::{Emit, horner, split_sign, with_sign};
 
 /// The largest error of [`erf_f32`] in units in the last place, over every `f32` input
-/// (1.099, at 0.9978).
-pub const ERF_MAX_ULPS: f64 = 1.1;
+/// (1.214, at 0.9988955, just below the switch to the second form, where the polynomial's
+/// rounding errors add up most).
+pub const ERF_MAX_ULPS: f64 = 1.22;
 
 /// `erf(a)/a - 1` as a polynomial in `a²` on `[0, 1]`, a near-minimax fit (degree 6; 1.2e-9
 /// absolute), highest degree first.
