@@ -246,15 +246,15 @@ impl UnOp {
             UnOp::Relu => ("relu", Custom, 1),
             UnOp::Sat01 => ("sat01", Custom, 2),
             UnOp::Exp => ("exp", Custom, 10),
-            UnOp::Log => ("log", Func("log"), 10),
-            UnOp::Exp2 => ("exp2", Func("exp2"), 10),
-            UnOp::Log2 => ("log2", Func("log2"), 10),
+            UnOp::Log => ("log", Custom, 10),
+            UnOp::Exp2 => ("exp2", Custom, 10),
+            UnOp::Log2 => ("log2", Custom, 10),
             UnOp::Sqrt => ("sqrt", Func("sqrt"), 4),
             UnOp::Recip => ("recip", Custom, 4),
             UnOp::Sin => ("sin", Func("sin"), 10),
             UnOp::Cos => ("cos", Func("cos"), 10),
             UnOp::Tanh => ("tanh", Custom, 12),
-            UnOp::Erf => ("erf", Func("erf"), 12),
+            UnOp::Erf => ("erf", Custom, 12),
             UnOp::Sigmoid => ("sigmoid", Custom, 12),
             UnOp::Abs => ("abs", Func("fabs"), 1),
             UnOp::Not => ("not", Custom, 1),
@@ -280,8 +280,8 @@ impl UnOp {
     }
 
     /// The operation computed in `f32`, as compiled `f32` code computes it (the same formula,
-    /// every step rounded to `f32`; `exp` and `tanh` from [`crate::math`], the other functions
-    /// the C library's).
+    /// every step rounded to `f32`; `exp`, `log`, `exp2`, `log2`, `tanh` and `erf` from
+    /// [`crate::math`], `sqrt` correctly rounded, `sin` and `cos` the C library's).
     ///
     /// ```
     /// use rocannl_arrayjit::ops::UnOp;
@@ -379,7 +379,7 @@ impl BinOp {
             BinOp::Sub => ("sub", Infix("-"), None, 1),
             BinOp::Mul => ("mul", Infix("*"), Some(1.0), 1),
             BinOp::Div => ("div", Infix("/"), None, 4),
-            BinOp::Pow => ("pow", Func("pow"), None, 20),
+            BinOp::Pow => ("pow", Custom, None, 20),
             BinOp::Max => ("max", Custom, Some(f64::NEG_INFINITY), 2),
             BinOp::Min => ("min", Custom, Some(f64::INFINITY), 2),
             BinOp::Lt => ("lt", Custom, None, 1),
@@ -570,7 +570,7 @@ pub(crate) trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $erf:ident, $exp:path, $tanh:path) => {
+    ($t:ty, $exp:path, $ln:path, $exp2:path, $log2:path, $tanh:path, $erf:path, $pow:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -584,15 +584,15 @@ macro_rules! real {
             }
             #[inline(always)]
             fn ln(self) -> Self {
-                <$t>::ln(self)
+                $ln(self)
             }
             #[inline(always)]
             fn exp2(self) -> Self {
-                <$t>::exp2(self)
+                $exp2(self)
             }
             #[inline(always)]
             fn log2(self) -> Self {
-                <$t>::log2(self)
+                $log2(self)
             }
             #[inline(always)]
             fn sqrt(self) -> Self {
@@ -620,7 +620,7 @@ macro_rules! real {
             }
             #[inline(always)]
             fn powf(self, b: Self) -> Self {
-                <$t>::powf(self, b)
+                $pow(self, b)
             }
             #[inline(always)]
             fn mul_add(self, b: Self, c: Self) -> Self {
@@ -634,16 +634,23 @@ macro_rules! real {
     };
 }
 
-// `f32` `exp` and `tanh` are this crate's (`crate::math`), which every backend computes
-// bit for bit; `f64` keeps the C library's.
-real!(f32, c_erff, crate::math::exp_f32, crate::math::tanh_f32);
-real!(f64, c_erf, f64::exp, f64::tanh);
+// `f32` `exp`, `log`, `exp2`, `log2`, `tanh`, `erf` and `pow` are this crate's
+// (`crate::math`), which every backend computes bit for bit; `f64` keeps the C library's.
+real!(
+    f32,
+    crate::math::exp_f32,
+    crate::math::log_f32,
+    crate::math::exp2_f32,
+    crate::math::log2_f32,
+    crate::math::tanh_f32,
+    crate::math::erf_f32,
+    crate::math::pow_f32
+);
+real!(f64, f64::exp, f64::ln, f64::exp2, f64::log2, f64::tanh, c_erf, f64::powf);
 
-// The error function of the C library, the one compiled code calls: Rust's own is not stable,
-// and computing exactly what the native backends compute is the interpreter's job.
+// The error function of the C library, the one compiled `f64` code calls: Rust's own is not
+// stable, and computing exactly what the native backends compute is the interpreter's job.
 unsafe extern "C" {
-    #[link_name = "erff"]
-    safe fn c_erff(x: f32) -> f32;
     #[link_name = "erf"]
     safe fn c_erf(x: f64) -> f64;
 }

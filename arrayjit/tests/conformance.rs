@@ -199,13 +199,14 @@ fn assert_gccjit_gives_the_interpreters_bits(case: &Case, xs: &[f64]) {
     }
 }
 
-/// `exp`, `tanh` and `sigmoid` (which calls `exp`) in compiled, vectorized loops compute the
-/// interpreter's bits (`rocannl_arrayjit::math`): over the whole range of inputs, special
-/// values, subnormal results, overflow and vector tails included, at `-O3` and `-O0`, in every
-/// precision computed in `f32`.
+/// The special functions (`exp`, `exp2`, `log`, `log2`, `tanh`, `erf`, and `sigmoid`, which
+/// calls `exp`) in compiled, vectorized loops compute the interpreter's bits
+/// (`rocannl_arrayjit::math`): over the whole range of inputs, special values, subnormals,
+/// overflow and vector tails included, at `-O3` and `-O0`, in every precision computed in
+/// `f32`.
 #[cfg(feature = "gccjit")]
 #[test]
-fn gccjit_exp_and_tanh_compute_the_interpreters_bits() {
+fn gccjit_special_functions_compute_the_interpreters_bits() {
     use rocannl_arrayjit::ops::UnOp;
     let mut xs: Vec<f64> = vec![
         0.0,
@@ -223,18 +224,102 @@ fn gccjit_exp_and_tanh_compute_the_interpreters_bits() {
         0.9,
         -0.9,
         9.5,
+        1.0,
+        -1.0,
+        3.9,
+        4.5,
+        -149.5,
+        128.0,
+        1e-45,
+        3e38,
     ];
-    // Every magnitude from 2^-30 to 2^7, both signs, with varied significands.
+    // Every magnitude from 2^-140 to 2^127, both signs, with varied significands.
     xs.extend((0..4084).map(|i| {
-        let e = -30.0 + 37.0 * (i as f64) / 4084.0;
+        let e = -140.0 + 267.0 * (i as f64) / 4084.0;
         let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
         sign * 2f64.powf(e) * (1.0 + rocannl_arrayjit::ops::uniform(9, i as u64))
     }));
+    // And from 2^-30 to 2^7, where the functions bend.
+    xs.extend((0..4084).map(|i| {
+        let e = -30.0 + 37.0 * (i as f64) / 4084.0;
+        let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+        sign * 2f64.powf(e) * (1.0 + rocannl_arrayjit::ops::uniform(10, i as u64))
+    }));
+    let ops = [UnOp::Exp, UnOp::Exp2, UnOp::Log, UnOp::Log2, UnOp::Tanh, UnOp::Erf, UnOp::Sigmoid];
     for prec in [Prec::F32, Prec::Bf16, Prec::F16] {
-        for op in [UnOp::Exp, UnOp::Tanh, UnOp::Sigmoid] {
+        for op in ops {
             let case = unop_case_on(op, prec, xs.clone());
             assert_gccjit_gives_the_interpreters_bits(&case, &xs);
         }
+    }
+}
+
+/// `pow(x, y)` with both arguments varying, in compiled, vectorized loops, computes the
+/// interpreter's bits (`rocannl_arrayjit::math::pow`): every pair of special values, and pairs
+/// whose results span the range (subnormal, overflowing, negative bases with integer powers).
+#[cfg(feature = "gccjit")]
+#[test]
+fn gccjit_pow_computes_the_interpreters_bits() {
+    use rocannl_arrayjit::assignments::ScalarExpr;
+    use rocannl_arrayjit::indexing::{Projections, SymbolGen};
+    use rocannl_arrayjit::ops::BinOp;
+    use rocannl_arrayjit::tnode::NodeTable;
+    let specials = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -3.0,
+        2.5,
+        -2.5,
+        1e-45,
+        3e38,
+        16_777_215.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let mut xs = vec![];
+    let mut ys = vec![];
+    for &x in &specials {
+        for &y in &specials {
+            xs.push(x);
+            ys.push(y);
+        }
+    }
+    for i in 0..3000u64 {
+        let u = rocannl_arrayjit::ops::uniform(21, i);
+        let v = rocannl_arrayjit::ops::uniform(22, i);
+        let x = 2f64.powf(-60.0 + 120.0 * u) * if i % 3 == 0 { -1.0 } else { 1.0 };
+        let y = if i % 3 == 0 {
+            (v * 40.0 - 20.0).round()
+        } else {
+            (v - 0.5) * 300.0 / x.abs().log2().abs().max(0.5)
+        };
+        xs.push(x);
+        ys.push(y);
+    }
+    for prec in [Prec::F32, Prec::Bf16] {
+        let n = xs.len();
+        let mut nodes = NodeTable::default();
+        let x = host(&mut nodes, "x", &[n], prec);
+        let y = host(&mut nodes, "y", &[n], prec);
+        let z = host(&mut nodes, "z", &[n], prec);
+        let p = Projections::identity(&[n], 2, &mut SymbolGen::default());
+        let expr = ScalarExpr::bin(BinOp::Pow, ScalarExpr::Arg(0), ScalarExpr::Arg(1));
+        let case = Case {
+            name: format!("pow_pairs_{}", prec.name()),
+            asgn: accum(z, None, vec![x, y], expr, p, false),
+            nodes,
+            inputs: vec![(x, xs.clone()), (y, ys.clone())],
+            outputs: vec![z],
+            bindings: vec![],
+            expected: None,
+        };
+        assert_gccjit_gives_the_interpreters_bits(&case, &xs);
     }
 }
 

@@ -96,8 +96,8 @@ pub fn prelude(d: Dialect) -> String {
             );
         }
     }
-    // `exp` and `tanh` in `f32` are the operations of `crate::math`, as in every backend;
-    // in `f64`, the library's.
+    // The special functions in `f32` are the operations of `crate::math`, as in every
+    // backend; in `f64`, the library's.
     match d {
         Dialect::Cuda => {
             let _ = writeln!(
@@ -125,10 +125,19 @@ pub fn prelude(d: Dialect) -> String {
         s,
         "{q} unsigned int rc_to_u32(double x) {{ return (x != x || x <= 0) ? 0u : (x >= 4294967295.0 ? 4294967295u : (unsigned int)x); }}"
     );
-    s.push_str(&math::c_function(q, "rc_expf", math::Function::Exp));
-    s.push_str(&math::c_function(q, "rc_tanhf", math::Function::Tanh));
-    let _ = writeln!(s, "{q} double rc_exp(double x) {{ return exp(x); }}");
-    let _ = writeln!(s, "{q} double rc_tanh(double x) {{ return tanh(x); }}");
+    for (name, f) in [
+        ("exp", math::Function::Exp),
+        ("exp2", math::Function::Exp2),
+        ("log", math::Function::Log),
+        ("log2", math::Function::Log2),
+        ("tanh", math::Function::Tanh),
+        ("erf", math::Function::Erf),
+    ] {
+        s.push_str(&math::c_function(q, &format!("rc_{name}f"), f));
+        let _ = writeln!(s, "{q} double rc_{name}(double x) {{ return {name}(x); }}");
+    }
+    s.push_str(&math::c_function(q, "rc_powf", math::Function::Pow));
+    let _ = writeln!(s, "{q} double rc_pow(double x, double y) {{ return pow(x, y); }}");
     for (t, sfx) in [("float", "f"), ("double", "")] {
         let _ = writeln!(
             s,
@@ -253,8 +262,12 @@ impl CRenderer<'_> {
                     (UnOp::Relu, _) => format!("rc_relu{sfx}({a})"),
                     (UnOp::Sat01, _) => format!("rc_sat01{sfx}({a})"),
                     (UnOp::Sigmoid, _) => format!("rc_sigmoid{sfx}({a})"),
-                    (UnOp::Exp, _) => format!("rc_exp{sfx}({a})"),
-                    (UnOp::Tanh, _) => format!("rc_tanh{sfx}({a})"),
+                    (
+                        UnOp::Exp | UnOp::Exp2 | UnOp::Log | UnOp::Log2 | UnOp::Tanh | UnOp::Erf,
+                        _,
+                    ) => {
+                        format!("rc_{}{sfx}({a})", op.name())
+                    }
                     (UnOp::Recip, _) => format!("(({ty})1 / {a})"),
                     (UnOp::Not, _) => format!("(({a}) == 0 ? ({ty})1 : ({ty})0)"),
                     (op, _) => format!("{}{sfx}({a})", op.name()),
@@ -266,6 +279,7 @@ impl CRenderer<'_> {
                 match (op, op.facts().c_syntax) {
                     (_, CSyntax::Infix(o)) => format!("({a} {o} {b})"),
                     (_, CSyntax::Func(f)) => format!("{f}{sfx}({a}, {b})"),
+                    (BinOp::Pow, _) => format!("rc_pow{sfx}({a}, {b})"),
                     (BinOp::Max, _) => format!("rc_max{sfx}({a}, {b})"),
                     (BinOp::Min, _) => format!("rc_min{sfx}({a}, {b})"),
                     (BinOp::Lt, _) => cmp("<"),

@@ -1033,6 +1033,10 @@ impl<'c> Gen<'c> {
     }
 
     fn float(&self, x: f64, ty: Type<'c>) -> RValue<'c> {
+        // Rounded to `f32` here: libgccjit keeps a `float` constant's `double` value as given,
+        // and GCC's constant folding then computes with the unrounded value (widened to
+        // `double`, `pow(x, 1.0/3)` used a third to 53 bits where the interpreter uses `f32`'s).
+        let x = if ty == self.t.f32 { x as f32 as f64 } else { x };
         self.ctx.new_rvalue_from_double(ty, x)
     }
 
@@ -1167,14 +1171,19 @@ impl<'c> Gen<'c> {
             }
             UnOp::Exp if ty == self.t.f32 => math::exp(&mut Inline(self), a),
             UnOp::Exp => self.builtin("exp", ty, &[a]),
+            UnOp::Log if ty == self.t.f32 => math::log(&mut Inline(self), a),
             UnOp::Log => self.builtin("log", ty, &[a]),
+            UnOp::Exp2 if ty == self.t.f32 => math::exp2(&mut Inline(self), a),
             UnOp::Exp2 => self.builtin("exp2", ty, &[a]),
+            UnOp::Log2 if ty == self.t.f32 => math::log2(&mut Inline(self), a),
             UnOp::Log2 => self.builtin("log2", ty, &[a]),
+            // The instruction: `-fno-math-errno` leaves no reason to call the library.
             UnOp::Sqrt => self.builtin("sqrt", ty, &[a]),
             UnOp::Sin => self.builtin("sin", ty, &[a]),
             UnOp::Cos => self.builtin("cos", ty, &[a]),
             UnOp::Tanh if ty == self.t.f32 => math::tanh(&mut Inline(self), a),
             UnOp::Tanh => self.builtin("tanh", ty, &[a]),
+            UnOp::Erf if ty == self.t.f32 => math::erf(&mut Inline(self), a),
             UnOp::Erf => self.builtin("erf", ty, &[a]),
             UnOp::Abs => self.builtin("fabs", ty, &[a]),
             UnOp::Recip => self.ctx.new_binary_op(None, BinaryOp::Divide, ty, one, a),
@@ -1198,6 +1207,7 @@ impl<'c> Gen<'c> {
             BinOp::Sub => arith(self, BinaryOp::Minus),
             BinOp::Mul => arith(self, BinaryOp::Mult),
             BinOp::Div => arith(self, BinaryOp::Divide),
+            BinOp::Pow if ty == self.t.f32 => math::pow(&mut Inline(self), a, b),
             BinOp::Pow => self.libm_call("pow", ty, &[a, b]),
             BinOp::Max | BinOp::Min => {
                 let a = self.temp(a, ty);
@@ -1271,18 +1281,22 @@ impl<'c> Gen<'c> {
     }
 }
 
-/// `f32` `exp` and `tanh` emitted inline ([`crate::math`]): straight-line arithmetic that the
-/// loop vectorizer turns into vector code, the interpreter's operations one for one.
+/// The `f32` special functions emitted inline ([`crate::math`]): straight-line arithmetic that
+/// the loop vectorizer turns into vector code, the interpreter's operations one for one.
 struct Inline<'g, 'c>(&'g mut Gen<'c>);
 
 impl<'c> math::Emit for Inline<'_, 'c> {
     type F = RValue<'c>;
     type U = RValue<'c>;
+    type D = RValue<'c>;
     fn f(&mut self, c: f32) -> RValue<'c> {
         self.0.float(c as f64, self.0.t.f32)
     }
     fn u(&mut self, c: u32) -> RValue<'c> {
         self.0.ctx.new_rvalue_from_long(self.0.t.u32, c as i64)
+    }
+    fn d(&mut self, c: f64) -> RValue<'c> {
+        self.0.float(c, self.0.t.f64)
     }
     fn add(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
         self.0.ctx.new_binary_op(None, BinaryOp::Plus, self.0.t.f32, a, b)
@@ -1339,12 +1353,48 @@ impl<'c> math::Emit for Inline<'_, 'c> {
         let shifted = self.0.ctx.new_binary_op(None, BinaryOp::RShift, int, signed, s);
         self.0.ctx.new_cast(None, shifted, self.0.t.u32)
     }
+    fn widen(&mut self, a: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_cast(None, a, self.0.t.f64)
+    }
+    fn narrow(&mut self, a: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_cast(None, a, self.0.t.f32)
+    }
+    fn dadd(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Plus, self.0.t.f64, a, b)
+    }
+    fn dsub(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Minus, self.0.t.f64, a, b)
+    }
+    fn dmul(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Mult, self.0.t.f64, a, b)
+    }
+    fn ddiv(&mut self, a: RValue<'c>, b: RValue<'c>) -> RValue<'c> {
+        self.0.ctx.new_binary_op(None, BinaryOp::Divide, self.0.t.f64, a, b)
+    }
+    fn dfma(&mut self, a: RValue<'c>, b: RValue<'c>, c: RValue<'c>) -> RValue<'c> {
+        self.0.builtin("fma", self.0.t.f64, &[a, b, c])
+    }
+    fn dlt_select(
+        &mut self,
+        a: RValue<'c>,
+        b: RValue<'c>,
+        x: RValue<'c>,
+        y: RValue<'c>,
+    ) -> RValue<'c> {
+        let cond = self.0.cmp(ComparisonOp::LessThan, a, b);
+        let ty = self.0.t.f64;
+        self.0.select(cond, x, y, ty)
+    }
     fn keep(&mut self, a: RValue<'c>) -> RValue<'c> {
         let ty = self.0.t.f32;
         self.0.temp(a, ty)
     }
     fn keep_u(&mut self, a: RValue<'c>) -> RValue<'c> {
         let ty = self.0.t.u32;
+        self.0.temp(a, ty)
+    }
+    fn keep_d(&mut self, a: RValue<'c>) -> RValue<'c> {
+        let ty = self.0.t.f64;
         self.0.temp(a, ty)
     }
 }
