@@ -279,8 +279,11 @@ struct Resolver<'s, 'a> {
     product: Vec<(Symbol, usize)>,
     /// For a concatenation operand: for each concatenated axis (by its parts' label variables),
     /// the part the operand fills.
-    fills: Vec<(Vec<Option<DimVar>>, usize)>,
+    fills: ConcatFills,
 }
+
+/// For each concatenated axis (by its parts' label variables), the part an operand fills.
+type ConcatFills = Vec<(Vec<Option<DimVar>>, usize)>;
 
 impl Resolver<'_, '_> {
     fn index_of(&mut self, node: usize, depth: usize) -> Result<AxisIndex, String> {
@@ -571,7 +574,7 @@ fn concat_fills_of(
     operand: Option<usize>,
     logic: &Logic,
     deriv: &Derivation,
-) -> Result<Vec<(Vec<Option<DimVar>>, usize)>, ShapeError> {
+) -> Result<ConcatFills, ShapeError> {
     let mut fills = Vec::new();
     if let (Some(i), Logic::Einsum(spec, _)) = (operand, logic) {
         for axis in spec.concat_fills().map_err(ShapeError::Spec)? {

@@ -365,7 +365,7 @@ impl Solver {
         mut num: Option<usize>,
         divided_by: &[crate::var::DimVar],
         origin: &Origin,
-    ) -> Result<Option<(Option<usize>, Vec<Dim>)>, Conflict> {
+    ) -> Result<Option<Divided>, Conflict> {
         let mut unknown_div = Vec::new();
         for v in divided_by {
             match self.env.subst_dim(&Dim::Var(*v)) {
@@ -508,6 +508,10 @@ impl Solver {
 
 /// A numerator `coeff * var / denom` whose variable is still unknown.
 type Strided = (usize, crate::var::DimVar, usize);
+
+/// The numerator divided by the known divisors (when it is known), and the divisors not known
+/// yet.
+type Divided = (Option<usize>, Vec<Dim>);
 
 /// A `TotalElems` constraint being applied: its rows and original form (to wait with), and
 /// the strided numerator when that is still unknown.

@@ -135,6 +135,9 @@ pub(crate) fn mark(
     Ok(out)
 }
 
+/// The dynamic iterators of a projection and their sizes.
+type DynIters = Vec<(Symbol, DynDim)>;
+
 /// The iterator of the result's first axis, dynamic of size `d` (an operation that gives its
 /// result a dynamic size); an error unless that axis is an iterator of `d`'s maximum size.
 fn seed_iterator(
@@ -142,7 +145,7 @@ fn seed_iterator(
     result: &str,
     p: &Projections,
     d: &DynDim,
-) -> Result<(Vec<(Symbol, DynDim)>, Option<Symbol>)> {
+) -> Result<(DynIters, Option<Symbol>)> {
     match (p.project_lhs.first(), p.lhs_dims.first()) {
         (Some(AxisIndex::Iterator(s)), Some(&size)) if size == d.max => {
             Ok((vec![(*s, d.clone())], Some(*s)))
@@ -164,7 +167,7 @@ fn arg_iterators(
     op: &str,
     rhs_args: &[&ArgAxes],
     p: &Projections,
-    dynamic: &mut Vec<(Symbol, DynDim)>,
+    dynamic: &mut DynIters,
 ) -> Result<()> {
     for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
         for (axis, (d, i)) in a.axes.iter().zip(idx).enumerate() {

@@ -11,8 +11,14 @@
 //! - expressions over tensor reads, locals, constants, index values and the operation table.
 //!
 //! Indices are affine in loop variables ([`Var`], printed `v3`) and runtime symbols
-//! ([`Symbol`](crate::indexing::Symbol), printed `i3`), so bounds analysis, substitution during virtualization and
-//! tiling stay exact. The printer is stable and is the snapshot format of lowered code.
+//! ([`Symbol`](crate::indexing::Symbol), printed `i3`), so bounds analysis, substitution
+//! during virtualization and tiling stay exact. The printer is stable and is the snapshot
+//! format of lowered code.
+//!
+//! The IR's parts live in files of their own: [`Index`] arithmetic (`index.rs`), expressions
+//! (`expr.rs`), statements and their traversals (`stmt.rs`), the product call (`gemm.rs`),
+//! [`Program`] (`program.rs`) and the printer (`print.rs`); this file keeps the analyses over
+//! statement lists.
 
 pub mod cse;
 pub mod dse;

@@ -27,11 +27,12 @@ pub struct Program {
     pub runtime_symbols: Vec<Symbol>,
     /// Range checks for indices that depend on runtime symbols, checked when running.
     pub runtime_checks: Vec<RuntimeCheck>,
-    /// Buffers introduced by the CPU schedule ([`schedule`]): not tensors of the context, owned
-    /// by the compiled routine. Empty before scheduling.
+    /// Buffers introduced by the CPU schedule ([`schedule`](super::schedule)): not tensors of
+    /// the context, owned by the compiled routine. Empty before scheduling.
     pub scratch: Vec<Scratch>,
     /// Where the materialized intermediates live: one arena per routine, shared by
-    /// intermediates whose lifetimes do not overlap ([`memory`]). Empty until planned.
+    /// intermediates whose lifetimes do not overlap ([`memory`](super::memory)). Empty until
+    /// planned.
     pub arena: Arena,
 }
 
