@@ -123,7 +123,14 @@ fn map_group(c: &mut Criterion) {
     group.finish();
 }
 
+/// The f32 products, then the bf16 ones.
 fn bench(c: &mut Criterion) {
+    gemm_f32_group(c);
+    gemm_bf16_group(c);
+}
+
+/// `gemm_f32/<isa>/<layout>/<n>`: square f32 products per instruction set and layout.
+fn gemm_f32_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("gemm_f32");
     group.sample_size(10);
     for isa in Isa::available() {
@@ -170,10 +177,18 @@ fn bench(c: &mut Criterion) {
         }
     }
     group.finish();
+}
 
+/// The bf16 bits of `x` (truncated).
+fn bits(x: f32) -> u16 {
+    (x.to_bits() >> 16) as u16
+}
+
+/// `gemm_bf16/<path>/<n>`: square bf16 products on the native and reference paths, then
+/// char_gpt's shapes.
+fn gemm_bf16_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("gemm_bf16");
     group.sample_size(10);
-    let bits = |x: f32| (x.to_bits() >> 16) as u16;
     for (path, sizes) in [("native", &[256usize, 512, 1024][..]), ("reference", &[128][..])] {
         if path == "native" && !has_native() {
             continue;
@@ -209,6 +224,12 @@ fn bench(c: &mut Criterion) {
             });
         }
     }
+    char_gpt_shapes(&mut group);
+    group.finish();
+}
+
+/// Two products in char_gpt's shapes on the native path.
+fn char_gpt_shapes(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
     // Two products in char_gpt's shapes (m, k, n, A transposed, accumulating):
     // - a projection `Y = X·W`, X (batch·time, in) row-major, so A is read in place, with a
     //   reduction of 64 (`MIN_PAIR_DEPTH`);
@@ -248,7 +269,6 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    group.finish();
 }
 
 criterion_group!(benches, bench, map_group);

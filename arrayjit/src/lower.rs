@@ -407,18 +407,14 @@ fn is_product(e: &ScalarExpr, varies: &impl Fn(usize) -> bool) -> bool {
     }
 }
 
+/// Lowers one accumulation `lhs (op)= f(rhs…)` over its projections: loop variables for the
+/// product space, indices and bounds guards, the statements at each point (a reduction
+/// through a local when some iterators do not index the lhs), and the lhs loops around them.
 fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> Result<(), Error> {
     check_shapes(prog, a)?;
     let p = a.proj;
     let id = a.lhs.id;
-    let neutral = match a.accum {
-        None => Some(0.0),
-        Some(op) => op.neutral(),
-    };
-    if a.init && neutral.is_none() {
-        return Err(Error::NoNeutral(a.accum.map_or("=", |op| op.name())));
-    }
-    let neutral = neutral.unwrap_or(0.0);
+    let neutral = neutral_of(a)?;
     if p.product_space.contains(&0) {
         // No point to visit; only the initialization (if any) remains.
         if a.init {
@@ -426,7 +422,94 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         }
         return Ok(());
     }
-    // Loop variables for iterators of extent > 1; extent-1 iterators are the constant 0.
+    let l = accum_loops(prog, p);
+    let (lhs_guards, mut rhs_guards) = accum_guards(prog, a, &l)?;
+    let (limits, selects) = dynamic_bounds(prog, a, &l.loop_of, &l.lhs_idx, &mut rhs_guards)?;
+
+    // Lhs iterators come first, reduction iterators innermost.
+    let (lhs_vars, red_vars): (Vec<Var>, Vec<Var>) =
+        l.iter_vars.iter().map(|(_, v)| *v).partition(|v| l.lhs_idx.iter().any(|i| i.uses(*v)));
+    // A variable that alone indexes some lhs axis writes distinct cells for distinct values.
+    let sole = |v: Var| l.lhs_idx.iter().any(|i| i.terms == [(1, IdxVar::Loop(v))]);
+    let injective_on_lhs_vars = lhs_vars.iter().all(|v| sole(*v));
+    let self_reading = a.rhs.contains(&id);
+    let start_neutral = a.init && injective_on_lhs_vars && !self_reading;
+
+    // Cells the loops do not all reach, or old values the expression reads: initialize
+    // separately, then accumulate.
+    if a.init && (!p.is_surjective() || self_reading) {
+        out.push(prog.fill_const(&a.lhs, neutral));
+    }
+
+    let args: Vec<Expr> =
+        a.rhs.iter().zip(&l.rhs_idx).map(|(n, idx)| Expr::Get(*n, idx.clone())).collect();
+    a.expr.symbols(&mut |s| register_symbol(prog, s));
+    let value = select_rows(convert_expr(a.expr, &args), &selects, neutral);
+    let old = Expr::Get(id, l.lhs_idx.clone());
+
+    let point_body: Vec<Stmt> = if red_vars.is_empty() {
+        let v = if start_neutral || a.accum.is_none() { value } else { combine(a, old, value) };
+        guarded(rhs_guards, vec![Stmt::Set { node: id, idx: l.lhs_idx.clone(), value: v }])
+    } else {
+        let start = if start_neutral { Expr::Const(neutral) } else { old };
+        let red = Reduction { vars: &red_vars, selects: &selects, guards: rhs_guards };
+        reduction_point(prog, a, &l, red, value, start)
+    };
+    // Reading the lhs only at the cell being written (an optimizer's `w := w - lr·g`) keeps
+    // iterations independent; reading other cells of it does not.
+    let reads_other_cells =
+        a.rhs.iter().zip(&l.rhs_idx).any(|(n, idx)| *n == id && *idx != l.lhs_idx);
+    let mut nest = guarded(lhs_guards, point_body);
+    for v in lhs_vars.iter().rev() {
+        let parallel = !reads_other_cells && sole(*v);
+        let limit = limits.get(v).copied();
+        nest = vec![Stmt::For { var: *v, extent: l.extents[v], limit, parallel, body: nest }];
+    }
+    if !p.debug_info.is_empty() && p.debug_info != "identity" {
+        out.push(Stmt::Comment(format!("{} {}", a.lhs.label, p.debug_info)));
+    }
+    out.extend(nest);
+    Ok(())
+}
+
+/// The neutral element the accumulation starts from (0 for a plain assignment); an error when
+/// the lhs must be initialized and the operation has none.
+fn neutral_of(a: &AccumParts<'_>) -> Result<f64, Error> {
+    let neutral = match a.accum {
+        None => Some(0.0),
+        Some(op) => op.neutral(),
+    };
+    if a.init && neutral.is_none() {
+        return Err(Error::NoNeutral(a.accum.map_or("=", |op| op.name())));
+    }
+    Ok(neutral.unwrap_or(0.0))
+}
+
+/// `acc (op) v` for the accumulation's operation, or `v` for a plain assignment.
+fn combine(a: &AccumParts<'_>, acc: Expr, v: Expr) -> Expr {
+    match a.accum {
+        None => v,
+        Some(op) => Expr::bin(op, acc, v),
+    }
+}
+
+/// The loops of one accumulation and the indices of its operands in their variables.
+struct AccumLoops {
+    /// The loop variable of each iterator of extent > 1.
+    loop_of: FxHashMap<Symbol, Var>,
+    /// Each loop variable's extent.
+    extents: FxHashMap<Var, usize>,
+    /// The iterators with a loop, in the order of the product space.
+    iter_vars: Vec<(Symbol, Var)>,
+    /// The lhs index of each axis.
+    lhs_idx: Vec<Index>,
+    /// Each rhs operand's index of each axis.
+    rhs_idx: Vec<Vec<Index>>,
+}
+
+/// Loop variables for the iterators of extent > 1 (extent-1 iterators are the constant 0), and
+/// the projected indices of the lhs and every rhs in them.
+fn accum_loops(prog: &mut Program, p: &Projections) -> AccumLoops {
     let mut loop_of: FxHashMap<Symbol, Var> = FxHashMap::default();
     let mut extents: FxHashMap<Var, usize> = FxHashMap::default();
     let mut zero_iters = FxHashSet::default();
@@ -453,97 +536,75 @@ fn lower_accum(prog: &mut Program, a: &AccumParts<'_>, out: &mut Vec<Stmt>) -> R
         .iter()
         .map(|r| r.iter().map(|i| convert_index(prog, &zero_fix(i), &loop_of)).collect())
         .collect();
-    let extent = |v: Var| extents.get(&v).copied();
+    AccumLoops { loop_of, extents, iter_vars, lhs_idx, rhs_idx }
+}
 
+/// The bounds guards of the lhs accesses and of the rhs accesses (those the lhs guards do not
+/// already give).
+fn accum_guards(
+    prog: &mut Program,
+    a: &AccumParts<'_>,
+    l: &AccumLoops,
+) -> Result<(Vec<Guard>, Vec<Guard>), Error> {
+    let extent = |v: Var| l.extents.get(&v).copied();
     let mut lhs_guards = Vec::new();
-    access_guards(prog, &a.lhs, &lhs_idx, &extent, &mut lhs_guards)?;
+    access_guards(prog, &a.lhs, &l.lhs_idx, &extent, &mut lhs_guards)?;
     let mut rhs_guards = Vec::new();
     for (k, r) in a.rhs.iter().enumerate() {
         let node = prog.nodes[r].clone();
-        access_guards(prog, &node, &rhs_idx[k], &extent, &mut rhs_guards)?;
+        access_guards(prog, &node, &l.rhs_idx[k], &extent, &mut rhs_guards)?;
     }
     rhs_guards.retain(|g| !lhs_guards.contains(g));
-    let (limits, selects) = dynamic_bounds(prog, a, &loop_of, &lhs_idx, &mut rhs_guards)?;
+    Ok((lhs_guards, rhs_guards))
+}
 
-    // Lhs iterators come first, reduction iterators innermost.
-    let (lhs_vars, red_vars): (Vec<Var>, Vec<Var>) =
-        iter_vars.iter().map(|(_, v)| *v).partition(|v| lhs_idx.iter().any(|i| i.uses(*v)));
-    // A variable that alone indexes some lhs axis writes distinct cells for distinct values.
-    let sole = |v: Var| lhs_idx.iter().any(|i| i.terms == [(1, IdxVar::Loop(v))]);
-    let injective_on_lhs_vars = lhs_vars.iter().all(|v| sole(*v));
-    let self_reading = a.rhs.contains(&id);
-    let start_neutral = a.init && injective_on_lhs_vars && !self_reading;
+/// The reduction loops of one lhs cell: their variables (innermost last), the dynamic sizes
+/// selecting their rows, and the guards of the rhs accesses.
+struct Reduction<'r> {
+    vars: &'r [Var],
+    selects: &'r [(Var, Symbol)],
+    guards: Vec<Guard>,
+}
 
-    // Cells the loops do not all reach, or old values the expression reads: initialize
-    // separately, then accumulate.
-    if a.init && (!p.is_surjective() || self_reading) {
-        out.push(prog.fill_const(&a.lhs, neutral));
-    }
-
-    let args: Vec<Expr> =
-        a.rhs.iter().zip(&rhs_idx).map(|(n, idx)| Expr::Get(*n, idx.clone())).collect();
-    a.expr.symbols(&mut |s| register_symbol(prog, s));
-    let value = select_rows(convert_expr(a.expr, &args), &selects, neutral);
-    let old = Expr::Get(id, lhs_idx.clone());
-    let combine = |acc: Expr, v: Expr| match a.accum {
-        None => v,
-        Some(op) => Expr::bin(op, acc, v),
-    };
-
-    let point_body: Vec<Stmt> = if red_vars.is_empty() {
-        let v = if start_neutral || a.accum.is_none() { value } else { combine(old, value) };
-        guarded(rhs_guards, vec![Stmt::Set { node: id, idx: lhs_idx.clone(), value: v }])
+/// One lhs cell of a reduction: a local starts at `start`, accumulates `value` over the
+/// reduction loops, and is stored in the cell.
+fn reduction_point(
+    prog: &mut Program,
+    a: &AccumParts<'_>,
+    l: &AccumLoops,
+    red: Reduction<'_>,
+    value: Expr,
+    start: Expr,
+) -> Vec<Stmt> {
+    let varies = |i: usize| l.rhs_idx[i].iter().any(|x| red.vars.iter().any(|v| x.uses(*v)));
+    let points: usize = red.vars.iter().map(|v| l.extents[v]).product();
+    let wide = a.accum == Some(BinOp::Add)
+        && points >= WIDE_SUM_MIN_POINTS
+        && matches!(a.lhs.prec, Prec::F32 | Prec::F16 | Prec::Bf16)
+        && !is_product(a.expr, &varies);
+    let (t, steps) = if wide {
+        // A sum of one tensor's values (not a product's): each term is computed as
+        // before, in the precision's compute precision, and added to an f64 accumulator,
+        // rounded once when stored. Its error is then that of the final rounding for any
+        // length a routine can have (see `docs/lowering.md`, "Accurate sums").
+        let t = prog.fresh_local(Prec::F64);
+        let u = prog.fresh_local(a.lhs.prec.compute());
+        let sum = Expr::bin(BinOp::Add, Expr::Local(t), Expr::Local(u));
+        (t, vec![Stmt::SetLocal { local: u, value }, Stmt::SetLocal { local: t, value: sum }])
     } else {
-        let varies = |i: usize| rhs_idx[i].iter().any(|x| red_vars.iter().any(|v| x.uses(*v)));
-        let points: usize = red_vars.iter().map(|v| extents[v]).product();
-        let wide = a.accum == Some(BinOp::Add)
-            && points >= WIDE_SUM_MIN_POINTS
-            && matches!(a.lhs.prec, Prec::F32 | Prec::F16 | Prec::Bf16)
-            && !is_product(a.expr, &varies);
-        let (t, steps) = if wide {
-            // A sum of one tensor's values (not a product's): each term is computed as
-            // before, in the precision's compute precision, and added to an f64 accumulator,
-            // rounded once when stored. Its error is then that of the final rounding for any
-            // length a routine can have (see `docs/lowering.md`, "Accurate sums").
-            let t = prog.fresh_local(Prec::F64);
-            let u = prog.fresh_local(a.lhs.prec.compute());
-            let sum = Expr::bin(BinOp::Add, Expr::Local(t), Expr::Local(u));
-            (t, vec![Stmt::SetLocal { local: u, value }, Stmt::SetLocal { local: t, value: sum }])
-        } else {
-            let t = prog.fresh_local(a.lhs.prec.compute());
-            (t, vec![Stmt::SetLocal { local: t, value: combine(Expr::Local(t), value) }])
-        };
-        let start = if start_neutral { Expr::Const(neutral) } else { old };
-        let mut inner = guarded(rhs_guards, steps);
-        for v in red_vars.iter().rev() {
-            // Past the size every contribution is the neutral element: the loop may stop there.
-            let limit =
-                selects.iter().find(|(w, _)| w == v).map(|&(_, size)| Limit { size, per: 1 });
-            inner = vec![Stmt::For {
-                var: *v,
-                extent: extents[v],
-                limit,
-                parallel: false,
-                body: inner,
-            }];
-        }
-        let mut b = vec![Stmt::SetLocal { local: t, value: start }];
-        b.extend(inner);
-        b.push(Stmt::Set { node: id, idx: lhs_idx.clone(), value: Expr::Local(t) });
-        b
+        let t = prog.fresh_local(a.lhs.prec.compute());
+        (t, vec![Stmt::SetLocal { local: t, value: combine(a, Expr::Local(t), value) }])
     };
-    // Reading the lhs only at the cell being written (an optimizer's `w := w - lr·g`) keeps
-    // iterations independent; reading other cells of it does not.
-    let reads_other_cells = a.rhs.iter().zip(&rhs_idx).any(|(n, idx)| *n == id && *idx != lhs_idx);
-    let mut nest = guarded(lhs_guards, point_body);
-    for v in lhs_vars.iter().rev() {
-        let parallel = !reads_other_cells && sole(*v);
-        let limit = limits.get(v).copied();
-        nest = vec![Stmt::For { var: *v, extent: extents[v], limit, parallel, body: nest }];
+    let mut inner = guarded(red.guards, steps);
+    for v in red.vars.iter().rev() {
+        // Past the size every contribution is the neutral element: the loop may stop there.
+        let limit =
+            red.selects.iter().find(|(w, _)| w == v).map(|&(_, size)| Limit { size, per: 1 });
+        inner =
+            vec![Stmt::For { var: *v, extent: l.extents[v], limit, parallel: false, body: inner }];
     }
-    if !p.debug_info.is_empty() && p.debug_info != "identity" {
-        out.push(Stmt::Comment(format!("{} {}", a.lhs.label, p.debug_info)));
-    }
-    out.extend(nest);
-    Ok(())
+    let mut b = vec![Stmt::SetLocal { local: t, value: start }];
+    b.extend(inner);
+    b.push(Stmt::Set { node: a.lhs.id, idx: l.lhs_idx.clone(), value: Expr::Local(t) });
+    b
 }

@@ -204,29 +204,7 @@ pub fn get_inequalities(
         Logic::Einsum(..) => 0,
     });
     match logic {
-        Logic::Terminal(t) => {
-            if t.input_equals_output {
-                cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: cur.output.clone() });
-            }
-            let rows = || cur.memory_rows().into_iter().cloned().collect::<Vec<Row>>();
-            match &t.data {
-                TerminalData::Rows => {}
-                TerminalData::Values(n) => cs.push(Constraint::RowsConstr {
-                    rows: rows(),
-                    constr: RowConstraint::TotalElems {
-                        numerator: TotalElems::NumElems(*n),
-                        divided_by: vec![],
-                    },
-                }),
-                TerminalData::Exact(dims) => cs.push(Constraint::RowsConstr {
-                    rows: rows(),
-                    constr: RowConstraint::Exact(dims.iter().map(|&x| Dim::of(x)).collect()),
-                }),
-            }
-            for kind in Kind::ALL {
-                cs.push(Constraint::TerminalRow(cur.row(kind).clone()));
-            }
-        }
+        Logic::Terminal(t) => terminal_constraints(cur, t, cs),
         Logic::Pointwise(_) => {
             for a in args {
                 for kind in Kind::ALL {
@@ -244,106 +222,154 @@ pub fn get_inequalities(
                 }
             }
         }
-        Logic::Compose(..) | Logic::ComposeAccumulate(..) => {
-            let (a, b) = (args[0], args[1]);
-            cs.push(ineq(&a.input, &b.output));
-            cs.push(ineq(&cur.batch, &a.batch));
-            cs.push(ineq(&cur.batch, &b.batch));
-            cs.push(ineq(&cur.input, &b.input));
-            cs.push(ineq(&cur.output, &a.output));
-            if let Some(c) = args.get(2) {
-                for kind in Kind::ALL {
-                    cs.push(ineq(cur.row(kind), c.row(kind)));
-                }
-            }
-        }
+        Logic::Compose(..) | Logic::ComposeAccumulate(..) => compose_constraints(cur, args, cs),
         Logic::Transpose(_) => {
             let a = args[0];
             cs.push(ineq(&cur.batch, &a.batch));
             cs.push(ineq(&cur.input, &a.output));
             cs.push(ineq(&cur.output, &a.input));
         }
-        Logic::BatchSlice(_, index) => {
-            let a = args[0];
-            let s = vars.dim();
-            match index {
-                SliceIndex::Fixed(i) if *i > MAX_INDEX => {
-                    // Positions are `i64` and `i + 1` must still be a size.
-                    return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
-                        message: format!("batch slice index {i} is out of range for any axis"),
-                        ops: vec![],
-                        steps: vec![],
-                    })));
-                }
-                SliceIndex::Fixed(i) => {
-                    cs.push(Constraint::DimConstr {
-                        d: Dim::Var(s),
-                        constr: DimConstraint::AtLeast(i + 1),
-                    });
-                    d.proj_env.insert(s, AxisIndex::Fixed(*i as i64));
-                }
-                SliceIndex::Runtime(sym) => {
-                    d.proj_env.insert(s, AxisIndex::Iterator(*sym));
-                }
-            }
-            cs.push(Constraint::BatchSlice {
-                cur: cur.batch.clone(),
-                arg: a.batch.clone(),
-                slot: Dim::Var(s),
-            });
-            cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });
-            cs.push(Constraint::RowEq { r1: cur.output.clone(), r2: a.output.clone() });
-        }
+        Logic::BatchSlice(_, index) => batch_slice_constraints(cur, args[0], index, vars, &mut d)?,
         Logic::Reshape(_, rows) => {
             check_rows(rows).map_err(|e| ShapeError::Arity(format!("reshape: {e}")))?;
             *cs = reshape_constraints(cur, args[0], rows, vars);
         }
-        Logic::Einsum(spec, _) => {
-            if spec.operands.len() != args.len() {
-                return Err(ShapeError::Arity(format!(
-                    "einsum spec \"{}\" has {} operand(s) but the operation has {} argument(s)",
-                    spec.text,
-                    spec.operands.len(),
-                    args.len()
-                )));
-            }
-            let mut t = Templates {
-                vars,
-                labels: Vec::new(),
-                row_vars: Vec::new(),
-                padded: spec.padded,
-                extra: Vec::with_capacity(3 * (args.len() + 1) + 2),
-                proj_env: FxHashMap::default(),
-            };
-            for (pattern, a) in spec.operands.iter().zip(args) {
-                let rows = t.shape(pattern, a, None);
-                for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                    t.extra.push(Constraint::RowIneq {
-                        cur: Arc::new(tpl),
-                        subr: a.row(kind).clone(),
-                    });
-                }
-            }
-            let generative = Kind::ALL.map(|k| cur.row(k).num_fixed() == 0);
-            let rows = t.shape(&spec.result, cur, Some(generative));
-            for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
-                t.extra
-                    .push(Constraint::RowIneq { cur: cur.row(kind).clone(), subr: Arc::new(tpl) });
-            }
-            let mut labels: Vec<(String, DimVar)> =
-                t.labels.iter().map(|(l, v)| (l.to_string(), *v)).collect();
-            labels.sort();
-            d.labels = labels;
-            d.proj_env = t.proj_env;
-            d.template_rows = t.row_vars.iter().map(|(_, v)| *v).collect();
-            d.template_rows.sort();
-            d.kernel_dims = kernel_labels(spec)
-                .filter_map(|k| t.labels.iter().find(|(l, _)| *l == k).map(|(_, v)| *v))
-                .collect();
-            *cs = t.extra;
-        }
+        Logic::Einsum(spec, _) => einsum_derivation(cur, spec, args, vars, &mut d)?,
     }
     Ok(d)
+}
+
+/// A leaf: input equal to output when asked, the element count or exact axes of its data,
+/// and each row marked terminal.
+fn terminal_constraints(cur: &Shape, t: &Terminal, cs: &mut Vec<Constraint>) {
+    if t.input_equals_output {
+        cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: cur.output.clone() });
+    }
+    let rows = || cur.memory_rows().into_iter().cloned().collect::<Vec<Row>>();
+    match &t.data {
+        TerminalData::Rows => {}
+        TerminalData::Values(n) => cs.push(Constraint::RowsConstr {
+            rows: rows(),
+            constr: RowConstraint::TotalElems {
+                numerator: TotalElems::NumElems(*n),
+                divided_by: vec![],
+            },
+        }),
+        TerminalData::Exact(dims) => cs.push(Constraint::RowsConstr {
+            rows: rows(),
+            constr: RowConstraint::Exact(dims.iter().map(|&x| Dim::of(x)).collect()),
+        }),
+    }
+    for kind in Kind::ALL {
+        cs.push(Constraint::TerminalRow(cur.row(kind).clone()));
+    }
+}
+
+/// Compose (matrix product) `a · b`, and the accumulated `c` of compose-accumulate: `a`'s
+/// input meets `b`'s output; the result takes the batch of both, `b`'s input and `a`'s output.
+fn compose_constraints(cur: &Shape, args: &[&Shape], cs: &mut Vec<Constraint>) {
+    let (a, b) = (args[0], args[1]);
+    cs.push(ineq(&a.input, &b.output));
+    cs.push(ineq(&cur.batch, &a.batch));
+    cs.push(ineq(&cur.batch, &b.batch));
+    cs.push(ineq(&cur.input, &b.input));
+    cs.push(ineq(&cur.output, &a.output));
+    if let Some(c) = args.get(2) {
+        for kind in Kind::ALL {
+            cs.push(ineq(cur.row(kind), c.row(kind)));
+        }
+    }
+}
+
+/// A batch slice of `a` at `index`: a fresh slot dimension (at least `i + 1` for a fixed
+/// position, recorded for projections either way), input and output unchanged.
+fn batch_slice_constraints(
+    cur: &Shape,
+    a: &Shape,
+    index: &SliceIndex,
+    vars: &mut VarGen,
+    d: &mut Derivation,
+) -> Result<(), ShapeError> {
+    let s = vars.dim();
+    match index {
+        SliceIndex::Fixed(i) if *i > MAX_INDEX => {
+            // Positions are `i64` and `i + 1` must still be a size.
+            return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+                message: format!("batch slice index {i} is out of range for any axis"),
+                ops: vec![],
+                steps: vec![],
+            })));
+        }
+        SliceIndex::Fixed(i) => {
+            d.constraints.push(Constraint::DimConstr {
+                d: Dim::Var(s),
+                constr: DimConstraint::AtLeast(i + 1),
+            });
+            d.proj_env.insert(s, AxisIndex::Fixed(*i as i64));
+        }
+        SliceIndex::Runtime(sym) => {
+            d.proj_env.insert(s, AxisIndex::Iterator(*sym));
+        }
+    }
+    let cs = &mut d.constraints;
+    cs.push(Constraint::BatchSlice {
+        cur: cur.batch.clone(),
+        arg: a.batch.clone(),
+        slot: Dim::Var(s),
+    });
+    cs.push(Constraint::RowEq { r1: cur.input.clone(), r2: a.input.clone() });
+    cs.push(Constraint::RowEq { r1: cur.output.clone(), r2: a.output.clone() });
+    Ok(())
+}
+
+/// An einsum: template rows for every operand and the result, each tied to its shape by an
+/// inequality, and the labels, projection facts, template rows and kernel labels they bring.
+fn einsum_derivation(
+    cur: &Shape,
+    spec: &EinsumSpec,
+    args: &[&Shape],
+    vars: &mut VarGen,
+    d: &mut Derivation,
+) -> Result<(), ShapeError> {
+    if spec.operands.len() != args.len() {
+        return Err(ShapeError::Arity(format!(
+            "einsum spec \"{}\" has {} operand(s) but the operation has {} argument(s)",
+            spec.text,
+            spec.operands.len(),
+            args.len()
+        )));
+    }
+    let mut t = Templates {
+        vars,
+        labels: Vec::new(),
+        row_vars: Vec::new(),
+        padded: spec.padded,
+        extra: Vec::with_capacity(3 * (args.len() + 1) + 2),
+        proj_env: FxHashMap::default(),
+    };
+    for (pattern, a) in spec.operands.iter().zip(args) {
+        let rows = t.shape(pattern, a, None);
+        for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
+            t.extra.push(Constraint::RowIneq { cur: Arc::new(tpl), subr: a.row(kind).clone() });
+        }
+    }
+    let generative = Kind::ALL.map(|k| cur.row(k).num_fixed() == 0);
+    let rows = t.shape(&spec.result, cur, Some(generative));
+    for (kind, tpl) in Kind::ALL.into_iter().zip(rows) {
+        t.extra.push(Constraint::RowIneq { cur: cur.row(kind).clone(), subr: Arc::new(tpl) });
+    }
+    let mut labels: Vec<(String, DimVar)> =
+        t.labels.iter().map(|(l, v)| (l.to_string(), *v)).collect();
+    labels.sort();
+    d.labels = labels;
+    d.proj_env = t.proj_env;
+    d.template_rows = t.row_vars.iter().map(|(_, v)| *v).collect();
+    d.template_rows.sort();
+    d.kernel_dims = kernel_labels(spec)
+        .filter_map(|k| t.labels.iter().find(|(l, _)| *l == k).map(|(_, v)| *v))
+        .collect();
+    d.constraints = t.extra;
+    Ok(())
 }
 
 /// Builds the template rows of an einsum spec, sharing variables between operands. A spec

@@ -28,7 +28,7 @@ use crate::dim::{ConvDim, Dim, SolvedDim};
 use crate::env::RowEntry;
 use crate::error::{ShapeError, ShapeMismatch};
 use crate::inference::Inference;
-use crate::logic::{Logic, Shape, get_inequalities};
+use crate::logic::{Derivation, Logic, Shape, get_inequalities};
 use crate::row::Row;
 use crate::row_constraint::slot_then;
 use crate::solve::Solver;
@@ -279,8 +279,11 @@ struct Resolver<'s, 'a> {
     product: Vec<(Symbol, usize)>,
     /// For a concatenation operand: for each concatenated axis (by its parts' label variables),
     /// the part the operand fills.
-    fills: Vec<(Vec<Option<DimVar>>, usize)>,
+    fills: ConcatFills,
 }
+
+/// For each concatenated axis (by its parts' label variables), the part an operand fills.
+type ConcatFills = Vec<(Vec<Option<DimVar>>, usize)>;
 
 impl Resolver<'_, '_> {
     fn index_of(&mut self, node: usize, depth: usize) -> Result<AxisIndex, String> {
@@ -422,6 +425,9 @@ impl Inference {
         (0..n).map(|i| self.derive_for(step, Some(i), symbols)).collect()
     }
 
+    /// The projections of one step (of one operand of a concatenation): the step's constraints
+    /// re-derived over fresh projection ids, its template variables solved, the projection ids
+    /// linked into classes, and an index resolved for every axis.
     fn derive_for(
         &self,
         step: StepId,
@@ -441,25 +447,12 @@ impl Inference {
         let mut local = Solver::default();
         local.env.keep_padded_conv = true;
         // Only the result's name is used (in the projections' description).
-        let fresh = |sh: &Shape, local: &mut Solver, debug_name: String| {
-            let mut f = |d: &Dim| match d {
-                Dim::Solved(s) => {
-                    Dim::Solved(SolvedDim { proj_id: Some(local.vars.proj()), ..s.clone() })
-                }
-                other => other.clone(),
-            };
-            Shape {
-                batch: Arc::new(sh.batch.map_dims(&mut f)),
-                input: Arc::new(sh.input.map_dims(&mut f)),
-                output: Arc::new(sh.output.map_dims(&mut f)),
-                id: sh.id,
-                debug_name,
-            }
-        };
         let cur_shape = self.shape(cur_id);
-        let cur = fresh(cur_shape, &mut local, cur_shape.debug_name.clone());
-        let args: Vec<Shape> =
-            logic.arg_ids().map(|a| fresh(self.shape(a), &mut local, String::new())).collect();
+        let cur = fresh_proj_ids(cur_shape, &mut local, cur_shape.debug_name.clone());
+        let args: Vec<Shape> = logic
+            .arg_ids()
+            .map(|a| fresh_proj_ids(self.shape(a), &mut local, String::new()))
+            .collect();
         let arg_refs: Vec<&Shape> = args.iter().collect();
         let deriv = get_inequalities(&cur, &logic, &arg_refs, &mut local.vars)?;
         deriv.template_rows.iter().for_each(|v| local.mark_template_row(*v));
@@ -471,77 +464,21 @@ impl Inference {
         // Only template variables (einsum labels, row variables, slices) need solving: the
         // other constraints already relate known rows.
         if matches!(logic, Logic::Einsum(..) | Logic::BatchSlice(..)) {
-            let origin = Origin::step(step);
-            let mut pending: Vec<_> =
-                deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
-            // The labels take the sizes the whole graph solved them to. The closed shapes alone
-            // do not always determine them (the parts of a concatenation that nothing else sizes
-            // were closed with the graph's other variables), and a size is not a projection: it
-            // links no axes, so it cannot contaminate this step's projections.
-            for (label, v) in &deriv.labels {
-                if let Some(size) = self.label_size(step, label) {
-                    let eq = Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) };
-                    pending.push(eq.at(&origin));
-                }
-            }
-            for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
-                pending = local.solve(stage, pending).map_err(|c| self.report_local(c))?;
-            }
+            self.solve_template_vars(step, &deriv, &mut local)?;
         }
-        let mut ps = ProjSolver {
-            local: &local,
-            proj_env: &deriv.proj_env,
-            parent: Vec::with_capacity(32),
-            info: Vec::with_capacity(32),
-            by_proj: vec![NONE; local.vars.num_projs()],
-            by_var: vec![NONE; local.vars.num_dims()],
-        };
-        for c in &deriv.constraints {
-            let r = match c {
-                Constraint::DimEq { d1, d2 } => ps.link(d1, d2, false),
-                Constraint::DimIneq { cur, subr } => ps.link(cur, subr, true),
-                Constraint::RowEq { r1, r2 } => ps.link_rows(r1, r2, false),
-                Constraint::RowIneq { cur, subr } => ps.link_rows(cur, subr, true),
-                Constraint::BatchSlice { cur, arg, slot } => {
-                    ps.link_rows(&slot_then(slot, cur), arg, false)
-                }
-                _ => Ok(()),
-            };
-            r.map_err(&fail)?;
-        }
-        // Which part of each concatenated axis the operand fills (the spec says, by the order of
-        // the arguments naming each label: `a; a => a^a` fills the first part, then the second).
-        let mut fills = Vec::new();
-        if let (Some(i), Logic::Einsum(spec, _)) = (operand, &logic) {
-            for axis in spec.concat_fills().map_err(ShapeError::Spec)? {
-                let var = |l: &String| deriv.labels.iter().find(|(n, _)| n == l).map(|(_, v)| *v);
-                fills.push((axis.parts.iter().map(var).collect(), axis.fills[i]));
-            }
-        }
+        let mut ps = link_projections(&local, &deriv).map_err(&fail)?;
+        let fills = concat_fills_of(operand, &logic, &deriv)?;
         // Room for the index of every node so far, and of the few resolving may add.
         let index = vec![None; ps.parent.len() + 16];
         let mut res = Resolver { ps: &mut ps, symbols, index, product: vec![], fills };
-        let indices =
-            |sh: &Shape, res: &mut Resolver| -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
-                let mut dims = Vec::new();
-                let mut idx = Vec::new();
-                for r in sh.memory_rows() {
-                    for d in &r.dims {
-                        dims.push(d.size().ok_or("an axis of unknown size")?);
-                        let n = res.ps.node(d)?;
-                        idx.push(res.index_of(n, 0)?);
-                    }
-                }
-                Ok((dims, idx))
-            };
-        let (lhs_dims, project_lhs) = indices(&cur, &mut res).map_err(&fail)?;
+        let (lhs_dims, project_lhs) = shape_indices(&cur, &mut res).map_err(&fail)?;
         let mut rhs_dims = Vec::new();
         let mut project_rhs = Vec::new();
         for (i, a) in args.iter().enumerate() {
             if operand.is_some_and(|o| o != i) {
                 continue;
             }
-            let (d, p) = indices(a, &mut res).map_err(&fail)?;
+            let (d, p) = shape_indices(a, &mut res).map_err(&fail)?;
             rhs_dims.push(d);
             project_rhs.push(p);
         }
@@ -558,4 +495,109 @@ impl Inference {
             dynamic: vec![],
         })
     }
+
+    /// Solves the step's template variables (einsum labels, row variables, slices) in the
+    /// local solver, through every stage.
+    fn solve_template_vars(
+        &self,
+        step: StepId,
+        deriv: &Derivation,
+        local: &mut Solver,
+    ) -> Result<(), ShapeError> {
+        let origin = Origin::step(step);
+        let mut pending: Vec<_> =
+            deriv.constraints.iter().cloned().map(|c| c.at(&origin)).collect();
+        // The labels take the sizes the whole graph solved them to. The closed shapes alone
+        // do not always determine them (the parts of a concatenation that nothing else sizes
+        // were closed with the graph's other variables), and a size is not a projection: it
+        // links no axes, so it cannot contaminate this step's projections.
+        for (label, v) in &deriv.labels {
+            if let Some(size) = self.label_size(step, label) {
+                let eq = Constraint::DimEq { d1: Dim::Var(*v), d2: Dim::of(size) };
+                pending.push(eq.at(&origin));
+            }
+        }
+        for stage in std::iter::once(Stage::Online).chain(Stage::CLOSING) {
+            pending = local.solve(stage, pending).map_err(|c| self.report_local(c))?;
+        }
+        Ok(())
+    }
+}
+
+/// `sh` with a fresh projection id on every solved dimension, named `debug_name`.
+fn fresh_proj_ids(sh: &Shape, local: &mut Solver, debug_name: String) -> Shape {
+    let mut f = |d: &Dim| match d {
+        Dim::Solved(s) => Dim::Solved(SolvedDim { proj_id: Some(local.vars.proj()), ..s.clone() }),
+        other => other.clone(),
+    };
+    Shape {
+        batch: Arc::new(sh.batch.map_dims(&mut f)),
+        input: Arc::new(sh.input.map_dims(&mut f)),
+        output: Arc::new(sh.output.map_dims(&mut f)),
+        id: sh.id,
+        debug_name,
+    }
+}
+
+/// Links the projection ids that the step's equalities and inequalities relate.
+fn link_projections<'a>(
+    local: &'a Solver,
+    deriv: &'a Derivation,
+) -> Result<ProjSolver<'a>, String> {
+    let mut ps = ProjSolver {
+        local,
+        proj_env: &deriv.proj_env,
+        parent: Vec::with_capacity(32),
+        info: Vec::with_capacity(32),
+        by_proj: vec![NONE; local.vars.num_projs()],
+        by_var: vec![NONE; local.vars.num_dims()],
+    };
+    for c in &deriv.constraints {
+        match c {
+            Constraint::DimEq { d1, d2 } => ps.link(d1, d2, false),
+            Constraint::DimIneq { cur, subr } => ps.link(cur, subr, true),
+            Constraint::RowEq { r1, r2 } => ps.link_rows(r1, r2, false),
+            Constraint::RowIneq { cur, subr } => ps.link_rows(cur, subr, true),
+            Constraint::BatchSlice { cur, arg, slot } => {
+                ps.link_rows(&slot_then(slot, cur), arg, false)
+            }
+            _ => Ok(()),
+        }?;
+    }
+    Ok(ps)
+}
+
+/// Which part of each concatenated axis the operand fills (the spec says, by the order of the
+/// arguments naming each label: `a; a => a^a` fills the first part, then the second); empty
+/// unless `operand` is one of a concatenation's.
+fn concat_fills_of(
+    operand: Option<usize>,
+    logic: &Logic,
+    deriv: &Derivation,
+) -> Result<ConcatFills, ShapeError> {
+    let mut fills = Vec::new();
+    if let (Some(i), Logic::Einsum(spec, _)) = (operand, logic) {
+        for axis in spec.concat_fills().map_err(ShapeError::Spec)? {
+            let var = |l: &String| deriv.labels.iter().find(|(n, _)| n == l).map(|(_, v)| *v);
+            fills.push((axis.parts.iter().map(var).collect(), axis.fills[i]));
+        }
+    }
+    Ok(fills)
+}
+
+/// The sizes and resolved indices of a shape's axes, in memory order.
+fn shape_indices(
+    sh: &Shape,
+    res: &mut Resolver<'_, '_>,
+) -> Result<(Vec<usize>, Vec<AxisIndex>), String> {
+    let mut dims = Vec::new();
+    let mut idx = Vec::new();
+    for r in sh.memory_rows() {
+        for d in &r.dims {
+            dims.push(d.size().ok_or("an axis of unknown size")?);
+            let n = res.ps.node(d)?;
+            idx.push(res.index_of(n, 0)?);
+        }
+    }
+    Ok((dims, idx))
 }

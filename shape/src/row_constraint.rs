@@ -277,6 +277,8 @@ impl Solver {
         Ok(out)
     }
 
+    /// Applies `TotalElems`: resolves the numerator and the known divisors, then solves the
+    /// rows' unknown axes or row variable for the remaining element count (or waits).
     fn apply_total_elems(
         &mut self,
         rows: Vec<Row>,
@@ -284,12 +286,59 @@ impl Solver {
         divided_by: &[crate::var::DimVar],
         origin: &Origin,
     ) -> Derived {
-        let shown = || rows.iter().map(|r| format!("[{r}]")).collect::<Vec<_>>().join(" ");
-        // Resolve the numerator and the known divisors.
-        let mut num: Option<usize> = None;
-        let mut strided = None;
+        let (num, strided) = self.resolve_numerator(numerator, origin)?;
+        let Some((num, unknown_div)) = self.divide_known_divisors(num, divided_by, origin)? else {
+            let constr = RowConstraint::TotalElems {
+                numerator: numerator.clone(),
+                divided_by: divided_by.to_vec(),
+            };
+            self.defer(Constraint::RowsConstr { rows, constr }.at(origin));
+            return Ok(vec![]);
+        };
+        let (known, unknown) = known_product(&rows, unknown_div, origin)?;
+        let vars: Vec<(usize, RowVar)> =
+            rows.iter().enumerate().filter_map(|(i, r)| r.var().map(|v| (i, v))).collect();
+        let total = TotalElemsProblem { rows: &rows, numerator, divided_by, strided, origin };
+        let Some(n) = num else {
+            return self.solve_strided_var(&total, &vars, &unknown, known);
+        };
+        if known == 0 && n == 0 {
+            // No elements: an axis of 0 already accounts for them, whatever the other axes are.
+            return Ok(vec![]);
+        }
+        if known == 0 || n % known != 0 {
+            return Err(conflict(
+                format!(
+                    "{} cannot hold {n} elements: the known axes already give {known}",
+                    total.shown()
+                ),
+                origin,
+            ));
+        }
+        let m = n / known;
+        if vars.is_empty() {
+            return self.solve_unknown_axes(&total, &unknown, known, n, m);
+        }
+        if let Some(v) = single_var(&vars) {
+            if unknown.is_empty() {
+                return self.solve_single_row_var(&total, v, &vars, n, m);
+            }
+        } else if self.stage >= Stage::RowConstraints {
+            return self.keep_output_var_only(&rows, &vars, total.pending(Some(n)), origin);
+        }
+        self.defer(total.pending(Some(n)).at(origin));
+        Ok(vec![])
+    }
+
+    /// The numerator of `TotalElems` as a number when it is known, or else its strided form
+    /// `(coeff, var, denom)` with `var` still unknown.
+    fn resolve_numerator(
+        &mut self,
+        numerator: &TotalElems,
+        origin: &Origin,
+    ) -> Result<(Option<usize>, Option<Strided>), Conflict> {
         match numerator {
-            TotalElems::NumElems(n) => num = Some(*n),
+            TotalElems::NumElems(n) => Ok((Some(*n), None)),
             TotalElems::StridedVar { coeff, var, denom } => {
                 match self.env.subst_dim(&Dim::Var(*var)).size() {
                     Some(x) => {
@@ -300,172 +349,222 @@ impl Solver {
                                 origin,
                             ));
                         }
-                        num = Some(total / denom);
+                        Ok((Some(total / denom), None))
                     }
-                    None => strided = Some((*coeff, *var, *denom)),
+                    None => Ok((None, Some((*coeff, *var, *denom)))),
                 }
             }
         }
+    }
+
+    /// Divides the numerator by the divisors already known, returning it with the divisors
+    /// still unknown; `None` when a divisor is known but the numerator is not (the constraint
+    /// then waits as it is).
+    fn divide_known_divisors(
+        &mut self,
+        mut num: Option<usize>,
+        divided_by: &[crate::var::DimVar],
+        origin: &Origin,
+    ) -> Result<Option<Divided>, Conflict> {
         let mut unknown_div = Vec::new();
         for v in divided_by {
             match self.env.subst_dim(&Dim::Var(*v)) {
                 d if d.size().is_some() => {
                     let s = d.size().unwrap_or(1);
-                    if let Some(n) = &mut num {
-                        if s == 0 || *n % s != 0 {
-                            return Err(conflict(
-                                format!("{n} elements cannot be divided by {s}"),
-                                origin,
-                            ));
-                        }
-                        *n /= s;
-                    } else {
-                        self.defer(
-                            Constraint::RowsConstr {
-                                rows: rows.clone(),
-                                constr: RowConstraint::TotalElems {
-                                    numerator: numerator.clone(),
-                                    divided_by: divided_by.to_vec(),
-                                },
-                            }
-                            .at(origin),
-                        );
-                        return Ok(vec![]);
+                    let Some(n) = &mut num else { return Ok(None) };
+                    if s == 0 || *n % s != 0 {
+                        return Err(conflict(
+                            format!("{n} elements cannot be divided by {s}"),
+                            origin,
+                        ));
                     }
+                    *n /= s;
                 }
                 d => unknown_div.push(d),
             }
         }
-        // The known product and the unknown axes of the rows.
-        let mut known = 1usize;
-        let mut unknown: Vec<Dim> = unknown_div;
-        for r in &rows {
-            for d in r.all_dims() {
-                match d.size() {
-                    Some(s) => known = known.checked_mul(s).ok_or_else(|| too_many(origin))?,
-                    None => unknown.push(d),
+        Ok(Some((num, unknown_div)))
+    }
+
+    /// `coeff * var / denom = known` with everything else known: solves for `var`, or waits.
+    fn solve_strided_var(
+        &mut self,
+        total: &TotalElemsProblem<'_>,
+        vars: &[(usize, RowVar)],
+        unknown: &[Dim],
+        known: usize,
+    ) -> Derived {
+        let origin = total.origin;
+        let (coeff, var, denom) = total.strided.expect("numerator is either known or strided");
+        if vars.is_empty() && unknown.is_empty() {
+            let scaled = known.checked_mul(denom).ok_or_else(|| too_many(origin))?;
+            if scaled % coeff != 0 {
+                return Err(conflict(
+                    format!(
+                        "{} holds {known} elements, not a multiple of {coeff}/{denom}",
+                        total.shown()
+                    ),
+                    origin,
+                ));
+            }
+            return Ok(vec![
+                Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(scaled / coeff) }.at(origin),
+            ]);
+        }
+        self.defer(total.pending(None).at(origin));
+        Ok(vec![])
+    }
+
+    /// No row variable: the unknown axes hold the `m` elements beyond the known `known` of
+    /// `n` (one axis: exactly `m`; several: all 1 when `m` is 1, else wait).
+    fn solve_unknown_axes(
+        &mut self,
+        total: &TotalElemsProblem<'_>,
+        unknown: &[Dim],
+        known: usize,
+        n: usize,
+        m: usize,
+    ) -> Derived {
+        let origin = total.origin;
+        match unknown {
+            [] if m == 1 => Ok(vec![]),
+            [] => {
+                Err(conflict(format!("{} holds {known} elements, not {n}", total.shown()), origin))
+            }
+            [d] => Ok(vec![Constraint::DimEq { d1: d.clone(), d2: Dim::of(m) }.at(origin)]),
+            ds if m == 1 => Ok(ds
+                .iter()
+                .map(|d| Constraint::DimEq { d1: d.clone(), d2: Dim::of(1) }.at(origin))
+                .collect()),
+            _ => {
+                self.defer(total.pending(Some(n)).at(origin));
+                Ok(vec![])
+            }
+        }
+    }
+
+    /// One row variable and no other unknown axis: its axes hold the rest of the elements;
+    /// when it occurs in k rows (a square map's input and output), each occurrence holds the
+    /// k-th root. The reduced constraint is recorded for closing, and closes it from stage 5 on.
+    fn solve_single_row_var(
+        &mut self,
+        total: &TotalElemsProblem<'_>,
+        v: RowVar,
+        vars: &[(usize, RowVar)],
+        n: usize,
+        m: usize,
+    ) -> Derived {
+        let origin = total.origin;
+        let Some(m) = exact_root(m, vars.len()) else {
+            return Err(conflict(
+                format!(
+                    "{} cannot hold {n} elements: its row variable occurs {} times, and \
+                     {m} is no such power of a whole number",
+                    total.shown(),
+                    vars.len()
+                ),
+                origin,
+            ));
+        };
+        self.record_reduced_total(v, m, origin)?;
+        if self.stage >= Stage::RowConstraints {
+            let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
+            return self.bind_row(v, Row::fixed(value, total.rows[vars[0].0].id), origin);
+        }
+        self.defer(total.pending(Some(n)).at(origin));
+        Ok(vec![])
+    }
+
+    /// Records `TotalElems(m)` on row variable `v`'s entry; a different count already there is
+    /// a conflict (recording one over the other would alternate forever).
+    fn record_reduced_total(
+        &mut self,
+        v: RowVar,
+        m: usize,
+        origin: &Origin,
+    ) -> Result<(), Conflict> {
+        let reduced =
+            RowConstraint::TotalElems { numerator: TotalElems::NumElems(m), divided_by: vec![] };
+        match &self.env.row_bounds(v).constr {
+            Some((c, _)) if *c == reduced => {}
+            Some((RowConstraint::TotalElems { numerator: TotalElems::NumElems(m0), .. }, o)) => {
+                return Err(conflict(
+                    format!(
+                        "the axes of row variable {v} would have to hold both {m0} and \
+                         {m} elements"
+                    ),
+                    &o.join(origin),
+                ));
+            }
+            _ => {
+                if let Some(b) = self.env.row_bounds_mut(v) {
+                    b.constr = Some((reduced, origin.clone()));
                 }
             }
         }
-        let vars: Vec<(usize, RowVar)> =
-            rows.iter().enumerate().filter_map(|(i, r)| r.var().map(|v| (i, v))).collect();
-        let pending = |num: Option<usize>| Constraint::RowsConstr {
-            rows: rows.clone(),
+        Ok(())
+    }
+}
+
+/// A numerator `coeff * var / denom` whose variable is still unknown.
+type Strided = (usize, crate::var::DimVar, usize);
+
+/// The numerator divided by the known divisors (when it is known), and the divisors not known
+/// yet.
+type Divided = (Option<usize>, Vec<Dim>);
+
+/// A `TotalElems` constraint being applied: its rows and original form (to wait with), and
+/// the strided numerator when that is still unknown.
+struct TotalElemsProblem<'a> {
+    rows: &'a [Row],
+    numerator: &'a TotalElems,
+    divided_by: &'a [crate::var::DimVar],
+    strided: Option<Strided>,
+    origin: &'a Origin,
+}
+
+impl TotalElemsProblem<'_> {
+    /// The rows, as error messages show them.
+    fn shown(&self) -> String {
+        self.rows.iter().map(|r| format!("[{r}]")).collect::<Vec<_>>().join(" ")
+    }
+
+    /// The constraint to wait with, its numerator reduced to `num` when that is known.
+    fn pending(&self, num: Option<usize>) -> Constraint {
+        Constraint::RowsConstr {
+            rows: self.rows.to_vec(),
             constr: RowConstraint::TotalElems {
-                numerator: match (num, strided) {
+                numerator: match (num, self.strided) {
                     (Some(n), _) => TotalElems::NumElems(n),
                     (None, Some((coeff, var, denom))) => {
                         TotalElems::StridedVar { coeff, var, denom }
                     }
-                    (None, None) => numerator.clone(),
+                    (None, None) => self.numerator.clone(),
                 },
-                divided_by: divided_by.to_vec(),
+                divided_by: self.divided_by.to_vec(),
             },
-        };
-        let Some(n) = num else {
-            // coeff * var / denom = known (everything else known): solve for var.
-            let (coeff, var, denom) = strided.expect("numerator is either known or strided");
-            if vars.is_empty() && unknown.is_empty() {
-                let scaled = known.checked_mul(denom).ok_or_else(|| too_many(origin))?;
-                if scaled % coeff != 0 {
-                    return Err(conflict(
-                        format!(
-                            "{} holds {known} elements, not a multiple of {coeff}/{denom}",
-                            shown()
-                        ),
-                        origin,
-                    ));
-                }
-                return Ok(vec![
-                    Constraint::DimEq { d1: Dim::Var(var), d2: Dim::of(scaled / coeff) }.at(origin),
-                ]);
-            }
-            self.defer(pending(None).at(origin));
-            return Ok(vec![]);
-        };
-        if known == 0 && n == 0 {
-            // No elements: an axis of 0 already accounts for them, whatever the other axes are.
-            return Ok(vec![]);
         }
-        if known == 0 || n % known != 0 {
-            return Err(conflict(
-                format!(
-                    "{} cannot hold {n} elements: the known axes already give {known}",
-                    shown()
-                ),
-                origin,
-            ));
-        }
-        let m = n / known;
-        if vars.is_empty() {
-            return match unknown.as_slice() {
-                [] if m == 1 => Ok(vec![]),
-                [] => Err(conflict(format!("{} holds {known} elements, not {n}", shown()), origin)),
-                [d] => Ok(vec![Constraint::DimEq { d1: d.clone(), d2: Dim::of(m) }.at(origin)]),
-                ds if m == 1 => Ok(ds
-                    .iter()
-                    .map(|d| Constraint::DimEq { d1: d.clone(), d2: Dim::of(1) }.at(origin))
-                    .collect()),
-                _ => {
-                    self.defer(pending(Some(n)).at(origin));
-                    Ok(vec![])
-                }
-            };
-        }
-        if let Some(v) = single_var(&vars) {
-            if unknown.is_empty() {
-                // The row variable's axes hold the rest of the elements; when it occurs in k
-                // rows (a square map's input and output), each occurrence holds the k-th root.
-                let Some(m) = exact_root(m, vars.len()) else {
-                    return Err(conflict(
-                        format!(
-                            "{} cannot hold {n} elements: its row variable occurs {} times, and \
-                             {m} is no such power of a whole number",
-                            shown(),
-                            vars.len()
-                        ),
-                        origin,
-                    ));
-                };
-                let (i, v) = (&vars[0].0, &v);
-                // Record the reduced constraint for closing, and close it from stage 5 on.
-                let reduced = RowConstraint::TotalElems {
-                    numerator: TotalElems::NumElems(m),
-                    divided_by: vec![],
-                };
-                match &self.env.row_bounds(*v).constr {
-                    Some((c, _)) if *c == reduced => {}
-                    Some((
-                        RowConstraint::TotalElems { numerator: TotalElems::NumElems(m0), .. },
-                        o,
-                    )) => {
-                        // Two element counts for the same axes: they must agree (recording one
-                        // over the other would alternate forever).
-                        return Err(conflict(
-                            format!(
-                                "the axes of row variable {v} would have to hold both {m0} and \
-                                 {m} elements"
-                            ),
-                            &o.join(origin),
-                        ));
-                    }
-                    _ => {
-                        if let Some(b) = self.env.row_bounds_mut(*v) {
-                            b.constr = Some((reduced, origin.clone()));
-                        }
-                    }
-                }
-                if self.stage >= Stage::RowConstraints {
-                    let value = if m == 1 { vec![] } else { vec![Dim::of(m)] };
-                    return self.bind_row(*v, Row::fixed(value, rows[*i].id), origin);
-                }
-            }
-        } else if self.stage >= Stage::RowConstraints {
-            return self.keep_output_var_only(&rows, &vars, pending(Some(n)), origin);
-        }
-        self.defer(pending(Some(n)).at(origin));
-        Ok(vec![])
     }
+}
+
+/// The product of the rows' known axes, and their unknown axes after `unknown_div` (the
+/// divisors not known yet).
+fn known_product(
+    rows: &[Row],
+    unknown_div: Vec<Dim>,
+    origin: &Origin,
+) -> Result<(usize, Vec<Dim>), Conflict> {
+    let mut known = 1usize;
+    let mut unknown = unknown_div;
+    for r in rows {
+        for d in r.all_dims() {
+            match d.size() {
+                Some(s) => known = known.checked_mul(s).ok_or_else(|| too_many(origin))?,
+                None => unknown.push(d),
+            }
+        }
+    }
+    Ok((known, unknown))
 }
 
 /// The row variable of `vars`, when they are all the same one (occurring once or more).

@@ -121,74 +121,69 @@ fn init_of(init: &Option<DocInit>) -> Init {
     }
 }
 
+/// The operation `op` of the arguments' tensors `a` (with the einsum spec's text and the batch
+/// slice's index where the operation takes them).
+fn apply_op(
+    op: &str,
+    a: &[Tensor],
+    spec_text: &str,
+    index: Option<usize>,
+) -> Result<Tensor, CliError> {
+    let rest: Vec<&Tensor> = a.iter().skip(1).collect();
+    Ok(match op {
+        "add" => &a[0] + &a[1],
+        "sub" => &a[0] - &a[1],
+        "pointmul" => a[0].pointmul(&a[1]),
+        "div" => &a[0] / &a[1],
+        "pow" => a[0].pow(&a[1]),
+        "max" => a[0].max(&a[1]),
+        "min" => a[0].min(&a[1]),
+        "lt" => a[0].lt(&a[1]),
+        "eq" => a[0].eq(&a[1]),
+        "ne" => a[0].ne(&a[1]),
+        "neg" => -&a[0],
+        "relu" => a[0].relu(),
+        "exp" => a[0].exp(),
+        "log" => a[0].log(),
+        "sqrt" => a[0].sqrt(),
+        "tanh" => a[0].tanh(),
+        "sigmoid" => a[0].sigmoid(),
+        "sin" => a[0].sin(),
+        "cos" => a[0].cos(),
+        "recip" => a[0].recip(),
+        "abs" => a[0].abs(),
+        "not" => a[0].not(),
+        "where" => Tensor::where_(&a[0], &a[1], &a[2]),
+        "fma" => a[0].fma(&a[1], &a[2]),
+        "matmul" => a[0].matmul(&a[1]),
+        "transpose" => a[0].transpose(),
+        "einsum" => a[0].einsum(spec_text, &a[1]),
+        "einsum1" => a[0].einsum1(spec_text),
+        "einmax1" => a[0].einmax1(spec_text),
+        "tropical" => a[0].tropical(spec_text, &a[1]),
+        "concat" => a[0].concat(spec_text, &rest),
+        "batch_slice" => a[0].batch_slice(index.unwrap_or(0)),
+        other => return input_err(format!("unknown op \"{other}\"")),
+    })
+}
+
 fn rows(r: &Rows) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
     let f = |x: &Option<Vec<usize>>| x.clone().unwrap_or_default();
     (f(&r.batch), f(&r.input), f(&r.output))
 }
 
 impl Builder {
+    /// The tensor of an expression node: an earlier named node, a param (shared by name), a
+    /// leaf, or an operation of its arguments' tensors.
     fn expr(&mut self, e: &Expr) -> Result<Tensor, CliError> {
-        let g = self.graph.clone();
         match e {
-            Expr::Ref(r) => {
-                if let Some(&k) = self.node_index.get(r) {
-                    return Ok(self.nodes[k].1.clone());
-                }
-                if self.param_index.contains_key(r) {
-                    return input_err(format!(
-                        "ref \"{r}\" names a param: params are shared by their own name"
-                    ));
-                }
-                if self.open.contains(r) {
-                    return input_err(format!("ref \"{r}\" names a node that is not complete yet"));
-                }
-                input_err(format!("ref \"{r}\" names no earlier node"))
-            }
+            Expr::Ref(r) => self.reference(r),
             Expr::Leaf { leaf: Leaf::Param { name, rows, init }, .. } => {
-                if let Some((_, t, rows0, init0)) =
-                    self.param_index.get(name).map(|&k| &self.params[k])
-                {
-                    // A later occurrence that omits a row says nothing about it; one that
-                    // gives the batch row must repeat the first occurrence's, where an omitted
-                    // batch row is the empty row (not an inferred one): `"batch": []` repeats
-                    // an occurrence that omitted it.
-                    let batch0 = Some(rows0.batch.clone().unwrap_or_default());
-                    let pairs = [
-                        (&rows.batch, &batch0),
-                        (&rows.input, &rows0.input),
-                        (&rows.output, &rows0.output),
-                    ];
-                    let rows_ok = pairs.iter().all(|(r, r0)| r.is_none() || r == r0);
-                    let init_ok = init.is_none() || init == init0;
-                    if !rows_ok || !init_ok {
-                        return input_err(format!(
-                            "param {name} is defined twice with different {}",
-                            if rows_ok { "init" } else { "rows" }
-                        ));
-                    }
-                    return Ok(t.clone());
-                }
-                if self.node_index.contains_key(name) {
-                    return input_err(format!("the name \"{name}\" is used by a node and a param"));
-                }
-                let decl = |r: &Option<Vec<usize>>, inferred: RowDecl| match r {
-                    Some(d) => RowDecl::Given(d.clone()),
-                    None => inferred,
-                };
-                let spec = ParamSpec {
-                    batch: decl(&rows.batch, RowDecl::Given(vec![])),
-                    input: decl(&rows.input, RowDecl::Inferred),
-                    output: decl(&rows.output, RowDecl::Inferred),
-                    init: init_of(init),
-                    weight_decay: true,
-                };
-                let t = g.param_with(name, spec);
-                self.param_index.insert(name.clone(), self.params.len());
-                self.params.push((name.clone(), t.clone(), rows.clone(), init.clone()));
-                Ok(t)
+                self.param(name, rows, init)
             }
             Expr::Leaf { leaf, name } => {
                 self.check_new_name(name)?;
+                let g = self.graph.clone();
                 let t = match leaf {
                     Leaf::Number(x) => g.number(*x),
                     Leaf::Range(n) => g.range(*n),
@@ -214,45 +209,75 @@ impl Builder {
                     self.open.pop();
                 }
                 let spec_text = spec.as_ref().map(|s| s.text.clone()).unwrap_or_default();
-                let rest: Vec<&Tensor> = a.iter().skip(1).collect();
-                let t = match op.as_str() {
-                    "add" => &a[0] + &a[1],
-                    "sub" => &a[0] - &a[1],
-                    "pointmul" => a[0].pointmul(&a[1]),
-                    "div" => &a[0] / &a[1],
-                    "pow" => a[0].pow(&a[1]),
-                    "max" => a[0].max(&a[1]),
-                    "min" => a[0].min(&a[1]),
-                    "lt" => a[0].lt(&a[1]),
-                    "eq" => a[0].eq(&a[1]),
-                    "ne" => a[0].ne(&a[1]),
-                    "neg" => -&a[0],
-                    "relu" => a[0].relu(),
-                    "exp" => a[0].exp(),
-                    "log" => a[0].log(),
-                    "sqrt" => a[0].sqrt(),
-                    "tanh" => a[0].tanh(),
-                    "sigmoid" => a[0].sigmoid(),
-                    "sin" => a[0].sin(),
-                    "cos" => a[0].cos(),
-                    "recip" => a[0].recip(),
-                    "abs" => a[0].abs(),
-                    "not" => a[0].not(),
-                    "where" => Tensor::where_(&a[0], &a[1], &a[2]),
-                    "fma" => a[0].fma(&a[1], &a[2]),
-                    "matmul" => a[0].matmul(&a[1]),
-                    "transpose" => a[0].transpose(),
-                    "einsum" => a[0].einsum(&spec_text, &a[1]),
-                    "einsum1" => a[0].einsum1(&spec_text),
-                    "einmax1" => a[0].einmax1(&spec_text),
-                    "tropical" => a[0].tropical(&spec_text, &a[1]),
-                    "concat" => a[0].concat(&spec_text, &rest),
-                    "batch_slice" => a[0].batch_slice(index.unwrap_or(0)),
-                    other => return input_err(format!("unknown op \"{other}\"")),
-                };
+                let t = apply_op(op, &a, &spec_text, *index)?;
                 Ok(self.finish_node(name, t))
             }
         }
+    }
+
+    /// The tensor of an earlier complete node named `r`.
+    fn reference(&self, r: &str) -> Result<Tensor, CliError> {
+        if let Some(&k) = self.node_index.get(r) {
+            return Ok(self.nodes[k].1.clone());
+        }
+        if self.param_index.contains_key(r) {
+            return input_err(format!(
+                "ref \"{r}\" names a param: params are shared by their own name"
+            ));
+        }
+        if self.open.iter().any(|n| n == r) {
+            return input_err(format!("ref \"{r}\" names a node that is not complete yet"));
+        }
+        input_err(format!("ref \"{r}\" names no earlier node"))
+    }
+
+    /// The param `name`: made at its first occurrence, shared by later ones (which must agree
+    /// with it on the rows and init they give).
+    fn param(
+        &mut self,
+        name: &str,
+        rows: &Rows,
+        init: &Option<DocInit>,
+    ) -> Result<Tensor, CliError> {
+        if let Some((_, t, rows0, init0)) = self.param_index.get(name).map(|&k| &self.params[k]) {
+            // A later occurrence that omits a row says nothing about it; one that
+            // gives the batch row must repeat the first occurrence's, where an omitted
+            // batch row is the empty row (not an inferred one): `"batch": []` repeats
+            // an occurrence that omitted it.
+            let batch0 = Some(rows0.batch.clone().unwrap_or_default());
+            let pairs = [
+                (&rows.batch, &batch0),
+                (&rows.input, &rows0.input),
+                (&rows.output, &rows0.output),
+            ];
+            let rows_ok = pairs.iter().all(|(r, r0)| r.is_none() || r == r0);
+            let init_ok = init.is_none() || init == init0;
+            if !rows_ok || !init_ok {
+                return input_err(format!(
+                    "param {name} is defined twice with different {}",
+                    if rows_ok { "init" } else { "rows" }
+                ));
+            }
+            return Ok(t.clone());
+        }
+        if self.node_index.contains_key(name) {
+            return input_err(format!("the name \"{name}\" is used by a node and a param"));
+        }
+        let decl = |r: &Option<Vec<usize>>, inferred: RowDecl| match r {
+            Some(d) => RowDecl::Given(d.clone()),
+            None => inferred,
+        };
+        let spec = ParamSpec {
+            batch: decl(&rows.batch, RowDecl::Given(vec![])),
+            input: decl(&rows.input, RowDecl::Inferred),
+            output: decl(&rows.output, RowDecl::Inferred),
+            init: init_of(init),
+            weight_decay: true,
+        };
+        let t = self.graph.clone().param_with(name, spec);
+        self.param_index.insert(name.to_string(), self.params.len());
+        self.params.push((name.to_string(), t.clone(), rows.clone(), init.clone()));
+        Ok(t)
     }
 
     fn check_new_name(&self, name: &Option<String>) -> Result<(), CliError> {

@@ -111,58 +111,11 @@ pub(crate) fn mark(
             if per_argument { vec![&args[k]] } else { args.iter().collect() };
         // Which iterators are dynamic, from the arguments' dynamic axes (and the result's first
         // axis for an operation that gives it a dynamic size).
-        let mut dynamic: Vec<(Symbol, DynDim)> = Vec::new();
-        let mut seeded = None;
-        if let Some(d) = seed {
-            match (p.project_lhs.first(), p.lhs_dims.first()) {
-                (Some(AxisIndex::Iterator(s)), Some(&size)) if size == d.max => {
-                    dynamic.push((*s, d.clone()));
-                    seeded = Some(*s);
-                }
-                _ => {
-                    let first = p.lhs_dims.first().map_or("none".to_string(), |s| s.to_string());
-                    return Err(conflict(
-                        d,
-                        op,
-                        format!(
-                            "the first axis of '{result}' must have size {}, not {first}",
-                            d.max
-                        ),
-                    ));
-                }
-            }
-        }
-        for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
-            for (axis, (d, i)) in a.axes.iter().zip(idx).enumerate() {
-                let Some(d) = d else { continue };
-                let AxisIndex::Iterator(s) = i else {
-                    return Err(conflict(
-                        d,
-                        op,
-                        format!(
-                            "axis {axis} of '{}' is addressed as `{i}` (a fixed position, a \
-                             convolution or a concatenation), which needs its size when compiling",
-                            a.label
-                        ),
-                    ));
-                };
-                match dynamic.iter().find(|(t, _)| t == s) {
-                    Some((_, other)) if other != d => {
-                        return Err(conflict(
-                            d,
-                            op,
-                            format!(
-                                "axis {axis} of '{}' is iterated together with the dynamic size \
-                                 `{other}`; two dynamic sizes must not meet",
-                                a.label
-                            ),
-                        ));
-                    }
-                    Some(_) => {}
-                    None => dynamic.push((*s, d.clone())),
-                }
-            }
-        }
+        let (mut dynamic, seeded) = match seed {
+            Some(d) => seed_iterator(op, result, p, d)?,
+            None => (Vec::new(), None),
+        };
+        arg_iterators(op, &rhs_args, p, &mut dynamic)?;
         // Every axis a dynamic iterator reaches must be dynamic too (or broadcast, size 1).
         for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
             for (axis, i) in idx.iter().enumerate() {
@@ -175,16 +128,105 @@ pub(crate) fn mark(
                 })?;
             }
         }
+        let lhs = ResultAxes { op, result, out: &mut out, fixed: &mut lhs_fixed };
+        lhs.mark(p, &dynamic)?;
+        p.dynamic = dynamic.iter().map(|(s, d)| (*s, d.symbol)).collect();
+    }
+    Ok(out)
+}
+
+/// The dynamic iterators of a projection and their sizes.
+type DynIters = Vec<(Symbol, DynDim)>;
+
+/// The iterator of the result's first axis, dynamic of size `d` (an operation that gives its
+/// result a dynamic size); an error unless that axis is an iterator of `d`'s maximum size.
+fn seed_iterator(
+    op: &str,
+    result: &str,
+    p: &Projections,
+    d: &DynDim,
+) -> Result<(DynIters, Option<Symbol>)> {
+    match (p.project_lhs.first(), p.lhs_dims.first()) {
+        (Some(AxisIndex::Iterator(s)), Some(&size)) if size == d.max => {
+            Ok((vec![(*s, d.clone())], Some(*s)))
+        }
+        _ => {
+            let first = p.lhs_dims.first().map_or("none".to_string(), |s| s.to_string());
+            Err(conflict(
+                d,
+                op,
+                format!("the first axis of '{result}' must have size {}, not {first}", d.max),
+            ))
+        }
+    }
+}
+
+/// Adds the iterators of the arguments' dynamic axes to `dynamic`: each must be a plain
+/// iterator, and one iterator takes one dynamic size.
+fn arg_iterators(
+    op: &str,
+    rhs_args: &[&ArgAxes],
+    p: &Projections,
+    dynamic: &mut DynIters,
+) -> Result<()> {
+    for (a, idx) in rhs_args.iter().zip(&p.project_rhs) {
+        for (axis, (d, i)) in a.axes.iter().zip(idx).enumerate() {
+            let Some(d) = d else { continue };
+            let AxisIndex::Iterator(s) = i else {
+                return Err(conflict(
+                    d,
+                    op,
+                    format!(
+                        "axis {axis} of '{}' is addressed as `{i}` (a fixed position, a \
+                         convolution or a concatenation), which needs its size when compiling",
+                        a.label
+                    ),
+                ));
+            };
+            match dynamic.iter().find(|(t, _)| t == s) {
+                Some((_, other)) if other != d => {
+                    return Err(conflict(
+                        d,
+                        op,
+                        format!(
+                            "axis {axis} of '{}' is iterated together with the dynamic size \
+                             `{other}`; two dynamic sizes must not meet",
+                            a.label
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => dynamic.push((*s, d.clone())),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The dynamic axes of an operation's result as its projections are marked one by one, and
+/// which axes a projection has already made fixed (larger than 1, not dynamic).
+struct ResultAxes<'a> {
+    op: &'a str,
+    result: &'a str,
+    out: &'a mut DynAxes,
+    fixed: &'a mut [bool],
+}
+
+impl ResultAxes<'_> {
+    /// Marks the result axes one projection's dynamic iterators reach; a fixed axis and a
+    /// dynamic one (or two dynamic sizes) must not meet on one axis.
+    fn mark(self, p: &Projections, dynamic: &[(Symbol, DynDim)]) -> Result<()> {
+        let (op, result) = (self.op, self.result);
         for (axis, i) in p.project_lhs.iter().enumerate() {
             let reached =
                 dynamic.iter().find(|(s, _)| matches!(i, AxisIndex::Iterator(t) if t == s));
             match reached {
                 Some((_, d)) => {
-                    if lhs_fixed[axis] {
+                    if self.fixed[axis] {
                         return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
                     }
                     // Parts of a concatenation fill one result axis: one dynamic size for all.
-                    if let Some(prev) = out[axis].as_ref().filter(|prev| *prev != d) {
+                    if let Some(prev) = self.out[axis].as_ref().filter(|prev| *prev != d) {
                         return Err(conflict(
                             d,
                             op,
@@ -194,22 +236,21 @@ pub(crate) fn mark(
                             ),
                         ));
                     }
-                    out[axis] = Some(d.clone());
+                    self.out[axis] = Some(d.clone());
                 }
                 None => {
-                    check_reach(op, &dynamic, i, None, || format!("axis {axis} of '{result}'"))?;
-                    if let Some(d) = &out[axis]
+                    check_reach(op, dynamic, i, None, || format!("axis {axis} of '{result}'"))?;
+                    if let Some(d) = &self.out[axis]
                         && p.lhs_dims[axis] > 1
                     {
                         return Err(fixed_meets(d, op, &format!("axis {axis} of '{result}'")));
                     }
-                    lhs_fixed[axis] = p.lhs_dims[axis] > 1;
+                    self.fixed[axis] = p.lhs_dims[axis] > 1;
                 }
             }
         }
-        p.dynamic = dynamic.iter().map(|(s, d)| (*s, d.symbol)).collect();
+        Ok(())
     }
-    Ok(out)
 }
 
 /// Checks one index against the dynamic iterators: an axis indexed by a dynamic iterator must

@@ -34,7 +34,7 @@ use super::device_pool::{Block, CachingPool, PoolStats};
 use super::kernel_ir::{self, KCond, KStmt, Kernel, SHARED_LIMIT};
 use super::{Backend, BackendKind, BuildReport, BuildRequest, Compiled};
 use crate::error::Error;
-use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
+use crate::low_level::{Expr, IdxVar, Index, LocalId, Program, Stmt, Var};
 use crate::ndarray::NdArray;
 use crate::ops::{Prec, uniform};
 use crate::tnode::{NodeId, TensorNode};
@@ -410,42 +410,13 @@ impl Launch<'_> {
                         th.vars.set(*var, i64::from(th.tid));
                     }
                 }
-                KStmt::ExitUnless(c) => {
-                    for &t in &now {
-                        let go = match c {
-                            KCond::GlobalBelow(n) => threads[t].gid < *n,
-                            KCond::First => threads[t].gid == 0,
-                            KCond::BelowLimit(v, lim) => {
-                                let size = self.symbol(lim.size);
-                                let rows = (size + lim.per as i64 - 1) / lim.per as i64;
-                                threads[t].vars.get(*v) < rows
-                            }
-                        };
-                        threads[t].live &= go;
-                    }
-                }
+                KStmt::ExitUnless(c) => self.exit_unless(c, &now, threads),
                 KStmt::Run(s) => {
                     for &t in &now {
                         self.stmt(s, &mut threads[t])?;
                     }
                 }
-                KStmt::Barrier => {
-                    let live = threads.iter().filter(|t| t.live).count();
-                    // Reached by every live thread of the block, or by none (a branch no thread
-                    // takes).
-                    if !now.is_empty() && now.len() != live {
-                        let missing = threads
-                            .iter()
-                            .find(|t| t.live && !now.contains(&(t.tid as usize)))
-                            .map_or(0, |t| t.tid);
-                        return Err(self.check(format!(
-                            "barrier not reached by thread {missing} of its block ({} of {live} \
-                             live threads reach it)",
-                            now.len()
-                        )));
-                    }
-                    self.shared_log.clear();
-                }
+                KStmt::Barrier => self.barrier(&now, threads)?,
                 KStmt::If { guards, body } => {
                     let inside: Vec<usize> = now
                         .iter()
@@ -459,39 +430,96 @@ impl Launch<'_> {
                     self.block(body, &inside, threads)?;
                 }
                 KStmt::ShuffleDown { dst, src, offset } => {
-                    let warp = kernel_ir::WARP as usize;
-                    // Every lane of a warp executing it must be here (the full-warp mask).
-                    for &t in &now {
-                        let base = t - t % warp;
-                        let end = (base + warp).min(threads.len());
-                        if let Some(missing) = (base..end).find(|l| !now.contains(l)) {
-                            return Err(self.check(format!(
-                                "warp shuffle without lane {missing} of its warp (thread {t} \
-                                 shuffles, thread {missing} does not)"
-                            )));
-                        }
-                    }
-                    let old: Vec<f64> =
-                        threads.iter().map(|th| th.locals[src.0 as usize]).collect();
-                    for &t in &now {
-                        let from = t + *offset as usize;
-                        let same_warp = from / warp == t / warp && from < threads.len();
-                        threads[t].locals[dst.0 as usize] = old[if same_warp { from } else { t }];
-                    }
+                    self.shuffle_down((*dst, *src, *offset), &now, threads)?;
                 }
                 KStmt::AtomicAdd { node, idx, value } => {
                     for &t in &now {
-                        let prec = self.prec_of(*node)?;
-                        let compute = self.prog.compute_prec(value, prec);
-                        let x = self.eval(value, &threads[t], compute)?;
-                        let (flat, _) = self.locate(*node, idx, &threads[t])?;
-                        self.touch(*node, flat, threads[t].gid, Kind::Atomic)?;
-                        let b = self.buf(*node)?;
-                        b.vals[flat] = prec.round(b.vals[flat] + x);
+                        self.atomic_add(*node, idx, value, &threads[t])?;
                     }
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Ends the threads `now` for which the condition does not hold.
+    fn exit_unless(&self, c: &KCond, now: &[usize], threads: &mut [Thread]) {
+        for &t in now {
+            let go = match c {
+                KCond::GlobalBelow(n) => threads[t].gid < *n,
+                KCond::First => threads[t].gid == 0,
+                KCond::BelowLimit(v, lim) => {
+                    let size = self.symbol(lim.size);
+                    let rows = (size + lim.per as i64 - 1) / lim.per as i64;
+                    threads[t].vars.get(*v) < rows
+                }
+            };
+            threads[t].live &= go;
+        }
+    }
+
+    /// A barrier: reached by every live thread of the block, or by none (a branch no thread
+    /// takes); it ends the shared-memory accesses that could race.
+    fn barrier(&mut self, now: &[usize], threads: &[Thread]) -> Result<(), Error> {
+        let live = threads.iter().filter(|t| t.live).count();
+        if !now.is_empty() && now.len() != live {
+            let missing = threads
+                .iter()
+                .find(|t| t.live && !now.contains(&(t.tid as usize)))
+                .map_or(0, |t| t.tid);
+            return Err(self.check(format!(
+                "barrier not reached by thread {missing} of its block ({} of {live} \
+                 live threads reach it)",
+                now.len()
+            )));
+        }
+        self.shared_log.clear();
+        Ok(())
+    }
+
+    /// `dst := src` of the lane `offset` further in the same warp (its own `src` past the
+    /// warp's end); every lane of a warp executing it must be here (the full-warp mask).
+    fn shuffle_down(
+        &self,
+        (dst, src, offset): (LocalId, LocalId, u32),
+        now: &[usize],
+        threads: &mut [Thread],
+    ) -> Result<(), Error> {
+        let warp = kernel_ir::WARP as usize;
+        for &t in now {
+            let base = t - t % warp;
+            let end = (base + warp).min(threads.len());
+            if let Some(missing) = (base..end).find(|l| !now.contains(l)) {
+                return Err(self.check(format!(
+                    "warp shuffle without lane {missing} of its warp (thread {t} \
+                     shuffles, thread {missing} does not)"
+                )));
+            }
+        }
+        let old: Vec<f64> = threads.iter().map(|th| th.locals[src.0 as usize]).collect();
+        for &t in now {
+            let from = t + offset as usize;
+            let same_warp = from / warp == t / warp && from < threads.len();
+            threads[t].locals[dst.0 as usize] = old[if same_warp { from } else { t }];
+        }
+        Ok(())
+    }
+
+    /// `node[idx] += value` for one thread, rounded to the node's precision.
+    fn atomic_add(
+        &mut self,
+        node: NodeId,
+        idx: &[Index],
+        value: &Expr,
+        th: &Thread,
+    ) -> Result<(), Error> {
+        let prec = self.prec_of(node)?;
+        let compute = self.prog.compute_prec(value, prec);
+        let x = self.eval(value, th, compute)?;
+        let (flat, _) = self.locate(node, idx, th)?;
+        self.touch(node, flat, th.gid, Kind::Atomic)?;
+        let b = self.buf(node)?;
+        b.vals[flat] = prec.round(b.vals[flat] + x);
         Ok(())
     }
 

@@ -250,6 +250,7 @@ fn pair(even: u16, odd: u16) -> u32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn native<C: ResultCell>(g: &super::Gemm<C, u16>) {
+    // Kept whole: a register-tiled SIMD kernel, whose loop structure must be read at once.
     use std::arch::x86_64::*;
     let kp = g.k.div_ceil(2);
     let blocks = g.m.div_ceil(MR);

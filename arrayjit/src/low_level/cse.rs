@@ -25,13 +25,8 @@ fn cse_block(prog: &mut Program, body: Vec<Stmt>) -> Vec<Stmt> {
     let mut out = Vec::with_capacity(body.len());
     for s in body {
         match s {
-            Stmt::For { var, extent, limit, parallel, body } => {
-                let body = cse_block(prog, body);
-                out.push(Stmt::For { var, extent, limit, parallel, body });
-            }
-            Stmt::If { guards, body } => {
-                let body = cse_block(prog, body);
-                out.push(Stmt::If { guards, body });
+            s @ (Stmt::For { .. } | Stmt::If { .. }) => {
+                out.push(s.map_body(|body| cse_block(prog, body)));
             }
             Stmt::Set { node, idx, value } => {
                 let prec = prog.nodes.get(&node).map_or(Prec::F64, |n| n.prec.compute());

@@ -62,17 +62,7 @@ fn remove_unread_locals(body: Vec<Stmt>, read: &FxHashSet<LocalId>) -> Vec<Stmt>
     body.into_iter()
         .filter_map(|s| match s {
             Stmt::SetLocal { local, .. } if !read.contains(&local) => None,
-            Stmt::For { var, extent, limit, parallel, body } => Some(Stmt::For {
-                var,
-                extent,
-                limit,
-                parallel,
-                body: remove_unread_locals(body, read),
-            }),
-            Stmt::If { guards, body } => {
-                Some(Stmt::If { guards, body: remove_unread_locals(body, read) })
-            }
-            s => Some(s),
+            s => Some(s.map_body(|body| remove_unread_locals(body, read))),
         })
         .collect()
 }

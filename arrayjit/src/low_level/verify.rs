@@ -162,6 +162,8 @@ impl Verifier<'_> {
         Ok(())
     }
 
+    /// Checks a map call: its precision, descriptor, axes and operands, then that it stays
+    /// inside every operand for every value of the loops around it.
     fn map(&self, m: &super::Map) -> Result<(), String> {
         if !matches!(m.prec, Prec::F32 | Prec::F64) {
             return Err(format!("map in {}", m.prec.name()));
@@ -180,6 +182,13 @@ impl Verifier<'_> {
                 ));
             }
         }
+        self.map_operands(m)?;
+        m.indices().iter().try_for_each(|i| self.index(i))?;
+        self.map_bounds(m)
+    }
+
+    /// Every operand of a map call is a known, materialized node of the map's precision.
+    fn map_operands(&self, m: &super::Map) -> Result<(), String> {
         for o in m.operands() {
             let Some(node) = self.prog.nodes.get(&o.node) else {
                 return Err(format!("map on unknown node {}", o.node));
@@ -196,9 +205,12 @@ impl Verifier<'_> {
                 ));
             }
         }
-        m.indices().iter().try_for_each(|i| self.index(i))?;
-        // Every cell the call reaches, for every value of the loops its offsets and counts
-        // depend on (a parallel loop's blocks: few); with runtime symbols, checked when running.
+        Ok(())
+    }
+
+    /// Every cell the call reaches, for every value of the loops its offsets and counts depend
+    /// on (a parallel loop's blocks: few); with runtime symbols, checked when running.
+    fn map_bounds(&self, m: &super::Map) -> Result<(), String> {
         let indices = m.indices();
         if indices.iter().any(|i| i.terms.iter().any(|(_, x)| matches!(x, IdxVar::Sym(_)))) {
             return Ok(());
@@ -219,45 +231,7 @@ impl Verifier<'_> {
         }
         let mut at = vec![0usize; vars.len()];
         loop {
-            let value = |i: &Index| {
-                i.offset
-                    + i.terms
-                        .iter()
-                        .map(|(c, x)| match x {
-                            IdxVar::Loop(v) => {
-                                c * vars.iter().position(|(w, _)| w == v).map_or(0, |k| at[k])
-                                    as i64
-                            }
-                            IdxVar::Sym(_) => 0,
-                        })
-                        .sum::<i64>()
-            };
-            let count = |a: &super::MapAxis| match &a.count {
-                Some((size, per)) => {
-                    (a.extent as i64).min((value(size) + *per as i64 - 1) / *per as i64).max(0)
-                }
-                None => a.extent as i64,
-            };
-            let axes: Vec<(i64, &super::MapAxis)> =
-                m.cells.iter().chain(&m.points).map(|a| (count(a), a)).collect();
-            if axes.iter().all(|(n, _)| *n > 0) {
-                for (k, o) in m.operands().enumerate() {
-                    let node = &self.prog.nodes[&o.node];
-                    let (mut first, mut last) = (value(&o.offset), value(&o.offset));
-                    for (n, a) in &axes {
-                        let step = if k == 0 { a.out } else { a.steps[k - 1] };
-                        first += (step * (n - 1)).min(0);
-                        last += (step * (n - 1)).max(0);
-                    }
-                    if first < 0 || last >= node.num_elements() as i64 {
-                        return Err(format!(
-                            "map reaches cells {first}..={last} of {} ({} cells)",
-                            o.node,
-                            node.num_elements()
-                        ));
-                    }
-                }
-            }
+            self.map_reach_at(m, &vars, &at)?;
             // The next assignment of the loops.
             let mut k = 0;
             while k < at.len() {
@@ -272,6 +246,55 @@ impl Verifier<'_> {
                 return Ok(());
             }
         }
+    }
+
+    /// The cells a map call reaches with the loops `vars` at `at` lie inside every operand.
+    fn map_reach_at(
+        &self,
+        m: &super::Map,
+        vars: &[(Var, usize)],
+        at: &[usize],
+    ) -> Result<(), String> {
+        let value = |i: &Index| {
+            i.offset
+                + i.terms
+                    .iter()
+                    .map(|(c, x)| match x {
+                        IdxVar::Loop(v) => {
+                            c * vars.iter().position(|(w, _)| w == v).map_or(0, |k| at[k]) as i64
+                        }
+                        IdxVar::Sym(_) => 0,
+                    })
+                    .sum::<i64>()
+        };
+        let count = |a: &super::MapAxis| match &a.count {
+            Some((size, per)) => {
+                (a.extent as i64).min((value(size) + *per as i64 - 1) / *per as i64).max(0)
+            }
+            None => a.extent as i64,
+        };
+        let axes: Vec<(i64, &super::MapAxis)> =
+            m.cells.iter().chain(&m.points).map(|a| (count(a), a)).collect();
+        if !axes.iter().all(|(n, _)| *n > 0) {
+            return Ok(());
+        }
+        for (k, o) in m.operands().enumerate() {
+            let node = &self.prog.nodes[&o.node];
+            let (mut first, mut last) = (value(&o.offset), value(&o.offset));
+            for (n, a) in &axes {
+                let step = if k == 0 { a.out } else { a.steps[k - 1] };
+                first += (step * (n - 1)).min(0);
+                last += (step * (n - 1)).max(0);
+            }
+            if first < 0 || last >= node.num_elements() as i64 {
+                return Err(format!(
+                    "map reaches cells {first}..={last} of {} ({} cells)",
+                    o.node,
+                    node.num_elements()
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn index(&self, i: &Index) -> Result<(), String> {

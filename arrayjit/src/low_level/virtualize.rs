@@ -322,15 +322,8 @@ fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
 fn drop_sites(body: Vec<Stmt>, removed: &FxHashSet<usize>, pos: &mut usize) -> Vec<Stmt> {
     body.into_iter()
         .filter_map(|s| match s {
-            Stmt::For { var, extent, limit, parallel, body } => Some(Stmt::For {
-                var,
-                extent,
-                limit,
-                parallel,
-                body: drop_sites(body, removed, pos),
-            }),
-            Stmt::If { guards, body } => {
-                Some(Stmt::If { guards, body: drop_sites(body, removed, pos) })
+            s @ (Stmt::For { .. } | Stmt::If { .. }) => {
+                Some(s.map_body(|body| drop_sites(body, removed, pos)))
             }
             s @ (Stmt::Set { .. } | Stmt::SetLocal { .. }) => {
                 *pos += 1;
@@ -372,11 +365,7 @@ pub fn remove_def(body: Vec<Stmt>, node: NodeId) -> Vec<Stmt> {
     body.into_iter()
         .filter_map(|s| match s {
             Stmt::Set { node: n, .. } if n == node => None,
-            Stmt::For { var, extent, limit, parallel, body } => {
-                Some(Stmt::For { var, extent, limit, parallel, body: remove_def(body, node) })
-            }
-            Stmt::If { guards, body } => Some(Stmt::If { guards, body: remove_def(body, node) }),
-            s => Some(s),
+            s => Some(s.map_body(|body| remove_def(body, node))),
         })
         .collect()
 }

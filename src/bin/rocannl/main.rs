@@ -370,6 +370,7 @@ fn evaluate(
     Ok(Evaluated { session, grad: document.grad })
 }
 
+/// Runs one command, writing its answer to `out`.
 fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
     match &cli.command {
         Command::Shapes(c) => {
@@ -389,94 +390,88 @@ fn run<W: Write>(cli: &Cli, out: &mut Answer<W>) -> Result<(), Failure> {
             out.raw(&explain::explain(&built).map_err(tensor_error)?)?;
             Ok(())
         }
-        Command::Bench(b) => {
-            let common = Common {
-                file: b.file.clone(),
-                backend: None,
-                precision: b.precision.clone(),
-                strict: b.strict,
-                limits: b.limits.clone(),
-            };
-            let mut base = options(&common)?;
-            if let Some(l) = b.opt_level {
-                base.compile.opt_level = l;
-            }
-            if let Some(m) = &b.map_calls {
-                use rocannl::arrayjit::low_level::schedule::MapCalls;
-                base.compile.map_calls = match m.as_str() {
-                    "off" => MapCalls::Off,
-                    "reductions" => MapCalls::Reductions,
-                    "all" => MapCalls::All,
-                    other => {
-                        return Err(CliError {
-                            kind: ErrorKind::Usage,
-                            message: format!(
-                                "--map-calls takes off, reductions or all, not `{other}`"
-                            ),
-                        }
-                        .into());
-                    }
-                };
-            }
-            match b.epilogues.as_deref() {
-                None | Some("off") => {}
-                Some("on") => base.compile.epilogues = true,
-                Some(other) => {
-                    return Err(CliError {
-                        kind: ErrorKind::Usage,
-                        message: format!("--epilogues takes on or off, not `{other}`"),
-                    }
-                    .into());
-                }
-            }
-            match b.groups.as_deref() {
-                None | Some("on") => {}
-                Some("off") => base.compile.parallel_groups = false,
-                Some(other) => {
-                    return Err(CliError {
-                        kind: ErrorKind::Usage,
-                        message: format!("--groups takes on or off, not `{other}`"),
-                    }
-                    .into());
-                }
-            }
-            let backends = bench::backends(&b.backend)?;
-            let started = std::time::Instant::now();
-            let (document, built) = load(&common)?;
-            let setup = bench::Setup {
-                base,
-                reps: b.reps as usize,
-                shape_s: started.elapsed().as_secs_f64(),
-            };
-            let mut runs = Vec::new();
-            for (backend, named) in backends {
-                match bench::bench_backend(&document, &built, backend, &setup) {
-                    Ok(r) => runs.push(r),
-                    // A backend that cannot run here is left out unless it was asked for.
-                    Err(e) if e.kind == ErrorKind::Backend && !named => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            let plotted = match &b.plot {
-                Some(path) => {
-                    let bars = bench::bars(&document, &built, &runs, &setup)?;
-                    plot::write(path, &b.file, &bars)?;
-                    Some(path)
-                }
-                None => None,
-            };
-            if b.json {
-                let v = json!({"runs": runs.iter().map(bench::Run::json).collect::<Vec<_>>()});
-                out.raw(&format!("{v}\n"))?;
-            } else {
-                out.raw(&bench::table(&runs))?;
-                if let Some(path) = plotted {
-                    out.raw(&format!("plot: {}\n", path.display()))?;
-                }
-            }
-            Ok(())
+        Command::Bench(b) => bench(b, out),
+    }
+}
+
+/// `rocannl bench`: the session options from the flags, then the document run on each
+/// backend, reported as a table or JSON (and a plot when asked).
+fn bench<W: Write>(b: &BenchArgs, out: &mut Answer<W>) -> Result<(), Failure> {
+    let common = Common {
+        file: b.file.clone(),
+        backend: None,
+        precision: b.precision.clone(),
+        strict: b.strict,
+        limits: b.limits.clone(),
+    };
+    let base = bench_options(b, &common)?;
+    let backends = bench::backends(&b.backend)?;
+    let started = std::time::Instant::now();
+    let (document, built) = load(&common)?;
+    let setup =
+        bench::Setup { base, reps: b.reps as usize, shape_s: started.elapsed().as_secs_f64() };
+    let mut runs = Vec::new();
+    for (backend, named) in backends {
+        match bench::bench_backend(&document, &built, backend, &setup) {
+            Ok(r) => runs.push(r),
+            // A backend that cannot run here is left out unless it was asked for.
+            Err(e) if e.kind == ErrorKind::Backend && !named => {}
+            Err(e) => return Err(e.into()),
         }
     }
+    let plotted = match &b.plot {
+        Some(path) => {
+            let bars = bench::bars(&document, &built, &runs, &setup)?;
+            plot::write(path, &b.file, &bars)?;
+            Some(path)
+        }
+        None => None,
+    };
+    if b.json {
+        let v = json!({"runs": runs.iter().map(bench::Run::json).collect::<Vec<_>>()});
+        out.raw(&format!("{v}\n"))?;
+    } else {
+        out.raw(&bench::table(&runs))?;
+        if let Some(path) = plotted {
+            out.raw(&format!("plot: {}\n", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The session options of `rocannl bench`: the common ones, with the optimization level, map
+/// calls, epilogues and parallel groups the flags set.
+fn bench_options(b: &BenchArgs, common: &Common) -> Result<SessionOptions, Failure> {
+    let usage =
+        |message: String| -> Failure { CliError { kind: ErrorKind::Usage, message }.into() };
+    let mut base = options(common)?;
+    if let Some(l) = b.opt_level {
+        base.compile.opt_level = l;
+    }
+    if let Some(m) = &b.map_calls {
+        use rocannl::arrayjit::low_level::schedule::MapCalls;
+        base.compile.map_calls = match m.as_str() {
+            "off" => MapCalls::Off,
+            "reductions" => MapCalls::Reductions,
+            "all" => MapCalls::All,
+            other => {
+                return Err(usage(format!(
+                    "--map-calls takes off, reductions or all, not `{other}`"
+                )));
+            }
+        };
+    }
+    match b.epilogues.as_deref() {
+        None | Some("off") => {}
+        Some("on") => base.compile.epilogues = true,
+        Some(other) => return Err(usage(format!("--epilogues takes on or off, not `{other}`"))),
+    }
+    match b.groups.as_deref() {
+        None | Some("on") => {}
+        Some("off") => base.compile.parallel_groups = false,
+        Some(other) => return Err(usage(format!("--groups takes on or off, not `{other}`"))),
+    }
+    Ok(base)
 }
 
 /// Room for the recursive passes over a document of [`doc::MAX_DEPTH`] nested expressions.

@@ -331,17 +331,9 @@ fn rebase(s: &Stmt, node_base: u32, local_base: u32) -> Stmt {
         }
     }
     match s {
-        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-            var: *var,
-            extent: *extent,
-            limit: *limit,
-            parallel: *parallel,
-            body: body.iter().map(|b| rebase(b, node_base, local_base)).collect(),
-        },
-        Stmt::If { guards, body } => Stmt::If {
-            guards: guards.clone(),
-            body: body.iter().map(|b| rebase(b, node_base, local_base)).collect(),
-        },
+        Stmt::For { body, .. } | Stmt::If { body, .. } => {
+            s.with_body(body.iter().map(|b| rebase(b, node_base, local_base)).collect())
+        }
         Stmt::Set { node, idx, value } => {
             Stmt::Set { node: n(*node), idx: idx.clone(), value: expr(value, &n, &l) }
         }

@@ -122,118 +122,137 @@ impl<'a> Contraction<'a> {
     /// order (the same operations, in the same order, as one thread per cell: the same bits), a
     /// barrier. `reg` is 4 when both sides of the result have at least 64 cells, else 1.
     pub(super) fn kernel(&self, prog: &Program, k: usize) -> Kernel {
-        let reg = if self.i.1 >= 4 * TILE && self.j.1 >= 4 * TILE { 4 } else { 1 };
-        let t = TILE as i64;
-        let side = TILE * reg;
-        let v0 = prog.next_var;
-        let (tid, ty, tx, ti, tj, q, kk) =
-            (Var(v0), Var(v0 + 1), Var(v0 + 2), Var(v0 + 3), Var(v0 + 4), Var(v0 + 5), Var(v0 + 6));
-        let (sa, sb) = (prog.fresh_node_id(), NodeId(prog.fresh_node_id().0 + 1));
-        let (ni, nj) = (self.i.1.div_ceil(side), self.j.1.div_ceil(side));
+        let tl = TileLayout::new(self, prog);
+        let (ni, nj) = (self.i.1.div_ceil(tl.side), self.j.1.div_ceil(tl.side));
         let blocks_per_batch = (ni * nj) as u64;
         let block = (TILE * TILE) as u64;
-        let mut body = vec![
-            KStmt::ThreadInBlock { var: tid },
-            KStmt::InBlock { var: ty, stride: TILE as u32, extent: TILE as u32 },
-            KStmt::InBlock { var: tx, stride: 1, extent: TILE as u32 },
-        ];
         let n_batch: u64 = self.batch.iter().map(|b| b.1 as u64).product();
-        let mut stride = n_batch * blocks_per_batch;
+        let mut body = self.block_coords(&tl, (ni, nj), n_batch * blocks_per_batch);
+        body.extend(self.init_accumulators(&tl));
+        let mut tiles = self.load_tiles(&tl);
+        tiles.push(KStmt::Barrier);
+        tiles.push(KStmt::Run(self.tile_steps(&tl)));
+        tiles.push(KStmt::Barrier);
+        body.push(KStmt::Loop { var: tl.q, extent: self.k.1.div_ceil(TILE), body: tiles });
+        body.extend(self.store_cells(&tl));
+        let mut run: Vec<Stmt> = Vec::new();
+        collect_runs(&body, &mut run);
+        let (sa, sb) = (tl.sa, tl.sb);
+        let buffers: Vec<NodeId> =
+            nodes_of(&run).into_iter().filter(|n| *n != sa && *n != sb).collect();
+        let shared = |node: NodeId, of: NodeId| SharedArray {
+            node,
+            prec: prog.nodes[&of].prec,
+            len: TILE * tl.side,
+        };
+        let prec = prog.locals[self.local.0 as usize];
+        let locals = if tl.reg == 1 {
+            vec![]
+        } else {
+            tl.cells().iter().map(|&(r, c)| (tl.acc(r, c), prec)).collect()
+        };
+        Kernel {
+            name: format!("k{k}"),
+            buffers,
+            threads: n_batch * blocks_per_batch * block,
+            block: block as u32,
+            shared: vec![shared(sa, self.a.0), shared(sb, self.b.0)],
+            scratch: vec![],
+            locals,
+            body,
+        }
+    }
+
+    /// The thread's position: its thread in the block, row `ty` and column `tx` in the tile,
+    /// then the block's batch coordinates and tile `(ti, tj)` of the `ni × nj` tiles.
+    fn block_coords(&self, tl: &TileLayout, (ni, nj): (usize, usize), blocks: u64) -> Vec<KStmt> {
+        let block = (TILE * TILE) as u64;
+        let mut body = vec![
+            KStmt::ThreadInBlock { var: tl.tid },
+            KStmt::InBlock { var: tl.ty, stride: TILE as u32, extent: TILE as u32 },
+            KStmt::InBlock { var: tl.tx, stride: 1, extent: TILE as u32 },
+        ];
+        let mut stride = blocks;
         for (var, extent) in &self.batch {
             stride /= *extent as u64;
             body.push(KStmt::Coord { var: *var, stride: stride * block, extent: *extent as u64 });
         }
-        body.push(KStmt::Coord { var: ti, stride: nj as u64 * block, extent: ni as u64 });
-        body.push(KStmt::Coord { var: tj, stride: block, extent: nj as u64 });
-        let lin = |terms: &[(i64, Var)], off: i64| {
-            Index::new(terms.iter().map(|&(c, v)| (c, IdxVar::Loop(v))).collect(), off)
-        };
-        let side_i = side as i64;
-        // The thread's r-th row and c-th column of the result.
-        let row = |r: usize| lin(&[(side_i, ti), (1, ty)], t * r as i64);
-        let col = |c: usize| lin(&[(side_i, tj), (1, tx)], t * c as i64);
-        let subst_idx = |idx: &[Index], f: &dyn Fn(Var) -> Option<Index>| -> Vec<Index> {
-            idx.iter().map(|i| i.subst(&|v| f(v))).collect()
-        };
-        let cell = |r: usize, c: usize| {
-            let (ri, ci) = (row(r), col(c));
-            move |v: Var| {
-                if v == self.i.0 {
-                    Some(ri.clone())
-                } else if v == self.j.0 {
-                    Some(ci.clone())
-                } else {
-                    None
-                }
-            }
-        };
-        let in_cell = |r: usize, c: usize| {
-            vec![Guard { index: row(r), bound: self.i.1 }, Guard { index: col(c), bound: self.j.1 }]
-        };
-        // One accumulator per cell of the register tile: the program's local for a 1 × 1 tile,
-        // locals of the kernel's own otherwise.
-        let prec = prog.locals[self.local.0 as usize];
-        let first_own = prog.locals.len() as u32;
-        let acc = |r: usize, c: usize| {
-            if reg == 1 { self.local } else { LocalId(first_own + (r * reg + c) as u32) }
-        };
-        let cells: Vec<(usize, usize)> =
-            (0..reg).flat_map(|r| (0..reg).map(move |c| (r, c))).collect();
-        for &(r, c) in &cells {
-            body.push(KStmt::Run(Stmt::SetLocal { local: acc(r, c), value: Expr::Const(0.0) }));
+        body.push(KStmt::Coord { var: tl.ti, stride: nj as u64 * block, extent: ni as u64 });
+        body.push(KStmt::Coord { var: tl.tj, stride: block, extent: nj as u64 });
+        body
+    }
+
+    /// Each accumulator starts at 0, or at the cell's old value when the product accumulates
+    /// onto it.
+    fn init_accumulators(&self, tl: &TileLayout) -> Vec<KStmt> {
+        let mut body = Vec::new();
+        for (r, c) in tl.cells() {
+            body.push(KStmt::Run(Stmt::SetLocal { local: tl.acc(r, c), value: Expr::Const(0.0) }));
             if let Expr::Get(n, i) = self.start {
                 body.push(KStmt::Run(Stmt::If {
-                    guards: in_cell(r, c),
+                    guards: tl.in_cell(r, c),
                     body: vec![Stmt::SetLocal {
-                        local: acc(r, c),
-                        value: Expr::Get(*n, subst_idx(i, &cell(r, c))),
+                        local: tl.acc(r, c),
+                        value: Expr::Get(*n, subst_idx(i, &tl.cell(r, c))),
                     }],
                 }));
             }
         }
+        body
+    }
+
+    /// The copies of one reduction tile into the shared arrays: thread (ty, tx) copies
+    /// a[row(r), 16q + tx] to As[ty + 16r][tx] and b[16q + ty, col(c)] to Bs[ty][tx + 16c].
+    fn load_tiles(&self, tl: &TileLayout) -> Vec<KStmt> {
+        let (t, side_i) = (TILE as i64, tl.side as i64);
         let (kv, ke) = self.k;
         let (an, bn) = (self.a.0, self.b.0);
-        // Thread (ty, tx) copies a[row(r), 16q + tx] to As[ty + 16r][tx] and
-        // b[16q + ty, col(c)] to Bs[ty][tx + 16c].
-        let ka = lin(&[(t, q), (1, tx)], 0);
-        let kb = lin(&[(t, q), (1, ty)], 0);
+        let ka = affine(&[(t, tl.q), (1, tl.tx)], 0);
+        let kb = affine(&[(t, tl.q), (1, tl.ty)], 0);
         let mut tiles = Vec::new();
-        for r in 0..reg {
-            let f = cell(r, 0);
+        for r in 0..tl.reg {
+            let f = tl.cell(r, 0);
             let a_idx = subst_idx(&self.a.1, &|v| if v == kv { Some(ka.clone()) } else { f(v) });
             tiles.push(KStmt::Run(Stmt::If {
                 guards: vec![
-                    Guard { index: row(r), bound: self.i.1 },
+                    Guard { index: tl.row(r), bound: self.i.1 },
                     Guard { index: ka.clone(), bound: ke },
                 ],
                 body: vec![Stmt::Set {
-                    node: sa,
-                    idx: vec![lin(&[(t, ty), (1, tx)], t * t * r as i64)],
+                    node: tl.sa,
+                    idx: vec![affine(&[(t, tl.ty), (1, tl.tx)], t * t * r as i64)],
                     value: Expr::Get(an, a_idx),
                 }],
             }));
         }
-        for c in 0..reg {
-            let f = cell(0, c);
+        for c in 0..tl.reg {
+            let f = tl.cell(0, c);
             let b_idx = subst_idx(&self.b.1, &|v| if v == kv { Some(kb.clone()) } else { f(v) });
             tiles.push(KStmt::Run(Stmt::If {
                 guards: vec![
                     Guard { index: kb.clone(), bound: ke },
-                    Guard { index: col(c), bound: self.j.1 },
+                    Guard { index: tl.col(c), bound: self.j.1 },
                 ],
                 body: vec![Stmt::Set {
-                    node: sb,
-                    idx: vec![lin(&[(side_i, ty), (1, tx)], t * c as i64)],
+                    node: tl.sb,
+                    idx: vec![affine(&[(side_i, tl.ty), (1, tl.tx)], t * c as i64)],
                     value: Expr::Get(bn, b_idx),
                 }],
             }));
         }
-        tiles.push(KStmt::Barrier);
-        // As is [16·reg rows][16], Bs is [16][16·reg columns].
+        tiles
+    }
+
+    /// The 16 steps of one reduction tile folded into each cell's accumulator, reading the
+    /// shared arrays (As is [16·reg rows][16], Bs is [16][16·reg columns]).
+    fn tile_steps(&self, tl: &TileLayout) -> Stmt {
+        let (t, side_i) = (TILE as i64, tl.side as i64);
+        let (an, bn) = (self.a.0, self.b.0);
+        let (sa, sb, kk) = (tl.sa, tl.sb, tl.kk);
         let mut steps = Vec::new();
-        for &(r, c) in &cells {
-            let a_at = vec![lin(&[(t, ty), (1, kk)], t * t * r as i64)];
-            let b_at = vec![lin(&[(side_i, kk), (1, tx)], t * c as i64)];
+        for (r, c) in tl.cells() {
+            let a_at = vec![affine(&[(t, tl.ty), (1, kk)], t * t * r as i64)];
+            let b_at = vec![affine(&[(side_i, kk), (1, tl.tx)], t * c as i64)];
             let update = replace_reads(self.update.clone(), &|n| {
                 if n == an {
                     Some(Expr::Get(sa, a_at.clone()))
@@ -243,53 +262,143 @@ impl<'a> Contraction<'a> {
                     None
                 }
             });
-            let update = replace_local(update, self.local, acc(r, c));
-            steps.push(Stmt::SetLocal { local: acc(r, c), value: update });
+            let update = replace_local(update, self.local, tl.acc(r, c));
+            steps.push(Stmt::SetLocal { local: tl.acc(r, c), value: update });
         }
-        tiles.push(KStmt::Run(Stmt::For {
+        Stmt::For {
             var: kk,
             extent: TILE,
             limit: None,
             parallel: false,
             body: vec![Stmt::If {
-                guards: vec![Guard { index: lin(&[(t, q), (1, kk)], 0), bound: ke }],
+                guards: vec![Guard { index: affine(&[(t, tl.q), (1, kk)], 0), bound: self.k.1 }],
                 body: steps,
             }],
-        }));
-        tiles.push(KStmt::Barrier);
-        body.push(KStmt::Loop { var: q, extent: ke.div_ceil(TILE), body: tiles });
-        for &(r, c) in &cells {
-            body.push(KStmt::Run(Stmt::If {
-                guards: in_cell(r, c),
-                body: vec![Stmt::Set {
-                    node: self.node,
-                    idx: subst_idx(self.idx, &cell(r, c)),
-                    value: Expr::Local(acc(r, c)),
-                }],
-            }));
-        }
-        let mut run: Vec<Stmt> = Vec::new();
-        collect_runs(&body, &mut run);
-        let buffers: Vec<NodeId> =
-            nodes_of(&run).into_iter().filter(|n| *n != sa && *n != sb).collect();
-        let shared = |node: NodeId, of: NodeId| SharedArray {
-            node,
-            prec: prog.nodes[&of].prec,
-            len: TILE * side,
-        };
-        let locals =
-            if reg == 1 { vec![] } else { cells.iter().map(|&(r, c)| (acc(r, c), prec)).collect() };
-        Kernel {
-            name: format!("k{k}"),
-            buffers,
-            threads: n_batch * blocks_per_batch * block,
-            block: block as u32,
-            shared: vec![shared(sa, an), shared(sb, bn)],
-            scratch: vec![],
-            locals,
-            body,
         }
     }
+
+    /// Each cell of the register tile stored from its accumulator, inside the result.
+    fn store_cells(&self, tl: &TileLayout) -> Vec<KStmt> {
+        tl.cells()
+            .into_iter()
+            .map(|(r, c)| {
+                KStmt::Run(Stmt::If {
+                    guards: tl.in_cell(r, c),
+                    body: vec![Stmt::Set {
+                        node: self.node,
+                        idx: subst_idx(self.idx, &tl.cell(r, c)),
+                        value: Expr::Local(tl.acc(r, c)),
+                    }],
+                })
+            })
+            .collect()
+    }
+}
+
+/// The variables, shared arrays and register tile of a tiled product's kernel.
+struct TileLayout {
+    /// Cells per thread along each side of the register tile.
+    reg: usize,
+    /// Cells per block along each side of the result: `TILE · reg`.
+    side: usize,
+    /// The thread in its block, its row and column in the tile, the tile's row and column,
+    /// the reduction tile and the step within it.
+    tid: Var,
+    ty: Var,
+    tx: Var,
+    ti: Var,
+    tj: Var,
+    q: Var,
+    kk: Var,
+    /// The shared arrays holding a tile of `a` and of `b`.
+    sa: NodeId,
+    sb: NodeId,
+    /// The product's row and column loop variables and extents.
+    i: (Var, usize),
+    j: (Var, usize),
+    /// The program's accumulator, and the first of the kernel's own (for `reg > 1`).
+    local: LocalId,
+    first_own: u32,
+}
+
+impl TileLayout {
+    /// Fresh variables and nodes (above the program's) for the product's kernel.
+    fn new(p: &Contraction<'_>, prog: &Program) -> TileLayout {
+        let reg = if p.i.1 >= 4 * TILE && p.j.1 >= 4 * TILE { 4 } else { 1 };
+        let v0 = prog.next_var;
+        TileLayout {
+            reg,
+            side: TILE * reg,
+            tid: Var(v0),
+            ty: Var(v0 + 1),
+            tx: Var(v0 + 2),
+            ti: Var(v0 + 3),
+            tj: Var(v0 + 4),
+            q: Var(v0 + 5),
+            kk: Var(v0 + 6),
+            sa: prog.fresh_node_id(),
+            sb: NodeId(prog.fresh_node_id().0 + 1),
+            i: p.i,
+            j: p.j,
+            local: p.local,
+            first_own: prog.locals.len() as u32,
+        }
+    }
+
+    /// The cells `(r, c)` of the register tile, row by row.
+    fn cells(&self) -> Vec<(usize, usize)> {
+        let reg = self.reg;
+        (0..reg).flat_map(|r| (0..reg).map(move |c| (r, c))).collect()
+    }
+
+    /// The thread's r-th row of the result.
+    fn row(&self, r: usize) -> Index {
+        affine(&[(self.side as i64, self.ti), (1, self.ty)], TILE as i64 * r as i64)
+    }
+
+    /// The thread's c-th column of the result.
+    fn col(&self, c: usize) -> Index {
+        affine(&[(self.side as i64, self.tj), (1, self.tx)], TILE as i64 * c as i64)
+    }
+
+    /// The substitution of the product's row and column variables by cell `(r, c)`.
+    fn cell(&self, r: usize, c: usize) -> impl Fn(Var) -> Option<Index> + use<> {
+        let (ri, ci) = (self.row(r), self.col(c));
+        let (iv, jv) = (self.i.0, self.j.0);
+        move |v: Var| {
+            if v == iv {
+                Some(ri.clone())
+            } else if v == jv {
+                Some(ci.clone())
+            } else {
+                None
+            }
+        }
+    }
+
+    /// Cell `(r, c)` lies inside the result.
+    fn in_cell(&self, r: usize, c: usize) -> Vec<Guard> {
+        vec![
+            Guard { index: self.row(r), bound: self.i.1 },
+            Guard { index: self.col(c), bound: self.j.1 },
+        ]
+    }
+
+    /// The accumulator of cell `(r, c)`: the program's local for a 1 × 1 tile, locals of the
+    /// kernel's own otherwise.
+    fn acc(&self, r: usize, c: usize) -> LocalId {
+        if self.reg == 1 { self.local } else { LocalId(self.first_own + (r * self.reg + c) as u32) }
+    }
+}
+
+/// `offset + Σ coeff·var` over loop variables.
+fn affine(terms: &[(i64, Var)], off: i64) -> Index {
+    Index::new(terms.iter().map(|&(c, v)| (c, IdxVar::Loop(v))).collect(), off)
+}
+
+/// `idx` with `f` substituted for loop variables.
+fn subst_idx(idx: &[Index], f: &dyn Fn(Var) -> Option<Index>) -> Vec<Index> {
+    idx.iter().map(|i| i.subst(&|v| f(v))).collect()
 }
 
 /// `e` with the local `from` read as `to`.

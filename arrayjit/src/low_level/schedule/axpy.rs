@@ -110,65 +110,20 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     }
     let mut update = nest.update.clone();
     let packs = pack::pack_operands(prog, nest, j.var, &mut update)?;
-    // Rows: an unguarded loop alone indexing an axis; one whose extent MR divides first.
-    let rows: Vec<Loop> = nest
-        .lhs
-        .iter()
-        .rev()
-        .copied()
-        .filter(|l| l.var != j.var && !nest.guarded(l.var) && sole_axis(nest, l.var))
-        .collect();
-    let i = rows.iter().copied().find(|l| l.extent % MR == 0).or_else(|| rows.first().copied());
-    let k = nest.red.iter().rev().copied().find(|l| !nest.guarded(l.var));
-
-    let (mx, kx, nx) = (i.map_or(1, |l| l.extent), k.map_or(1, |l| l.extent), j.extent);
-    let mr = [MR, 2, 1].into_iter().find(|m| mx % m == 0).unwrap_or(1);
-    let ku = [KU, 2, 1].into_iter().find(|u| kx % u == 0).unwrap_or(1);
-    let kc = if kx > KC { largest_divisor(kx, KC, ku) } else { kx };
-    let nc = if nx > NC { largest_divisor(nx, NC, MIN_COLUMNS) } else { nx };
-    let outer: Vec<Loop> = nest.lhs.iter().copied().filter(|l| l.var != j.var).collect();
-    let i_outermost = i.is_some_and(|i| outer.first().is_some_and(|o| o.var == i.var));
-    let mc_limit = if i_outermost && i.is_some_and(|l| l.parallel) { (mx / 4).max(mr) } else { MC };
-    let mc = largest_divisor(mx, MC.min(mc_limit).max(mr), mr);
+    let t = Tiling::choose(nest, j);
     let [ic, j0, k0, i0, k1, j1] = [(); 6].map(|_| prog.fresh_var());
-
-    let j_idx = lin(&[(nc, j0), (1, j1)], 0);
-    let k_at = |q: usize| lin(&[(kc, k0), (ku, k1)], q);
-    let i_at = |r: usize| lin(&[(mc, ic), (mr, i0)], r);
+    let vars = TileVars { ic, j0, k0, i0, k1, j1 };
     let mut hoisted: Vec<(Expr, LocalId)> = Vec::new();
-    let mut rows = Vec::new();
-    for r in 0..mr {
-        let sub_r = |v: Var| {
-            if v == j.var {
-                Some(j_idx.clone())
-            } else if i.is_some_and(|l| l.var == v) {
-                Some(i_at(r))
-            } else {
-                None
-            }
-        };
-        let cell: Vec<Index> = nest.idx.iter().map(|x| x.subst(&sub_r)).collect();
-        let mut acc = Expr::Get(nest.node, cell.clone());
-        for q in 0..ku {
-            let sub = |v: Var| {
-                if k.is_some_and(|l| l.var == v) { Some(k_at(q)) } else { sub_r(v) }
-            };
-            let step = update.subst(&sub);
-            acc = step.apply(acc, &|e| e.clone());
-            acc = hoist_in(prog, acc, j1, nest.prec, &mut hoisted);
-        }
-        rows.push(Stmt::Set { node: nest.node, idx: cell, value: acc });
-    }
-
+    let rows = row_updates(prog, nest, &update, &t, &vars, &mut hoisted);
     let rows = share_across_rows(prog, rows, nest.node, j1, nest.prec);
     let mut body: Vec<Stmt> =
         hoisted.into_iter().map(|(e, l)| Stmt::SetLocal { local: l, value: e }).collect();
-    body.push(Stmt::For { var: j1, extent: nc, limit: None, parallel: true, body: rows });
+    body.push(Stmt::For { var: j1, extent: t.nc, limit: None, parallel: true, body: rows });
     let guards = nest.guards();
     let other_red: Vec<Loop> = nest
         .red
         .iter()
-        .filter(|l| k.is_none_or(|k| k.var != l.var))
+        .filter(|l| t.k.is_none_or(|k| k.var != l.var))
         .map(|l| Loop { parallel: false, ..*l })
         .collect();
     // Cells that start from the neutral element: the first block of reduction steps starts
@@ -180,83 +135,215 @@ fn in_place(prog: &mut Program, nest: &Nest, j: Loop) -> Option<Vec<Stmt>> {
     // signalling where the read neutral element quieted it); sums keep `0 + x`, and `max`/`min`
     // against an infinity only compare.
     let folds_safely = nest.update.combine_op() != crate::ops::BinOp::Mul;
-    let first_block = match (nest.init, k) {
+    let first_block = match (nest.init, t.k) {
         (Some(init), Some(k))
-            if k.limit.is_none() && kx == kc && other_red.is_empty() && folds_safely =>
+            if k.limit.is_none() && t.kx == t.kc && other_red.is_empty() && folds_safely =>
         {
             guards.is_empty().then_some(init)
         }
         _ => None,
     };
     if let Some(init) = first_block {
-        let first: Vec<Stmt> = body
-            .iter()
-            .cloned()
-            .map(|s| subst_stmt(s, &|v| (v == k1).then(|| Index::fixed(0))))
-            .map(|s| super::reads_as_const(s, nest.node, init))
-            .collect();
-        let steps = kc / ku;
-        let rest: Vec<Stmt> = body
-            .into_iter()
-            .map(|s| subst_stmt(s, &|v| (v == k1).then(|| lin(&[(1, k1)], 1))))
-            .collect();
-        body = first;
-        if steps > 1 {
-            body.push(Stmt::For {
-                var: k1,
-                extent: steps - 1,
-                limit: None,
-                parallel: false,
-                body: rest,
-            });
-        }
+        body = peel_first_block(body, nest.node, init, k1, t.kc / t.ku);
     }
-    let mut inner = Vec::new();
-    if k.is_some() {
-        // Tiles wholly past a dynamic batch add nothing (their contributions are selected).
-        let limit = k.and_then(|k| k.limit).map(|m| Limit { size: m.size, per: m.per * kc });
-        inner.push(Loop { var: k0, extent: kx / kc, limit, parallel: false });
-    }
-    if i.is_some() {
-        inner.push(Loop { var: i0, extent: mc / mr, limit: None, parallel: false });
-    }
-    if k.is_some() && first_block.is_none() {
-        // With a single tile, the steps of `ku` wholly past a dynamic batch add nothing either.
-        let one_tile = kx == kc;
-        let limit = k
-            .and_then(|k| k.limit)
-            .filter(|_| one_tile)
-            .map(|m| Limit { size: m.size, per: m.per * ku });
-        inner.push(Loop { var: k1, extent: kc / ku, limit, parallel: false });
-    }
+    let inner = t.inner_loops(&vars, first_block.is_none());
     let mut nest_body = wrap(&inner, body);
     if !guards.is_empty() {
         nest_body = vec![Stmt::If { guards, body: nest_body }];
     }
     nest_body = wrap(&other_red, nest_body);
-    let mut loops: Vec<Loop> = outer
-        .iter()
-        .map(|l| match i {
-            // Chunks of `mc` rows: those wholly past a dynamic batch can be skipped.
-            Some(i) if i.var == l.var => Loop {
-                var: ic,
-                extent: mx / mc,
-                limit: l.limit.map(|m| Limit { size: m.size, per: m.per * mc }),
-                parallel: l.parallel,
-            },
-            _ => *l,
-        })
-        .collect();
-    loops.push(Loop { var: j0, extent: nx / nc, limit: None, parallel: j.parallel });
-    // Only the outermost loop is split across threads; the others run in order.
-    for l in loops.iter_mut().skip(1) {
-        l.parallel = false;
-    }
+    let loops = t.outer_loops(&vars);
     let mut out: Vec<Stmt> =
         if first_block.is_some() { vec![] } else { nest.fill().into_iter().collect() };
     out.extend(packs);
     out.extend(wrap(&loops, nest_body));
     Some(out)
+}
+
+/// The loops and tile sizes of the in-place kernel for one nest.
+struct Tiling {
+    /// The column loop.
+    j: Loop,
+    /// The row loop: an unguarded loop alone indexing an axis of `c`.
+    i: Option<Loop>,
+    /// The unrolled reduction loop: the innermost one in no guard.
+    k: Option<Loop>,
+    /// The extents of the row, reduction and column loops (1 when absent).
+    mx: usize,
+    kx: usize,
+    nx: usize,
+    /// Rows per iteration (MR), reduction steps per iteration (KU), reduction steps per tile
+    /// (KC), columns per tile (NC) and rows per chunk (MC), each dividing its extent.
+    mr: usize,
+    ku: usize,
+    kc: usize,
+    nc: usize,
+    mc: usize,
+    /// The lhs loops but the column loop, outermost first.
+    outer: Vec<Loop>,
+}
+
+/// The fresh loop variables of the kernel: row chunks `ic`, column tiles `j0`, reduction tiles
+/// `k0`, row blocks `i0`, reduction blocks `k1` and columns within a tile `j1`.
+struct TileVars {
+    ic: Var,
+    j0: Var,
+    k0: Var,
+    i0: Var,
+    k1: Var,
+    j1: Var,
+}
+
+impl Tiling {
+    /// Chooses the row and reduction loops and the tile sizes.
+    fn choose(nest: &Nest, j: Loop) -> Tiling {
+        // Rows: an unguarded loop alone indexing an axis; one whose extent MR divides first.
+        let rows: Vec<Loop> = nest
+            .lhs
+            .iter()
+            .rev()
+            .copied()
+            .filter(|l| l.var != j.var && !nest.guarded(l.var) && sole_axis(nest, l.var))
+            .collect();
+        let i = rows.iter().copied().find(|l| l.extent % MR == 0).or_else(|| rows.first().copied());
+        let k = nest.red.iter().rev().copied().find(|l| !nest.guarded(l.var));
+        let (mx, kx, nx) = (i.map_or(1, |l| l.extent), k.map_or(1, |l| l.extent), j.extent);
+        let mr = [MR, 2, 1].into_iter().find(|m| mx % m == 0).unwrap_or(1);
+        let ku = [KU, 2, 1].into_iter().find(|u| kx % u == 0).unwrap_or(1);
+        let kc = if kx > KC { largest_divisor(kx, KC, ku) } else { kx };
+        let nc = if nx > NC { largest_divisor(nx, NC, MIN_COLUMNS) } else { nx };
+        let outer: Vec<Loop> = nest.lhs.iter().copied().filter(|l| l.var != j.var).collect();
+        let i_outermost = i.is_some_and(|i| outer.first().is_some_and(|o| o.var == i.var));
+        let mc_limit =
+            if i_outermost && i.is_some_and(|l| l.parallel) { (mx / 4).max(mr) } else { MC };
+        let mc = largest_divisor(mx, MC.min(mc_limit).max(mr), mr);
+        Tiling { j, i, k, mx, kx, nx, mr, ku, kc, nc, mc, outer }
+    }
+
+    /// The loops inside the reduction loops and guards: reduction tiles, row blocks and (unless
+    /// the first block was peeled) reduction blocks.
+    fn inner_loops(&self, v: &TileVars, with_k1: bool) -> Vec<Loop> {
+        let mut inner = Vec::new();
+        if let Some(k) = self.k {
+            // Tiles wholly past a dynamic batch add nothing (their contributions are selected).
+            let limit = k.limit.map(|m| Limit { size: m.size, per: m.per * self.kc });
+            inner.push(Loop { var: v.k0, extent: self.kx / self.kc, limit, parallel: false });
+        }
+        if self.i.is_some() {
+            inner.push(Loop { var: v.i0, extent: self.mc / self.mr, limit: None, parallel: false });
+        }
+        if let Some(k) = self.k.filter(|_| with_k1) {
+            // With a single tile, the steps of `ku` wholly past a dynamic batch add nothing
+            // either.
+            let one_tile = self.kx == self.kc;
+            let limit =
+                k.limit.filter(|_| one_tile).map(|m| Limit { size: m.size, per: m.per * self.ku });
+            inner.push(Loop { var: v.k1, extent: self.kc / self.ku, limit, parallel: false });
+        }
+        inner
+    }
+
+    /// The outer loops: the lhs loops but `j`, the row loop replaced by its chunks, then the
+    /// column tiles; only the outermost one parallel.
+    fn outer_loops(&self, v: &TileVars) -> Vec<Loop> {
+        let mut loops: Vec<Loop> = self
+            .outer
+            .iter()
+            .map(|l| match self.i {
+                // Chunks of `mc` rows: those wholly past a dynamic batch can be skipped.
+                Some(i) if i.var == l.var => Loop {
+                    var: v.ic,
+                    extent: self.mx / self.mc,
+                    limit: l.limit.map(|m| Limit { size: m.size, per: m.per * self.mc }),
+                    parallel: l.parallel,
+                },
+                _ => *l,
+            })
+            .collect();
+        loops.push(Loop {
+            var: v.j0,
+            extent: self.nx / self.nc,
+            limit: None,
+            parallel: self.j.parallel,
+        });
+        // Only the outermost loop is split across threads; the others run in order.
+        for l in loops.iter_mut().skip(1) {
+            l.parallel = false;
+        }
+        loops
+    }
+}
+
+/// The stores of one block: for each of the `mr` rows, the cell accumulates `ku` steps of the
+/// update, the parts not depending on the column loop hoisted into locals.
+fn row_updates(
+    prog: &mut Program,
+    nest: &Nest,
+    update: &super::Update,
+    t: &Tiling,
+    v: &TileVars,
+    hoisted: &mut Vec<(Expr, LocalId)>,
+) -> Vec<Stmt> {
+    let (i, k) = (t.i, t.k);
+    let j_idx = lin(&[(t.nc, v.j0), (1, v.j1)], 0);
+    let k_at = |q: usize| lin(&[(t.kc, v.k0), (t.ku, v.k1)], q);
+    let i_at = |r: usize| lin(&[(t.mc, v.ic), (t.mr, v.i0)], r);
+    let mut rows = Vec::new();
+    for r in 0..t.mr {
+        let sub_r = |w: Var| {
+            if w == t.j.var {
+                Some(j_idx.clone())
+            } else if i.is_some_and(|l| l.var == w) {
+                Some(i_at(r))
+            } else {
+                None
+            }
+        };
+        let cell: Vec<Index> = nest.idx.iter().map(|x| x.subst(&sub_r)).collect();
+        let mut acc = Expr::Get(nest.node, cell.clone());
+        for q in 0..t.ku {
+            let sub = |w: Var| {
+                if k.is_some_and(|l| l.var == w) { Some(k_at(q)) } else { sub_r(w) }
+            };
+            let step = update.subst(&sub);
+            acc = step.apply(acc, &|e| e.clone());
+            acc = hoist_in(prog, acc, v.j1, nest.prec, hoisted);
+        }
+        rows.push(Stmt::Set { node: nest.node, idx: cell, value: acc });
+    }
+    rows
+}
+
+/// The block body with its first block of reduction steps peeled: that block reads the
+/// neutral element `init` as a constant instead of `node`, and the remaining `steps - 1`
+/// blocks run in a loop over `k1`.
+fn peel_first_block(
+    body: Vec<Stmt>,
+    node: crate::tnode::NodeId,
+    init: f64,
+    k1: Var,
+    steps: usize,
+) -> Vec<Stmt> {
+    let mut first: Vec<Stmt> = body
+        .iter()
+        .cloned()
+        .map(|s| subst_stmt(s, &|v| (v == k1).then(|| Index::fixed(0))))
+        .map(|s| super::reads_as_const(s, node, init))
+        .collect();
+    let rest: Vec<Stmt> = body
+        .into_iter()
+        .map(|s| subst_stmt(s, &|v| (v == k1).then(|| lin(&[(1, k1)], 1))))
+        .collect();
+    if steps > 1 {
+        first.push(Stmt::For {
+            var: k1,
+            extent: steps - 1,
+            limit: None,
+            parallel: false,
+            body: rest,
+        });
+    }
+    first
 }
 
 /// Replaces, in the contributions of a row's expression, the maximal subexpressions that do

@@ -28,8 +28,8 @@
 
 use super::{Loop, MIN_LANES_WORK, Nest, flat_stride, lin, reads, sole_axis, uses_var, wrap};
 use crate::low_level::{Expr, Index, Limit, Program, Scratch, Stmt, Var};
-use crate::ops::Prec;
-use crate::tnode::{MemoryMode, TensorNode};
+use crate::ops::{BinOp, Prec};
+use crate::tnode::{MemoryMode, NodeId, TensorNode};
 
 /// Rows per block (at most).
 pub const MR: usize = 4;
@@ -95,85 +95,17 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
     let lanes = lanes(nest.prec);
     let op = nest.update.combine_op();
     let neutral = op.neutral()?;
-    // Columns: the innermost blockable lhs loop; rows: the next one out.
-    let mut blocks: Vec<(Loop, usize)> = Vec::new();
-    for l in nest.lhs.iter().rev() {
-        let most = if blocks.is_empty() { NR } else { MR };
-        if let Some(b) = blocked(nest, l, most) {
-            blocks.push((*l, b));
-            if blocks.len() == 2 {
-                break;
-            }
-        }
-    }
-    let cells: usize = blocks.iter().map(|(_, b)| b).product();
-    let block_vars: Vec<(Var, Var, usize)> =
-        blocks.iter().map(|(l, b)| (l.var, prog.fresh_var(), *b)).collect();
-    // Every cell of a block: (its position in `s`, the substitution of the blocked loops).
-    let mut positions: Vec<Vec<(Var, Index)>> = vec![Vec::new()];
-    for &(v, outer, b) in &block_vars {
-        positions = positions
-            .into_iter()
-            .flat_map(|p| {
-                (0..b).map(move |r| {
-                    let mut p = p.clone();
-                    p.push((v, lin(&[(b, outer)], r)));
-                    p
-                })
-            })
-            .collect();
-    }
-
+    let block_vars = block_loops(prog, nest);
+    let cells: usize = block_vars.iter().map(|(_, _, b)| b).product();
+    let positions = block_positions(&block_vars);
     let id = prog.fresh_node_id();
     let label = format!("{}.lanes", prog.nodes[&nest.node].label);
     let dims = [cells, lanes];
     prog.nodes.insert(id, TensorNode::new(id, &label, &dims, nest.prec, MemoryMode::Local));
     prog.scratch.push(Scratch { node: id, per_thread: true });
     let [l0, k0, l1, l2] = [(); 4].map(|_| prog.fresh_var());
-    let slot = |c: usize, l: Var| vec![Index::fixed(c as i64), Index::var(l)];
-    let sub = |p: &[(Var, Index)], v: Var, at: &Index| {
-        if v == k.var {
-            return Some(at.clone());
-        }
-        p.iter().find(|(x, _)| *x == v).map(|(_, i)| i.clone())
-    };
-    let steps = |l: Var, at: Index| -> Vec<Stmt> {
-        positions
-            .iter()
-            .enumerate()
-            .map(|(c, p)| {
-                let upd = nest.update.subst(&|v| sub(p, v, &at));
-                let value = upd.apply(Expr::Get(id, slot(c, l)), &|e| e.clone());
-                Stmt::Set { node: id, idx: slot(c, l), value }
-            })
-            .collect()
-    };
-    let (full, rem) = (k.extent / lanes, k.extent % lanes);
-    let mut red_body = vec![Stmt::For {
-        limit: None,
-        var: k0,
-        extent: full,
-        parallel: false,
-        body: vec![Stmt::For {
-            limit: None,
-            var: l1,
-            extent: lanes,
-            parallel: true,
-            body: steps(l1, lin(&[(lanes, k0), (1, l1)], 0)),
-        }],
-    }];
-    if rem > 0 {
-        red_body.push(Stmt::For {
-            limit: None,
-            var: l2,
-            extent: rem,
-            parallel: true,
-            body: steps(l2, lin(&[(1, l2)], lanes * full)),
-        });
-    }
-    if !nest.point_guards.is_empty() {
-        red_body = vec![Stmt::If { guards: nest.point_guards.clone(), body: red_body }];
-    }
+    let ls = LaneSums { nest, id, lanes, positions: &positions };
+    let red_body = ls.accumulate(k, [k0, l1, l2]);
     let others: Vec<Loop> = nest.red[..nest.red.len() - 1].to_vec();
     let mut cell = vec![Stmt::For {
         limit: None,
@@ -185,31 +117,7 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
             .collect(),
     }];
     cell.extend(wrap(&others, red_body));
-    for (c, p) in positions.iter().enumerate() {
-        let idx: Vec<Index> = nest
-            .idx
-            .iter()
-            .map(|x| x.subst(&|v| p.iter().find(|(y, _)| *y == v).map(|(_, i)| i.clone())))
-            .collect();
-        let t = prog.fresh_local(nest.prec);
-        let start = match nest.init {
-            Some(c) => Expr::Const(c),
-            None => Expr::Get(nest.node, idx.clone()),
-        };
-        let l3 = prog.fresh_var();
-        cell.push(Stmt::SetLocal { local: t, value: start });
-        cell.push(Stmt::For {
-            limit: None,
-            var: l3,
-            extent: lanes,
-            parallel: false,
-            body: vec![Stmt::SetLocal {
-                local: t,
-                value: Expr::bin(op, Expr::Local(t), Expr::Get(id, slot(c, l3))),
-            }],
-        });
-        cell.push(Stmt::Set { node: nest.node, idx, value: Expr::Local(t) });
-    }
+    cell.extend(ls.fold(prog, op));
     if !nest.cell_guards.is_empty() {
         cell = vec![Stmt::If { guards: nest.cell_guards.clone(), body: cell }];
     }
@@ -227,4 +135,137 @@ pub(super) fn rewrite(prog: &mut Program, nest: &Nest) -> Option<Vec<Stmt>> {
         })
         .collect();
     Some(wrap(&loops, cell))
+}
+
+/// The blocked lhs loops — columns: the innermost blockable lhs loop; rows: the next one out —
+/// each with a fresh variable for its blocks and its block size.
+fn block_loops(prog: &mut Program, nest: &Nest) -> Vec<(Var, Var, usize)> {
+    let mut blocks: Vec<(Loop, usize)> = Vec::new();
+    for l in nest.lhs.iter().rev() {
+        let most = if blocks.is_empty() { NR } else { MR };
+        if let Some(b) = blocked(nest, l, most) {
+            blocks.push((*l, b));
+            if blocks.len() == 2 {
+                break;
+            }
+        }
+    }
+    blocks.iter().map(|(l, b)| (l.var, prog.fresh_var(), *b)).collect()
+}
+
+/// Every cell of a block, in the order of its slot in the lane buffer: the substitution of
+/// the blocked loops.
+fn block_positions(block_vars: &[(Var, Var, usize)]) -> Vec<Vec<(Var, Index)>> {
+    let mut positions: Vec<Vec<(Var, Index)>> = vec![Vec::new()];
+    for &(v, outer, b) in block_vars {
+        positions = positions
+            .into_iter()
+            .flat_map(|p| {
+                (0..b).map(move |r| {
+                    let mut p = p.clone();
+                    p.push((v, lin(&[(b, outer)], r)));
+                    p
+                })
+            })
+            .collect();
+    }
+    positions
+}
+
+/// The cell `c`, lane `l` of the lane buffer.
+fn slot(c: usize, l: Var) -> Vec<Index> {
+    vec![Index::fixed(c as i64), Index::var(l)]
+}
+
+/// The partial sums of one block of cells: `lanes` of them per cell, in buffer `id`.
+struct LaneSums<'a> {
+    nest: &'a Nest,
+    id: NodeId,
+    lanes: usize,
+    positions: &'a [Vec<(Var, Index)>],
+}
+
+impl LaneSums<'_> {
+    /// The reduction over `k` into the lanes: full groups of `lanes` steps (loop `k0`, lanes
+    /// `l1`), then the remainder (lanes `l2`), under the point guards.
+    fn accumulate(&self, k: Loop, [k0, l1, l2]: [Var; 3]) -> Vec<Stmt> {
+        let (nest, id, lanes) = (self.nest, self.id, self.lanes);
+        let sub = |p: &[(Var, Index)], v: Var, at: &Index| {
+            if v == k.var {
+                return Some(at.clone());
+            }
+            p.iter().find(|(x, _)| *x == v).map(|(_, i)| i.clone())
+        };
+        let steps = |l: Var, at: Index| -> Vec<Stmt> {
+            self.positions
+                .iter()
+                .enumerate()
+                .map(|(c, p)| {
+                    let upd = nest.update.subst(&|v| sub(p, v, &at));
+                    let value = upd.apply(Expr::Get(id, slot(c, l)), &|e| e.clone());
+                    Stmt::Set { node: id, idx: slot(c, l), value }
+                })
+                .collect()
+        };
+        let (full, rem) = (k.extent / lanes, k.extent % lanes);
+        let mut red_body = vec![Stmt::For {
+            limit: None,
+            var: k0,
+            extent: full,
+            parallel: false,
+            body: vec![Stmt::For {
+                limit: None,
+                var: l1,
+                extent: lanes,
+                parallel: true,
+                body: steps(l1, lin(&[(lanes, k0), (1, l1)], 0)),
+            }],
+        }];
+        if rem > 0 {
+            red_body.push(Stmt::For {
+                limit: None,
+                var: l2,
+                extent: rem,
+                parallel: true,
+                body: steps(l2, lin(&[(1, l2)], lanes * full)),
+            });
+        }
+        if !nest.point_guards.is_empty() {
+            red_body = vec![Stmt::If { guards: nest.point_guards.clone(), body: red_body }];
+        }
+        red_body
+    }
+
+    /// Each cell's lanes folded in order with `op` onto its start (the neutral element or
+    /// its old value) and stored.
+    fn fold(&self, prog: &mut Program, op: BinOp) -> Vec<Stmt> {
+        let (nest, id, lanes) = (self.nest, self.id, self.lanes);
+        let mut out = Vec::new();
+        for (c, p) in self.positions.iter().enumerate() {
+            let idx: Vec<Index> = nest
+                .idx
+                .iter()
+                .map(|x| x.subst(&|v| p.iter().find(|(y, _)| *y == v).map(|(_, i)| i.clone())))
+                .collect();
+            let t = prog.fresh_local(nest.prec);
+            let start = match nest.init {
+                Some(c) => Expr::Const(c),
+                None => Expr::Get(nest.node, idx.clone()),
+            };
+            let l3 = prog.fresh_var();
+            out.push(Stmt::SetLocal { local: t, value: start });
+            out.push(Stmt::For {
+                limit: None,
+                var: l3,
+                extent: lanes,
+                parallel: false,
+                body: vec![Stmt::SetLocal {
+                    local: t,
+                    value: Expr::bin(op, Expr::Local(t), Expr::Get(id, slot(c, l3))),
+                }],
+            });
+            out.push(Stmt::Set { node: nest.node, idx, value: Expr::Local(t) });
+        }
+        out
+    }
 }

@@ -88,48 +88,17 @@ pub(crate) fn rewrite(
     out
 }
 
+/// The calls for a recognized nest: its factors, the loops of the product's rows (`m`),
+/// columns (`n`) and reduction (`k`) merged into strided axes, the call, how it is split
+/// across threads, and the fills of its operand buffers.
 fn calls(
     prog: &mut Program,
     nest: &Nest,
     opts: &super::CpuSchedule,
     prior: &mut [Stmt],
 ) -> Option<Vec<Stmt>> {
-    let threads = opts.threads;
-    if !nest.cell_guards.is_empty() || !nest.point_guards.is_empty() {
-        return None;
-    }
-    if !matches!(nest.prec, Prec::F32 | Prec::F64) || nest.red.is_empty() {
-        return None;
-    }
-    let (x, y, fused, select) = product(&nest.update)?;
-    // A dynamic reduction's select must be the reduction loop's own limit (the loop stops
-    // there, so the steps it drops are never run).
-    if let Some((v, s)) = select {
-        let l = nest.red.iter().find(|l| l.var == v)?;
-        if l.limit.map(|l| (l.size, l.per)) != Some((s, 1)) {
-            return None;
-        }
-    }
-    if prog.compute_prec(x, nest.prec) != nest.prec || prog.compute_prec(y, nest.prec) != nest.prec
-    {
-        return None;
-    }
-    // Every cell loop indexes one axis of the result alone: distinct iterations, distinct cells.
-    if nest.lhs.iter().any(|l| !super::sole_axis(nest, l.var)) {
-        return None;
-    }
-    let uses = |e: &Expr, v: Var| e.indices().iter().any(|i| i.uses(v));
-    let role = |want_x: bool| -> Vec<Loop> {
-        nest.lhs
-            .iter()
-            .filter(|l| uses(x, l.var) == want_x && uses(y, l.var) != want_x)
-            .copied()
-            .collect()
-    };
-    let (m_loops, n_loops) = (role(true), role(false));
-    if m_loops.is_empty() || n_loops.is_empty() {
-        return None;
-    }
+    let (x, y, fused) = factors(prog, nest)?;
+    let (m_loops, n_loops) = cell_roles(nest, x, y)?;
     let loops: Vec<Loop> = nest.lhs.iter().chain(&nest.red).copied().collect();
     if loops.iter().map(|l| l.extent).product::<usize>() < MIN_GEMM_STEPS {
         return None;
@@ -189,28 +158,117 @@ fn calls(
         bf16_pairs,
         epilogue: None,
     };
-    // Threads: across the outermost batch loop when it is parallel with an iteration per
-    // thread, else across blocks of rows (a parallel loop around the batch loops).
-    let batch_parallel = batch.first().is_some_and(|l| l.parallel && l.extent >= threads.max(2));
-    let mut blocks = None;
-    if !batch_parallel && threads > 1 {
-        let unit = m.axis.limit.map_or(16, |(_, per)| lcm(16, per));
-        let per = m.axis.extent.div_ceil(threads).next_multiple_of(unit);
-        if per < m.axis.extent {
-            let v = prog.fresh_var();
-            call.rows = Some((v, per));
-            let limit =
-                m.axis.limit.map(|(size, rows_per_unit)| Limit { size, per: per / rows_per_unit });
-            blocks =
-                Some(Loop { var: v, extent: m.axis.extent.div_ceil(per), limit, parallel: true });
-            batch.iter_mut().for_each(|l| l.parallel = false);
+    let blocks = split_rows_across_threads(prog, &mut call, &mut batch, opts.threads);
+    let fills = OperandFills { a: af, b: bf };
+    let at = Placement { batch: &batch, blocks, m: &m, k: &k };
+    Some(place_call(prog, opts, prior, fills, call, &at))
+}
+
+/// The two factors of the nest's product update and whether it is fused; `None` for guarded
+/// nests, other precisions, no reduction, a dynamic select that is not the reduction loop's
+/// own limit, factors computed in another precision, or a cell loop sharing an axis.
+fn factors<'n>(prog: &Program, nest: &'n Nest) -> Option<(&'n Expr, &'n Expr, bool)> {
+    if !nest.cell_guards.is_empty() || !nest.point_guards.is_empty() {
+        return None;
+    }
+    if !matches!(nest.prec, Prec::F32 | Prec::F64) || nest.red.is_empty() {
+        return None;
+    }
+    let (x, y, fused, select) = product(&nest.update)?;
+    // A dynamic reduction's select must be the reduction loop's own limit (the loop stops
+    // there, so the steps it drops are never run).
+    if let Some((v, s)) = select {
+        let l = nest.red.iter().find(|l| l.var == v)?;
+        if l.limit.map(|l| (l.size, l.per)) != Some((s, 1)) {
+            return None;
         }
     }
-    // Operand buffers: filled by the epilogue of the product whose result they read, when an
-    // earlier call can take them (the buffer is written while that result is in cache); else
-    // `B`'s (every block reads all of it) before the product, and `A`'s inside each block of
-    // rows, for the block's rows only, when its only row loop is the product's (one step
-    // instead of two, and the rows are in cache when the product reads them).
+    if prog.compute_prec(x, nest.prec) != nest.prec || prog.compute_prec(y, nest.prec) != nest.prec
+    {
+        return None;
+    }
+    // Every cell loop indexes one axis of the result alone: distinct iterations, distinct cells.
+    if nest.lhs.iter().any(|l| !super::sole_axis(nest, l.var)) {
+        return None;
+    }
+    Some((x, y, fused))
+}
+
+/// The cell loops of the product's rows (used by `x` only) and of its columns (used by `y`
+/// only); `None` when either is empty.
+fn cell_roles(nest: &Nest, x: &Expr, y: &Expr) -> Option<(Vec<Loop>, Vec<Loop>)> {
+    let uses = |e: &Expr, v: Var| e.indices().iter().any(|i| i.uses(v));
+    let role = |want_x: bool| -> Vec<Loop> {
+        nest.lhs
+            .iter()
+            .filter(|l| uses(x, l.var) == want_x && uses(y, l.var) != want_x)
+            .copied()
+            .collect()
+    };
+    let (m_loops, n_loops) = (role(true), role(false));
+    if m_loops.is_empty() || n_loops.is_empty() {
+        return None;
+    }
+    Some((m_loops, n_loops))
+}
+
+/// Threads: across the outermost batch loop when it is parallel with an iteration per
+/// thread, else across blocks of rows — the parallel loop around the batch loops returned,
+/// the call taking its block of rows and the batch loops made sequential.
+fn split_rows_across_threads(
+    prog: &mut Program,
+    call: &mut Gemm,
+    batch: &mut [Loop],
+    threads: usize,
+) -> Option<Loop> {
+    let batch_parallel = batch.first().is_some_and(|l| l.parallel && l.extent >= threads.max(2));
+    if batch_parallel || threads <= 1 {
+        return None;
+    }
+    let m = call.m;
+    let unit = m.limit.map_or(16, |(_, per)| lcm(16, per));
+    let per = m.extent.div_ceil(threads).next_multiple_of(unit);
+    if per >= m.extent {
+        return None;
+    }
+    let v = prog.fresh_var();
+    call.rows = Some((v, per));
+    let limit = m.limit.map(|(size, rows_per_unit)| Limit { size, per: per / rows_per_unit });
+    batch.iter_mut().for_each(|l| l.parallel = false);
+    Some(Loop { var: v, extent: m.extent.div_ceil(per), limit, parallel: true })
+}
+
+/// The buffers of the call's operands that must be filled (expressions, packed copies).
+struct OperandFills {
+    a: Option<Fill>,
+    b: Option<Fill>,
+}
+
+/// Where a call runs: its batch loops, the parallel loop over blocks of rows (if any), and
+/// the merged row and reduction axes.
+#[derive(Clone, Copy)]
+struct Placement<'p> {
+    batch: &'p [Loop],
+    blocks: Option<Loop>,
+    m: &'p Merged,
+    k: &'p Merged,
+}
+
+/// The call in its batch loops and block of rows, with its operand buffers filled: by the
+/// epilogue of the product whose result they read, when an earlier call can take them (the
+/// buffer is written while that result is in cache); else `B`'s (every block reads all of it)
+/// before the product, and `A`'s inside each block of rows, for the block's rows only, when
+/// its only row loop is the product's (one step instead of two, and the rows are in cache
+/// when the product reads them).
+fn place_call(
+    prog: &mut Program,
+    opts: &super::CpuSchedule,
+    prior: &mut [Stmt],
+    fills: OperandFills,
+    call: Gemm,
+    at: &Placement<'_>,
+) -> Vec<Stmt> {
+    let Placement { batch, blocks, m, k } = *at;
     let mut outside = |prog: &mut Program, f: Option<Fill>| -> Option<Fill> {
         let f = f?;
         let fill = if opts.epilogues { f.stmts(prog, None) } else { vec![] };
@@ -219,23 +277,23 @@ fn calls(
             _ => Some(f),
         }
     };
-    let (bf, af) = (outside(prog, bf), outside(prog, af));
+    let (bf, af) = (outside(prog, fills.b), outside(prog, fills.a));
     let mut out: Vec<Stmt> = bf.iter().flat_map(|f| f.stmts(prog, None)).collect();
     let mut body = vec![];
     match (&af, blocks) {
-        (Some(f), Some(bl)) if f.rows_only(&m, &k) => {
+        (Some(f), Some(bl)) if f.rows_only(m, k) => {
             let (v, per) = call.rows.unwrap_or((bl.var, m.axis.extent));
             body.extend(f.stmts(prog, Some((v, per, m.vars[0], m.axis.extent))));
         }
         (Some(f), _) => out.extend(f.stmts(prog, None)),
         (None, _) => {}
     }
-    body.extend(super::wrap(&batch, vec![Stmt::Gemm(Box::new(call))]));
+    body.extend(super::wrap(batch, vec![Stmt::Gemm(Box::new(call))]));
     out.extend(match blocks {
         Some(b) => super::wrap(&[b], body),
         None => body,
     });
-    Some(out)
+    out
 }
 
 /// The two factors of a product update, whether it is fused, and a dynamic reduction's select

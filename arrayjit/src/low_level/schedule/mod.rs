@@ -360,17 +360,11 @@ fn past_the_limit(fill: &Stmt, p: PastLimit) -> Stmt {
     let guard = Guard { index, bound: p.extent };
     fn wrap(s: &Stmt, v: Var, guard: &Guard) -> Stmt {
         match s {
-            Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-                var: *var,
-                extent: *extent,
-                limit: *limit,
-                parallel: *parallel,
-                body: if *var == v {
-                    vec![Stmt::If { guards: vec![guard.clone()], body: body.clone() }]
-                } else {
-                    body.iter().map(|b| wrap(b, v, guard)).collect()
-                },
-            },
+            Stmt::For { var, body, .. } => s.with_body(if *var == v {
+                vec![Stmt::If { guards: vec![guard.clone()], body: body.clone() }]
+            } else {
+                body.iter().map(|b| wrap(b, v, guard)).collect()
+            }),
             other => other.clone(),
         }
     }
@@ -719,13 +713,7 @@ pub(crate) fn wrap(loops: &[Loop], body: Vec<Stmt>) -> Vec<Stmt> {
 /// whole small extent), their variable replaced by 0: shorter code to read, and to compile.
 fn drop_unit_loops(s: Stmt) -> Stmt {
     match s {
-        Stmt::For { var, extent, limit, parallel, body } => Stmt::For {
-            var,
-            extent,
-            limit,
-            parallel,
-            body: body.into_iter().flat_map(inner).collect(),
-        },
+        s @ Stmt::For { .. } => s.map_body(|body| body.into_iter().flat_map(inner).collect()),
         s => s,
     }
 }
@@ -737,17 +725,8 @@ fn inner(s: Stmt) -> Vec<Stmt> {
             .map(|b| subst_stmt(b, &|v| (v == var).then(|| Index::fixed(0))))
             .flat_map(inner)
             .collect(),
-        Stmt::For { var, extent, limit, parallel, body } => {
-            vec![Stmt::For {
-                var,
-                extent,
-                limit,
-                parallel,
-                body: body.into_iter().flat_map(inner).collect(),
-            }]
-        }
-        Stmt::If { guards, body } => {
-            vec![Stmt::If { guards, body: body.into_iter().flat_map(inner).collect() }]
+        s @ (Stmt::For { .. } | Stmt::If { .. }) => {
+            vec![s.map_body(|body| body.into_iter().flat_map(inner).collect())]
         }
         s => vec![s],
     }
@@ -773,9 +752,7 @@ pub(crate) fn subst_stmt(s: Stmt, f: &impl Fn(Var) -> Option<Index>) -> Stmt {
 fn map_stmt(s: Stmt, index: &impl Fn(&Index) -> Index, value: &impl Fn(Expr) -> Expr) -> Stmt {
     let body = |b: Vec<Stmt>| b.into_iter().map(|b| map_stmt(b, index, value)).collect();
     match s {
-        Stmt::For { var, extent, limit, parallel, body: b } => {
-            Stmt::For { var, extent, limit, parallel, body: body(b) }
-        }
+        s @ Stmt::For { .. } => s.map_body(body),
         Stmt::If { guards, body: b } => Stmt::If {
             guards: guards
                 .iter()

@@ -77,13 +77,7 @@ pub(super) fn in_f64(prog: &mut Program, s: &Stmt) -> Option<(Vec<Stmt>, Stmt, V
 /// precision f32 (its values are the same in f64).
 fn direct_terms(prog: &Program, red: &Stmt, t: LocalId) -> Option<Stmt> {
     match red {
-        Stmt::For { var, extent, limit, parallel, body } => Some(Stmt::For {
-            var: *var,
-            extent: *extent,
-            limit: *limit,
-            parallel: *parallel,
-            body: vec![direct_terms_of(prog, body, t)?],
-        }),
+        Stmt::For { body, .. } => Some(red.with_body(vec![direct_terms_of(prog, body, t)?])),
         _ => None,
     }
 }
@@ -91,8 +85,8 @@ fn direct_terms(prog: &Program, red: &Stmt, t: LocalId) -> Option<Stmt> {
 fn direct_terms_of(prog: &Program, body: &[Stmt], t: LocalId) -> Option<Stmt> {
     match body {
         [inner @ Stmt::For { .. }] => direct_terms(prog, inner, t),
-        [Stmt::If { guards, body }] => {
-            Some(Stmt::If { guards: guards.clone(), body: vec![direct_terms_of(prog, body, t)?] })
+        [guard @ Stmt::If { body, .. }] => {
+            Some(guard.with_body(vec![direct_terms_of(prog, body, t)?]))
         }
         [
             Stmt::SetLocal { local: u, value: term @ Expr::Get(n, _) },
