@@ -243,8 +243,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut first_step_s, mut optimized_s) = (None, None);
     let mut times = Vec::with_capacity(a.steps);
     for i in 0..a.warmup + a.steps {
-        if i == a.warmup {
-            // Steady state: the optimized code.
+        if i == a.warmup && a.warmup > 0 {
+            // Steady state: the optimized code (with no warmup, the first build's code is
+            // timed as it comes: a smoke run).
             s.finish_builds();
         }
         let t = Instant::now();

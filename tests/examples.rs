@@ -124,7 +124,7 @@ fn wavenet_learns_with_batch_norm_and_saves_its_running_statistics() {
         rocannl::arrayjit::env::temp_dir().join(format!("rocannl-wavenet-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(example("wavenet"))
-        .args(["--steps", "300", "--json"])
+        .args(["--steps", "300", "--quick", "--json"])
         .current_dir(&dir)
         .output()
         .expect("run wavenet");
@@ -151,7 +151,7 @@ fn every_model_of_the_suite_trains_a_step() {
     assert!(names.len() >= 11, "{names:?}");
     for name in names {
         let out = Command::new(example("suite"))
-            .args(["--model", name, "--steps", "1", "--warmup", "1"])
+            .args(["--model", name, "--steps", "1", "--warmup", "0"])
             .output()
             .expect("run suite");
         let stdout = String::from_utf8_lossy(&out.stdout);
