@@ -36,20 +36,6 @@ const CONTEXT: usize = 16;
 const BATCH: usize = 32;
 const WIDTH: usize = 64;
 
-/// FNV-1a (64-bit) of the name's bytes, then MurmurHash3's `fmix64`: a well-mixed, fixed order.
-fn name_key(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in name.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51afd7ed558ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ceb9fe1a85ec53);
-    h ^ (h >> 33)
-}
-
 struct Args {
     steps: usize,
     seed: u64,
@@ -124,7 +110,9 @@ fn data(path: Option<&str>) -> Result<Data, String> {
     };
     let letters: BTreeSet<char> = names.iter().flat_map(|n| n.chars()).collect();
     let vocab: Vec<char> = std::iter::once('.').chain(letters).collect();
-    names.sort_by(|a, b| name_key(a).cmp(&name_key(b)).then_with(|| a.cmp(b)));
+    names.sort_by(|a, b| {
+        rocannl::datasets::name_key(a).cmp(&rocannl::datasets::name_key(b)).then_with(|| a.cmp(b))
+    });
     let id = |c: char| vocab.iter().position(|v| *v == c).unwrap_or(0) as u32;
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (p, name) in names.iter().enumerate() {

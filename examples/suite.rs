@@ -38,14 +38,9 @@ struct Problem {
     clip: Option<f64>,
 }
 
-/// `n` draws in `[0, 1)` (SplitMix64 of the seed and the index).
+/// `n` draws in `[0, 1)` of the datasets' generator.
 fn draws(seed: u64, n: usize) -> impl Iterator<Item = f64> {
-    (0..n as u64).map(move |i| {
-        let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 40) as f64 / 16_777_216.0
-    })
+    (0..n as u64).map(move |i| rocannl::datasets::uniform(seed, i))
 }
 
 /// `n` ids below `vocab`.

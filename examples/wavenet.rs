@@ -34,29 +34,6 @@ const BATCH: usize = 32;
 /// Evaluation batch: the largest batch the routines are compiled for.
 const EVAL_BATCH: usize = 32;
 
-/// SplitMix64 of `seed` and `offset`, in `[0, 1)` with 24 bits: the generator of the PyTorch
-/// script (and of rocannl's initializations), so that both pick the same batches.
-fn uniform(seed: u64, offset: u64) -> f64 {
-    let mut z = seed.wrapping_add(offset.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f64 / 16_777_216.0
-}
-
-/// 64-bit FNV-1a of the name's bytes, then MurmurHash3's `fmix64`: a fixed, well-mixed order.
-fn name_key(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
-}
-
 /// Examples of one split: each the 8 previous ids (0, `.`, before the start) and the next id.
 #[derive(Default)]
 struct Split {
@@ -92,7 +69,9 @@ fn data() -> (Vec<char>, [Split; 3]) {
     let mut names = rocannl::datasets::names_32k();
     let letters: BTreeSet<char> = names.iter().flat_map(|n| n.chars()).collect();
     let vocab: Vec<char> = std::iter::once('.').chain(letters).collect();
-    names.sort_by(|a, b| name_key(a).cmp(&name_key(b)).then_with(|| a.cmp(b)));
+    names.sort_by(|a, b| {
+        rocannl::datasets::name_key(a).cmp(&rocannl::datasets::name_key(b)).then_with(|| a.cmp(b))
+    });
     let id = |c: char| vocab.iter().position(|v| *v == c).unwrap_or(0) as u32;
     let mut splits: [Split; 3] = Default::default();
     for (p, name) in names.iter().enumerate() {
@@ -181,7 +160,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for t in 0..a.steps {
         let rows: Vec<usize> = (0..BATCH)
             .map(|i| {
-                (uniform(a.seed ^ 0x5EED, (t * BATCH + i) as u64) * train.len() as f64) as usize
+                (rocannl::datasets::uniform(a.seed ^ 0x5EED, (t * BATCH + i) as u64)
+                    * train.len() as f64) as usize
             })
             .collect();
         let (xs, ys) = train.rows(&rows);

@@ -18,6 +18,7 @@ this module and reports its validation loss in eval mode, to compare with the Ru
 import argparse
 import json
 import os
+import sys
 import struct
 import time
 
@@ -28,30 +29,12 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 CONTEXT, EMBED, HIDDEN, BATCH = 8, 24, 128, 32
-M64 = (1 << 64) - 1
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from char_gpt import name_key, uniform  # noqa: E402  (the same order and draws)
 DATA = os.path.join(HERE, "..", "..", "data", "names32k.txt")
 
 
-def name_key(name):
-    """64-bit FNV-1a of the UTF-8 bytes, then MurmurHash3's fmix64 (as examples/char_gpt.rs)."""
-    h = 0xCBF29CE484222325
-    for b in name.encode():
-        h = ((h ^ b) * 0x100000001B3) & M64
-    h ^= h >> 33
-    h = (h * 0xFF51AFD7ED558CCD) & M64
-    h ^= h >> 33
-    h = (h * 0xC4CEB9FE1A85EC53) & M64
-    return h ^ (h >> 33)
-
-
-def uniform(seed, offset):
-    """rocannl's counter-based generator (arrayjit::ops::uniform)."""
-    z = (seed + ((offset + 1) * 0x9E3779B97F4A7C15)) & M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    z ^= z >> 31
-    return (z >> 40) / 16777216.0
 
 
 def data():
