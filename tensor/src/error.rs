@@ -33,6 +33,17 @@ pub enum Error {
     /// Saving or loading parameters failed.
     #[error("{0}")]
     Persist(String),
+    /// A collective operation of data parallelism failed: a rank died, hung or runs another
+    /// program ([`crate::parallel`]).
+    #[error("rank {rank} of {size}: {message}")]
+    Distributed {
+        /// The rank that reports it.
+        rank: usize,
+        /// The number of ranks.
+        size: usize,
+        /// What happened, naming the ranks involved where they are known.
+        message: String,
+    },
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {

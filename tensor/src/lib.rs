@@ -25,6 +25,7 @@ pub mod nn;
 pub mod op;
 pub mod ops;
 pub mod optim;
+pub mod parallel;
 pub mod persist;
 pub mod session;
 mod sizes;

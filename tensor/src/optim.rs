@@ -18,6 +18,7 @@ use rocannl_arrayjit::tnode::NodeId;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::mode::Mode;
+use crate::parallel::step::{Parallel, ReduceStats};
 use crate::session::{Plan, PlanCode, Session};
 
 /// An optimizer and its hyper-parameters (the learning rate is given per step). Its weight decay
@@ -217,8 +218,6 @@ impl Default for LossScale {
 #[derive(Debug)]
 struct Scaler {
     cfg: LossScale,
-    /// The update routine (clipping and the optimizer), run when the gradients are finite.
-    update: Routine,
     /// The scale and its inverse (runtime scalars).
     scale_node: NodeId,
     inverse_node: NodeId,
@@ -233,6 +232,11 @@ struct Scaler {
 #[derive(Debug)]
 pub struct TrainStep {
     routine: Routine,
+    /// The update routine (clipping and the optimizer) when the step runs as two routines
+    /// (loss scaling, data parallelism); else the update is part of `routine`.
+    update: Option<Routine>,
+    /// Data parallelism's state ([`crate::parallel`]).
+    parallel: Option<Parallel>,
     optimizer: Optimizer,
     scalars: [NodeId; 3],
     /// The values last written to `scalars`.
@@ -264,6 +268,11 @@ impl TrainStep {
     /// The compiled routine (for inspecting its code).
     pub fn routine(&self) -> &Routine {
         &self.routine
+    }
+
+    /// What the gradient reductions cost so far, under data parallelism.
+    pub fn reduce_stats(&self) -> Option<ReduceStats> {
+        self.parallel.as_ref().map(|p| p.stats)
     }
 }
 
@@ -520,10 +529,12 @@ impl Session {
         let trained: Vec<&Tensor> = params.iter().filter(|p| p.info().differentiable).collect();
         let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
         outs.push(loss.clone());
-        // Under loss scaling the gradients outlive the first routine.
-        let grads: Vec<Tensor> = match options.loss_scale {
-            Some(_) => trained.iter().map(|p| (*p).clone()).collect(),
-            None => vec![],
+        // Under loss scaling and data parallelism the step runs as two routines, and the
+        // gradients outlive the first.
+        let split = options.loss_scale.is_some() || self.group().is_some();
+        let grads: Vec<Tensor> = match split {
+            true => trained.iter().map(|p| (*p).clone()).collect(),
+            false => vec![],
         };
         let plan =
             Plan { outputs: outs, backprop_from: Some(loss.clone()), grads, mode: Mode::Train };
@@ -547,34 +558,35 @@ impl Session {
         }
         let mut visible = self.visible_nodes(&plan);
         visible.extend(kept);
-        let (routine, scaler) = match scaling {
-            None => {
-                code.extend(update);
-                code.extend(buffer_updates);
-                (self.compile_code("train_step", Asgn::Seq(code), &visible)?, None)
-            }
-            Some((cfg, [scale_node, inverse_node, check_node])) => {
-                // The forward pass runs whether or not the update is skipped: so do the
-                // buffers' updates (as PyTorch's running statistics under a `GradScaler`).
-                code.extend(buffer_updates);
-                let grads = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
-                let update = self.compile_code("train_update", Asgn::Seq(update), &visible)?;
-                let scale = cfg.init;
-                let scaler = Scaler {
-                    cfg,
-                    update,
-                    scale_node,
-                    inverse_node,
-                    check_node,
-                    scale,
-                    good: 0,
-                    skipped: 0,
-                };
-                (grads, Some(scaler))
-            }
+        let (routine, update) = if split {
+            // The forward pass runs whether or not the update is skipped: so do the buffers'
+            // updates (as PyTorch's running statistics under a `GradScaler`).
+            code.extend(buffer_updates);
+            let grads = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
+            let update = self.compile_code("train_update", Asgn::Seq(update), &visible)?;
+            (grads, Some(update))
+        } else {
+            code.extend(update);
+            code.extend(buffer_updates);
+            (self.compile_code("train_step", Asgn::Seq(code), &visible)?, None)
+        };
+        let scaler = scaling.map(|(cfg, [scale_node, inverse_node, check_node])| Scaler {
+            scale: cfg.init,
+            cfg,
+            scale_node,
+            inverse_node,
+            check_node,
+            good: 0,
+            skipped: 0,
+        });
+        let parallel = match self.group().cloned() {
+            Some(group) => Some(self.parallel_setup(group, &trained, routine.low_level_text())?),
+            None => None,
         };
         Ok(TrainStep {
             routine,
+            update,
+            parallel,
             optimizer: opt.clone(),
             scalars,
             written: [None; 3],
@@ -724,15 +736,30 @@ impl Session {
             all.push((sym, ts.steps as i64 + 1));
         }
         let values = ts.optimizer.scalars(ts.steps + 1, lr);
-        let Some(sc) = &mut ts.scaler else {
+        if let Some(sc) = &ts.scaler {
+            self.write_extra(sc.scale_node, &[sc.scale])?;
+            self.write_extra(sc.inverse_node, &[1.0 / sc.scale])?;
+        }
+        if ts.update.is_none() {
             ts.steps += 1;
             self.write_scalars(&ts.scalars, &mut ts.written, values)?;
             return self.run_with(&ts.routine, &all);
-        };
-        self.write_extra(sc.scale_node, &[sc.scale])?;
-        self.write_extra(sc.inverse_node, &[1.0 / sc.scale])?;
+        }
         self.run_with(&ts.routine, &all)?;
-        if !self.read_extra(sc.check_node)?[0].is_finite() {
+        let finite = match &mut ts.parallel {
+            Some(par) => {
+                par.weight = self.local_weight;
+                let local = self.read(&ts.loss)?.iter().sum();
+                self.reduce_grads(par, local)?
+            }
+            None => match &ts.scaler {
+                Some(sc) => self.read_extra(sc.check_node)?[0].is_finite(),
+                None => true,
+            },
+        };
+        if let Some(sc) = &mut ts.scaler
+            && !finite
+        {
             // Overflow: skip the update, lower the scale.
             sc.scale = (sc.scale * sc.cfg.backoff).max(f64::MIN_POSITIVE);
             sc.good = 0;
@@ -741,11 +768,15 @@ impl Session {
         }
         ts.steps += 1;
         self.write_scalars(&ts.scalars, &mut ts.written, values)?;
-        self.run_with(&sc.update, &all)?;
-        sc.good += 1;
-        if sc.good >= sc.cfg.growth_interval {
-            sc.scale *= sc.cfg.growth;
-            sc.good = 0;
+        if let Some(update) = &ts.update {
+            self.run_with(update, &all)?;
+        }
+        if let Some(sc) = &mut ts.scaler {
+            sc.good += 1;
+            if sc.good >= sc.cfg.growth_interval {
+                sc.scale *= sc.cfg.growth;
+                sc.good = 0;
+            }
         }
         Ok(())
     }
@@ -768,8 +799,12 @@ impl Session {
         Ok(())
     }
 
-    /// The loss after the last step (its cells summed).
+    /// The loss after the last step (its cells summed); under data parallelism, the mean
+    /// over the ranks (weighted by [`Session::set_local_examples`]): the global batch's loss.
     pub fn loss(&self, ts: &TrainStep) -> Result<f64> {
+        if let Some(loss) = ts.parallel.as_ref().and_then(|p| p.loss) {
+            return Ok(loss);
+        }
         Ok(self.read(&ts.loss)?.iter().sum())
     }
 }

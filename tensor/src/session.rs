@@ -54,6 +54,11 @@ pub struct SessionOptions {
     pub autocast: bool,
     /// Compiler settings.
     pub compile: CompileOptions,
+    /// Data parallelism: the group of workers this session is one rank of. Its training
+    /// steps then average their gradients over the group before every update, rank 0's
+    /// parameters are broadcast when a step is compiled, and only rank 0 writes checkpoints
+    /// (docs/distributed.md). `None`: one process.
+    pub data_parallel: Option<crate::parallel::Group>,
 }
 
 impl Default for SessionOptions {
@@ -64,6 +69,7 @@ impl Default for SessionOptions {
             master: None,
             autocast: true,
             compile: CompileOptions::default(),
+            data_parallel: None,
         }
     }
 }
@@ -102,6 +108,10 @@ pub struct Session {
     pub(crate) dyn_axes: FxHashMap<TensorId, DynAxes>,
     /// The current value of each dynamic size set with [`Session::set_size`].
     pub(crate) sizes: FxHashMap<Symbol, usize>,
+    /// [`SessionOptions::data_parallel`].
+    group: Option<crate::parallel::Group>,
+    /// This rank's weight in a data-parallel mean ([`Session::set_local_examples`]).
+    pub(crate) local_weight: f64,
 }
 
 impl std::fmt::Debug for Session {
@@ -174,7 +184,30 @@ impl Session {
             symbols: SymbolGen::starting_at(1 << 20),
             dyn_axes: FxHashMap::default(),
             sizes: FxHashMap::default(),
+            group: opts.data_parallel,
+            local_weight: 1.0,
         })
+    }
+
+    /// The group of workers this session is a rank of ([`SessionOptions::data_parallel`]).
+    pub fn group(&self) -> Option<&crate::parallel::Group> {
+        self.group.as_ref()
+    }
+
+    /// How many examples of the global batch this rank's next steps see, under data
+    /// parallelism: each rank's gradients (and loss) are weighted by it in the mean over the
+    /// ranks, so that shards of unequal size (a smaller last shard) give the mean over the
+    /// global batch, as one process would — for a loss that is a mean over its batch, as every
+    /// loss of [`crate::nn::loss`] is by default. Until it is set every rank weighs the same
+    /// (as PyTorch's DDP). Without data parallelism it changes nothing.
+    pub fn set_local_examples(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::usage(
+                "a rank's shard of the global batch must hold at least one example",
+            ));
+        }
+        self.local_weight = n as f64;
+        Ok(())
     }
 
     /// The graph.
@@ -890,6 +923,16 @@ impl Session {
         let node = self.extra.get(&n).cloned().ok_or_else(|| Error::usage("unknown extra node"))?;
         self.ctx.ensure_buffer(&node)?;
         self.write_node(n, node.prec, &node.dims, values)
+    }
+
+    /// A node's buffer, in its own precision.
+    pub(crate) fn read_node(&self, n: NodeId) -> Result<NdArray> {
+        Ok(self.ctx.read(n)?)
+    }
+
+    /// Writes a node's buffer.
+    pub(crate) fn write_node_array(&mut self, n: NodeId, arr: &NdArray) -> Result<()> {
+        Ok(self.ctx.write(n, arr)?)
     }
 
     pub(crate) fn read_extra(&self, n: NodeId) -> Result<Vec<f64>> {
