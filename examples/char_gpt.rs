@@ -18,6 +18,11 @@
 //! `cargo run --release --example char_gpt -- [--steps N] [--seed S] [--precision f32|bf16|f16]
 //! [--master f32|same] [--backend B] [--data FILE] [--json]`
 //!
+//! Data-parallel on N processes (docs/distributed.md): build with `--features mpi` and start
+//! it with `mpirun -np N target/release/examples/char_gpt --json`. Each rank trains on its
+//! shard of every batch of 32 windows; rank 0 evaluates, samples, saves and prints, with the
+//! same results as one process.
+//!
 //! In bf16 and f16 the run is mixed precision by default: activations and their gradients in
 //! the half precision, parameters, their gradients and AdamW's state in f32 (`--master f32`),
 //! and in f16 dynamic loss scaling. `--master same` stores everything in the half precision.
@@ -29,6 +34,7 @@ use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::sample::Sampler;
 use rocannl::tensor::nn::{Activation, Module, loss};
 use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions};
+use rocannl::tensor::parallel::Group;
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{BackendKind, Graph, Prec, Session, SessionOptions, Tensor};
 
@@ -153,9 +159,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
     let mean = per_position.mean_all();
     let master = a.master.filter(|m| *m != a.prec);
-    let opts =
-        SessionOptions { backend: a.backend, prec: a.prec, master, ..SessionOptions::default() };
+    // Under `mpirun`, this process's shard of every batch; else the whole batch.
+    let group = workers()?;
+    let root = group.as_ref().is_none_or(Group::is_root);
+    let shard = group.as_ref().map_or(0..BATCH, |g| g.shard(BATCH));
+    let ranks = group.as_ref().map_or(1, Group::size);
+    let opts = SessionOptions {
+        backend: a.backend,
+        prec: a.prec,
+        master,
+        data_parallel: group,
+        ..SessionOptions::default()
+    };
     let mut s = Session::with_options(&g, opts)?;
+    s.set_size(&batch, shard.len())?;
+    s.set_local_examples(shard.len())?;
     let params: usize = gpt
         .params()
         .iter()
@@ -169,7 +187,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut step = s.train_step_with(&mean, &adamw, &[], &clip)?;
     let eval = s.forward(&[&per_position, &logits])?;
     let compile_s = compile.elapsed().as_secs_f64();
-    if !a.json {
+    if !a.json && root {
         println!(
             "{params} params; {} training and {} validation tokens; compiled in {compile_s:.2} s",
             d.train.len(),
@@ -184,7 +202,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // started serving (the start of the first step that ran it), from the start of compiling.
     let (mut first_step_s, mut optimized_s) = (None, None);
     for t in 0..a.steps {
-        let (xs, ys) = train.batch(t);
+        let (xs, ys) = train.shard(t, shard.clone());
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
         let step_started = compile.elapsed().as_secs_f64();
@@ -194,11 +212,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         if optimized_s.is_none() && !s.builds_pending() {
             optimized_s = Some(step_started);
         }
-        if !a.json && (t % 200 == 0 || t + 1 == a.steps) {
+        if !a.json && root && (t % 200 == 0 || t + 1 == a.steps) {
             println!("step {t:>5}: loss {:.4}", losses[t]);
         }
     }
     let train_s = train_started.elapsed().as_secs_f64();
+    if !root {
+        return Ok(());
+    }
     // Validation: every non-overlapping window, 32 at a time (the last batch smaller).
     let val = SequenceLoader::new(d.val.clone(), CONTEXT, BATCH, 0)?;
     let (mut total, mut count) = (0.0, 0usize);
@@ -227,7 +248,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "compile_s": compile_s, "first_step_s": first_step_s, "optimized_s": optimized_s,
             "wall_s": wall_s, "samples": samples, "params": params,
             "precision": a.prec.name(), "master": s.master_prec().name(),
-            "skipped_steps": step.skipped_steps(),
+            "skipped_steps": step.skipped_steps(), "ranks": ranks,
+            "allreduce": step.reduce_stats().map(|r| serde_json::json!({
+                "bytes_per_step": r.bytes_per_step,
+                "ms_per_step": 1e3 * r.total.as_secs_f64() / r.steps.max(1) as f64,
+            })),
             "data": {
                 "vocab": vocab, "train_tokens": d.train.len(), "val_tokens": d.val.len(),
                 "eval_windows": val.eval_starts().len(), "first_names": d.first,
@@ -251,6 +276,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("parameters saved to char_gpt.safetensors");
     }
     Ok(())
+}
+
+/// The group of processes started by `mpirun`, when there are several.
+#[cfg(feature = "mpi")]
+fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
+    let world = Group::mpi()?;
+    Ok((world.size() > 1).then_some(world))
+}
+
+/// One process: built without the `mpi` feature.
+#[cfg(not(feature = "mpi"))]
+fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
+    Ok(None)
 }
 
 /// How many names are sampled.

@@ -66,6 +66,8 @@ pub fn tensor_error(e: Error) -> CliError {
             };
         }
         Error::Compile(J::Alloc { .. }) => ErrorKind::Limit,
+        // Documents never run data-parallel: a collective's failure would be the backend's.
+        Error::Distributed { .. } => ErrorKind::Backend,
         Error::Compile(_) | Error::Usage(_) | Error::Persist(_) | Error::Io { .. } => {
             ErrorKind::Input
         }

@@ -61,7 +61,9 @@ impl Session {
         Ok(out)
     }
 
-    /// Saves every parameter and every buffer to a safetensors file.
+    /// Saves every parameter and every buffer to a safetensors file. Under data parallelism
+    /// only rank 0 writes it (every rank holds the same parameters); on the other ranks this
+    /// does nothing.
     ///
     /// The file is written whole or not at all: to a new file beside it, then renamed over it.
     /// A new checkpoint gets the mode any new file gets (read and write for everyone the umask
@@ -83,6 +85,9 @@ impl Session {
     /// assert_eq!(s.read(&w).unwrap(), before);
     /// ```
     pub fn save_params(&self, path: &Path) -> Result<()> {
+        if self.group().is_some_and(|g| !g.is_root()) {
+            return Ok(());
+        }
         let params = self.named_params()?;
         let mut bytes = Vec::new();
         for (name, p) in &params {

@@ -220,8 +220,25 @@ impl SequenceLoader {
     /// window): window `b` starts at `⌊u · (len − context)⌋`, `u` the generator's draw
     /// `(seed, step · batch + b)`.
     pub fn batch(&self, step: usize) -> (Vec<u32>, Vec<u32>) {
+        self.shard(step, 0..self.batch)
+    }
+
+    /// Windows `range` of training step `step`'s batch: a rank's shard under data parallelism
+    /// ([`crate::parallel::Group::shard`]), so that the ranks' shards together are the batch
+    /// one process trains on.
+    ///
+    /// ```
+    /// use rocannl_tensor::train::SequenceLoader;
+    /// let loader = SequenceLoader::new((0..100).collect(), 4, 6, 7).unwrap();
+    /// let (x, _) = loader.batch(3);
+    /// let (a, _) = loader.shard(3, 0..4);
+    /// let (b, _) = loader.shard(3, 4..6);
+    /// assert_eq!([a, b].concat(), x);
+    /// ```
+    pub fn shard(&self, step: usize, range: std::ops::Range<usize>) -> (Vec<u32>, Vec<u32>) {
         let windows = self.stream.len() - self.context;
-        let starts: Vec<usize> = (0..self.batch)
+        let starts: Vec<usize> = range
+            .filter(|b| *b < self.batch)
             .map(|b| {
                 let u = rocannl_arrayjit::ops::uniform(self.seed, (step * self.batch + b) as u64);
                 ((u * windows as f64) as usize).min(windows - 1)

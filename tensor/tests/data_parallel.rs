@@ -5,104 +5,15 @@
 //! rank. The ranks are threads ([`Group::in_process`]); the MPI engine runs the same code
 //! (`tests/mpi.rs` of the root crate, feature `mpi`).
 
-use std::ops::Range;
+mod dp_common;
+
 use std::time::{Duration, Instant};
 
-use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
+use dp_common::{Case, Outcome, close, train};
+use rocannl_tensor::nn::{Mlp, MlpConfig};
 use rocannl_tensor::optim::{LossScale, Optimizer, StepOptions};
 use rocannl_tensor::parallel::Group;
 use rocannl_tensor::{Error, Graph, Prec, Session, SessionOptions};
-
-/// Features and targets of example `i` (5 and 2 values).
-fn example(i: usize) -> (Vec<f64>, Vec<f64>) {
-    let x = (0..5).map(|k| (((i * 5 + k) * 37 % 23) as f64 - 11.0) / 7.0).collect();
-    let y = (0..2).map(|k| (((i * 2 + k) * 13 % 17) as f64 - 8.0) / 5.0).collect();
-    (x, y)
-}
-
-#[derive(Clone)]
-struct Case {
-    opt: Optimizer,
-    step: StepOptions,
-    prec: Prec,
-    master: Option<Prec>,
-    /// The global batch.
-    batch: usize,
-    steps: usize,
-    /// A dynamic batch axis (shards of unequal size).
-    dynamic: bool,
-    /// Weight each rank by its shard.
-    weighted: bool,
-    /// The graph's seed (ranks may differ: rank 0's parameters are broadcast).
-    seed: u64,
-}
-
-impl Default for Case {
-    fn default() -> Case {
-        Case {
-            opt: Optimizer::sgd(),
-            step: StepOptions::default(),
-            prec: Prec::F32,
-            master: None,
-            batch: 8,
-            steps: 5,
-            dynamic: false,
-            weighted: false,
-            seed: 7,
-        }
-    }
-}
-
-/// What a rank saw: the loss of every step and the parameters at the end.
-#[derive(Debug)]
-struct Outcome {
-    losses: Vec<f64>,
-    params: Vec<Vec<f64>>,
-}
-
-/// Trains `case` on `group` (none: one process on the whole batch), this rank on `shard` of
-/// every global batch, with a batch axis of the shard's size (dynamic when `weighted`).
-fn train(case: &Case, group: Option<Group>, seed: u64) -> Result<Outcome, Error> {
-    let shard: Range<usize> = group.as_ref().map_or(0..case.batch, |g| g.shard(case.batch));
-    let n = shard.len();
-    let g = Graph::with_seed(seed);
-    let dynamic = case.dynamic.then(|| g.dynamic("batch", case.batch));
-    let (x, y) = match &dynamic {
-        Some(b) => (g.data_dyn("x", b, &[], &[], &[5]), g.data_dyn("y", b, &[], &[], &[2])),
-        None => (g.data("x", &[n], &[], &[5]), g.data("y", &[n], &[], &[2])),
-    };
-    let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 2]).with_act(Activation::Tanh));
-    let err = loss::mse(&mlp.apply(&x), &y);
-    let opts = SessionOptions {
-        prec: case.prec,
-        master: case.master,
-        data_parallel: group,
-        ..Default::default()
-    };
-    let mut s = Session::with_options(&g, opts)?;
-    if let Some(b) = &dynamic {
-        s.set_size(b, n)?;
-    }
-    if case.weighted {
-        s.set_local_examples(n)?;
-    }
-    let mut step = s.train_step_with(&err, &case.opt, &[], &case.step)?;
-    let mut losses = Vec::new();
-    for k in 0..case.steps {
-        let (mut xs, mut ys) = (Vec::new(), Vec::new());
-        for i in shard.clone() {
-            let (a, b) = example(k * case.batch + i);
-            xs.extend(a);
-            ys.extend(b);
-        }
-        s.write(&x, &xs)?;
-        s.write(&y, &ys)?;
-        s.step(&mut step, 0.1, &[])?;
-        losses.push(s.loss(&step)?);
-    }
-    let params = g.params().iter().map(|p| s.read(p)).collect::<Result<_, _>>()?;
-    Ok(Outcome { losses, params })
-}
 
 /// `case` on `n` in-process ranks (rank r's graph seeded with `seeds(r)`).
 fn ranks(
@@ -121,13 +32,6 @@ fn ranks(
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
-}
-
-fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    for (k, (p, q)) in a.iter().zip(b).enumerate() {
-        assert!((p - q).abs() <= tol * (1.0 + q.abs()), "{what}[{k}]: {p} vs {q}");
-    }
 }
 
 /// Every rank of `n` matches one process: same losses, same parameters.
