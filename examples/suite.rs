@@ -14,6 +14,11 @@
 //! step is runnable), `first_step_s` (from the start of the process to the end of the first
 //! step), `optimized_s` (from the start of the process until the optimized code serves), the
 //! last `loss` and `params`.
+//!
+//! Built with `--features mpi` and started by `mpirun -np N`, the model trains data-parallel:
+//! each rank's batch is its shard of the configured batch (its own random values: the run
+//! measures time, not a loss to compare), and rank 0 prints, with `ranks` and the gradient
+//! reductions' bytes and time per step (`allreduce`).
 
 use std::time::Instant;
 
@@ -22,7 +27,8 @@ use rocannl::tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::{Activation, Linear, LinearConfig, Mlp, MlpConfig, loss};
 use rocannl::tensor::optim::StepOptions;
-use rocannl::tensor::{Graph, Init, Optimizer, Session, Tensor, View};
+use rocannl::tensor::parallel::Group;
+use rocannl::tensor::{Graph, Init, Optimizer, Session, SessionOptions, Tensor, View};
 use serde_json::Value;
 
 /// The configuration file, compiled in so that the binary runs from anywhere.
@@ -225,8 +231,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let name = a.model.ok_or("--model M (or --list)")?;
+    let group = workers()?;
+    let cfg = match &group {
+        Some(g) => shard_batches(cfg, g),
+        None => cfg,
+    };
     let p = problem(&cfg, &name).ok_or(format!("no model named {name}; --list lists them"))?;
-    let mut s = Session::new(&p.g)?;
+    let (root, ranks) = group.as_ref().map_or((true, 1), |g| (g.is_root(), g.size()));
+    let opts = SessionOptions { data_parallel: group, ..SessionOptions::default() };
+    let mut s = Session::with_options(&p.g, opts)?;
     // After inference: the params' shapes come from their use.
     let params: usize = p.g.params().iter().map(|t| t.num_elements().unwrap_or(0)).sum();
     for (t, v) in &p.inputs {
@@ -261,9 +274,45 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "framework": "rocannl", "model": name, "step_s": step_s, "steps_per_s": 1.0 / step_s,
         "compile_s": compile_s, "first_step_s": first_step_s, "optimized_s": optimized_s,
         "loss": s.loss(&step)?, "params": params, "backend": s.backend().name(),
+        "ranks": ranks,
+        "allreduce": step.reduce_stats().map(|r| serde_json::json!({
+            "bytes_per_step": r.bytes_per_step,
+            "ms_per_step": 1e3 * r.total.as_secs_f64() / r.steps.max(1) as f64,
+        })),
     });
-    println!("{line}");
+    if root {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// Every model's batch replaced by this rank's shard of it.
+fn shard_batches(mut cfg: Value, g: &Group) -> Value {
+    let shard = |c: &mut Value| {
+        if let Some(b) = c["batch"].as_u64() {
+            c["batch"] = Value::from(g.shard(b as usize).len());
+        }
+    };
+    if let Some(gpts) = cfg["gpt"].as_array_mut() {
+        gpts.iter_mut().for_each(shard);
+    }
+    for k in ["mlp", "cnn", "mlp_lm"] {
+        shard(&mut cfg[k]);
+    }
+    cfg
+}
+
+/// The group of processes started by `mpirun`, when there are several.
+#[cfg(feature = "mpi")]
+fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
+    let world = Group::mpi()?;
+    Ok((world.size() > 1).then_some(world))
+}
+
+/// One process: built without the `mpi` feature.
+#[cfg(not(feature = "mpi"))]
+fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
+    Ok(None)
 }
 
 fn main() {

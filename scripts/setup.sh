@@ -8,15 +8,19 @@
 #     backend finds it (after ROCANNL_NVRTC_DIR and before the system's paths). Without it the
 #     CUDA backend reports that NVRTC is missing and its compile tests are skipped. The NVIDIA
 #     files are never committed (.nv/ is ignored by git);
-#  3. numpy (with pip) for the differential test against the reference in tests/reference/.
+#  3. numpy (with pip) for the differential test against the reference in tests/reference/;
+#  4. with --mpi: Open MPI (openmpi-bin, libopenmpi-dev) and libclang-dev (bindgen, for the
+#     `mpi` crate's build), what the `mpi` feature needs (docs/distributed.md).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cuda=no
+mpi=no
 for arg in "$@"; do
   case "$arg" in
     --cuda) cuda=yes ;;
-    *) echo "setup: error: unknown argument $arg (usage: setup.sh [--cuda])" >&2; exit 2 ;;
+    --mpi) mpi=yes ;;
+    *) echo "setup: error: unknown argument $arg (usage: setup.sh [--cuda] [--mpi])" >&2; exit 2 ;;
   esac
 done
 if [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null 2>&1; then
@@ -75,6 +79,25 @@ else
     || fail "pip could not install numpy"
   python3 -c 'import numpy' >/dev/null 2>&1 || fail "numpy was installed but python3 cannot import it"
   say "installed numpy"
+fi
+
+# --- 4. Open MPI for the `mpi` feature ----------------------------------------------------------
+if [ "$mpi" = yes ]; then
+  missing=()
+  for pkg in openmpi-bin libopenmpi-dev libclang-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "Open MPI and libclang are already installed ($(mpirun --version 2>/dev/null | head -1))"
+  else
+    command -v apt-get >/dev/null 2>&1 || fail "apt-get not found: install ${missing[*]} by hand"
+    say "installing ${missing[*]} with apt-get"
+    as_root apt-get update -qq || fail "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null \
+      || fail "apt-get could not install ${missing[*]}"
+    command -v mpirun >/dev/null 2>&1 || fail "Open MPI was installed but mpirun is not on PATH"
+    say "installed ${missing[*]}"
+  fi
 fi
 
 say "done"
