@@ -5,7 +5,8 @@
 #   2. the shared conformance suite on --backend cuda,
 #   3. every conformance document on the device and on the simulator (cuda-sim), values and
 #      gradients compared cell by cell (scripts/gpu_check.py),
-#   4. the examples on the device (char_gpt, moons),
+#   4. the examples on the device (char_gpt, moons), and NCCL's one-rank group (data
+#      parallelism: an all-reduce and a data-parallel training step on the device),
 #   5. rocannl bench on the W1-W4 documents, cuda beside gccjit.
 # Without a GPU, BACKEND=cuda-sim rehearses steps 2, 3 and 5 on the simulator (checking the
 # script itself). Environment:
@@ -55,6 +56,9 @@ if [ "$backend" = cuda ]; then
   step "examples on the device"
   target/release/examples/char_gpt --backend cuda --steps 300 --json | tail -1 | tee "$out/char_gpt.json"
   target/release/examples/moons --backend cuda --quick | tail -3
+  step "NCCL: one rank on the device"
+  cargo test --release -p rocannl-tensor --features nccl --test nccl -- --nocapture 2>&1 \
+    | tee "$out/nccl.txt"
 fi
 
 step "rocannl bench, $backend beside gccjit"

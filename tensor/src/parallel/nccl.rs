@@ -33,14 +33,35 @@ fn nccl_error(rank: usize, size: usize, what: &str, e: impl std::fmt::Debug) -> 
     Error::Distributed { rank, size, message: format!("{what}: {e:?}") }
 }
 
+/// An error unless the CUDA driver and NCCL libraries can be loaded (cudarc panics on a
+/// missing library; this keeps it an error).
+fn probe(rank: usize, size: usize) -> Result<()> {
+    let missing = |what: &str| Error::Distributed {
+        rank,
+        size,
+        message: format!("{what} is not installed (or not on the library path)"),
+    };
+    // SAFETY: only probes whether the libraries can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(missing("the CUDA driver library (libcuda)"));
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(missing("NCCL (libnccl)"));
+    }
+    Ok(())
+}
+
 /// A new NCCL unique id, as bytes.
 pub(super) fn new_id() -> Result<[u8; 128]> {
+    probe(0, 1)?;
     let id = Id::new().map_err(|e| nccl_error(0, 1, "NCCL could not make a unique id", e))?;
     Ok(id.internal().map(|c| c as u8))
 }
 
 /// The number of CUDA devices.
 pub(super) fn device_count() -> Result<usize> {
+    probe(0, 1)?;
     let n = CudaContext::device_count()
         .map_err(|e| nccl_error(0, 1, "no CUDA driver to count devices", e))?;
     Ok(n.max(0) as usize)
@@ -48,6 +69,7 @@ pub(super) fn device_count() -> Result<usize> {
 
 impl Nccl {
     pub(super) fn new(rank: usize, size: usize, device: usize, id: [u8; 128]) -> Result<Nccl> {
+        probe(rank, size)?;
         let ctx = CudaContext::new(device)
             .map_err(|e| nccl_error(rank, size, &format!("CUDA device {device}"), e))?;
         let stream = ctx.default_stream();
