@@ -7,6 +7,7 @@
 //! ```text
 //! cargo run --release --example suite -- --list
 //! cargo run --release --example suite -- --model gpt-w128-l4-c64 [--steps N] [--warmup W]
+//!     [--data-parallel]
 //! ```
 //!
 //! Prints one JSON object: the model, `step_s` (the median of the timed steps' wall times, after
@@ -15,10 +16,12 @@
 //! step), `optimized_s` (from the start of the process until the optimized code serves), the
 //! last `loss` and `params`.
 //!
-//! Built with `--features mpi` and started by `mpirun -np N`, the model trains data-parallel:
-//! each rank's batch is its shard of the configured batch (its own random values: the run
-//! measures time, not a loss to compare), and rank 0 prints, with `ranks` and the gradient
-//! reductions' bytes and time per step (`allreduce`).
+//! With `--data-parallel` (built with `--features mpi`, started by `mpirun -np N`; one rank
+//! without a launcher) the model trains data-parallel: each rank's batch is its shard of the
+//! configured batch (its own random values: the run measures time, not a loss to compare), and
+//! rank 0 prints, with `ranks` and the gradient reductions' bytes and time per step
+//! (`allreduce`). On one rank that time is the host's side alone: gathering the gradients and
+//! writing them back.
 
 use std::time::Instant;
 
@@ -200,10 +203,11 @@ struct Args {
     list: bool,
     steps: usize,
     warmup: usize,
+    data_parallel: bool,
 }
 
 fn args() -> Result<Args, String> {
-    let mut a = Args { model: None, list: false, steps: 50, warmup: 5 };
+    let mut a = Args { model: None, list: false, steps: 50, warmup: 5, data_parallel: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -212,9 +216,11 @@ fn args() -> Result<Args, String> {
             "--list" => a.list = true,
             "--steps" => a.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--warmup" => a.warmup = value()?.parse().map_err(|e| format!("--warmup: {e}"))?,
+            "--data-parallel" => a.data_parallel = true,
             other => {
                 return Err(format!(
-                    "unknown flag {other} (--list, --model M, --steps N, --warmup W)"
+                    "unknown flag {other} (--list, --model M, --steps N, --warmup W, \
+                     --data-parallel)"
                 ));
             }
         }
@@ -231,7 +237,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let name = a.model.ok_or("--model M (or --list)")?;
-    let group = workers()?;
+    let group = if a.data_parallel { Some(workers()?) } else { None };
     let cfg = match &group {
         Some(g) => shard_batches(cfg, g),
         None => cfg,
@@ -302,17 +308,16 @@ fn shard_batches(mut cfg: Value, g: &Group) -> Value {
     cfg
 }
 
-/// The group of processes started by `mpirun`, when there are several.
+/// The group of processes started by `mpirun` (one rank without it).
 #[cfg(feature = "mpi")]
-fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
-    let world = Group::mpi()?;
-    Ok((world.size() > 1).then_some(world))
+fn workers() -> Result<Group, Box<dyn std::error::Error>> {
+    Ok(Group::mpi()?)
 }
 
-/// One process: built without the `mpi` feature.
+/// Data parallelism needs the `mpi` feature.
 #[cfg(not(feature = "mpi"))]
-fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
-    Ok(None)
+fn workers() -> Result<Group, Box<dyn std::error::Error>> {
+    Err("--data-parallel needs a build with --features mpi".into())
 }
 
 fn main() {

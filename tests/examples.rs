@@ -161,3 +161,25 @@ fn every_model_of_the_suite_trains_a_step() {
         assert!(num(&v, "params") > 0.0, "{name}: {v}");
     }
 }
+
+#[test]
+fn the_suite_plot_draws_every_model_of_the_committed_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("ratios.svg");
+    let results =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/suite/results/2026-11-27-eager.json");
+    let out = Command::new(example("suite_plot"))
+        .arg(&svg)
+        .arg(results)
+        .output()
+        .expect("run suite_plot");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for model in ["gpt-w64-l2-c16", "gpt-w128-l2-c256", "cnn-digits", "mlp-lm-c8-w200"] {
+        assert!(text.contains(model), "{model} missing from the plot");
+    }
+    assert!(text.contains("PyTorch eager"), "no legend");
+    // No result file: an error, not a picture.
+    let none = Command::new(example("suite_plot")).arg(dir.path().join("x.svg")).output().unwrap();
+    assert!(!none.status.success());
+}
