@@ -20,9 +20,10 @@ struct Row {
 }
 
 /// The sides as the result files name them, their legend and colour.
-const SIDES: [(&str, &str, RGBColor); 2] = [
+const SIDES: [(&str, &str, RGBColor); 3] = [
     ("torch", "PyTorch eager", RGBColor(31, 119, 180)),
     ("torch.compile", "torch.compile", RGBColor(255, 127, 14)),
+    ("jax", "JAX (jit)", RGBColor(44, 160, 44)),
 ];
 
 fn main() {
@@ -109,9 +110,10 @@ fn draw(out: &str, title: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::
     for (k, (side, legend, color)) in SIDES.iter().enumerate() {
         let bars = rows.iter().enumerate().filter_map(|(i, r)| {
             let x = r.ratios.iter().find(|(s, _)| s == side)?.1;
-            // The first model at the top; each side's bar in its own half of the row.
-            let y = n - 1.0 - i as f64 + 0.2 - 0.4 * k as f64;
-            Some(Rectangle::new([(0.0, y - 0.17), (x, y + 0.17)], color.filled()))
+            // The first model at the top; each side's bar in its own slot of the row.
+            let slot = 0.8 / SIDES.len() as f64;
+            let y = n - 1.0 - i as f64 + 0.4 - slot * (k as f64 + 0.5);
+            Some(Rectangle::new([(0.0, y - 0.42 * slot), (x, y + 0.42 * slot)], color.filled()))
         });
         chart
             .draw_series(bars)?

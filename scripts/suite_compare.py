@@ -1,9 +1,10 @@
 """Runs the model suite side by side: for each model of benches/suite/models.json, rocannl
-(examples/suite.rs), PyTorch eager and torch.compile (scripts/reference/suite.py), alternated
-round by round in one sitting, so that the machine's drift falls on every side alike.
+(examples/suite.rs), PyTorch eager and torch.compile (scripts/reference/suite.py) and, with
+--jax-python, JAX (scripts/reference/suite_jax.py, jitted steps), alternated round by round in
+one sitting, so that the machine's drift falls on every side alike.
 
     python3 scripts/suite_compare.py [--rounds R] [--steps N] [--models a,b] [--out results.json]
-        [--torch-python PATH] [--no-compile]
+        [--torch-python PATH] [--no-compile] [--jax-python PATH]
 
 Prints, per model, the median over rounds of each side's median step time and the ratios
 rocannl / other in steps per second (above 1: rocannl is faster), and writes every run's JSON
@@ -48,9 +49,12 @@ def main():
     ap.add_argument("--out", default="suite_results.json")
     ap.add_argument("--torch-python", default=sys.executable)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--jax-python", default=None,
+                    help="a Python with jax installed: adds the JAX side (skipped without it)")
     a = ap.parse_args()
     suite_bin = os.path.join(ROOT, "target", "release", "examples", "suite")
     torch_script = os.path.join(ROOT, "scripts", "reference", "suite.py")
+    jax_script = os.path.join(ROOT, "scripts", "reference", "suite_jax.py")
     models = a.models.split(",") if a.models else subprocess.run(
         [suite_bin, "--list"], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -64,6 +68,9 @@ def main():
         sides["torch.compile"] = lambda m: [a.torch_python, torch_script, "--model", m,
                                             "--mode", "compile", "--steps", str(a.steps),
                                             "--warmup", str(a.warmup)]
+    if a.jax_python:
+        sides["jax"] = lambda m: [a.jax_python, jax_script, "--model", m, "--steps",
+                                  str(a.steps), "--warmup", str(a.warmup)]
     runs = []
     table = []
     for m in models:
