@@ -125,52 +125,90 @@ pub struct BuildOptions {
     pub steps: Vec<usize>,
 }
 
-/// Builds one libgccjit context for `steps` and compiles it, holding
+/// What a build compiles from: the program, its planned steps, and each step's buffer slots
+/// (the nodes of its table, in order) and function name.
+#[derive(Clone, Copy)]
+pub struct Steps<'a> {
+    /// The program the steps are cut from.
+    pub prog: &'a Program,
+    /// The steps.
+    pub steps: &'a [(Vec<Stmt>, StepKind)],
+    /// Each step's buffer slots.
+    pub slots: &'a [Vec<NodeId>],
+    /// Each step's function name.
+    pub names: &'a [String],
+}
+
+/// Builds one libgccjit context for the steps `opts` names and compiles it, holding
 /// [`crate::env::lock`]. The `gccjit` crate panics on libgccjit errors in debug builds;
 /// such a panic is caught and returned as a typed error.
 pub fn build(
-    prog: &Program,
-    steps: &[(Vec<Stmt>, StepKind)],
-    slots: &[Vec<NodeId>],
-    names: &[String],
+    src: Steps<'_>,
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
     let _guard = super::fork::gcc_lock();
-    build_unlocked(prog, steps, slots, names, opts, output)
+    build_unlocked(src, opts, output)
 }
 
 /// [`build`] without taking the lock: for a forked child, which inherited it held.
 pub fn build_unlocked(
-    prog: &Program,
-    steps: &[(Vec<Stmt>, StepKind)],
-    slots: &[Vec<NodeId>],
-    names: &[String],
+    src: Steps<'_>,
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
-    let run =
-        std::panic::AssertUnwindSafe(|| build_unchecked(prog, steps, slots, names, opts, output));
+    let run = std::panic::AssertUnwindSafe(|| build_unchecked(src, opts, output));
     std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         let log = panic
             .downcast_ref::<String>()
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "libgccjit reported an error".to_string());
-        Err(Error::Compile { backend: "gccjit", routine: prog.name.clone(), log })
+        Err(Error::Compile { backend: "gccjit", routine: src.prog.name.clone(), log })
     })
 }
 
 fn build_unchecked(
-    prog: &Program,
-    steps: &[(Vec<Stmt>, StepKind)],
-    slots: &[Vec<NodeId>],
-    names: &[String],
+    src: Steps<'_>,
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
+    let Steps { prog, steps, slots, names } = src;
     let started = std::time::Instant::now();
     let ctx = Context::default();
+    set_options(&ctx, opts, &output);
+    for &k in &opts.steps {
+        let (body, kind) = &steps[k];
+        let mut g = Gen::new(&ctx, prog, &slots[k], opts.bounds_check, &names[k]);
+        g.function(body, kind);
+    }
+    if let Some(path) = &opts.dump {
+        ctx.dump_to_file(path.display().to_string(), false);
+    }
+    let fail = |log: String| Error::Compile { backend: "gccjit", routine: prog.name.clone(), log };
+    if let Ok(Some(e)) = ctx.get_first_error() {
+        return Err(fail(e.to_string()));
+    }
+    let built_ir = std::time::Instant::now();
+    let built = match output {
+        Output::Memory => ctx.compile().map(Built::Memory).map_err(fail)?,
+        Output::SharedLibrary(path) => {
+            ctx.compile_to_file(gccjit::OutputKind::DynamicLibrary, path.display().to_string());
+            if let Ok(Some(e)) = ctx.get_first_error() {
+                return Err(fail(e.to_string()));
+            }
+            Built::File
+        }
+    };
+    let times = BuildTimes {
+        codegen_s: (built_ir - started).as_secs_f64(),
+        compile_s: built_ir.elapsed().as_secs_f64(),
+    };
+    Ok((built, times))
+}
+
+/// GCC's options for a build: optimization level, target, floating-point semantics.
+fn set_options(ctx: &Context<'static>, opts: &BuildOptions, output: &Output<'_>) {
     ctx.set_optimization_level(match opts.opt_level {
         0 => OptimizationLevel::None,
         1 => OptimizationLevel::Limited,
@@ -204,34 +242,6 @@ fn build_unchecked(
         // small routine.
         ctx.add_driver_option("-nostdlib");
     }
-    for &k in &opts.steps {
-        let (body, kind) = &steps[k];
-        let mut g = Gen::new(&ctx, prog, &slots[k], opts.bounds_check, &names[k]);
-        g.function(body, kind);
-    }
-    if let Some(path) = &opts.dump {
-        ctx.dump_to_file(path.display().to_string(), false);
-    }
-    let fail = |log: String| Error::Compile { backend: "gccjit", routine: prog.name.clone(), log };
-    if let Ok(Some(e)) = ctx.get_first_error() {
-        return Err(fail(e.to_string()));
-    }
-    let built_ir = std::time::Instant::now();
-    let built = match output {
-        Output::Memory => ctx.compile().map(Built::Memory).map_err(fail)?,
-        Output::SharedLibrary(path) => {
-            ctx.compile_to_file(gccjit::OutputKind::DynamicLibrary, path.display().to_string());
-            if let Ok(Some(e)) = ctx.get_first_error() {
-                return Err(fail(e.to_string()));
-            }
-            Built::File
-        }
-    };
-    let times = BuildTimes {
-        codegen_s: (built_ir - started).as_secs_f64(),
-        compile_s: built_ir.elapsed().as_secs_f64(),
-    };
-    Ok((built, times))
 }
 
 /// Loads a shared library this code generator built, binding every symbol at once
