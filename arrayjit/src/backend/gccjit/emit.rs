@@ -16,6 +16,7 @@ use crate::low_level::{Epilogue, Guard, IdxVar, Index, Limit, LocalId, Program, 
 use crate::ops::Prec;
 use crate::tnode::{NodeId, row_major_strides};
 
+/// The libgccjit types generated code uses.
 pub(super) struct Types<'c> {
     pub(super) f32: Type<'c>,
     pub(super) f64: Type<'c>,
@@ -27,6 +28,7 @@ pub(super) struct Types<'c> {
     pub(super) boolean: Type<'c>,
 }
 
+/// The builder of one function (a step's, or a product's epilogue's).
 pub(super) struct Gen<'c> {
     pub(super) ctx: &'c Context<'static>,
     pub(super) prog: &'c Program,
