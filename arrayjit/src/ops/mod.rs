@@ -432,6 +432,27 @@ mod tests {
         assert_eq!(names.len(), n);
     }
 
+    /// Every code generator indexes a lowering's operands as the kind says: each table entry
+    /// must give its operation's number of operands.
+    #[test]
+    fn lowerings_fit_their_operations_arity() {
+        let fits = |l: Lowering, n: usize| match l {
+            Lowering::Operand(k) => k < n,
+            Lowering::Neg | Lowering::Recip => n == 1,
+            Lowering::Arith(_) => n == 2,
+            Lowering::Compare(_) => n <= 2,
+            Lowering::Libm(_) => true,
+            Lowering::Math(f) => f.arity() == n,
+            Lowering::Helper(h) => matches!(h, Helper::Max | Helper::Min) == (n == 2),
+            Lowering::Where => n == 3,
+        };
+        let facts = UnOp::ALL.iter().map(|o| (o.facts(), 1));
+        let facts = facts.chain(BinOp::ALL.iter().map(|o| (o.facts(), 2)));
+        for (f, n) in facts.chain(TernOp::ALL.iter().map(|o| (o.facts(), 3))) {
+            assert!(fits(f.lowering, n), "{}", f.name);
+        }
+    }
+
     #[test]
     fn neutral_elements_are_neutral() {
         for op in BinOp::ALL {
