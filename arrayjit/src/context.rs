@@ -195,7 +195,7 @@ impl Context {
     fn check_limits(&self, name: &str, need: Estimate) -> Result<(), Error> {
         let limits = self.opts.limits;
         let kind = self.backend.kind();
-        let work = limits.max_work.for_backend(kind);
+        let work = limits.max_work.resolve(kind.default_max_work());
         let default_for = (limits.max_work == WorkLimit::Default).then_some(kind);
         for (resource, value, limit, default_for) in [
             ("memory", need.memory_bytes, limits.max_memory, None),

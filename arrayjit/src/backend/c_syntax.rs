@@ -2,15 +2,18 @@
 //!
 //! The renderer writes statements and expressions; a [`Dialect`] decides the few things that
 //! differ: function qualifiers of the helper prelude, how runtime symbols are reached, and how
-//! f16/bf16 are converted. Operations are written from the op table's [`CSyntax`]; those needing
-//! more than an operator or a libm call (NaN-propagating `max`, `relu`, comparisons giving
-//! 1.0/0.0, the counter-based generator) call small helpers defined once in the [`prelude`].
+//! f16/bf16 are converted. Operations are written from the op table's [`Lowering`] (one arm
+//! per kind of lowering in `lowered`, none per operation); those needing more than an operator
+//! or a libm call (NaN-propagating `max`, `relu`, the `f32` special functions, the
+//! counter-based generator) call small helpers defined once in the [`prelude`].
 
 use std::fmt::Write as _;
 
-use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
+use crate::low_level::{
+    Epilogue, Expr, Gemm, GemmOperand, IdxVar, Index, Limit, Map, Program, Stmt, Var,
+};
 use crate::math;
-use crate::ops::{BinOp, CSyntax, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2, TernOp, UnOp};
+use crate::ops::{Helper, Lowering, Prec, SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2};
 use crate::tnode::{NodeId, row_major_strides};
 
 /// The nodes a run of statements touches (what each step function loads pointers for).
@@ -55,118 +58,111 @@ pub fn prelude(d: Dialect) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "/* rocannl helpers */");
     match d {
-        Dialect::Cuda => {
-            let _ = writeln!(
-                s,
-                "{q} float rc_f16_to_f32(unsigned short h) {{ float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }}"
-            );
-            let _ = writeln!(
-                s,
-                "{q} unsigned short rc_f32_to_f16(float f) {{ unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }}"
-            );
-            let _ = writeln!(
-                s,
-                "{q} float rc_bf16_to_f32(unsigned short h) {{ return __uint_as_float(((unsigned int)h) << 16); }}"
-            );
-            let _ = writeln!(
-                s,
-                "{q} unsigned short rc_f32_to_bf16(float f) {{ unsigned short h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }}"
-            );
-        }
-        Dialect::C => {
-            let _ = writeln!(s, "extern float rc_f16_to_f32(unsigned short h);");
-            let _ = writeln!(s, "extern unsigned short rc_f32_to_f16(float f);");
-            let _ = writeln!(s, "extern float rc_bf16_to_f32(unsigned short h);");
-            let _ = writeln!(s, "extern unsigned short rc_f32_to_bf16(float f);");
-            for t in ["float", "double"] {
-                let _ = writeln!(
-                    s,
-                    "extern void rc_gemm_{}({t} *c, const {t} *a, const {t} *b, const long long *desc);",
-                    if t == "float" { "f32" } else { "f64" }
-                );
-                let _ = writeln!(
-                    s,
-                    "extern void rc_map_{}({t} *const *ptrs, const long long *desc);",
-                    if t == "float" { "f32" } else { "f64" }
-                );
-            }
-            let _ = writeln!(
-                s,
-                "extern void rc_gemm_bf16(float *c, const unsigned short *a, const unsigned short *b, const long long *desc);"
-            );
-        }
+        Dialect::Cuda => cuda_conversions(&mut s, q),
+        Dialect::C => c_externs(&mut s),
     }
-    // The special functions in `f32` are the operations of `crate::math`, as in every
-    // backend; in `f64`, the library's.
-    match d {
-        Dialect::Cuda => {
-            let _ = writeln!(
-                s,
-                "{q} unsigned int rc_f32_bits(float x) {{ return __float_as_uint(x); }}"
-            );
-            let _ = writeln!(
-                s,
-                "{q} float rc_bits_f32(unsigned int u) {{ return __uint_as_float(u); }}"
-            );
-        }
-        Dialect::C => {
-            let _ = writeln!(
-                s,
-                "{q} unsigned int rc_f32_bits(float x) {{ unsigned int u; __builtin_memcpy(&u, &x, 4); return u; }}"
-            );
-            let _ = writeln!(
-                s,
-                "{q} float rc_bits_f32(unsigned int u) {{ float x; __builtin_memcpy(&x, &u, 4); return x; }}"
-            );
-        }
-    }
+    bit_casts(&mut s, d);
     // A computed value stored as an id: toward zero, saturating, `nan` to 0 (as Rust's `as`).
     let _ = writeln!(
         s,
         "{q} unsigned int rc_to_u32(double x) {{ return (x != x || x <= 0) ? 0u : (x >= 4294967295.0 ? 4294967295u : (unsigned int)x); }}"
     );
-    for (name, f) in [
-        ("exp", math::Function::Exp),
-        ("exp2", math::Function::Exp2),
-        ("log", math::Function::Log),
-        ("log2", math::Function::Log2),
-        ("tanh", math::Function::Tanh),
-        ("erf", math::Function::Erf),
-    ] {
+    // The special functions in `f32` are the operations of `crate::math`, as in every
+    // backend; in `f64`, the library's.
+    for f in math::Function::ALL {
+        let name = f.name();
         s.push_str(&math::c_function(q, &format!("rc_{name}f"), f));
-        let _ = writeln!(s, "{q} double rc_{name}(double x) {{ return {name}(x); }}");
+        let (params, args) =
+            if f.arity() == 2 { ("double x, double y", "x, y") } else { ("double x", "x") };
+        let libm = f.f64_libm().name();
+        let _ = writeln!(s, "{q} double rc_{name}({params}) {{ return {libm}({args}); }}");
     }
-    s.push_str(&math::c_function(q, "rc_powf", math::Function::Pow));
-    let _ = writeln!(s, "{q} double rc_pow(double x, double y) {{ return pow(x, y); }}");
     for (t, sfx) in [("float", "f"), ("double", "")] {
-        let _ = writeln!(
-            s,
-            "{q} {t} rc_max{sfx}({t} a, {t} b) {{ return (a > b || a != a) ? a : b; }}"
-        );
-        let _ = writeln!(
-            s,
-            "{q} {t} rc_min{sfx}({t} a, {t} b) {{ return (a < b || a != a) ? a : b; }}"
-        );
-        let _ = writeln!(s, "{q} {t} rc_relu{sfx}({t} x) {{ return x < 0 ? ({t})0 : x; }}");
-        let _ = writeln!(
-            s,
-            "{q} {t} rc_sat01{sfx}({t} x) {{ return x < 0 ? ({t})0 : (x > 1 ? ({t})1 : x); }}"
-        );
-        let _ = writeln!(
-            s,
-            "{q} {t} rc_sigmoid{sfx}({t} x) {{ return ({t})1 / (({t})1 + rc_exp{sfx}(-x)); }}"
-        );
-        let _ = writeln!(
-            s,
-            "{q} {t} rc_uniform{sfx}(unsigned long long seed, long long off) {{\n  \
-             unsigned long long z = seed + ((unsigned long long)off + 1ULL) * {SPLITMIX_GAMMA:#x}ULL;\n  \
-             z = (z ^ (z >> 30)) * {SPLITMIX_M1:#x}ULL;\n  \
-             z = (z ^ (z >> 27)) * {SPLITMIX_M2:#x}ULL;\n  \
-             z ^= z >> 31;\n  \
-             return ({t})(long long)(z >> 40) * ({t})(1.0 / 16777216.0);\n}}"
-        );
+        for h in Helper::ALL {
+            let _ = writeln!(s, "{q} {t} rc_{}{sfx}{}", h.name(), helper_definition(h, t, sfx));
+        }
+        uniform_definition(&mut s, q, t, sfx);
     }
     s
+}
+
+/// A [`Helper`]'s C definition after its name: parameters and body, in C type `t` whose
+/// functions take the suffix `sfx`.
+fn helper_definition(h: Helper, t: &str, sfx: &str) -> String {
+    match h {
+        Helper::Max => format!("({t} a, {t} b) {{ return (a > b || a != a) ? a : b; }}"),
+        Helper::Min => format!("({t} a, {t} b) {{ return (a < b || a != a) ? a : b; }}"),
+        Helper::Relu => format!("({t} x) {{ return x < 0 ? ({t})0 : x; }}"),
+        Helper::Sat01 => format!("({t} x) {{ return x < 0 ? ({t})0 : (x > 1 ? ({t})1 : x); }}"),
+        Helper::Sigmoid => format!("({t} x) {{ return ({t})1 / (({t})1 + rc_exp{sfx}(-x)); }}"),
+    }
+}
+
+/// The counter-based generator ([`crate::ops::uniform`]) in C type `t`.
+fn uniform_definition(s: &mut String, q: &str, t: &str, sfx: &str) {
+    let _ = writeln!(
+        s,
+        "{q} {t} rc_uniform{sfx}(unsigned long long seed, long long off) {{\n  \
+         unsigned long long z = seed + ((unsigned long long)off + 1ULL) * {SPLITMIX_GAMMA:#x}ULL;\n  \
+         z = (z ^ (z >> 30)) * {SPLITMIX_M1:#x}ULL;\n  \
+         z = (z ^ (z >> 27)) * {SPLITMIX_M2:#x}ULL;\n  \
+         z ^= z >> 31;\n  \
+         return ({t})(long long)(z >> 40) * ({t})(1.0 / 16777216.0);\n}}"
+    );
+}
+
+/// CUDA's f16/bf16 conversions, by PTX instructions.
+fn cuda_conversions(s: &mut String, q: &str) {
+    let _ = writeln!(
+        s,
+        "{q} float rc_f16_to_f32(unsigned short h) {{ float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }}"
+    );
+    let _ = writeln!(
+        s,
+        "{q} unsigned short rc_f32_to_f16(float f) {{ unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }}"
+    );
+    let _ = writeln!(
+        s,
+        "{q} float rc_bf16_to_f32(unsigned short h) {{ return __uint_as_float(((unsigned int)h) << 16); }}"
+    );
+    let _ = writeln!(
+        s,
+        "{q} unsigned short rc_f32_to_bf16(float f) {{ unsigned short h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }}"
+    );
+}
+
+/// What the C view of gccjit's code calls outside itself: the f16/bf16 conversions and the
+/// shape-generic kernels ([`crate::kernels`]).
+fn c_externs(s: &mut String) {
+    let _ = writeln!(s, "extern float rc_f16_to_f32(unsigned short h);");
+    let _ = writeln!(s, "extern unsigned short rc_f32_to_f16(float f);");
+    let _ = writeln!(s, "extern float rc_bf16_to_f32(unsigned short h);");
+    let _ = writeln!(s, "extern unsigned short rc_f32_to_bf16(float f);");
+    for (t, p) in [("float", "f32"), ("double", "f64")] {
+        let _ = writeln!(
+            s,
+            "extern void rc_gemm_{p}({t} *c, const {t} *a, const {t} *b, const long long *desc);"
+        );
+        let _ = writeln!(s, "extern void rc_map_{p}({t} *const *ptrs, const long long *desc);");
+    }
+    let _ = writeln!(
+        s,
+        "extern void rc_gemm_bf16(float *c, const unsigned short *a, const unsigned short *b, const long long *desc);"
+    );
+}
+
+/// The bit casts between `float` and `unsigned int` the `f32` special functions use.
+fn bit_casts(s: &mut String, d: Dialect) {
+    let q = d.qualifier();
+    let (to_bits, from_bits) = match d {
+        Dialect::Cuda => ("return __float_as_uint(x);", "return __uint_as_float(u);"),
+        Dialect::C => (
+            "unsigned int u; __builtin_memcpy(&u, &x, 4); return u;",
+            "float x; __builtin_memcpy(&x, &u, 4); return x;",
+        ),
+    };
+    let _ = writeln!(s, "{q} unsigned int rc_f32_bits(float x) {{ {to_bits} }}");
+    let _ = writeln!(s, "{q} float rc_bits_f32(unsigned int u) {{ {from_bits} }}");
 }
 
 /// Renders statements and expressions of one program.
@@ -254,48 +250,16 @@ impl CRenderer<'_> {
                 format!("rc_uniform{sfx}({seed}ULL, {})", self.index(offset))
             }
             Expr::Unop(op, a) => {
-                let a = self.expr(a, ty);
-                match (op, op.facts().c_syntax) {
-                    (_, CSyntax::Func(f)) => format!("{f}{sfx}({a})"),
-                    (UnOp::Identity, _) => a,
-                    (UnOp::Neg, _) => format!("(-{a})"),
-                    (UnOp::Relu, _) => format!("rc_relu{sfx}({a})"),
-                    (UnOp::Sat01, _) => format!("rc_sat01{sfx}({a})"),
-                    (UnOp::Sigmoid, _) => format!("rc_sigmoid{sfx}({a})"),
-                    (
-                        UnOp::Exp | UnOp::Exp2 | UnOp::Log | UnOp::Log2 | UnOp::Tanh | UnOp::Erf,
-                        _,
-                    ) => {
-                        format!("rc_{}{sfx}({a})", op.name())
-                    }
-                    (UnOp::Recip, _) => format!("(({ty})1 / {a})"),
-                    (UnOp::Not, _) => format!("(({a}) == 0 ? ({ty})1 : ({ty})0)"),
-                    (op, _) => format!("{}{sfx}({a})", op.name()),
-                }
+                let args = [self.expr(a, ty)];
+                lowered(op.facts().lowering, &args, ty)
             }
             Expr::Binop(op, a, b) => {
-                let (a, b) = (self.expr(a, ty), self.expr(b, ty));
-                let cmp = |o: &str| format!("(({a}) {o} ({b}) ? ({ty})1 : ({ty})0)");
-                match (op, op.facts().c_syntax) {
-                    (_, CSyntax::Infix(o)) => format!("({a} {o} {b})"),
-                    (_, CSyntax::Func(f)) => format!("{f}{sfx}({a}, {b})"),
-                    (BinOp::Pow, _) => format!("rc_pow{sfx}({a}, {b})"),
-                    (BinOp::Max, _) => format!("rc_max{sfx}({a}, {b})"),
-                    (BinOp::Min, _) => format!("rc_min{sfx}({a}, {b})"),
-                    (BinOp::Lt, _) => cmp("<"),
-                    (BinOp::Le, _) => cmp("<="),
-                    (BinOp::Gt, _) => cmp(">"),
-                    (BinOp::Eq, _) => cmp("=="),
-                    (BinOp::Ne, _) => cmp("!="),
-                    (_, _) => b,
-                }
+                let args = [self.expr(a, ty), self.expr(b, ty)];
+                lowered(op.facts().lowering, &args, ty)
             }
             Expr::Ternop(op, a, b, c) => {
-                let (a, b, c) = (self.expr(a, ty), self.expr(b, ty), self.expr(c, ty));
-                match op {
-                    TernOp::Fma => format!("fma{sfx}({a}, {b}, {c})"),
-                    TernOp::Where => format!("(({a}) != 0 ? {b} : {c})"),
-                }
+                let args = [self.expr(a, ty), self.expr(b, ty), self.expr(c, ty)];
+                lowered(op.facts().lowering, &args, ty)
             }
         }
     }
@@ -332,15 +296,7 @@ impl CRenderer<'_> {
                 let _ = writeln!(out, "{pad}/* {} */", c.replace("*/", "* /"));
             }
             Stmt::For { var, extent, limit, body, .. } => {
-                // A dynamic batch's loop stops after its rows: min(extent, ceil(size / per)).
-                let end = match limit {
-                    Some(l) => {
-                        let n = self.index(&Index::new(vec![(1, IdxVar::Sym(l.size))], 0));
-                        let rows = format!("(({n}) + {}LL) / {}LL", l.per - 1, l.per);
-                        format!("({rows} < {extent}LL ? {rows} : {extent}LL)")
-                    }
-                    None => extent.to_string(),
-                };
+                let end = self.loop_end(*extent, *limit);
                 Self::for_header(out, depth, &var.to_string(), "0", &end);
                 self.stmts(out, body, depth + 1);
                 let _ = writeln!(out, "{pad}}}");
@@ -357,16 +313,7 @@ impl CRenderer<'_> {
                 self.stmts(out, body, depth + 1);
                 let _ = writeln!(out, "{pad}}}");
             }
-            Stmt::Set { node, idx, value } => {
-                let prec = self.prog.nodes[node].prec;
-                if self.bounds_check {
-                    self.expr_checks(out, value, depth);
-                    self.checks(out, *node, idx, depth);
-                }
-                let ty = compute_ctype(self.prog.compute_prec(value, prec));
-                let v = self.store(prec, self.expr(value, ty));
-                let _ = writeln!(out, "{pad}{} = {v};", self.cell(*node, idx));
-            }
+            Stmt::Set { node, idx, value } => self.set(out, *node, idx, value, depth),
             Stmt::SetLocal { local, value } => {
                 let prec = self.prog.locals[local.0 as usize];
                 if self.bounds_check {
@@ -376,72 +323,106 @@ impl CRenderer<'_> {
                 let lty = compute_ctype(prec);
                 let _ = writeln!(out, "{pad}{local} = ({lty})({});", self.expr(value, ty));
             }
-            Stmt::Gemm(g) => {
-                let desc: Vec<String> = g.descriptor().iter().map(|i| self.index(i)).collect();
-                let ptr = |o: &crate::low_level::GemmOperand| {
-                    format!("{} + ({})", Self::ptr_name(o.node), self.index(&o.offset))
-                };
-                let _ = writeln!(out, "{pad}{{");
-                let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
-                // A bf16 result: the kernel reads the descriptor's flag and stores bf16 cells.
-                let c = if g.bf16_pairs && g.prec == Prec::Bf16 {
-                    format!("(float *)({})", ptr(&g.c))
-                } else {
-                    ptr(&g.c)
-                };
-                let _ = writeln!(
-                    out,
-                    "{pad}  rc_gemm_{}({c}, {}, {}, d);",
-                    if g.bf16_pairs { "bf16" } else { g.prec.name() },
-                    ptr(&g.a),
-                    ptr(&g.b)
-                );
-                if let Some(e) = &g.epilogue {
-                    // The same values as the epilogue: after the call, on the call's rows
-                    // (`d[6]`, up to `d[7]` of them, below `m = d[8]`) and every column.
-                    let _ = writeln!(
-                        out,
-                        "{pad}  /* epilogue: the kernel runs it on strips of this call's rows as \
-                         they become final; the same as: */"
-                    );
-                    let split = |out: &mut String, x: &str, axis: &[(Var, usize)], pad: &str| {
-                        let mut inner = 1usize;
-                        for (v, extent) in axis.iter().rev() {
-                            let _ = writeln!(
-                                out,
-                                "{pad}long long {v} = ({x} / {inner}LL) % {extent}LL;"
-                            );
-                            inner *= extent.max(&1);
-                        }
-                    };
-                    let _ = writeln!(
-                        out,
-                        "{pad}  for (long long row = d[6]; row < d[6] + d[7] && row < d[8]; ++row) {{"
-                    );
-                    split(out, "row", &e.rows, &format!("{pad}    "));
-                    let _ =
-                        writeln!(out, "{pad}    for (long long col = 0; col < d[10]; ++col) {{");
-                    split(out, "col", &e.cols, &format!("{pad}      "));
-                    self.stmts(out, &e.body, depth + 3);
-                    let _ = writeln!(out, "{pad}    }}");
-                    let _ = writeln!(out, "{pad}  }}");
-                }
-                let _ = writeln!(out, "{pad}}}");
-            }
-            Stmt::Map(m) => {
-                let desc: Vec<String> = m.descriptor().iter().map(|i| self.index(i)).collect();
-                let ptrs: Vec<String> = m
-                    .operands()
-                    .map(|o| format!("{} + ({})", Self::ptr_name(o.node), self.index(&o.offset)))
-                    .collect();
-                let t = if m.prec == Prec::F64 { "double" } else { "float" };
-                let _ = writeln!(out, "{pad}{{");
-                let _ = writeln!(out, "{pad}  {t} *const p[] = {{{}}};", ptrs.join(", "));
-                let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
-                let _ = writeln!(out, "{pad}  rc_map_{}(p, d);", m.prec.name());
-                let _ = writeln!(out, "{pad}}}");
-            }
+            Stmt::Gemm(g) => self.gemm(out, g, depth),
+            Stmt::Map(m) => self.map(out, m, depth),
         }
+    }
+
+    /// A loop's end: its extent, or for a dynamic batch's loop, which stops after its rows,
+    /// `min(extent, ceil(size / per))`.
+    fn loop_end(&self, extent: usize, limit: Option<Limit>) -> String {
+        match limit {
+            Some(l) => {
+                let n = self.index(&Index::new(vec![(1, IdxVar::Sym(l.size))], 0));
+                let rows = format!("(({n}) + {}LL) / {}LL", l.per - 1, l.per);
+                format!("({rows} < {extent}LL ? {rows} : {extent}LL)")
+            }
+            None => extent.to_string(),
+        }
+    }
+
+    fn set(&self, out: &mut String, node: NodeId, idx: &[Index], value: &Expr, depth: usize) {
+        let pad = "  ".repeat(depth);
+        let prec = self.prog.nodes[&node].prec;
+        if self.bounds_check {
+            self.expr_checks(out, value, depth);
+            self.checks(out, node, idx, depth);
+        }
+        let ty = compute_ctype(self.prog.compute_prec(value, prec));
+        let v = self.store(prec, self.expr(value, ty));
+        let _ = writeln!(out, "{pad}{} = {v};", self.cell(node, idx));
+    }
+
+    /// An operand's first cell: its typed pointer plus its offset.
+    fn operand_ptr(&self, node: NodeId, offset: &Index) -> String {
+        format!("{} + ({})", Self::ptr_name(node), self.index(offset))
+    }
+
+    /// A call of the shape-generic product, with its epilogue written out after it.
+    fn gemm(&self, out: &mut String, g: &Gemm, depth: usize) {
+        let pad = "  ".repeat(depth);
+        let desc: Vec<String> = g.descriptor().iter().map(|i| self.index(i)).collect();
+        let ptr = |o: &GemmOperand| self.operand_ptr(o.node, &o.offset);
+        let _ = writeln!(out, "{pad}{{");
+        let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
+        // A bf16 result: the kernel reads the descriptor's flag and stores bf16 cells.
+        let c = if g.bf16_pairs && g.prec == Prec::Bf16 {
+            format!("(float *)({})", ptr(&g.c))
+        } else {
+            ptr(&g.c)
+        };
+        let _ = writeln!(
+            out,
+            "{pad}  rc_gemm_{}({c}, {}, {}, d);",
+            if g.bf16_pairs { "bf16" } else { g.prec.name() },
+            ptr(&g.a),
+            ptr(&g.b)
+        );
+        if let Some(e) = &g.epilogue {
+            self.epilogue(out, e, depth);
+        }
+        let _ = writeln!(out, "{pad}}}");
+    }
+
+    /// A product's epilogue as the loops it is equivalent to: after the call, on the call's
+    /// rows (`d[6]`, up to `d[7]` of them, below `m = d[8]`) and every column.
+    fn epilogue(&self, out: &mut String, e: &Epilogue, depth: usize) {
+        let pad = "  ".repeat(depth);
+        let _ = writeln!(
+            out,
+            "{pad}  /* epilogue: the kernel runs it on strips of this call's rows as \
+             they become final; the same as: */"
+        );
+        let split = |out: &mut String, x: &str, axis: &[(Var, usize)], pad: &str| {
+            let mut inner = 1usize;
+            for (v, extent) in axis.iter().rev() {
+                let _ = writeln!(out, "{pad}long long {v} = ({x} / {inner}LL) % {extent}LL;");
+                inner *= extent.max(&1);
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{pad}  for (long long row = d[6]; row < d[6] + d[7] && row < d[8]; ++row) {{"
+        );
+        split(out, "row", &e.rows, &format!("{pad}    "));
+        let _ = writeln!(out, "{pad}    for (long long col = 0; col < d[10]; ++col) {{");
+        split(out, "col", &e.cols, &format!("{pad}      "));
+        self.stmts(out, &e.body, depth + 3);
+        let _ = writeln!(out, "{pad}    }}");
+        let _ = writeln!(out, "{pad}  }}");
+    }
+
+    /// A call of the map kernel.
+    fn map(&self, out: &mut String, m: &Map, depth: usize) {
+        let pad = "  ".repeat(depth);
+        let desc: Vec<String> = m.descriptor().iter().map(|i| self.index(i)).collect();
+        let ptrs: Vec<String> = m.operands().map(|o| self.operand_ptr(o.node, &o.offset)).collect();
+        let t = if m.prec == Prec::F64 { "double" } else { "float" };
+        let _ = writeln!(out, "{pad}{{");
+        let _ = writeln!(out, "{pad}  {t} *const p[] = {{{}}};", ptrs.join(", "));
+        let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
+        let _ = writeln!(out, "{pad}  rc_map_{}(p, d);", m.prec.name());
+        let _ = writeln!(out, "{pad}}}");
     }
 
     fn expr_checks(&self, out: &mut String, e: &Expr, depth: usize) {
@@ -494,5 +475,26 @@ fn render_const(c: f64, ty: &str) -> String {
         format!("{:?}f", c as f32)
     } else {
         format!("{c:?}")
+    }
+}
+
+/// An operation of the table on rendered operands `args`, computed in C type `ty`, as its
+/// [`Lowering`] says.
+fn lowered(lowering: Lowering, args: &[String], ty: &str) -> String {
+    let sfx = if ty == "float" { "f" } else { "" };
+    let a = &args[0];
+    match lowering {
+        Lowering::Operand(k) => args[k].clone(),
+        Lowering::Neg => format!("(-{a})"),
+        Lowering::Arith(o) => format!("({a} {} {})", o.c_operator(), args[1]),
+        Lowering::Recip => format!("(({ty})1 / {a})"),
+        Lowering::Compare(o) => {
+            let b = args.get(1).map_or("0".to_string(), |b| format!("({b})"));
+            format!("(({a}) {} {b} ? ({ty})1 : ({ty})0)", o.c_operator())
+        }
+        Lowering::Libm(f) => format!("{}{sfx}({})", f.name(), args.join(", ")),
+        Lowering::Math(f) => format!("rc_{}{sfx}({})", f.name(), args.join(", ")),
+        Lowering::Helper(h) => format!("rc_{}{sfx}({})", h.name(), args.join(", ")),
+        Lowering::Where => format!("(({a}) != 0 ? {} : {})", args[1], args[2]),
     }
 }

@@ -63,6 +63,18 @@ impl BackendKind {
         }
     }
 
+    /// Whether the backend interprets programs (the interpreter, and the kernel simulator,
+    /// slower still) rather than running native code.
+    pub fn interprets(self) -> bool {
+        matches!(self, BackendKind::Interp | BackendKind::CudaSim)
+    }
+
+    /// The default work limit of a routine this backend compiles
+    /// ([`crate::low_level::estimate::WorkLimit::Default`]).
+    pub fn default_max_work(self) -> u64 {
+        crate::low_level::estimate::default_max_work(self.interprets())
+    }
+
     /// The backend's name.
     pub fn name(self) -> &'static str {
         match self {

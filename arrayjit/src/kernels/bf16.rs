@@ -470,21 +470,12 @@ mod tests {
         accumulate: bool,
     ) -> GemmBf16 {
         GemmBf16 {
-            m,
-            n,
-            k,
-            a: a.as_ptr(),
             rsa,
             csa,
-            b: b.as_ptr(),
             rsb,
             csb,
-            c: c.as_mut_ptr(),
-            rsc: n as isize,
-            csc: 1,
             accumulate,
-            fused: false,
-            epilogue: None,
+            ..GemmBf16::row_major(m, k, n, a.as_ptr(), b.as_ptr(), c.as_mut_ptr())
         }
     }
 
@@ -572,21 +563,8 @@ mod tests {
         let run = |f: unsafe fn(&GemmBf16)| {
             let mut c = c0.clone();
             let g = GemmBf16 {
-                m,
-                n,
-                k,
-                a: a.as_ptr(),
-                rsa: k as isize,
-                csa: 1,
-                b: b.as_ptr(),
-                rsb: n as isize,
-                csb: 1,
-                c: c.as_mut_ptr(),
-                rsc: n as isize,
-                csc: 1,
                 accumulate: true,
-                fused: false,
-                epilogue: None,
+                ..GemmBf16::row_major(m, k, n, a.as_ptr(), b.as_ptr(), c.as_mut_ptr())
             };
             // SAFETY: the buffers hold every cell the sizes address.
             unsafe { f(&g) };
@@ -628,21 +606,8 @@ mod tests {
                     accumulate: bool,
                 ) -> super::super::Gemm<C, u16> {
                     super::super::Gemm {
-                        m,
-                        n,
-                        k,
-                        a: a.as_ptr(),
-                        rsa: k as isize,
-                        csa: 1,
-                        b: b.as_ptr(),
-                        rsb: n as isize,
-                        csb: 1,
-                        c,
-                        rsc: n as isize,
-                        csc: 1,
                         accumulate,
-                        fused: false,
-                        epilogue: None,
+                        ..super::super::Gemm::row_major(m, k, n, a.as_ptr(), b.as_ptr(), c)
                     }
                 }
                 let product =

@@ -61,6 +61,31 @@ pub struct Gemm<T, F = T> {
     pub epilogue: Option<EpilogueCall>,
 }
 
+impl<T, F> Gemm<T, F> {
+    /// A product of contiguous row-major operands (`A` `m × k`, `B` `k × n`, `C` `m × n`) that
+    /// starts each cell from 0, rounds each product and has no epilogue; other steps and
+    /// settings by struct update (`Gemm { accumulate: true, ..Gemm::row_major(..) }`).
+    pub fn row_major(m: usize, k: usize, n: usize, a: *const F, b: *const F, c: *mut T) -> Self {
+        Gemm {
+            m,
+            n,
+            k,
+            a,
+            rsa: k as isize,
+            csa: 1,
+            b,
+            rsb: n as isize,
+            csb: 1,
+            c,
+            rsc: n as isize,
+            csc: 1,
+            accumulate: false,
+            fused: false,
+            epilogue: None,
+        }
+    }
+}
+
 /// The signature of generated epilogue code: `(bufs, syms, row0, row1, err, col0, col1)` runs
 /// the epilogue on rows `row0..row1` × columns `col0..col1` of the product (counted from the
 /// product's row 0, not the call's first row); `bufs`, `syms` and `err` are the calling step's.
@@ -533,21 +558,15 @@ mod tests {
         let (rsc, csc) = if c_t { (1, m as isize) } else { (n as isize, 1) };
         let (mut want, mut got) = (c0.clone(), c0);
         let mk = |c: *mut T| Gemm {
-            m,
-            n,
-            k,
-            a: a.as_ptr(),
             rsa,
             csa,
-            b: b.as_ptr(),
             rsb,
             csb,
-            c,
             rsc,
             csc,
             accumulate,
             fused,
-            epilogue: None,
+            ..Gemm::row_major(m, k, n, a.as_ptr(), b.as_ptr(), c)
         };
         reference(&mk(want.as_mut_ptr()));
         unsafe { gemm(&mk(got.as_mut_ptr()), isa) };
@@ -590,21 +609,9 @@ mod tests {
             let a: Vec<f32> = values(k, 4).into_iter().map(|x| x as f32).collect();
             let b: Vec<f32> = values(k * n, 5).into_iter().map(|x| x as f32).collect();
             let mk = |c: *mut f32| Gemm {
-                m,
-                n,
-                k,
-                a: a.as_ptr(),
                 rsa: 0,
-                csa: 1,
-                b: b.as_ptr(),
-                rsb: n as isize,
-                csb: 1,
-                c,
-                rsc: n as isize,
-                csc: 1,
-                accumulate: false,
                 fused: true,
-                epilogue: None,
+                ..Gemm::row_major(m, k, n, a.as_ptr(), b.as_ptr(), c)
             };
             let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
             reference(&mk(want.as_mut_ptr()));
@@ -622,23 +629,7 @@ mod tests {
         a[11] = -0.0;
         let b = values(5 * 6, 7);
         for isa in Isa::available() {
-            let mk = |c: *mut f64| Gemm {
-                m: 4,
-                n: 6,
-                k: 5,
-                a: a.as_ptr(),
-                rsa: 5,
-                csa: 1,
-                b: b.as_ptr(),
-                rsb: 6,
-                csb: 1,
-                c,
-                rsc: 6,
-                csc: 1,
-                accumulate: false,
-                fused: false,
-                epilogue: None,
-            };
+            let mk = |c: *mut f64| Gemm::row_major(4, 5, 6, a.as_ptr(), b.as_ptr(), c);
             let (mut want, mut got) = (vec![0f64; 24], vec![0f64; 24]);
             reference(&mk(want.as_mut_ptr()));
             unsafe { gemm(&mk(got.as_mut_ptr()), isa) };

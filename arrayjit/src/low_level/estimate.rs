@@ -8,7 +8,6 @@
 //! a caller can refuse it with a typed error naming the limit instead ([`Limits`]).
 
 use super::{Program, Stmt};
-use crate::backend::BackendKind;
 use crate::tnode::NodeId;
 
 /// What one run of a program needs.
@@ -32,17 +31,19 @@ pub struct Limits {
 
 /// The most statement executions one run of a routine may take.
 ///
-/// The default depends on the backend that compiles the routine, so that a run the default
-/// allows takes seconds to about a minute on it ([`default_max_work`]): the interpreter
-/// executes tens of millions of statements a second where native code executes billions.
+/// The default depends on how the routine is executed, so that a run the default allows takes
+/// seconds to about a minute ([`default_max_work`]): an interpreter executes tens of millions
+/// of statements a second where native code executes billions. Which backends interpret is the
+/// backend's fact (`BackendKind::default_max_work`), passed in here.
 ///
 /// ```
-/// use rocannl_arrayjit::BackendKind;
-/// use rocannl_arrayjit::low_level::estimate::{WorkLimit, DEFAULT_MAX_WORK, DEFAULT_MAX_WORK_INTERP};
-/// assert_eq!(WorkLimit::Default.for_backend(BackendKind::Gccjit), Some(DEFAULT_MAX_WORK));
-/// assert_eq!(WorkLimit::Default.for_backend(BackendKind::Interp), Some(DEFAULT_MAX_WORK_INTERP));
-/// assert_eq!(WorkLimit::At(5).for_backend(BackendKind::Interp), Some(5));
-/// assert_eq!(WorkLimit::Unlimited.for_backend(BackendKind::Gccjit), None);
+/// use rocannl_arrayjit::low_level::estimate::{
+///     WorkLimit, DEFAULT_MAX_WORK, DEFAULT_MAX_WORK_INTERP, default_max_work,
+/// };
+/// assert_eq!(WorkLimit::Default.resolve(default_max_work(false)), Some(DEFAULT_MAX_WORK));
+/// assert_eq!(WorkLimit::Default.resolve(default_max_work(true)), Some(DEFAULT_MAX_WORK_INTERP));
+/// assert_eq!(WorkLimit::At(5).resolve(DEFAULT_MAX_WORK_INTERP), Some(5));
+/// assert_eq!(WorkLimit::Unlimited.resolve(DEFAULT_MAX_WORK), None);
 /// ```
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum WorkLimit {
@@ -56,10 +57,10 @@ pub enum WorkLimit {
 }
 
 impl WorkLimit {
-    /// The limit on `backend`: `None` is no limit.
-    pub fn for_backend(self, backend: BackendKind) -> Option<u64> {
+    /// The limit, given the compiling backend's default: `None` is no limit.
+    pub fn resolve(self, default: u64) -> Option<u64> {
         match self {
-            WorkLimit::Default => Some(default_max_work(backend)),
+            WorkLimit::Default => Some(default),
             WorkLimit::At(n) => Some(n),
             WorkLimit::Unlimited => None,
         }
@@ -75,12 +76,10 @@ pub const DEFAULT_MAX_WORK: u64 = 100_000_000_000;
 /// native code executes 10¹¹ in about as long.
 pub const DEFAULT_MAX_WORK_INTERP: u64 = 1_000_000_000;
 
-/// The default work limit of `backend` ([`WorkLimit::Default`]).
-pub fn default_max_work(backend: BackendKind) -> u64 {
-    match backend {
-        BackendKind::Interp | BackendKind::CudaSim => DEFAULT_MAX_WORK_INTERP,
-        BackendKind::Gccjit | BackendKind::Cuda => DEFAULT_MAX_WORK,
-    }
+/// The default work limit ([`WorkLimit::Default`]) of a backend that interprets the program
+/// (`interpreted`) or runs native code.
+pub fn default_max_work(interpreted: bool) -> u64 {
+    if interpreted { DEFAULT_MAX_WORK_INTERP } else { DEFAULT_MAX_WORK }
 }
 
 /// The largest default memory limit, 16 GiB.

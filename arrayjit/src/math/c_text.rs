@@ -142,6 +142,28 @@ impl Function {
         Function::Pow,
     ];
 
+    /// The function's name, as its C library counterpart's (`exp`, `pow`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Function::Exp => "exp",
+            Function::Exp2 => "exp2",
+            Function::Log => "log",
+            Function::Log2 => "log2",
+            Function::Tanh => "tanh",
+            Function::Erf => "erf",
+            Function::Pow => "pow",
+        }
+    }
+
+    /// What compiled `f64` code calls instead: the C library's function, as a builtin except
+    /// for `pow`, which GCC would rewrite (see [`crate::ops::Libm::Extern`]).
+    pub fn f64_libm(self) -> crate::ops::Libm {
+        match self {
+            Function::Pow => crate::ops::Libm::Extern("pow"),
+            f => crate::ops::Libm::Builtin(f.name()),
+        }
+    }
+
     /// How many arguments the function takes.
     pub fn arity(self) -> usize {
         if self == Function::Pow { 2 } else { 1 }

@@ -28,6 +28,14 @@ pub(super) struct BuildInput<'a> {
     pub step_keys: &'a [String],
 }
 
+impl<'a> BuildInput<'a> {
+    /// What each build compiles from.
+    fn code(&self) -> codegen::Steps<'a> {
+        let BuildInput { prog, steps, slots, names, .. } = *self;
+        codegen::Steps { prog, steps, slots, names }
+    }
+}
+
 /// The result of building: each build's code, the time spent, and each build's cache entry
 /// (`None` where it has none).
 pub(super) struct BuildOutput {
@@ -50,7 +58,7 @@ pub(super) fn build_all(
     builds: &[BuildOptions],
     bin_of: &[usize],
 ) -> Result<BuildOutput, Error> {
-    let BuildInput { prog, steps, slots, names, step_keys } = *input;
+    let step_keys = input.step_keys;
     // A build's entry is named by the content keys of its steps, in order.
     let keys: Vec<String> = builds
         .iter()
@@ -82,7 +90,7 @@ pub(super) fn build_all(
     // is compiled in memory, where a failure is an error.
     for (i, c) in code.iter_mut().enumerate() {
         if c.is_none() {
-            let (b, t) = codegen::build(prog, steps, slots, names, &builds[i], Output::Memory)?;
+            let (b, t) = codegen::build(input.code(), &builds[i], Output::Memory)?;
             times.codegen_s += t.codegen_s;
             times.compile_s += t.compile_s;
             match b {
@@ -121,7 +129,6 @@ fn build_files(
     targets: &[Option<PathBuf>],
     times: &mut BuildTimes,
 ) -> Vec<bool> {
-    let BuildInput { prog, steps, slots, names, .. } = *input;
     let mut ok = vec![false; builds.len()];
     let bins = group_by_bin(bin_of, |i| targets[i].is_some());
     if bins.is_empty() {
@@ -130,7 +137,7 @@ fn build_files(
     let build = |i: usize, locked: bool| {
         let out = Output::SharedLibrary(targets[i].as_deref().unwrap_or(Path::new("")));
         let f = if locked { codegen::build } else { codegen::build_unlocked };
-        f(prog, steps, slots, names, &builds[i], out)
+        f(input.code(), &builds[i], out)
     };
     let jobs: Vec<Box<dyn FnOnce() -> bool + '_>> = bins
         .iter()

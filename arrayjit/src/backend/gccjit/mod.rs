@@ -9,11 +9,16 @@
 //! thread spawning, no lookups per run.
 
 mod build;
+mod calls;
 pub mod codegen;
 mod compile;
+mod convert;
 pub mod dedup;
+mod emit;
+mod expr;
 pub mod fork;
 pub mod group;
+mod inline_math;
 pub mod plan;
 pub mod pool;
 pub mod tier;

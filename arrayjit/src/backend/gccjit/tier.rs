@@ -54,6 +54,18 @@ pub struct Owned {
     pub bin_of: Vec<usize>,
 }
 
+impl Owned {
+    /// What each build compiles from.
+    pub fn code(&self) -> codegen::Steps<'_> {
+        codegen::Steps {
+            prog: &self.prog,
+            steps: &self.steps,
+            slots: &self.slots,
+            names: &self.names,
+        }
+    }
+}
+
 /// The optimized code of a routine: one library per build, and the distinct steps each holds.
 pub struct Upgrade {
     /// The libraries, loaded.
@@ -199,15 +211,7 @@ fn build(owned: &Owned, cache: Option<&Cache>, cancel: &Cancel) -> Option<Upgrad
                 bin.iter().all(|&i| {
                     let out = Output::SharedLibrary(&targets[i]);
                     let o = owned;
-                    codegen::build_unlocked(
-                        &o.prog,
-                        &o.steps,
-                        &o.slots,
-                        &o.names,
-                        &o.builds[i],
-                        out,
-                    )
-                    .is_ok()
+                    codegen::build_unlocked(o.code(), &o.builds[i], out).is_ok()
                 })
             };
             Box::new(job) as Box<dyn FnOnce() -> bool + '_>
