@@ -68,11 +68,11 @@ fn mlp_step(
             .collect()
     };
     s.write(&y, &targets).expect("y");
-    s.step(&mut step, 0.01, &[]).expect("first step");
+    s.step(&mut step, 0.01).expect("first step");
     println!("{name}: first step (compile + run) {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     // Steady state: the optimized build, not the quick first tier.
     s.finish_builds();
-    c.bench_function(name, |b| b.iter(|| s.step(&mut step, 0.01, &[]).expect("step")));
+    c.bench_function(name, |b| b.iter(|| s.step(&mut step, 0.01).expect("step")));
 }
 
 fn einsum(c: &mut Criterion, name: &str, spec: &str, a: &[usize], b: &[usize], flop: u64) {

@@ -63,7 +63,7 @@ impl Run {
             let (xs, ys) = train.batch(t);
             self.s.write_ids(&self.x, &xs, self.vocab)?;
             self.s.write_ids(&self.y, &ys, self.vocab)?;
-            self.s.step(&mut self.step, schedule.at(t, 100_000), &[])?;
+            self.s.step(&mut self.step, schedule.at(t, 100_000))?;
             self.s.loss(&self.step)?;
         }
         Ok(started.elapsed().as_secs_f64())

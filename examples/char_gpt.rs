@@ -30,7 +30,7 @@ use rocannl::tensor::nn::sample::Sampler;
 use rocannl::tensor::nn::{Activation, Module, loss};
 use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions};
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
-use rocannl::tensor::{BackendKind, Graph, Prec, Session, SessionOptions, Tensor};
+use rocannl::tensor::{BackendKind, Graph, Prec, Routine, Session, SessionOptions, Tensor};
 
 const CONTEXT: usize = 16;
 const BATCH: usize = 32;
@@ -188,7 +188,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
         let step_started = compile.elapsed().as_secs_f64();
-        s.step(&mut step, schedule.at(t, a.steps), &[])?;
+        s.step(&mut step, schedule.at(t, a.steps))?;
         losses.push(s.loss(&step)?);
         first_step_s = first_step_s.or(Some(compile.elapsed().as_secs_f64()));
         if optimized_s.is_none() && !s.builds_pending() {
@@ -261,7 +261,7 @@ const SAMPLES: usize = 20;
 /// from their softmax.
 fn sample(
     s: &mut Session,
-    eval: &rocannl::arrayjit::Routine,
+    eval: &Routine,
     x: &Tensor,
     logits: &Tensor,
     vocab: &[char],

@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let history = train(&mut s, &mut step, &loader, &columns, &cfg, accuracy)?;
 
-    let svg = rocannl::arrayjit::env::temp_dir().join("rocannl_moons_loss.svg");
+    let svg = std::env::temp_dir().join("rocannl_moons_loss.svg");
     history.write_loss_svg(&svg)?;
     let first = history.epoch_losses.first().copied().unwrap_or(f64::NAN);
     let last = history.epoch_losses.last().copied().unwrap_or(f64::NAN);

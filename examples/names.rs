@@ -10,8 +10,8 @@
 
 use std::error::Error;
 
-use rocannl::arrayjit::ops::uniform;
 use rocannl::datasets::names;
+use rocannl::datasets::uniform;
 use rocannl::tensor::nn::{Linear, LinearConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
 use rocannl::tensor::{Graph, Init, Optimizer, ParamSpec, Session, Tensor};

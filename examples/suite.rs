@@ -245,7 +245,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         let t = Instant::now();
         let begun = started.elapsed().as_secs_f64();
-        s.step(&mut step, p.lr, &[])?;
+        s.step(&mut step, p.lr)?;
         let _ = s.loss(&step)?;
         if i >= a.warmup {
             times.push(t.elapsed().as_secs_f64());

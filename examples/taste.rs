@@ -33,7 +33,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     s.write(&x, &inputs)?;
     s.write(&y, &targets)?;
     for _ in 0..500 {
-        s.step(&mut step, 0.01, &[])?;
+        s.step(&mut step, 0.01)?;
     }
     println!("loss after 500 steps: {:.5}", s.loss(&step)?);
     Ok(())

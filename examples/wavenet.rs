@@ -168,7 +168,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         s.write(&x, &xs)?;
         s.write(&y, &ys)?;
         let lr = if t < a.steps * 3 / 4 { 0.1 } else { 0.01 };
-        s.step(&mut step, lr, &[])?;
+        s.step(&mut step, lr)?;
         if t + 50 >= a.steps {
             last.push(s.loss(&step)?);
         }

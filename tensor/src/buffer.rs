@@ -59,9 +59,9 @@ impl Graph {
     /// let mut s = Session::new(&g).unwrap();
     /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
     /// s.write(&x, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).unwrap();
-    /// s.step(&mut step, 0.0, &[]).unwrap();
+    /// s.step(&mut step, 0.0).unwrap();
     /// assert_eq!(s.read(&mean).unwrap(), vec![2.0, 2.5]); // ½·0 + ½·(4, 5)
-    /// s.step(&mut step, 0.0, &[]).unwrap();
+    /// s.step(&mut step, 0.0).unwrap();
     /// assert_eq!(s.read(&mean).unwrap(), vec![3.0, 3.75]);
     /// ```
     #[track_caller]

@@ -293,13 +293,13 @@ impl Graph {
 
     /// A fresh runtime symbol: bound to a value each time a routine runs (e.g. the batch
     /// number of [`Tensor::batch_slice_at`]).
-    pub fn runtime_symbol(&self) -> Symbol {
+    pub(crate) fn runtime_symbol(&self) -> Symbol {
         self.borrow_mut().symbols.fresh()
     }
 
     /// The graph's step counter: a runtime symbol that [`crate::Session::step`] binds to the
     /// number of the step being run (1, 2, …), for randomness that changes every step.
-    pub fn step_symbol(&self) -> Symbol {
+    pub(crate) fn step_symbol(&self) -> Symbol {
         let mut g = self.borrow_mut();
         if let Some(s) = g.step_symbol {
             return s;
@@ -976,22 +976,6 @@ impl Tensor {
             Source::Op { args, .. } => args.into_iter().map(|a| self.graph.tensor(a)).collect(),
             Source::Leaf(_) => vec![],
         }
-    }
-
-    /// The projections of this tensor's operation (after [`Graph::finish`]): the loop nest of
-    /// its assignment; one per argument for concatenations, none for leaves.
-    pub fn projections(&self) -> Result<Vec<rocannl_arrayjit::indexing::Projections>> {
-        let info = self.info();
-        let Source::Op { op, .. } = &info.source else { return Ok(vec![]) };
-        let step =
-            info.step.ok_or_else(|| Error::usage(format!("'{}' has no shape step", info.label)))?;
-        let g = self.graph.borrow();
-        let mut symbols = rocannl_arrayjit::indexing::SymbolGen::default();
-        Ok(if op.per_argument_projections() {
-            g.inf.derive_concat_projections(step, &mut symbols)?
-        } else {
-            vec![g.inf.derive_projections(step, &mut symbols)?]
-        })
     }
 
     /// The size an einsum label of this tensor's operation was solved to (a captured dimension),

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use rocannl_arrayjit::Routine;
+use crate::routine::Routine;
 use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
 use rocannl_arrayjit::ops::{BinOp, UnOp};
@@ -190,7 +190,7 @@ pub struct StepOptions {
 /// let scaling = LossScale { init: 32768.0, ..LossScale::default() };
 /// let step_opts = StepOptions { loss_scale: Some(scaling), ..StepOptions::default() };
 /// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
-/// s.step(&mut step, 0.25, &[]).unwrap();
+/// s.step(&mut step, 0.25).unwrap();
 /// assert_eq!(s.read(&w).unwrap(), vec![1.5, 2.0]); // w - 0.25 · 2w, unscaled
 /// assert_eq!((step.skipped_steps(), step.loss_scale()), (0, Some(32768.0)));
 /// ```
@@ -261,7 +261,7 @@ impl TrainStep {
         self.scaler.as_ref().map_or(0, |s| s.skipped)
     }
 
-    /// The compiled routine (for inspecting its code).
+    /// The compiled routine (for inspecting its code: [`crate::Routine::code`]).
     pub fn routine(&self) -> &Routine {
         &self.routine
     }
@@ -452,7 +452,7 @@ impl Session {
     /// let loss = w.pointmul(&w); // minimize w^2
     /// let mut s = Session::new(&g).unwrap();
     /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
-    /// for _ in 0..10 { s.step(&mut step, 0.25, &[]).unwrap(); }
+    /// for _ in 0..10 { s.step(&mut step, 0.25).unwrap(); }
     /// assert!(s.read(&w).unwrap()[0].abs() < 0.01); // w halves every step
     /// ```
     pub fn train_step(
@@ -475,7 +475,7 @@ impl Session {
     /// let mut s = Session::new(&g).unwrap();
     /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
     /// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
-    /// s.step(&mut step, 1.0, &[]).unwrap();
+    /// s.step(&mut step, 1.0).unwrap();
     /// assert!((s.grad_norm(&step).unwrap().unwrap() - 5.0).abs() < 1e-5);
     /// let w1 = s.read(&w).unwrap(); // moved by a gradient of norm 1: w - w/5
     /// assert!((w1[0] - 2.4).abs() < 1e-5 && (w1[1] - 3.2).abs() < 1e-5);
@@ -703,35 +703,29 @@ impl Session {
         }
     }
 
-    /// Runs one training step with learning rate `lr` and runtime symbols bound.
+    /// Runs one training step with learning rate `lr`.
     ///
-    /// The graph's step counter ([`crate::Graph::step_symbol`]), if the step uses it, is bound
-    /// to the step's number. A learning rate that is negative, infinite or NaN (a schedule gone
-    /// wrong, say) is a usage error, and the step is not run.
-    pub fn step(&mut self, ts: &mut TrainStep, lr: f64, bindings: &[(Symbol, i64)]) -> Result<()> {
+    /// The session binds what [`Session::run`] binds, and the graph's step counter, if the step
+    /// uses it, to the step's number. A learning rate that is negative, infinite or NaN (a
+    /// schedule gone wrong, say) is a usage error, and the step is not run.
+    pub fn step(&mut self, ts: &mut TrainStep, lr: f64) -> Result<()> {
         if !(lr >= 0.0 && lr.is_finite()) {
             return Err(Error::usage(format!(
                 "the learning rate of step {} is {lr}: it must be a finite number, at least 0",
                 ts.steps + 1
             )));
         }
-        self.check_written(&ts.routine)?;
-        let mut all = bindings.to_vec();
-        if let Some(sym) = self.graph().existing_step_symbol()
-            && ts.routine.runtime_symbols().contains(&sym)
-            && !bindings.iter().any(|(s, _)| *s == sym)
-        {
-            all.push((sym, ts.steps as i64 + 1));
-        }
+        self.check_written(&ts.routine.inner)?;
+        let number = Some(ts.steps as i64 + 1);
         let values = ts.optimizer.scalars(ts.steps + 1, lr);
         let Some(sc) = &mut ts.scaler else {
             ts.steps += 1;
             self.write_scalars(&ts.scalars, &mut ts.written, values)?;
-            return self.run_with(&ts.routine, &all);
+            return self.run_compiled(&ts.routine.inner, number);
         };
         self.write_extra(sc.scale_node, &[sc.scale])?;
         self.write_extra(sc.inverse_node, &[1.0 / sc.scale])?;
-        self.run_with(&ts.routine, &all)?;
+        self.run_compiled(&ts.routine.inner, number)?;
         if !self.read_extra(sc.check_node)?[0].is_finite() {
             // Overflow: skip the update, lower the scale.
             sc.scale = (sc.scale * sc.cfg.backoff).max(f64::MIN_POSITIVE);
@@ -741,7 +735,7 @@ impl Session {
         }
         ts.steps += 1;
         self.write_scalars(&ts.scalars, &mut ts.written, values)?;
-        self.run_with(&sc.update, &all)?;
+        self.run_compiled(&sc.update.inner, number)?;
         sc.good += 1;
         if sc.good >= sc.cfg.growth_interval {
             sc.scale *= sc.cfg.growth;

@@ -75,7 +75,7 @@ impl Session {
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&y]).unwrap();
     /// s.run(&r).unwrap();
-    /// let path = rocannl_arrayjit::env::temp_dir().join("rocannl_doc_params.safetensors");
+    /// let path = std::env::temp_dir().join("rocannl_doc_params.safetensors");
     /// s.save_params(&path).unwrap();
     /// let before = s.read(&w).unwrap();
     /// s.write(&w, &[0.0; 6]).unwrap();

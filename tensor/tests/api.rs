@@ -134,8 +134,7 @@ fn safetensors_round_trip_is_bit_exact_and_mismatches_change_nothing() {
         s.write(&x, &[0.5; 24]).unwrap();
         let r = s.forward(&[&y]).unwrap();
         s.run(&r).unwrap();
-        let path = rocannl_arrayjit::env::temp_dir()
-            .join(format!("rocannl_api_{}.safetensors", prec.name()));
+        let path = std::env::temp_dir().join(format!("rocannl_api_{}.safetensors", prec.name()));
         s.save_params(&path).unwrap();
         let before: Vec<Vec<u64>> = g
             .params()
@@ -196,7 +195,7 @@ fn optimizers_follow_their_formulas() {
         let (mut p_ref, mut v, mut m) = (p0.to_vec(), [0.0; 3], [0.0; 3]);
         let mut v2 = [0.0; 3];
         for k in 1..=4 {
-            s.step(&mut step, lr, &[]).unwrap();
+            s.step(&mut step, lr).unwrap();
             for i in 0..3 {
                 let grad = p_ref[i] - t[i];
                 match opt {
@@ -248,7 +247,8 @@ fn backends_agree_on_a_training_run() {
         loader.load(&mut s, &cols, &order).unwrap();
         let mut losses = Vec::new();
         for k in 0..12 {
-            s.step(&mut step, 0.01, &[loader.binding(k % 4)]).unwrap();
+            loader.set_batch(&mut s, k % 4).unwrap();
+            s.step(&mut step, 0.01).unwrap();
             losses.push(s.loss(&step).unwrap());
         }
         Ok(losses)
@@ -258,7 +258,7 @@ fn backends_agree_on_a_training_run() {
         let got = match run(backend) {
             Ok(got) => got,
             // Without a GPU the CUDA backend can only compile (tested in rocannl-arrayjit).
-            Err(Error::Compile(rocannl_arrayjit::Error::NoDevice { .. }))
+            Err(Error::Compile(rocannl_tensor::CompileError::NoDevice { .. }))
                 if backend == BackendKind::Cuda =>
             {
                 eprintln!("no CUDA device: the CUDA backend is not compared here");
@@ -277,7 +277,7 @@ fn backends_agree_on_a_training_run() {
 }
 
 #[test]
-fn runtime_symbols_out_of_range_are_errors() {
+fn loader_batches_out_of_range_are_errors() {
     let g = Graph::new();
     let cols = [Column::new("x", &[1], (0..8).map(f64::from).collect())];
     let loader = Loader::new(&g, &cols, 4).unwrap();
@@ -285,9 +285,11 @@ fn runtime_symbols_out_of_range_are_errors() {
     let mut s = Session::new(&g).unwrap();
     let r = s.forward(&[&y]).unwrap();
     loader.load(&mut s, &cols, &(0..8).collect::<Vec<_>>()).unwrap();
-    assert!(s.run_with(&r, &[loader.binding(1)]).is_ok());
-    assert!(s.run_with(&r, &[loader.binding(2)]).is_err());
-    assert!(s.run(&r).is_err(), "a missing binding");
+    assert!(s.run(&r).is_err(), "no batch chosen yet");
+    loader.set_batch(&mut s, 1).unwrap();
+    assert!(s.run(&r).is_ok());
+    let err = loader.set_batch(&mut s, 2).unwrap_err().to_string();
+    assert!(err.contains("batch 2"), "{err}");
 }
 
 #[test]
@@ -431,7 +433,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
             let mut s = Session::with_options(&g, opts).unwrap();
             let clip = StepOptions { clip_grad_norm: Some(max), ..StepOptions::default() };
             let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
-            s.step(&mut step, 0.5, &[]).unwrap();
+            s.step(&mut step, 0.5).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
             assert!((norm - 13.0).abs() < 1e-12, "{backend:?}: {norm}");
             let want = |w: f64| w - 0.5 * coef * w;
@@ -492,7 +494,7 @@ fn the_global_norm_sums_matrices_row_by_row() {
             let mut s = Session::with_options(&g, opts).unwrap();
             let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
             let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
-            s.step(&mut step, 0.5, &[]).unwrap();
+            s.step(&mut step, 0.5).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
             if poison {
                 assert!(!norm.is_finite(), "{backend:?}: {norm}");
@@ -518,7 +520,7 @@ fn weight_decay_skips_biases_norm_gains_and_embeddings() {
         let loss = (&layer.apply(&x) + &free).sum_all();
         let mut s = Session::with_options(&g, common_opts()).unwrap();
         let mut step = s.train_step(&loss, &opt, &[]).unwrap();
-        s.step(&mut step, 0.1, &[]).unwrap();
+        s.step(&mut step, 0.1).unwrap();
         let r = |t: &rocannl_tensor::Tensor| s.read(t).unwrap();
         (r(&layer.w), r(layer.b.as_ref().unwrap()), r(&free))
     };
@@ -693,7 +695,7 @@ fn a_training_step_computes_the_same_bits_at_every_level_and_across_the_tier_swa
         let mut s = Session::with_options(&g, opts).unwrap();
         let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
         for k in 0..3 {
-            s.step(&mut step, 1e-2, &[]).unwrap();
+            s.step(&mut step, 1e-2).unwrap();
             if k == 0 {
                 // The first step ran the quick build; the others run the optimized one.
                 s.finish_builds();

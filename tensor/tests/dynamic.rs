@@ -117,7 +117,7 @@ fn training_with_partial_batches_follows_fixed_batches() {
             s.set_size(&b, n).unwrap();
             s.write(&x, &xv).unwrap();
             s.write(&y, &yv).unwrap();
-            s.step(&mut step, 0.1, &[]).unwrap();
+            s.step(&mut step, 0.1).unwrap();
 
             let (g2, _, x2, y2) = build(None, n);
             let (_, err2, params2) = model(&g2, &x2, &y2);
@@ -128,7 +128,7 @@ fn training_with_partial_batches_follows_fixed_batches() {
             }
             s2.write(&x2, &xv).unwrap();
             s2.write(&y2, &yv).unwrap();
-            s2.step(&mut step2, 0.1, &[]).unwrap();
+            s2.step(&mut step2, 0.1).unwrap();
             let what = format!("{backend:?} step {k} (n={n})");
             close(&[s.loss(&step).unwrap()], &[s2.loss(&step2).unwrap()], &what);
             for (p, p2) in params.iter().zip(&params2) {
@@ -318,7 +318,8 @@ fn a_loader_runs_its_last_partial_batch_with_its_own_size() {
     let mut s = session(&g, BackendKind::Interp);
     let r = s.forward(&[&err]).unwrap();
     loader.load(&mut s, &cols, &(0..10).collect::<Vec<_>>()).unwrap();
-    s.run_with(&r, &loader.bindings(2)).unwrap();
+    loader.set_batch(&mut s, 2).unwrap();
+    s.run(&r).unwrap();
     let last = s.read(&err).unwrap();
     // The same two examples alone, in a graph of a fixed batch of 2.
     let (g2, _, x2, y2) = build(None, 2);

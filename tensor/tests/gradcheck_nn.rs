@@ -275,7 +275,7 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
     let mut masks = Vec::new();
     for _ in 0..2 {
-        s.step(&mut step, 0.0, &[]).unwrap(); // lr 0: x stays put
+        s.step(&mut step, 0.0).unwrap(); // lr 0: x stays put
         let (xv, yv) = (s.read(&x).unwrap(), s.read(&y).unwrap());
         let mask: Vec<bool> = xv
             .iter()
@@ -292,7 +292,7 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     assert_ne!(masks[0], masks[1], "a fresh mask every step");
     // The gradient of Σ dropout(x) is the mask scaled by 1/(1-p), for the step being run.
     let bp = s.backprop(&loss, &[&y]).unwrap();
-    s.run_with(&bp, &[(g.step_symbol(), 9)]).unwrap();
+    s.run(&bp).unwrap();
     let (yv, gv) = (s.read(&y).unwrap(), s.read_grad(&x).unwrap());
     for (b, d) in yv.iter().zip(&gv) {
         let want = if *b != 0.0 { 1.0 / 0.75 } else { 0.0 };
@@ -317,8 +317,8 @@ fn block_dropout_acts_in_training_only() {
     let train = s.forward_in(Mode::Train, &[&y, &plain]).unwrap();
     let eval = s.forward(&[&y]).unwrap();
     let mut runs = Vec::new();
-    for step in [1, 2] {
-        s.run_with(&train, &[(g.step_symbol(), step)]).unwrap();
+    for _ in 0..2 {
+        s.run(&train).unwrap();
         let (t, p) = (s.read(&y).unwrap(), s.read(&plain).unwrap());
         s.run(&eval).unwrap();
         runs.push((t, s.read(&y).unwrap(), p));
@@ -381,7 +381,7 @@ fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
         let mut s = Session::with_options(&g, opts).unwrap();
         let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y]).unwrap();
         for _ in 0..3 {
-            s.step(&mut step, 0.1, &[]).unwrap();
+            s.step(&mut step, 0.1).unwrap();
         }
         assert!(
             s.read(&y).unwrap().iter().all(|v| *v == 0.0 && v.is_sign_positive()),

@@ -36,15 +36,15 @@ fn learning_rates_that_are_negative_infinite_or_nan_are_refused_and_change_nothi
     let (g, w, loss) = regression();
     let mut s = Session::with_options(&g, interp()).unwrap();
     let mut step = s.train_step(&loss, &Optimizer::adam(), &[]).unwrap();
-    s.step(&mut step, 0.01, &[]).unwrap();
+    s.step(&mut step, 0.01).unwrap();
     let before = s.read(&w).unwrap();
     for lr in [f64::NAN, -0.01, f64::INFINITY, f64::NEG_INFINITY] {
-        let m = usage_message(s.step(&mut step, lr, &[]));
+        let m = usage_message(s.step(&mut step, lr));
         assert!(m.contains("learning rate") && m.contains(&format!("{lr}")), "{m}");
     }
     assert_eq!(s.read(&w).unwrap(), before, "no refused step moved the parameter");
     assert_eq!(step.steps(), 1, "and none was counted");
-    s.step(&mut step, 0.0, &[]).unwrap();
+    s.step(&mut step, 0.0).unwrap();
 }
 
 #[test]

@@ -130,12 +130,12 @@ fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
     let mut s = Session::new(&g).unwrap();
     let mut step = s.train_step(&l, &rocannl_tensor::Optimizer::sgd(), &[]).unwrap();
     s.write(&x, &[1.0; 12]).unwrap();
-    let err = s.step(&mut step, 0.1, &[]).unwrap_err().to_string();
+    let err = s.step(&mut step, 0.1).unwrap_err().to_string();
     assert!(err.contains("'targets'") && err.contains("never written"), "{err}");
     let before = s.read(&w).unwrap();
     s.write(&y, &[1.0; 4]).unwrap();
     assert_eq!(s.read(&w).unwrap(), before, "the refused step changed nothing");
-    s.step(&mut step, 0.1, &[]).unwrap();
+    s.step(&mut step, 0.1).unwrap();
     // A forward routine alike.
     let r = s.forward(&[&l]).unwrap();
     s.run(&r).unwrap();

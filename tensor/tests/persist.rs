@@ -19,8 +19,7 @@ fn session() -> Session {
 
 /// A fresh, empty folder of this test's own.
 fn folder(name: &str) -> PathBuf {
-    let dir = rocannl_arrayjit::env::temp_dir()
-        .join(format!("rocannl-persist-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocannl-persist-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

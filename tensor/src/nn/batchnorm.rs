@@ -181,7 +181,7 @@ pub struct RunningStats {
 /// let mut s = Session::new(&g).unwrap();
 /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
 /// s.write(&x, &[1.0, 10.0, 2.0, 10.0, 3.0, 30.0, 4.0, 30.0]).unwrap();
-/// s.step(&mut step, 0.0, &[]).unwrap();
+/// s.step(&mut step, 0.0).unwrap();
 /// let y_train = s.read(&y).unwrap(); // normalized by the batch's statistics
 /// assert!((y_train[0] + 1.3416).abs() < 1e-3 && (y_train[1] + 1.0).abs() < 1e-3);
 /// // The running estimates moved a tenth of the way: mean (2.5, 20), unbiased var (5/3, 400/3).
