@@ -30,10 +30,21 @@ const USER_FILES: [&str; 6] = [
 ];
 
 /// Arrayjit types that are user concepts, re-exported by `rocannl::tensor`: precisions, the
-/// choice of backend, compile settings, host arrays, the compiler's error as a cause
-/// (`CompileError`), and the counter-based generator of the datasets.
-const USER_CONCEPTS: [&str; 7] =
-    ["Prec", "BackendKind", "CacheMode", "CompileOptions", "NdArray", "Error", "uniform"];
+/// choice of backend, compile settings (with the types of their fields), host arrays, the
+/// compiler's error as a cause (`CompileError`), and the counter-based generator of the
+/// datasets.
+const USER_CONCEPTS: [&str; 10] = [
+    "Prec",
+    "BackendKind",
+    "CacheMode",
+    "CompileOptions",
+    "Limits",
+    "WorkLimit",
+    "MapCalls",
+    "NdArray",
+    "Error",
+    "uniform",
+];
 
 /// The library sources whose public items users see; `tensor/src/advanced*.rs` is the one
 /// module allowed to name compiler types.

@@ -47,6 +47,12 @@ pub use optim::{LossScale, Optimizer, StepOptions, TrainStep};
 /// Why compiling or running a routine failed ([`Error::Compile`]): a missing backend or
 /// device, a routine over a limit, an index out of range.
 pub use rocannl_arrayjit::Error as CompileError;
+/// The settings inside [`CompileOptions`]: a routine's limits and which loops call the
+/// library's vectorized math.
+pub use rocannl_arrayjit::low_level::{
+    estimate::{Limits, WorkLimit},
+    schedule::MapCalls,
+};
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so
 /// that a session can be configured from this crate alone.
 pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, NdArray, Prec};
