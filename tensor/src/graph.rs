@@ -775,9 +775,14 @@ impl Graph {
         self.borrow().inf.trace().to_vec()
     }
 
-    /// The guesses closing made about parameter shapes (after [`Graph::finish`]).
+    /// What [`Graph::finish`] found suspicious without being an error: the guesses closing
+    /// made about parameter shapes, and pointwise operations that give a result an axis only a
+    /// param has (a position table declared like a token table, say).
     pub fn warnings(&self) -> Vec<String> {
-        self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect()
+        let mut out: Vec<String> =
+            self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect();
+        out.extend(self.pointwise_param_axes());
+        out
     }
 
     /// All parameters, in creation order.

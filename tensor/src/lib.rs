@@ -25,6 +25,7 @@ pub mod dynamic;
 pub mod error;
 pub mod graph;
 pub mod init;
+mod lints;
 pub mod mode;
 pub mod nn;
 pub(crate) use advanced::op;

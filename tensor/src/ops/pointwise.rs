@@ -126,6 +126,9 @@ impl Op for Binary {
     fn name(&self) -> String {
         self.0.name().to_string()
     }
+    fn pointwise(&self) -> bool {
+        true
+    }
     fn logic(&self, args: &[ShapeId]) -> Logic {
         Logic::Pointwise(args.to_vec())
     }
