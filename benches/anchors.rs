@@ -52,10 +52,15 @@ fn mlp_step(
         }
     };
     let out = Mlp::new(&g, "mlp", MlpConfig::new(widths)).apply(&x);
-    let l = if hinge { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
+    let l = if hinge {
+        loss::hinge(&out, &y, loss::Reduction::Mean)
+    } else {
+        loss::mse(&out, &y, loss::Reduction::Mean)
+    };
     let mut s = Session::with_options(&g, SessionOptions::default()).expect("session");
     let t0 = Instant::now();
-    let mut step = s.train_step(&l, &Optimizer::sgd(), &[]).expect("train step");
+    let mut step =
+        s.train_step(&l, &Optimizer::sgd(), &[], &Default::default()).expect("train step");
     if let Some(d) = &dim {
         s.set_size(d, batch).expect("size");
     }

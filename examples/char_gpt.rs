@@ -150,7 +150,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_act(Activation::GeluTanh);
     let gpt = Gpt::new(&g, "gpt", cfg);
     let logits = gpt.apply(&x);
-    let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
+    let per_position = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None);
     let mean = per_position.mean_all();
     let master = a.master.filter(|m| *m != a.prec);
     let opts =
@@ -166,7 +166,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let loss_scale = (a.prec == Prec::F16).then(LossScale::default);
     let clip = StepOptions { clip_grad_norm: Some(1.0), loss_scale };
     let compile = Instant::now();
-    let mut step = s.train_step_with(&mean, &adamw, &[], &clip)?;
+    let mut step = s.train_step(&mean, &adamw, &[], &clip)?;
     let eval = s.forward(&[&per_position, &logits])?;
     let compile_s = compile.elapsed().as_secs_f64();
     if !a.json {

@@ -68,12 +68,16 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let x = g.data("x", &[batch], &[], &[features]);
     let y = g.data("y", &[batch], &[], &[classes]);
     let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, hidden, classes])).apply(&x);
-    let l = if moons { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
+    let l = if moons {
+        loss::hinge(&out, &y, loss::Reduction::Mean)
+    } else {
+        loss::mse(&out, &y, loss::Reduction::Mean)
+    };
     let mut s = Session::with_options(&g, opts)?;
     let built = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    let mut step = s.train_step(&l, &Optimizer::sgd(), &[])?;
+    let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &Default::default())?;
     let compiled = t1.elapsed().as_secs_f64();
     if std::env::var_os("FIRST_STEP_PHASES").is_some() {
         eprintln!("{:?}", step.routine().compile_phases());

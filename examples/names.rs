@@ -121,7 +121,7 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
         }
     };
     let logits = logits_of(loader.batch(0));
-    let loss = loss::cross_entropy(&logits, loader.batch(1)).named("loss");
+    let loss = loss::cross_entropy(&logits, loader.batch(1), loss::Reduction::Mean).named("loss");
     let sample_ctx = g.data("sample_context", &[], &[], &[context, 1]);
     let sample_logits = logits_of(&sample_ctx).named("sample_logits");
 
@@ -130,7 +130,7 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     for p in g.params() {
         println!("   {:10} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[])?;
+    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default())?;
     let epochs = if quick { 2 } else { 8 };
     let lr = if model == "bigram" { 0.05 } else { 0.01 };
     let cfg = TrainConfig {

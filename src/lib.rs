@@ -24,11 +24,11 @@
 //! let y = g.data("y", &[4], &[], &[1]);
 //! let w = g.param("w"); // both rows inferred
 //! let b = g.param_with("b", ParamSpec::vector(&[1]));
-//! let loss = loss::mse(&(&w.matmul(&x) + &b), &y);
+//! let loss = loss::mse(&(&w.matmul(&x) + &b), &y, loss::Reduction::Mean);
 //!
 //! let mut s = Session::new(&g)?; // shapes are inferred here
 //! assert_eq!(w.shape_string(), "|2->1");
-//! let mut step = s.train_step(&loss, &Optimizer::sgd(), &[])?;
+//! let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default())?;
 //! s.write(&x, &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])?;
 //! s.write(&y, &[1.0, 2.0, 3.0, 4.0])?; // y = 1 + 2·x0 + x1
 //! for _ in 0..300 {

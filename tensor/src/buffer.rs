@@ -57,7 +57,7 @@ impl Graph {
     /// mean.update_with(&(&mean.scale(0.5) + &y.mean1("b|o => o").scale(0.5)));
     /// let loss = y.sum_all();
     /// let mut s = Session::new(&g).unwrap();
-    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
     /// s.write(&x, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).unwrap();
     /// s.step(&mut step, 0.0).unwrap();
     /// assert_eq!(s.read(&mean).unwrap(), vec![2.0, 2.5]); // ½·0 + ½·(4, 5)

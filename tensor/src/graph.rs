@@ -580,33 +580,28 @@ impl Graph {
     }
 
     /// The positions `0, 1, …, n-1` along one axis — the last of the batch, input or output row
-    /// as `row` says (`'b'`, `'i'` or `'o'`), the other rows empty — whose size `n` is inferred
+    /// as `row` says ([`crate::RowKind`]), the other rows empty — whose size `n` is inferred
     /// from use, like a parameter's. Combined with a tensor by broadcasting (rows align at their
     /// last axes), it numbers that tensor's positions along the axis: a causal mask is
     /// `keys.lt(&queries).not()` for the positions of the query and key axes.
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Graph, RowKind};
     /// let g = Graph::new();
     /// let x = g.data("x", &[5], &[], &[3]);
-    /// let pos = g.positions('b');
+    /// let pos = g.positions(RowKind::Batch);
     /// let _y = &x + &pos;
     /// g.finish().unwrap();
     /// assert_eq!(pos.dims().unwrap(), vec![5]);
     /// ```
-    pub fn positions(&self, row: char) -> Tensor {
+    pub fn positions(&self, row: crate::RowKind) -> Tensor {
+        use crate::RowKind;
         let one = || RowDecl::Partial(vec![None]);
         let none = || RowDecl::Given(vec![]);
         let decl = match row {
-            'b' => ShapeDecl { batch: one(), input: none(), output: none() },
-            'i' => ShapeDecl { batch: none(), input: one(), output: none() },
-            'o' => ShapeDecl { batch: none(), input: none(), output: one() },
-            other => {
-                self.record(Error::usage(format!(
-                    "positions('{other}'): the row is 'b' (batch), 'i' (input) or 'o' (output)"
-                )));
-                ShapeDecl { batch: none(), input: none(), output: one() }
-            }
+            RowKind::Batch => ShapeDecl { batch: one(), input: none(), output: none() },
+            RowKind::Input => ShapeDecl { batch: none(), input: one(), output: none() },
+            RowKind::Output => ShapeDecl { batch: none(), input: none(), output: one() },
         };
         self.add_leaf("positions", decl, Leaf::Iota, TerminalData::Rows)
     }

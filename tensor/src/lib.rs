@@ -58,8 +58,8 @@ pub use rocannl_arrayjit::low_level::{
 /// that a session can be configured from this crate alone.
 pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, NdArray, Prec};
 pub use rocannl_shape::RowDecl;
-/// The three rows of a shape (batch, input, output), naming the row a [`Tensor::flatten`] or
-/// [`Tensor::unflatten`] works in.
+/// The three rows of a shape (batch, input, output), naming the row a [`Tensor::flatten`],
+/// [`Tensor::unflatten`] or [`Graph::positions`] works in.
 pub use rocannl_shape::row::Kind as RowKind;
 pub use routine::Routine;
 pub use session::{Plan, Session, SessionOptions};

@@ -189,7 +189,7 @@ pub struct StepOptions {
 /// let mut s = Session::with_options(&g, opts).unwrap();
 /// let scaling = LossScale { init: 32768.0, ..LossScale::default() };
 /// let step_opts = StepOptions { loss_scale: Some(scaling), ..StepOptions::default() };
-/// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
+/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
 /// s.step(&mut step, 0.25).unwrap();
 /// assert_eq!(s.read(&w).unwrap(), vec![1.5, 2.0]); // w - 0.25 · 2w, unscaled
 /// assert_eq!((step.skipped_steps(), step.loss_scale()), (0, Some(32768.0)));
@@ -443,7 +443,9 @@ impl Session {
     /// Compiles a whole training step — forward, backpropagation from `loss`, the update of
     /// every parameter, then the updates of the buffers its forward pass computes (batch
     /// norm's running statistics, [`crate::buffer`]) — into one routine, in train mode
-    /// ([`Mode::Train`]). `outputs` are also kept readable (e.g. predictions).
+    /// ([`Mode::Train`]). `outputs` are also kept readable (e.g. predictions); `options` adds
+    /// gradient clipping by global norm and loss scaling ([`StepOptions`]; `&Default::default()`
+    /// for neither).
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Session, ParamSpec, Init, optim::Optimizer};
@@ -451,20 +453,12 @@ impl Session {
     /// let w = g.param_with("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
     /// let loss = w.pointmul(&w); // minimize w^2
     /// let mut s = Session::new(&g).unwrap();
-    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
     /// for _ in 0..10 { s.step(&mut step, 0.25).unwrap(); }
     /// assert!(s.read(&w).unwrap()[0].abs() < 0.01); // w halves every step
     /// ```
-    pub fn train_step(
-        &mut self,
-        loss: &Tensor,
-        opt: &Optimizer,
-        outputs: &[&Tensor],
-    ) -> Result<TrainStep> {
-        self.train_step_with(loss, opt, outputs, &StepOptions::default())
-    }
-
-    /// [`Session::train_step`] with more settings: gradient clipping by global norm.
+    ///
+    /// Clipping:
     ///
     /// ```
     /// use rocannl_tensor::optim::{Optimizer, StepOptions};
@@ -474,13 +468,13 @@ impl Session {
     /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
     /// let mut s = Session::new(&g).unwrap();
     /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
-    /// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
     /// s.step(&mut step, 1.0).unwrap();
     /// assert!((s.grad_norm(&step).unwrap().unwrap() - 5.0).abs() < 1e-5);
     /// let w1 = s.read(&w).unwrap(); // moved by a gradient of norm 1: w - w/5
     /// assert!((w1[0] - 2.4).abs() < 1e-5 && (w1[1] - 3.2).abs() < 1e-5);
     /// ```
-    pub fn train_step_with(
+    pub fn train_step(
         &mut self,
         loss: &Tensor,
         opt: &Optimizer,

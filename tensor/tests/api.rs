@@ -190,7 +190,7 @@ fn optimizers_follow_their_formulas() {
         let d = &p - &g.vector("t", &t);
         let l = d.pointmul(&d).sum_all().scale(0.5);
         let mut s = session(&g, BackendKind::Interp, Prec::F64).unwrap();
-        let mut step = s.train_step(&l, &opt, &[]).unwrap();
+        let mut step = s.train_step(&l, &opt, &[], &Default::default()).unwrap();
         let lr = 0.1;
         let (mut p_ref, mut v, mut m) = (p0.to_vec(), [0.0; 3], [0.0; 3]);
         let mut v2 = [0.0; 3];
@@ -240,9 +240,9 @@ fn backends_agree_on_a_training_run() {
         let cols = [Column::new("x", &[2], xs), Column::new("y", &[1], ys)];
         let loader = Loader::new(&g, &cols, 8).unwrap();
         let f = Mlp::new(&g, "f", MlpConfig::new(&[6, 1])).apply(loader.batch(0));
-        let l = loss::hinge(&f, loader.batch(1));
+        let l = loss::hinge(&f, loader.batch(1), loss::Reduction::Mean);
         let mut s = session(&g, backend, Prec::F32)?;
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
         let order: Vec<usize> = (0..32).collect();
         loader.load(&mut s, &cols, &order).unwrap();
         let mut losses = Vec::new();
@@ -432,7 +432,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
             };
             let mut s = Session::with_options(&g, opts).unwrap();
             let clip = StepOptions { clip_grad_norm: Some(max), ..StepOptions::default() };
-            let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+            let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
             s.step(&mut step, 0.5).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
             assert!((norm - 13.0).abs() < 1e-12, "{backend:?}: {norm}");
@@ -452,10 +452,10 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     let w = g.param_with("w", ParamSpec::output(&[1]).init(Init::Constant(1.0)));
     let loss = w.pointmul(&w);
     let mut s = Session::new(&g).unwrap();
-    let step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
+    let step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
     assert_eq!(s.grad_norm(&step).unwrap(), None);
     let bad = StepOptions { clip_grad_norm: Some(0.0), ..StepOptions::default() };
-    let err = s.train_step_with(&loss, &Optimizer::sgd(), &[], &bad).unwrap_err();
+    let err = s.train_step(&loss, &Optimizer::sgd(), &[], &bad).unwrap_err();
     assert!(err.to_string().contains("clip_grad_norm"), "{err}");
 }
 
@@ -493,7 +493,7 @@ fn the_global_norm_sums_matrices_row_by_row() {
             };
             let mut s = Session::with_options(&g, opts).unwrap();
             let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
-            let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+            let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
             s.step(&mut step, 0.5).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
             if poison {
@@ -519,7 +519,7 @@ fn weight_decay_skips_biases_norm_gains_and_embeddings() {
         );
         let loss = (&layer.apply(&x) + &free).sum_all();
         let mut s = Session::with_options(&g, common_opts()).unwrap();
-        let mut step = s.train_step(&loss, &opt, &[]).unwrap();
+        let mut step = s.train_step(&loss, &opt, &[], &Default::default()).unwrap();
         s.step(&mut step, 0.1).unwrap();
         let r = |t: &rocannl_tensor::Tensor| s.read(t).unwrap();
         (r(&layer.w), r(layer.b.as_ref().unwrap()), r(&free))
@@ -637,7 +637,7 @@ fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
     let y = g.data("targets", &[8], &[], &[3]);
     let out = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 2])).apply(&x);
     let line = line!() + 1;
-    let _ = loss::mse(&out, &y);
+    let _ = loss::mse(&out, &y, loss::Reduction::Mean);
     let msg = Session::new(&g).unwrap_err().to_string();
     assert!(msg.contains(&format!("loss::mse at {}:{line}", file!())), "{msg}");
     assert!(msg.contains("'mlp.1'") && msg.contains("'targets'"), "{msg}");
@@ -648,7 +648,7 @@ fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
     let ids = g.data("ids", &[7], &[], &[]);
     let logits = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 3])).apply(&x);
     let line = line!() + 1;
-    let _ = loss::sparse_cross_entropy(&logits, &ids);
+    let _ = loss::sparse_cross_entropy(&logits, &ids, loss::Reduction::Mean);
     let msg = Session::new(&g).unwrap_err().to_string();
     assert!(msg.contains(&format!("loss::sparse_cross_entropy at {}:{line}", file!())), "{msg}");
     assert!(msg.contains("one_hot(ids)") && msg.contains("'mlp.1'"), "{msg}");
@@ -687,13 +687,17 @@ fn a_training_step_computes_the_same_bits_at_every_level_and_across_the_tier_swa
             g.ndarray("y", &[16], &[], &[3], &(0..48).map(|i| (i % 3) as f64).collect::<Vec<_>>());
         let out =
             Mlp::new(&g, "mlp", MlpConfig::new(&[40, 3]).with_act(Activation::GeluTanh)).apply(&x);
-        let l = loss::cross_entropy(&out.softmax(rocannl_tensor::nn::OUTPUT_AXES), &y);
+        let l = loss::cross_entropy(
+            &out.softmax(rocannl_tensor::nn::OUTPUT_AXES),
+            &y,
+            loss::Reduction::Mean,
+        );
         let mut opts = SessionOptions { backend: BackendKind::Gccjit, ..SessionOptions::default() };
         opts.compile.opt_level = level;
         opts.compile.tiered = tiered;
         opts.compile.cache = rocannl_tensor::CacheMode::Off;
         let mut s = Session::with_options(&g, opts).unwrap();
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
         for k in 0..3 {
             s.step(&mut step, 1e-2).unwrap();
             if k == 0 {
@@ -729,7 +733,7 @@ fn a_gpt_computes_the_same_bits_with_interpreted_or_native_init_at_any_level() {
             let cfg = GptConfig::new(27, 16, 64, 4, 2).with_ff(256).with_act(Activation::GeluTanh);
             let gpt = Gpt::new(&g, "gpt", cfg);
             let logits = gpt.apply(&x);
-            let per = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
+            let per = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None);
             let mut opts =
                 SessionOptions { backend: BackendKind::Gccjit, prec, ..SessionOptions::default() };
             opts.compile.tiered = tiered;

@@ -192,9 +192,9 @@ fn a_trained_batch_norm_matches_pytorch_and_its_checkpoint_loads_there() {
             .with_bias_init(Init::Values(floats(&run["bias"])));
         let bn = BatchNorm::new(&g, "bn", cfg);
         let y = bn.apply(&x);
-        let loss = loss::mse(&y, &t);
+        let loss = loss::mse(&y, &t, loss::Reduction::Mean);
         let mut s = session(&g, backend);
-        let mut step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
+        let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
         let eval = s.forward(&[&y]).unwrap();
         let lr = run["lr"].as_f64().unwrap();
         for (xs, ts) in run["xs"].as_array().unwrap().iter().zip(run["targets"].as_array().unwrap())

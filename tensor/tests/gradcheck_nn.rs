@@ -38,7 +38,7 @@ fn softmax_and_losses() {
             ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
         );
         let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
-        (vec![logits.clone()], loss::cross_entropy(&logits, &targets))
+        (vec![logits.clone()], loss::cross_entropy(&logits, &targets, loss::Reduction::Mean))
     });
     check("sparse_cross_entropy", |g| {
         let logits = g.param_with(
@@ -46,17 +46,17 @@ fn softmax_and_losses() {
             ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
         );
         let labels = g.ndarray("labels", &[2], &[], &[], &[2.0, 0.0]);
-        (vec![logits.clone()], loss::sparse_cross_entropy(&logits, &labels))
+        (vec![logits.clone()], loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::Mean))
     });
     check("mse", |g| {
         let p = param(g, "p", &[], &[4], -1.0, 1.0);
         let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);
-        (vec![p.clone()], loss::mse(&p, &t))
+        (vec![p.clone()], loss::mse(&p, &t, loss::Reduction::Mean))
     });
     check("hinge", |g| {
         let p = param(g, "p", &[], &[4], -0.8, 0.8);
         let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
-        (vec![p.clone()], loss::hinge(&p, &y))
+        (vec![p.clone()], loss::hinge(&p, &y, loss::Reduction::Mean))
     });
     for reduction in [loss::Reduction::Sum, loss::Reduction::None] {
         check(&format!("cross_entropy_{reduction:?}"), |g| {
@@ -65,17 +65,17 @@ fn softmax_and_losses() {
                 ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
             );
             let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
-            (vec![logits.clone()], loss::cross_entropy_with(&logits, &targets, reduction))
+            (vec![logits.clone()], loss::cross_entropy(&logits, &targets, reduction))
         });
         check(&format!("mse_{reduction:?}"), |g| {
             let p = param(g, "p", &[], &[4], -1.0, 1.0);
             let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);
-            (vec![p.clone()], loss::mse_with(&p, &t, reduction))
+            (vec![p.clone()], loss::mse(&p, &t, reduction))
         });
         check(&format!("hinge_{reduction:?}"), |g| {
             let p = param(g, "p", &[], &[4], -0.8, 0.8);
             let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
-            (vec![p.clone()], loss::hinge_with(&p, &y, reduction))
+            (vec![p.clone()], loss::hinge(&p, &y, reduction))
         });
     }
 }
@@ -89,9 +89,9 @@ fn loss_reductions_are_the_mean_sum_or_values_per_position() {
     let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
     let lse = |v: [f64; 3]| v.iter().map(|x| x.exp()).sum::<f64>().ln();
     let per = [lse([1.0, 2.0, 3.0]) - 3.0, lse([0.5, 0.5, -1.0]) - 0.5];
-    let mean = loss::cross_entropy(&logits, &targets);
-    let sum = loss::cross_entropy_with(&logits, &targets, loss::Reduction::Sum);
-    let none = loss::cross_entropy_with(&logits, &targets, loss::Reduction::None);
+    let mean = loss::cross_entropy(&logits, &targets, loss::Reduction::Mean);
+    let sum = loss::cross_entropy(&logits, &targets, loss::Reduction::Sum);
+    let none = loss::cross_entropy(&logits, &targets, loss::Reduction::None);
     let mut s = Session::with_options(&g, common::opts()).unwrap();
     let r = s.forward(&[&mean, &sum, &none]).unwrap();
     s.run(&r).unwrap();
@@ -272,7 +272,7 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     let eval = s.forward(&[&y]).unwrap();
     s.run(&eval).unwrap();
     assert_eq!(s.read(&y).unwrap(), s.read(&x).unwrap(), "eval mode is the identity");
-    let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
+    let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y], &Default::default()).unwrap();
     let mut masks = Vec::new();
     for _ in 0..2 {
         s.step(&mut step, 0.0).unwrap(); // lr 0: x stays put
@@ -375,11 +375,11 @@ fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
         let w =
             g.param_with("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
         let y = nn::dropout(&w.matmul(&x), 1.0);
-        let loss = loss::mse(&y, &g.number(1.0));
+        let loss = loss::mse(&y, &g.number(1.0), loss::Reduction::Mean);
         assert!(nn::dropout(&x, 0.0).id() == x.id(), "p = 0 is the identity");
         let opts = SessionOptions { backend, prec: Prec::F32, ..SessionOptions::default() };
         let mut s = Session::with_options(&g, opts).unwrap();
-        let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y]).unwrap();
+        let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y], &Default::default()).unwrap();
         for _ in 0..3 {
             s.step(&mut step, 0.1).unwrap();
         }

@@ -42,9 +42,9 @@ fn a_batch_norm_model_trains_and_evaluates_with_the_running_statistics() {
         let z = fc1.apply(&x);
         let h = bn.apply(&z);
         let y = fc2.apply(&Activation::Relu.apply(&h));
-        let l = loss::mse(&y, &t);
+        let l = loss::mse(&y, &t, loss::Reduction::Mean);
         let mut s = session(&g, backend);
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
         let eval = s.forward(&[&z, &h, &l]).unwrap();
         let (xs, ts) = dataset(16);
         s.write(&x, &xs).unwrap();

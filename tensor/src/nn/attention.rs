@@ -189,8 +189,8 @@ fn with_bias(y: Tensor, b: &Option<Tensor>) -> Tensor {
 /// assert!(p.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6), "{p:?}");
 /// ```
 pub fn causal_mask(g: &Graph, scores: &Tensor) -> Tensor {
-    let query = g.positions('b');
-    let key = g.positions('i');
+    let query = g.positions(crate::RowKind::Batch);
+    let key = g.positions(crate::RowKind::Input);
     let allowed = query.lt(&key).not();
     Tensor::where_(&allowed, scores, &g.fill(f64::NEG_INFINITY))
 }

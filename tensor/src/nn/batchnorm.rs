@@ -179,7 +179,7 @@ pub struct RunningStats {
 /// let y = bn.apply(&x);
 /// let loss = y.pointmul(&y).sum_all();
 /// let mut s = Session::new(&g).unwrap();
-/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
+/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y], &Default::default()).unwrap();
 /// s.write(&x, &[1.0, 10.0, 2.0, 10.0, 3.0, 30.0, 4.0, 30.0]).unwrap();
 /// s.step(&mut step, 0.0).unwrap();
 /// let y_train = s.read(&y).unwrap(); // normalized by the batch's statistics
