@@ -97,13 +97,11 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     let loader = Loader::new(&g, &columns, 256)?;
     // The logits of the next character for context ids `ctx` (`batch | context, 1`).
     let (table, hidden, out) = if model == "bigram" {
-        let w = g.param_with(
-            "bigram",
-            ParamSpec::matrix(&[1, VOCAB], &[VOCAB]).init(Init::Constant(0.0)),
-        );
+        let w =
+            g.param("bigram", ParamSpec::matrix(&[1, VOCAB], &[VOCAB]).init(Init::Constant(0.0)));
         (w, None, None)
     } else {
-        let table = g.param_with(
+        let table = g.param(
             "embed",
             ParamSpec::matrix(&[VOCAB], &[10]).init(Init::Normal { mean: 0.0, std: 1.0 }),
         );

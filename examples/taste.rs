@@ -20,9 +20,9 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let g = Graph::with_seed(0);
     let x = g.data("x", &[64], &[], &[3]); // 64 examples with 3 features
     let y = g.data("y", &[64], &[], &[1]); // their targets
-    let w1 = g.param("w1"); // both rows inferred
-    let b1 = g.param_with("b1", ParamSpec::vector(&[8])); // the hidden width is the one size given
-    let w2 = g.param("w2");
+    let w1 = g.param("w1", ParamSpec::default()); // both rows inferred
+    let b1 = g.param("b1", ParamSpec::vector(&[8])); // the hidden width is the one size given
+    let w2 = g.param("w2", ParamSpec::default());
     let pred = w2.matmul(&(&w1.matmul(&x) + &b1).tanh());
     let mse = loss::mse(&pred, &y, loss::Reduction::Mean);
 

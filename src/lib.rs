@@ -22,8 +22,8 @@
 //! let g = Graph::with_seed(0);
 //! let x = g.data("x", &[4], &[], &[2]); // a batch of 4 points with 2 features
 //! let y = g.data("y", &[4], &[], &[1]);
-//! let w = g.param("w"); // both rows inferred
-//! let b = g.param_with("b", ParamSpec::vector(&[1]));
+//! let w = g.param("w", ParamSpec::default()); // both rows inferred
+//! let b = g.param("b", ParamSpec::vector(&[1]));
 //! let loss = loss::mse(&(&w.matmul(&x) + &b), &y, loss::Reduction::Mean);
 //!
 //! let mut s = Session::new(&g)?; // shapes are inferred here

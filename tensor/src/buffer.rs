@@ -51,7 +51,7 @@ impl Graph {
     /// use rocannl_tensor::{Graph, Init, ParamSpec, Session, optim::Optimizer};
     /// let g = Graph::new();
     /// let x = g.data("x", &[4], &[], &[2]);
-    /// let w = g.param_with("w", ParamSpec::vector(&[2]).init(Init::Constant(1.0)));
+    /// let w = g.param("w", ParamSpec::vector(&[2]).init(Init::Constant(1.0)));
     /// let y = x.pointmul(&w);
     /// let mean = g.buffer("mean", ParamSpec::vector(&[2]).init(Init::Constant(0.0)));
     /// mean.update_with(&(&mean.scale(0.5) + &y.mean1("b|o => o").scale(0.5)));

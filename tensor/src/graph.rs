@@ -135,8 +135,8 @@ pub(crate) struct GraphInner {
 /// use rocannl_tensor::{Graph, ParamSpec};
 /// let g = Graph::new();
 /// let x = g.data("x", &[4], &[], &[3]); // batch 4, output 3
-/// let w = g.param("w"); // both rows inferred from use
-/// let b = g.param_with("b", ParamSpec::output(&[16]));
+/// let w = g.param("w", ParamSpec::default()); // both rows inferred from use
+/// let b = g.param("b", ParamSpec::output(&[16]));
 /// let y = (w.matmul(&x) + &b).relu();
 /// g.finish().unwrap();
 /// let r = w.rows().unwrap(); // no batch, 3 -> 16
@@ -408,7 +408,7 @@ impl Graph {
     /// let g = Graph::new();
     /// let batch = g.dynamic("batch", 32);
     /// let x = g.data_dyn("x", &batch, &[], &[], &[3]);
-    /// let w = g.param_with("w", ParamSpec::output(&[2]));
+    /// let w = g.param("w", ParamSpec::output(&[2]));
     /// let y = w.matmul(&x);
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&y]).unwrap();
@@ -616,26 +616,22 @@ impl Graph {
         )
     }
 
-    /// A learnable parameter whose input and output rows are inferred from use (and with no
-    /// batch axes), initialized by [`Init::default`] unless [`Graph::param_with`] is used.
-    #[track_caller]
-    pub fn param(&self, label: &str) -> Tensor {
-        self.param_with(label, ParamSpec::default())
-    }
-
-    /// A learnable parameter with some rows given and an initialization.
+    /// A learnable parameter: the rows `spec` gives, the others inferred from use, and its
+    /// initialization (`ParamSpec::default()`: input and output rows inferred, no batch axes,
+    /// [`Init::default`]).
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Init, ParamSpec};
     /// let g = Graph::new();
-    /// let b = g.param_with("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
+    /// let b = g.param("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
+    /// let w = g.param("w", ParamSpec::default()); // both rows inferred
     /// assert_eq!(b.label(), "b");
     /// ```
     ///
     /// Names identify params (in checkpoints, in [`Graph::params`]): a second param of a name
     /// already taken is an error, reported by [`Graph::finish`] with both call sites.
     #[track_caller]
-    pub fn param_with(&self, label: &str, spec: ParamSpec) -> Tensor {
+    pub fn param(&self, label: &str, spec: ParamSpec) -> Tensor {
         self.claim_name(label, "params", std::panic::Location::caller());
         let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
         let t = self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows);
@@ -836,7 +832,7 @@ impl ParamSpec {
     /// use rocannl_tensor::{Graph, ParamSpec};
     /// let g = Graph::new();
     /// let x = g.data("x", &[4], &[], &[3]);
-    /// let b = g.param_with("b", ParamSpec::vector(&[3]));
+    /// let b = g.param("b", ParamSpec::vector(&[3]));
     /// let _y = &x + &b;
     /// g.finish().unwrap();
     /// assert_eq!(b.shape_string(), "|->3");

@@ -182,7 +182,7 @@ pub struct StepOptions {
 /// use rocannl_tensor::{Graph, Init, LossScale, ParamSpec, Prec, Session, SessionOptions};
 /// use rocannl_tensor::optim::{Optimizer, StepOptions};
 /// let g = Graph::new();
-/// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+/// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
 /// let loss = w.pointmul(&w).sum_all();
 /// // f16 activations, f32 master weights, the loss scaled by 2^15 at first.
 /// let opts = SessionOptions { prec: Prec::F16, master: Some(Prec::F32), ..Default::default() };
@@ -450,7 +450,7 @@ impl Session {
     /// ```
     /// use rocannl_tensor::{Graph, Session, ParamSpec, Init, optim::Optimizer};
     /// let g = Graph::new();
-    /// let w = g.param_with("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
+    /// let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
     /// let loss = w.pointmul(&w); // minimize w^2
     /// let mut s = Session::new(&g).unwrap();
     /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
@@ -464,7 +464,7 @@ impl Session {
     /// use rocannl_tensor::optim::{Optimizer, StepOptions};
     /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
     /// let g = Graph::new();
-    /// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+    /// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
     /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
     /// let mut s = Session::new(&g).unwrap();
     /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };

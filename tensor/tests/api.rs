@@ -39,14 +39,14 @@ fn bad_specs_and_arity_are_errors() {
 fn guessed_params_warn_and_strict_mode_refuses() {
     let g = Graph::new();
     let x = g.data("x", &[4], &[], &[3]);
-    let w = g.param("w");
+    let w = g.param("w", ParamSpec::default());
     let _y = w.matmul(&x).relu();
     g.finish().unwrap();
     assert!(g.warnings().iter().any(|w| w.contains("param w")), "{:?}", g.warnings());
     let g = Graph::new();
     g.set_strict(true);
     let x = g.data("x", &[4], &[], &[3]);
-    let _y = g.param("w").matmul(&x);
+    let _y = g.param("w", ParamSpec::default()).matmul(&x);
     assert!(matches!(g.finish(), Err(Error::Shape(_))));
 }
 
@@ -63,7 +63,9 @@ fn the_nn_blocks_declare_what_they_mean_and_need_no_guesses() {
     assert!(g.warnings().is_empty(), "{:?}", g.warnings());
     let g = Graph::new();
     let x = g.data("x", &[8], &[], &[5]);
-    let _ = g.param("w2").matmul(&g.param("w1").matmul(&x).relu());
+    let _ = g
+        .param("w2", ParamSpec::default())
+        .matmul(&g.param("w1", ParamSpec::default()).matmul(&x).relu());
     g.finish().unwrap();
     let w = g.warnings();
     assert!(w.iter().any(|m| m.contains("w2") && m.contains("hidden dimension")), "{w:?}");
@@ -76,7 +78,7 @@ fn tensors_with_no_elements_compute_like_any_other() {
     for backend in [BackendKind::Interp, BackendKind::Gccjit] {
         let g = Graph::new();
         let x = g.data("x", &[0], &[], &[3]);
-        let p = g.param_with("p", ParamSpec::vector(&[3]).init(Init::Constant(2.0)));
+        let p = g.param("p", ParamSpec::vector(&[3]).init(Init::Constant(2.0)));
         let y = (&x + &p).relu();
         let total = y.einsum1("b|->i => |->i"); // sums the empty batch axis
         let a = g.data("a", &[], &[], &[2, 0]);
@@ -186,7 +188,7 @@ fn optimizers_follow_their_formulas() {
     ];
     for opt in cases {
         let g = Graph::new();
-        let p = g.param_with("p", ParamSpec::output(&[3]).init(Init::Values(p0.to_vec())));
+        let p = g.param("p", ParamSpec::output(&[3]).init(Init::Values(p0.to_vec())));
         let d = &p - &g.vector("t", &t);
         let l = d.pointmul(&d).sum_all().scale(0.5);
         let mut s = session(&g, BackendKind::Interp, Prec::F64).unwrap();
@@ -297,9 +299,9 @@ fn two_params_of_one_name_are_an_error_naming_both_call_sites() {
     let g = Graph::with_seed(0);
     let x = g.data("x", &[4], &[], &[3]);
     let first = line!() + 1;
-    let w = g.param("w");
+    let w = g.param("w", ParamSpec::default());
     let second = line!() + 1;
-    let w2 = g.param("w");
+    let w2 = g.param("w", ParamSpec::default());
     let y = w2.matmul(&w.matmul(&x));
     let err = Session::new(&g).map(|_| ()).unwrap_err().to_string();
     let here = file!();
@@ -422,8 +424,8 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
         // √(3² + 4² + 12²) = 13.
         for (max, coef) in [(1.3, 1.3 / (13.0 + 1e-6)), (100.0, 1.0)] {
             let g = Graph::with_seed(0);
-            let w1 = g.param_with("w1", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
-            let w2 = g.param_with("w2", ParamSpec::output(&[1]).init(Init::Values(vec![12.0])));
+            let w1 = g.param("w1", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+            let w2 = g.param("w2", ParamSpec::output(&[1]).init(Init::Values(vec![12.0])));
             let loss = (&w1.pointmul(&w1).sum_all() + &w2.pointmul(&w2).sum_all()).scale(0.5);
             let opts = SessionOptions {
                 backend,
@@ -449,7 +451,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     }
     // A step without clipping reports no norm; a bad bound is a usage error.
     let g = Graph::with_seed(0);
-    let w = g.param_with("w", ParamSpec::output(&[1]).init(Init::Constant(1.0)));
+    let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(1.0)));
     let loss = w.pointmul(&w);
     let mut s = Session::new(&g).unwrap();
     let step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
@@ -478,10 +480,9 @@ fn the_global_norm_sums_matrices_row_by_row() {
             if poison {
                 mv[7] = f64::INFINITY;
             }
-            let w1 = g.param_with("w1", ParamSpec::matrix(&[4], &[3]).init(Init::Values(mv)));
-            let w2 =
-                g.param_with("w2", ParamSpec::matrix(&[3], &[2, 2]).init(Init::Values(t.clone())));
-            let w3 = g.param_with("w3", ParamSpec::output(&[1]).init(Init::Values(vec![2.0])));
+            let w1 = g.param("w1", ParamSpec::matrix(&[4], &[3]).init(Init::Values(mv)));
+            let w2 = g.param("w2", ParamSpec::matrix(&[3], &[2, 2]).init(Init::Values(t.clone())));
+            let w3 = g.param("w3", ParamSpec::output(&[1]).init(Init::Values(vec![2.0])));
             // The gradient of ½Σw² is w.
             let loss = (&(&w1.pointmul(&w1).sum_all() + &w2.pointmul(&w2).sum_all())
                 + &w3.pointmul(&w3).sum_all())
@@ -513,10 +514,8 @@ fn weight_decay_skips_biases_norm_gains_and_embeddings() {
         let g = Graph::with_seed(0);
         let x = g.ndarray("x", &[2], &[], &[3], &[0.1, 0.2, 0.3, -0.1, 0.4, 0.2]);
         let layer = Linear::new(&g, "fc", LinearConfig::new(2));
-        let free = g.param_with(
-            "free",
-            ParamSpec::vector(&[2]).init(Init::Values(vec![1.0, -2.0])).no_decay(),
-        );
+        let free =
+            g.param("free", ParamSpec::vector(&[2]).init(Init::Values(vec![1.0, -2.0])).no_decay());
         let loss = (&layer.apply(&x) + &free).sum_all();
         let mut s = Session::with_options(&g, common_opts()).unwrap();
         let mut step = s.train_step(&loss, &opt, &[], &Default::default()).unwrap();
@@ -590,7 +589,7 @@ fn normal_initializations_are_finite_in_half_precision() {
         {
             let g = Graph::with_seed(1);
             // 65,536 draws: in bf16 dozens of the first uniforms round up to 1.
-            let w = g.param_with(
+            let w = g.param(
                 "w",
                 ParamSpec::output(&[65_536]).init(Init::Normal { mean: 0.0, std: 1.0 }),
             );

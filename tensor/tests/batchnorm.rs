@@ -85,7 +85,7 @@ fn train_mode_output_and_gradients_match_pytorch() {
             let what = format!("{name} on {backend:?}");
             let g = Graph::new();
             let x0 = floats(&case["batches"][0]);
-            let x = g.param_with(
+            let x = g.param(
                 "x",
                 ParamSpec::output(&output)
                     .with_batch(&batch)

@@ -14,7 +14,7 @@ const V: usize = 5;
 fn gpt_like(g: &Graph, wpe: ParamSpec) -> (Tensor, Tensor) {
     let ids = g.ids("ids", &[2, T], &[], &[]);
     let tok = Embedding::new(g, "wte", EmbeddingConfig::new(V, C)).apply(&ids);
-    let wpe = g.param_with("wpe", wpe);
+    let wpe = g.param("wpe", wpe);
     let h = (&tok + &wpe).named("h");
     let logits = Linear::new(g, "head", LinearConfig::new(V)).apply(&h);
     (wpe, logits)
@@ -48,8 +48,8 @@ fn a_position_table_with_a_batch_row_of_positions_does_not_warn() {
 fn a_bias_does_not_warn() {
     let g = Graph::with_seed(0);
     let x = g.data("x", &[4], &[], &[3]);
-    let b = g.param_with("b", ParamSpec::vector(&[3]));
-    let w = g.param_with("w", ParamSpec::output(&[3]).with_batch(&[4]).with_input(&[]));
+    let b = g.param("b", ParamSpec::vector(&[3]));
+    let w = g.param("w", ParamSpec::output(&[3]).with_batch(&[4]).with_input(&[]));
     let _ = (&x + &b).pointmul(&w);
     g.finish().unwrap();
     assert!(g.warnings().is_empty(), "{:?}", g.warnings());

@@ -33,7 +33,7 @@ fn softmax_and_losses() {
         (vec![x.clone()], x.softmax_classes())
     });
     check("cross_entropy", |g| {
-        let logits = g.param_with(
+        let logits = g.param(
             "logits",
             ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
         );
@@ -41,7 +41,7 @@ fn softmax_and_losses() {
         (vec![logits.clone()], loss::cross_entropy(&logits, &targets, loss::Reduction::Mean))
     });
     check("sparse_cross_entropy", |g| {
-        let logits = g.param_with(
+        let logits = g.param(
             "logits",
             ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
         );
@@ -60,7 +60,7 @@ fn softmax_and_losses() {
     });
     for reduction in [loss::Reduction::Sum, loss::Reduction::None] {
         check(&format!("cross_entropy_{reduction:?}"), |g| {
-            let logits = g.param_with(
+            let logits = g.param(
                 "logits",
                 ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
             );
@@ -107,7 +107,7 @@ fn loss_reductions_are_the_mean_sum_or_values_per_position() {
 #[test]
 fn layer_norm_and_embedding() {
     check("layer_norm", |g| {
-        let x = g.param_with(
+        let x = g.param(
             "x",
             ParamSpec::output(&[4]).with_batch(&[2]).init(Init::Values(spread(8, -1.0, 1.0))),
         );
@@ -143,7 +143,7 @@ fn attention_and_transformer() {
     // Causal: with the inputs as params too, so that the gradient to later positions' inputs
     // (zero from earlier outputs) is checked.
     check("causal_self_attention", |g| {
-        let x = g.param_with(
+        let x = g.param(
             "x",
             ParamSpec::output(&[4]).with_batch(&[2, 3]).init(Init::Values(spread(24, -1.0, 1.0))),
         );
@@ -212,17 +212,13 @@ fn convolution_and_pooling() {
         (g.params(), Conv2d::new(g, "c", strided).apply(&x))
     });
     check("max_pool", |g| {
-        let x = g.param_with(
-            "x",
-            ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))),
-        );
+        let x =
+            g.param("x", ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))));
         (vec![x.clone()], conv::max_pool2d(g, &x, 2, 2))
     });
     check("avg_pool", |g| {
-        let x = g.param_with(
-            "x",
-            ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))),
-        );
+        let x =
+            g.param("x", ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))));
         (vec![x.clone()], conv::avg_pool2d(g, &x, 2, 2))
     });
     check("mean", |g| {
@@ -248,7 +244,7 @@ fn batch_norm() {
     for (name, batch, output, cfg) in cases {
         check(name, |g| {
             let n: usize = batch.iter().chain(&output).product();
-            let x = g.param_with(
+            let x = g.param(
                 "x",
                 ParamSpec::output(&output)
                     .with_batch(&batch)
@@ -265,7 +261,7 @@ fn batch_norm() {
 fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     use rocannl_tensor::{Graph, Optimizer, Session};
     let g = Graph::with_seed(3);
-    let x = g.param_with("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
+    let x = g.param("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
     let y = nn::dropout(&x, 0.25);
     let loss = y.sum_all();
     let mut s = Session::with_options(&g, common::opts()).unwrap();
@@ -372,8 +368,7 @@ fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
     for backend in backends {
         let g = Graph::with_seed(7);
         let x = g.ndarray("x", &[4], &[], &[3], &spread(12, -2.0, 2.0));
-        let w =
-            g.param_with("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
+        let w = g.param("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
         let y = nn::dropout(&w.matmul(&x), 1.0);
         let loss = loss::mse(&y, &g.number(1.0), loss::Reduction::Mean);
         assert!(nn::dropout(&x, 0.0).id() == x.id(), "p = 0 is the identity");

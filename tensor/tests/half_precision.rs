@@ -84,7 +84,7 @@ fn run(
     backend: BackendKind,
 ) -> (Vec<f64>, Vec<f64>) {
     let g = Graph::with_seed(0);
-    let xp = g.param_with("x", ParamSpec::output(&[4]).init(Init::Values(x.to_vec())));
+    let xp = g.param("x", ParamSpec::output(&[4]).init(Init::Values(x.to_vec())));
     let y = op(&g, &xp);
     let weights = g.ndarray("w", &[], &[], &[4], &[1.0, -2.0, 3.0, 0.5]);
     let root = y.pointmul(&weights).sum_all();

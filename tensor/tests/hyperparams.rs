@@ -18,7 +18,7 @@ fn interp() -> SessionOptions {
 /// A one-parameter regression: the graph, its parameter and its loss.
 fn regression() -> (Graph, Tensor, Tensor) {
     let g = Graph::new();
-    let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![0.5, -0.5])));
+    let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![0.5, -0.5])));
     let x = g.ndarray("x", &[3], &[], &[2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let loss = loss::mse(&w.pointmul(&x), &g.number(1.0), loss::Reduction::Mean);
     (g, w, loss)

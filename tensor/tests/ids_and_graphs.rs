@@ -125,7 +125,7 @@ fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
     let g = Graph::with_seed(0);
     let x = g.data("inputs", &[4], &[], &[3]);
     let y = g.data("targets", &[4], &[], &[1]);
-    let w = g.param("w");
+    let w = g.param("w", rocannl_tensor::ParamSpec::default());
     let l = loss::mse(&w.matmul(&x), &y, loss::Reduction::Mean);
     let mut s = Session::new(&g).unwrap();
     let mut step =

@@ -64,7 +64,7 @@ fn a_param_still_takes_its_shape_from_the_targets() {
     let g = Graph::new();
     let x = g.data("x", &[8], &[], &[3]);
     let y = g.data("y", &[8], &[], &[2]);
-    let w = g.param_with("w", ParamSpec::default());
+    let w = g.param("w", ParamSpec::default());
     let l = loss::mse(&w.matmul(&x), &y, loss::Reduction::Mean);
     let _ = l;
     g.finish().unwrap();

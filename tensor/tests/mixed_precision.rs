@@ -73,7 +73,7 @@ fn loss_scaling_keeps_small_f16_gradients() {
     for backend in backends() {
         let run = |prec: Prec, master: Option<Prec>, scale: Option<LossScale>| {
             let g = Graph::with_seed(1);
-            let w = g.param_with("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
+            let w = g.param("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
             // The loss is summed in f32, but the doubled weights are an f16 activation: the
             // gradient reaching them, 2⁻²⁷, is below f16's smallest number.
             let l = w.scale(2.0).sum_all().scale(2f64.powi(-27));
@@ -102,7 +102,7 @@ fn loss_scaling_keeps_small_f16_gradients() {
 fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
     for backend in backends() {
         let g = Graph::with_seed(1);
-        let w = g.param_with("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+        let w = g.param("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
         let l = w.pointmul(&w).sum_all();
         let mut s =
             Session::with_options(&g, options(backend, Prec::F16, Some(Prec::F32))).unwrap();
@@ -178,10 +178,8 @@ fn autocast_products_read_the_weights_rounded_to_the_half_precision() {
         for autocast in [true, false] {
             let g = Graph::with_seed(0);
             let xs = g.ndarray("x", &[rows], &[], &[inputs], &x);
-            let wt = g.param_with(
-                "w",
-                ParamSpec::matrix(&[inputs], &[outputs]).init(Init::Values(w.clone())),
-            );
+            let wt = g
+                .param("w", ParamSpec::matrix(&[inputs], &[outputs]).init(Init::Values(w.clone())));
             let y = &wt * &xs;
             let opts = SessionOptions { autocast, ..options(backend, Prec::Bf16, Some(Prec::F32)) };
             let mut s = Session::with_options(&g, opts).unwrap();
@@ -231,7 +229,7 @@ fn a_weight_shared_by_two_products_is_copied_once() {
         let g = Graph::with_seed(2);
         let xs: Vec<f64> = (0..32).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
         let x = g.ndarray("x", &[4], &[], &[8], &xs);
-        let w = g.param_with("w", ParamSpec::matrix(&[8], &[8]));
+        let w = g.param("w", ParamSpec::matrix(&[8], &[8]));
         let y = &w * &(&w * &x);
         let l = &y.pointmul(&y).sum_all() + &w.pointmul(&w).sum_all().scale(1e-2);
         let mut s =

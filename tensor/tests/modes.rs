@@ -183,13 +183,13 @@ fn checkpoints_save_and_load_buffers() {
 #[test]
 fn buffer_and_batch_norm_misuse_are_usage_errors() {
     let g = Graph::new();
-    let w = g.param_with("w", ParamSpec::vector(&[2]));
+    let w = g.param("w", ParamSpec::vector(&[2]));
     w.update_with(&w.scale(2.0));
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("'w'") && e.contains("buffers"), "{e}");
 
     let g = Graph::new();
-    let _ = g.param_with("bn.weight", ParamSpec::vector(&[2]));
+    let _ = g.param("bn.weight", ParamSpec::vector(&[2]));
     let _ = BatchNorm::new(&g, "bn", BatchNormConfig::default());
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("'bn.weight'"), "{e}");

@@ -8,7 +8,7 @@ use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Session, SessionOption
 /// A session whose one parameter has been initialized.
 fn session() -> Session {
     let g = Graph::new();
-    let w = g.param_with("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+    let w = g.param("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
     let y = w.scale(2.0);
     let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts).unwrap();

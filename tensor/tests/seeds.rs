@@ -13,7 +13,7 @@ use rocannl_tensor::{
 fn model(seed: u64) -> (Graph, Tensor, Tensor, Tensor) {
     let g = Graph::with_seed(seed);
     let x = g.data("x", &[4], &[], &[3]);
-    let w = g.param_with("w", ParamSpec::output(&[5]));
+    let w = g.param("w", ParamSpec::output(&[5]));
     let y = w.matmul(&(&x + &x.uniform_like(false)));
     let loss = y.pointmul(&y).mean_all();
     (g, x, w, loss)

@@ -221,8 +221,8 @@ impl BatchNorm {
             ..ParamSpec::default().with_input(&[]).init(init.clone()).no_decay()
         };
         let (weight, bias) = if cfg.affine {
-            let weight = g.param_with(&format!("{name}.weight"), spec(&cfg.weight_init));
-            let bias = g.param_with(&format!("{name}.bias"), spec(&cfg.bias_init));
+            let weight = g.param(&format!("{name}.weight"), spec(&cfg.weight_init));
+            let bias = g.param(&format!("{name}.bias"), spec(&cfg.bias_init));
             (Some(weight), Some(bias))
         } else {
             (None, None)
