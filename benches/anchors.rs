@@ -52,10 +52,15 @@ fn mlp_step(
         }
     };
     let out = Mlp::new(&g, "mlp", MlpConfig::new(widths)).apply(&x);
-    let l = if hinge { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
+    let l = if hinge {
+        loss::hinge(&out, &y, loss::Reduction::Mean)
+    } else {
+        loss::mse(&out, &y, loss::Reduction::Mean)
+    };
     let mut s = Session::with_options(&g, SessionOptions::default()).expect("session");
     let t0 = Instant::now();
-    let mut step = s.train_step(&l, &Optimizer::sgd(), &[]).expect("train step");
+    let mut step =
+        s.train_step(&l, &Optimizer::sgd(), &[], &Default::default()).expect("train step");
     if let Some(d) = &dim {
         s.set_size(d, batch).expect("size");
     }
@@ -68,11 +73,11 @@ fn mlp_step(
             .collect()
     };
     s.write(&y, &targets).expect("y");
-    s.step(&mut step, 0.01, &[]).expect("first step");
+    s.step(&mut step, 0.01).expect("first step");
     println!("{name}: first step (compile + run) {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     // Steady state: the optimized build, not the quick first tier.
     s.finish_builds();
-    c.bench_function(name, |b| b.iter(|| s.step(&mut step, 0.01, &[]).expect("step")));
+    c.bench_function(name, |b| b.iter(|| s.step(&mut step, 0.01).expect("step")));
 }
 
 fn einsum(c: &mut Criterion, name: &str, spec: &str, a: &[usize], b: &[usize], flop: u64) {

@@ -140,7 +140,7 @@ fn transformer_step() -> (rocannl::tensor::Session, rocannl::tensor::Tensor) {
         x = TransformerBlock::new(&g, &format!("layer{l}"), cfg).apply(&x);
     }
     let y = g.data("targets", &[32, 16], &[], &[64]);
-    let l = loss::mse(&x, &y);
+    let l = loss::mse(&x, &y, loss::Reduction::Mean);
     let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
     (Session::with_options(&g, opts).expect("session"), l)
 }
@@ -161,7 +161,8 @@ fn lowering(c: &mut Criterion) {
         b.iter_batched(
             transformer_step,
             |(mut s, l)| {
-                s.train_step(&l, &rocannl::tensor::Optimizer::adam(), &[]).expect("compiled")
+                s.train_step(&l, &rocannl::tensor::Optimizer::adam(), &[], &Default::default())
+                    .expect("compiled")
             },
             criterion::BatchSize::LargeInput,
         )

@@ -39,13 +39,13 @@ fn build(prec: Prec, vocab: usize) -> Result<Run, Box<dyn std::error::Error>> {
     let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
     let cfg = GptConfig::new(vocab, CONTEXT, 64, 4, 2);
     let logits = Gpt::new(&g, "gpt", cfg).apply(&x);
-    let mean = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None).mean_all();
+    let mean = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None).mean_all();
     let master = (prec != Prec::F32).then_some(Prec::F32);
     let mut s = Session::with_options(&g, SessionOptions { prec, master, ..Default::default() })?;
     let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
     let loss_scale = (prec == Prec::F16).then(LossScale::default);
     let opts = StepOptions { clip_grad_norm: Some(1.0), loss_scale };
-    let step = s.train_step_with(&mean, &adamw, &[], &opts)?;
+    let step = s.train_step(&mean, &adamw, &[], &opts)?;
     Ok(Run { s, step, x, y, vocab })
 }
 
@@ -63,7 +63,7 @@ impl Run {
             let (xs, ys) = train.batch(t);
             self.s.write_ids(&self.x, &xs, self.vocab)?;
             self.s.write_ids(&self.y, &ys, self.vocab)?;
-            self.s.step(&mut self.step, schedule.at(t, 100_000), &[])?;
+            self.s.step(&mut self.step, schedule.at(t, 100_000))?;
             self.s.loss(&self.step)?;
         }
         Ok(started.elapsed().as_secs_f64())

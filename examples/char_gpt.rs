@@ -36,7 +36,7 @@ use rocannl::tensor::nn::{Activation, Module, loss};
 use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions};
 use rocannl::tensor::parallel::Group;
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
-use rocannl::tensor::{BackendKind, Graph, Prec, Session, SessionOptions, Tensor};
+use rocannl::tensor::{BackendKind, Graph, Prec, Routine, Session, SessionOptions, Tensor};
 
 const CONTEXT: usize = 16;
 const BATCH: usize = 32;
@@ -156,7 +156,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_act(Activation::GeluTanh);
     let gpt = Gpt::new(&g, "gpt", cfg);
     let logits = gpt.apply(&x);
-    let per_position = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
+    let per_position = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None);
     let mean = per_position.mean_all();
     let master = a.master.filter(|m| *m != a.prec);
     // Under `mpirun`, this process's shard of every batch; else the whole batch.
@@ -184,7 +184,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let loss_scale = (a.prec == Prec::F16).then(LossScale::default);
     let clip = StepOptions { clip_grad_norm: Some(1.0), loss_scale };
     let compile = Instant::now();
-    let mut step = s.train_step_with(&mean, &adamw, &[], &clip)?;
+    let mut step = s.train_step(&mean, &adamw, &[], &clip)?;
     let eval = s.forward(&[&per_position, &logits])?;
     let compile_s = compile.elapsed().as_secs_f64();
     if !a.json && root {
@@ -206,7 +206,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         s.write_ids(&x, &xs, vocab)?;
         s.write_ids(&y, &ys, vocab)?;
         let step_started = compile.elapsed().as_secs_f64();
-        s.step(&mut step, schedule.at(t, a.steps), &[])?;
+        s.step(&mut step, schedule.at(t, a.steps))?;
         losses.push(s.loss(&step)?);
         first_step_s = first_step_s.or(Some(compile.elapsed().as_secs_f64()));
         if optimized_s.is_none() && !s.builds_pending() {
@@ -299,7 +299,7 @@ const SAMPLES: usize = 20;
 /// from their softmax.
 fn sample(
     s: &mut Session,
-    eval: &rocannl::arrayjit::Routine,
+    eval: &Routine,
     x: &Tensor,
     logits: &Tensor,
     vocab: &[char],

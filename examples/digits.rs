@@ -66,7 +66,7 @@ fn run(
         Model::Mlp(Mlp::new(&g, "mlp", MlpConfig::new(&[64, 10])))
     };
     let logits = model.apply(&g, loader.batch(0));
-    let loss = loss::cross_entropy(&logits, loader.batch(1)).named("loss");
+    let loss = loss::cross_entropy(&logits, loader.batch(1), loss::Reduction::Mean).named("loss");
     let test_images = g.data("test_images", &[test_set.len()], &[], &example);
     let test_logits = model.apply(&g, &test_images).named("test_logits");
 
@@ -75,7 +75,7 @@ fn run(
     for p in g.params() {
         println!("   {:14} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[])?;
+    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default())?;
     let eval = s.forward(&[&test_logits])?;
     s.write(&test_images, &test_set.images)?;
     let labels = test_set.labels.clone();

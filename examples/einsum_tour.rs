@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .tropical("2*h+i, 2*w+j; i, j => h, w", &g.constant(0.0, &[], &[], &[2, 2]));
     let joined = a.concat("i, p; i, q => i, p^q", &[&g.range_of_shape(&[], &[], &[2, 1])]);
     // A parameter whose size is inferred by subtraction: 2 + ? = 5.
-    let rest = g.param_with("rest", ParamSpec::default().init(Init::Constant(9.0)));
+    let rest = g.param("rest", ParamSpec::default().init(Init::Constant(9.0)));
     let five = g.vector("two", &[7.0, 8.0]).concat("p; q => p^q", &[&rest]);
     let total = &five + &g.vector("zeros5", &[0.0; 5]);
 

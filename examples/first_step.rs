@@ -53,7 +53,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let (batch, classes, features, hidden) =
         if moons { (32, 1, 2, 16) } else { (128, 10, 784, 256) };
     let inputs: Vec<f64> = (0..batch * features)
-        .map(|i| rocannl::arrayjit::ops::uniform(1, i as u64) * 2.0 - 1.0)
+        .map(|i| rocannl::datasets::uniform(1, i as u64) * 2.0 - 1.0)
         .collect();
     let targets: Vec<f64> = if moons {
         (0..batch).map(|i| if i < batch / 2 { 1.0 } else { -1.0 }).collect()
@@ -68,21 +68,25 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let x = g.data("x", &[batch], &[], &[features]);
     let y = g.data("y", &[batch], &[], &[classes]);
     let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, hidden, classes])).apply(&x);
-    let l = if moons { loss::hinge(&out, &y) } else { loss::mse(&out, &y) };
+    let l = if moons {
+        loss::hinge(&out, &y, loss::Reduction::Mean)
+    } else {
+        loss::mse(&out, &y, loss::Reduction::Mean)
+    };
     let mut s = Session::with_options(&g, opts)?;
     let built = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    let mut step = s.train_step(&l, &Optimizer::sgd(), &[])?;
+    let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &Default::default())?;
     let compiled = t1.elapsed().as_secs_f64();
-    if rocannl::arrayjit::env::var_os("FIRST_STEP_PHASES").is_some() {
-        eprintln!("{:?}", step.routine().report().phases);
+    if std::env::var_os("FIRST_STEP_PHASES").is_some() {
+        eprintln!("{:?}", step.routine().compile_phases());
     }
 
     let t2 = Instant::now();
     s.write(&x, &inputs)?;
     s.write(&y, &targets)?;
-    s.step(&mut step, 0.01, &[])?;
+    s.step(&mut step, 0.01)?;
     let first = t2.elapsed().as_secs_f64();
     let loss1 = s.loss(&step)?;
 
@@ -90,7 +94,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let mut early = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
-        s.step(&mut step, 0.01, &[])?;
+        s.step(&mut step, 0.01)?;
         early.push(t.elapsed().as_secs_f64());
     }
     let t3 = Instant::now();
@@ -99,7 +103,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let mut late = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        s.step(&mut step, 0.01, &[])?;
+        s.step(&mut step, 0.01)?;
         late.push(t.elapsed().as_secs_f64());
     }
     println!(

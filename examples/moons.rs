@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let loader = Loader::new(&g, &columns, 32)?;
     let model = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 16, 1]));
     let scores = model.apply(loader.batch(0));
-    let loss = loss::hinge(&scores, loader.batch(1)).named("loss");
+    let loss = loss::hinge(&scores, loader.batch(1), loss::Reduction::Mean).named("loss");
 
     // Held-out evaluation reuses the same parameters on the whole test set.
     let test_points = g.data("test_points", &[512], &[], &[2]);
@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     for p in g.params() {
         println!("{:10} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::sgd_momentum(0.9), &[])?;
+    let mut step = s.train_step(&loss, &Optimizer::sgd_momentum(0.9), &[], &Default::default())?;
     let eval = s.forward(&[&test_scores])?;
     s.write(&test_points, &test_set.xy)?;
     let accuracy = |s: &mut Session| -> Result<f64, rocannl::tensor::Error> {
@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let history = train(&mut s, &mut step, &loader, &columns, &cfg, accuracy)?;
 
-    let svg = rocannl::arrayjit::env::temp_dir().join("rocannl_moons_loss.svg");
+    let svg = std::env::temp_dir().join("rocannl_moons_loss.svg");
     history.write_loss_svg(&svg)?;
     let first = history.epoch_losses.first().copied().unwrap_or(f64::NAN);
     let last = history.epoch_losses.last().copied().unwrap_or(f64::NAN);

@@ -10,8 +10,8 @@
 
 use std::error::Error;
 
-use rocannl::arrayjit::ops::uniform;
 use rocannl::datasets::names;
+use rocannl::datasets::uniform;
 use rocannl::tensor::nn::{Linear, LinearConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
 use rocannl::tensor::{Graph, Init, Optimizer, ParamSpec, Session, Tensor};
@@ -97,13 +97,11 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     let loader = Loader::new(&g, &columns, 256)?;
     // The logits of the next character for context ids `ctx` (`batch | context, 1`).
     let (table, hidden, out) = if model == "bigram" {
-        let w = g.param_with(
-            "bigram",
-            ParamSpec::matrix(&[1, VOCAB], &[VOCAB]).init(Init::Constant(0.0)),
-        );
+        let w =
+            g.param("bigram", ParamSpec::matrix(&[1, VOCAB], &[VOCAB]).init(Init::Constant(0.0)));
         (w, None, None)
     } else {
-        let table = g.param_with(
+        let table = g.param(
             "embed",
             ParamSpec::matrix(&[VOCAB], &[10]).init(Init::Normal { mean: 0.0, std: 1.0 }),
         );
@@ -121,7 +119,7 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
         }
     };
     let logits = logits_of(loader.batch(0));
-    let loss = loss::cross_entropy(&logits, loader.batch(1)).named("loss");
+    let loss = loss::cross_entropy(&logits, loader.batch(1), loss::Reduction::Mean).named("loss");
     let sample_ctx = g.data("sample_context", &[], &[], &[context, 1]);
     let sample_logits = logits_of(&sample_ctx).named("sample_logits");
 
@@ -130,7 +128,7 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     for p in g.params() {
         println!("   {:10} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[])?;
+    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default())?;
     let epochs = if quick { 2 } else { 8 };
     let lr = if model == "bigram" { 0.05 } else { 0.01 };
     let cfg = TrainConfig {

@@ -89,7 +89,7 @@ fn gpt(c: &Value, t: &Value) -> Problem {
     let x = g.ids("x", &[batch, context], &[], &[]);
     let y = g.ids("y", &[batch, context], &[], &[]);
     let logits = Gpt::new(&g, "gpt", cfg).apply(&x);
-    let loss = loss::sparse_cross_entropy(&logits, &y);
+    let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let betas = &t["betas"];
     let opt = Optimizer::AdamW {
         beta1: betas[0].as_f64().unwrap_or(0.9),
@@ -113,7 +113,7 @@ fn mlp(c: &Value) -> Problem {
     let x = g.data("x", &[batch], &[], &[dims[0]]);
     let y = g.data("y", &[batch], &[], &[classes]);
     let pred = Mlp::new(&g, "mlp", MlpConfig::new(&dims[1..])).apply(&x);
-    let loss = loss::mse(&pred, &y);
+    let loss = loss::mse(&pred, &y, loss::Reduction::Mean);
     let xs: Vec<f64> = draws(3, batch * dims[0]).map(|u| 2.0 * u - 1.0).collect();
     let labels = ids(4, batch, classes);
     let ys = (0..batch * classes)
@@ -151,7 +151,7 @@ fn cnn(c: &Value) -> Problem {
     let h = max_pool2d(&g, &conv("conv1", channels[0]).apply(&x).relu(), pool, pool);
     let h = max_pool2d(&g, &conv("conv2", channels[1]).apply(&h).relu(), pool, pool);
     let logits = Linear::new(&g, "head", LinearConfig::new(classes)).apply(&h);
-    let loss = loss::sparse_cross_entropy(&logits, &y);
+    let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let xs = draws(5, batch * image.iter().product::<usize>()).collect();
     let inputs = vec![(x, xs), (y, ids(6, batch, classes))];
     Problem { g, inputs, loss, opt: Optimizer::adam(), lr: f64_of(c, "lr"), clip: None }
@@ -170,7 +170,7 @@ fn mlp_lm(c: &Value) -> Problem {
     let flat = e.reshape(&View::new().batch(&[batch]).output(&[context * emb_dim]));
     let h = Linear::new(&g, "fc", LinearConfig::new(usize_of(c, "hidden"))).apply(&flat).tanh();
     let logits = Linear::new(&g, "out", LinearConfig::new(vocab)).apply(&h);
-    let loss = loss::sparse_cross_entropy(&logits, &y);
+    let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let inputs = vec![(x, ids(7, batch * context, vocab)), (y, ids(8, batch, vocab))];
     Problem { g, inputs, loss, opt: Optimizer::sgd(), lr: f64_of(c, "lr"), clip: None }
 }
@@ -252,7 +252,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         s.write(t, v)?;
     }
     let clip = StepOptions { clip_grad_norm: p.clip, ..StepOptions::default() };
-    let mut step = s.train_step_with(&p.loss, &p.opt, &[], &clip)?;
+    let mut step = s.train_step(&p.loss, &p.opt, &[], &clip)?;
     let compile_s = started.elapsed().as_secs_f64();
     let (mut first_step_s, mut optimized_s) = (None, None);
     let mut times = Vec::with_capacity(a.steps);
@@ -264,7 +264,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         let t = Instant::now();
         let begun = started.elapsed().as_secs_f64();
-        s.step(&mut step, p.lr, &[])?;
+        s.step(&mut step, p.lr)?;
         let _ = s.loss(&step)?;
         if i >= a.warmup {
             times.push(t.elapsed().as_secs_f64());

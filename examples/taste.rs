@@ -20,20 +20,21 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let g = Graph::with_seed(0);
     let x = g.data("x", &[64], &[], &[3]); // 64 examples with 3 features
     let y = g.data("y", &[64], &[], &[1]); // their targets
-    let w1 = g.param("w1"); // both rows inferred
-    let b1 = g.param_with("b1", ParamSpec::vector(&[8])); // the hidden width is the one size given
-    let w2 = g.param("w2");
+    let w1 = g.param("w1", ParamSpec::default()); // both rows inferred
+    let b1 = g.param("b1", ParamSpec::vector(&[8])); // the hidden width is the one size given
+    let w2 = g.param("w2", ParamSpec::default());
     let pred = w2.matmul(&(&w1.matmul(&x) + &b1).tanh());
-    let mse = loss::mse(&pred, &y);
+    let mse = loss::mse(&pred, &y, loss::Reduction::Mean);
 
     let mut s = Session::new(&g)?; // shapes are inferred here
     assert_eq!(w1.shape_string(), "|3->8"); // input from x, output from b1
     assert_eq!(w2.shape_string(), "|8->1"); // input from the hidden layer, output from y
-    let mut step = s.train_step(&mse, &Optimizer::adam(), &[])?; // one compiled routine
+    // One compiled routine: forward, backprop and Adam's update.
+    let mut step = s.train_step(&mse, &Optimizer::adam(), &[], &Default::default())?;
     s.write(&x, &inputs)?;
     s.write(&y, &targets)?;
     for _ in 0..500 {
-        s.step(&mut step, 0.01, &[])?;
+        s.step(&mut step, 0.01)?;
     }
     println!("loss after 500 steps: {:.5}", s.loss(&step)?);
     Ok(())

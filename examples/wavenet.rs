@@ -146,12 +146,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let x = g.ids_dyn("contexts", &batch, &[CONTEXT], &[], &[]);
     let y = g.ids_dyn("targets", &batch, &[], &[], &[]);
     let logits = model(&g, &x, vocab.len());
-    let per_example = loss::sparse_cross_entropy_with(&logits, &y, loss::Reduction::None);
+    let per_example = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None);
     let mean = per_example.mean_all();
     let mut s = Session::new(&g)?;
     let params: usize =
         g.params().iter().map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0)).sum();
-    let mut step = s.train_step(&mean, &Optimizer::sgd(), &[])?;
+    let mut step = s.train_step(&mean, &Optimizer::sgd(), &[], &Default::default())?;
     // Eval mode (the default of `forward`): the batch norms read their running statistics.
     let eval = s.forward(&[&per_example])?;
     let train_started = Instant::now();
@@ -168,7 +168,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         s.write(&x, &xs)?;
         s.write(&y, &ys)?;
         let lr = if t < a.steps * 3 / 4 { 0.1 } else { 0.01 };
-        s.step(&mut step, lr, &[])?;
+        s.step(&mut step, lr)?;
         if t + 50 >= a.steps {
             last.push(s.loss(&step)?);
         }

@@ -1,9 +1,13 @@
 //! rocannl: deep learning in Rust where shapes are inferred, never declared.
 //!
 //! This facade re-exports the three crates of the workspace:
-//! - [`arrayjit`]: the assignments IR, lowering, optimization and backends;
+//! - [`tensor`]: differentiable tensors, operations, optimizers and nn blocks — the API a model
+//!   is written in, which names no compiler type (its one exception is
+//!   [`tensor::advanced`], for tools and new operations);
 //! - [`shape`]: shape inference, the extended einsum notation and projection inference;
-//! - [`tensor`]: differentiable tensors, operations, optimizers and nn blocks;
+//! - [`arrayjit`]: the compiler itself (the assignments IR, lowering, optimization and
+//!   backends), for tools such as the command line and the benchmarks; models, examples and
+//!   the user guides never need it (`tests/public_api.rs` checks that they do not use it);
 //!
 //! and [`datasets`], the small datasets of the examples, and [`document`], the tensor-expression
 //! JSON documents of the command line.
@@ -18,17 +22,17 @@
 //! let g = Graph::with_seed(0);
 //! let x = g.data("x", &[4], &[], &[2]); // a batch of 4 points with 2 features
 //! let y = g.data("y", &[4], &[], &[1]);
-//! let w = g.param("w"); // both rows inferred
-//! let b = g.param_with("b", ParamSpec::vector(&[1]));
-//! let loss = loss::mse(&(&w.matmul(&x) + &b), &y);
+//! let w = g.param("w", ParamSpec::default()); // both rows inferred
+//! let b = g.param("b", ParamSpec::vector(&[1]));
+//! let loss = loss::mse(&(&w.matmul(&x) + &b), &y, loss::Reduction::Mean);
 //!
 //! let mut s = Session::new(&g)?; // shapes are inferred here
 //! assert_eq!(w.shape_string(), "|2->1");
-//! let mut step = s.train_step(&loss, &Optimizer::sgd(), &[])?;
+//! let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default())?;
 //! s.write(&x, &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])?;
 //! s.write(&y, &[1.0, 2.0, 3.0, 4.0])?; // y = 1 + 2·x0 + x1
 //! for _ in 0..300 {
-//!     s.step(&mut step, 0.1, &[])?;
+//!     s.step(&mut step, 0.1)?;
 //! }
 //! let w_learned = s.read(&w)?;
 //! assert!((w_learned[0] - 2.0).abs() < 0.05 && (w_learned[1] - 1.0).abs() < 0.05);

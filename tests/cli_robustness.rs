@@ -297,8 +297,7 @@ fn bench_plots_every_backend_and_optimization_level() {
         {"leaf": "param", "name": "b", "input": [8], "output": [8], "init": {"constant": 2}}]}});
     let backends: &[&str] =
         if cfg!(feature = "gccjit") { &["interp", "gccjit"] } else { &["interp"] };
-    let path =
-        rocannl::arrayjit::env::temp_dir().join(format!("rocannl-plot-{}.svg", std::process::id()));
+    let path = std::env::temp_dir().join(format!("rocannl-plot-{}.svg", std::process::id()));
     let path_s = path.display().to_string();
     let mut args = vec!["bench", "--json", "--reps", "2", "--plot", &path_s];
     for b in backends {

@@ -35,23 +35,24 @@ fn eval(env: &[(&str, &Path)], off: bool) -> (Value, String) {
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let d = rocannl::arrayjit::env::temp_dir()
-        .join(format!("rocannl-test-cache-{name}-{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("rocannl-test-cache-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_file(&d);
     d
 }
 
-/// The entries (shared libraries) in the cache's own folder in `dir`.
+/// The entries (shared libraries) in the cache's own folder in `dir` (its one subfolder, named
+/// by the cache's format version).
 fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join(rocannl::arrayjit::cache::ENTRIES))
-        .map(|r| {
-            r.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "so"))
-                .collect()
-        })
+    let folders: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
         .unwrap_or_default();
+    let mut v: Vec<PathBuf> = folders
+        .iter()
+        .flat_map(|f| std::fs::read_dir(f).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "so"))
+        .collect();
     v.sort();
     v
 }

@@ -78,8 +78,7 @@ fn einsum_tour_runs() {
 
 #[test]
 fn char_gpt_learns_and_reports_json() {
-    let dir =
-        rocannl::arrayjit::env::temp_dir().join(format!("rocannl-char-gpt-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocannl-char-gpt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(example("char_gpt"))
         .args(["--steps", "150", "--json"])
@@ -120,8 +119,7 @@ fn char_gpt_learns_and_reports_json() {
 
 #[test]
 fn wavenet_learns_with_batch_norm_and_saves_its_running_statistics() {
-    let dir =
-        rocannl::arrayjit::env::temp_dir().join(format!("rocannl-wavenet-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocannl-wavenet-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(example("wavenet"))
         .args(["--steps", "300", "--quick", "--json"])

@@ -491,7 +491,42 @@ impl Inference {
             None => c.message.clone(),
         };
         let message = self.readable(&message, true);
+        let message = match self.contraction_mismatch(c.origin.steps()) {
+            Some(contraction) => contraction,
+            None => message,
+        };
         self.report_message(message, &c.origin)
+    }
+
+    /// For a conflict among `steps` that includes a product (`matmul`, `fma`) whose contracted
+    /// rows — the first argument's input axes and the second's output axes — have known sizes
+    /// that cannot meet: a sentence naming both tensors and both rows. A broadcast failure
+    /// alone would not say that the axes were contracted, or whose they were.
+    fn contraction_mismatch(&self, steps: &[StepId]) -> Option<String> {
+        steps.iter().rev().find_map(|s| {
+            let st = self.steps.get(s.0 as usize)?;
+            let (Logic::Compose(a, b) | Logic::ComposeAccumulate(a, b, _)) = &st.logic else {
+                return None;
+            };
+            let sizes = |id: ShapeId, kind: Kind| -> Option<Vec<usize>> {
+                let shape = self.solver.env.subst_shape(self.shape(id));
+                shape.row(kind).dims.iter().map(Dim::size).collect()
+            };
+            let (input, output) = (sizes(*a, Kind::Input)?, sizes(*b, Kind::Output)?);
+            let clash = input.iter().rev().zip(output.iter().rev()).any(|(i, o)| i != o && *o != 1);
+            if !clash {
+                return None;
+            }
+            let op = st.op_name.clone().unwrap_or_else(|| st.logic.describe());
+            Some(format!(
+                "{op} '{}' contracts the input axes of '{}' {input:?} with the output axes of \
+                 '{}' {output:?}: contracted axes must have equal sizes (only an axis of 1 \
+                 broadcasts)",
+                self.shape(st.shape).debug_name,
+                self.shape(*a).debug_name,
+                self.shape(*b).debug_name,
+            ))
+        })
     }
 
     /// [`Inference::report`] of a conflict of a local solve (projection inference), whose

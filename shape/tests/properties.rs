@@ -21,8 +21,6 @@ use common::{Built, Graph, Node};
 
 /// 512 cases, or `PROPTEST_CASES` for longer runs.
 fn config() -> ProptestConfig {
-    // No compiler runs in this process (the shape crate has no backend): a plain read.
-    #[allow(clippy::disallowed_methods)]
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512);
     ProptestConfig {
         cases,

@@ -276,7 +276,7 @@ impl Builder {
             init: init_of(init),
             weight_decay: true,
         };
-        let t = self.graph.clone().param_with(name, spec);
+        let t = self.graph.clone().param(name, spec);
         self.param_index.insert(name.to_string(), self.params.len());
         self.params.push((name.to_string(), t.clone(), rows.clone(), init.clone()));
         Ok(t)

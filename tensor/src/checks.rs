@@ -5,7 +5,7 @@
 //! graph), a zero embedding row and a zero loss, a step computed on zeros — so each is a usage
 //! error naming the user's tensor.
 
-use rocannl_arrayjit::Routine;
+use rocannl_arrayjit::Routine; // the compiler's: checked as the session runs it
 
 use crate::error::{Error, Result};
 use crate::graph::Tensor;

@@ -68,11 +68,6 @@ impl DynDim {
     pub fn max(&self) -> usize {
         self.max
     }
-
-    /// The runtime symbol holding the size.
-    pub fn symbol(&self) -> Symbol {
-        self.symbol
-    }
 }
 
 impl fmt::Display for DynDim {

@@ -135,8 +135,8 @@ pub(crate) struct GraphInner {
 /// use rocannl_tensor::{Graph, ParamSpec};
 /// let g = Graph::new();
 /// let x = g.data("x", &[4], &[], &[3]); // batch 4, output 3
-/// let w = g.param("w"); // both rows inferred from use
-/// let b = g.param_with("b", ParamSpec::output(&[16]));
+/// let w = g.param("w", ParamSpec::default()); // both rows inferred from use
+/// let b = g.param("b", ParamSpec::output(&[16]));
 /// let y = (w.matmul(&x) + &b).relu();
 /// g.finish().unwrap();
 /// let r = w.rows().unwrap(); // no batch, 3 -> 16
@@ -293,13 +293,13 @@ impl Graph {
 
     /// A fresh runtime symbol: bound to a value each time a routine runs (e.g. the batch
     /// number of [`Tensor::batch_slice_at`]).
-    pub fn runtime_symbol(&self) -> Symbol {
+    pub(crate) fn runtime_symbol(&self) -> Symbol {
         self.borrow_mut().symbols.fresh()
     }
 
     /// The graph's step counter: a runtime symbol that [`crate::Session::step`] binds to the
     /// number of the step being run (1, 2, …), for randomness that changes every step.
-    pub fn step_symbol(&self) -> Symbol {
+    pub(crate) fn step_symbol(&self) -> Symbol {
         let mut g = self.borrow_mut();
         if let Some(s) = g.step_symbol {
             return s;
@@ -408,7 +408,7 @@ impl Graph {
     /// let g = Graph::new();
     /// let batch = g.dynamic("batch", 32);
     /// let x = g.data_dyn("x", &batch, &[], &[], &[3]);
-    /// let w = g.param_with("w", ParamSpec::output(&[2]));
+    /// let w = g.param("w", ParamSpec::output(&[2]));
     /// let y = w.matmul(&x);
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&y]).unwrap();
@@ -580,33 +580,28 @@ impl Graph {
     }
 
     /// The positions `0, 1, …, n-1` along one axis — the last of the batch, input or output row
-    /// as `row` says (`'b'`, `'i'` or `'o'`), the other rows empty — whose size `n` is inferred
+    /// as `row` says ([`crate::RowKind`]), the other rows empty — whose size `n` is inferred
     /// from use, like a parameter's. Combined with a tensor by broadcasting (rows align at their
     /// last axes), it numbers that tensor's positions along the axis: a causal mask is
     /// `keys.lt(&queries).not()` for the positions of the query and key axes.
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Graph, RowKind};
     /// let g = Graph::new();
     /// let x = g.data("x", &[5], &[], &[3]);
-    /// let pos = g.positions('b');
+    /// let pos = g.positions(RowKind::Batch);
     /// let _y = &x + &pos;
     /// g.finish().unwrap();
     /// assert_eq!(pos.dims().unwrap(), vec![5]);
     /// ```
-    pub fn positions(&self, row: char) -> Tensor {
+    pub fn positions(&self, row: crate::RowKind) -> Tensor {
+        use crate::RowKind;
         let one = || RowDecl::Partial(vec![None]);
         let none = || RowDecl::Given(vec![]);
         let decl = match row {
-            'b' => ShapeDecl { batch: one(), input: none(), output: none() },
-            'i' => ShapeDecl { batch: none(), input: one(), output: none() },
-            'o' => ShapeDecl { batch: none(), input: none(), output: one() },
-            other => {
-                self.record(Error::usage(format!(
-                    "positions('{other}'): the row is 'b' (batch), 'i' (input) or 'o' (output)"
-                )));
-                ShapeDecl { batch: none(), input: none(), output: one() }
-            }
+            RowKind::Batch => ShapeDecl { batch: one(), input: none(), output: none() },
+            RowKind::Input => ShapeDecl { batch: none(), input: one(), output: none() },
+            RowKind::Output => ShapeDecl { batch: none(), input: none(), output: one() },
         };
         self.add_leaf("positions", decl, Leaf::Iota, TerminalData::Rows)
     }
@@ -621,26 +616,22 @@ impl Graph {
         )
     }
 
-    /// A learnable parameter whose input and output rows are inferred from use (and with no
-    /// batch axes), initialized by [`Init::default`] unless [`Graph::param_with`] is used.
-    #[track_caller]
-    pub fn param(&self, label: &str) -> Tensor {
-        self.param_with(label, ParamSpec::default())
-    }
-
-    /// A learnable parameter with some rows given and an initialization.
+    /// A learnable parameter: the rows `spec` gives, the others inferred from use, and its
+    /// initialization (`ParamSpec::default()`: input and output rows inferred, no batch axes,
+    /// [`Init::default`]).
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Init, ParamSpec};
     /// let g = Graph::new();
-    /// let b = g.param_with("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
+    /// let b = g.param("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
+    /// let w = g.param("w", ParamSpec::default()); // both rows inferred
     /// assert_eq!(b.label(), "b");
     /// ```
     ///
     /// Names identify params (in checkpoints, in [`Graph::params`]): a second param of a name
     /// already taken is an error, reported by [`Graph::finish`] with both call sites.
     #[track_caller]
-    pub fn param_with(&self, label: &str, spec: ParamSpec) -> Tensor {
+    pub fn param(&self, label: &str, spec: ParamSpec) -> Tensor {
         self.claim_name(label, "params", std::panic::Location::caller());
         let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
         let t = self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows);
@@ -775,9 +766,14 @@ impl Graph {
         self.borrow().inf.trace().to_vec()
     }
 
-    /// The guesses closing made about parameter shapes (after [`Graph::finish`]).
+    /// What [`Graph::finish`] found suspicious without being an error: the guesses closing
+    /// made about parameter shapes, and pointwise operations that give a result an axis only a
+    /// param has (a position table declared like a token table, say).
     pub fn warnings(&self) -> Vec<String> {
-        self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect()
+        let mut out: Vec<String> =
+            self.borrow().inf.warnings().iter().map(|w| w.message.clone()).collect();
+        out.extend(self.pointwise_param_axes());
+        out
     }
 
     /// All parameters, in creation order.
@@ -836,7 +832,7 @@ impl ParamSpec {
     /// use rocannl_tensor::{Graph, ParamSpec};
     /// let g = Graph::new();
     /// let x = g.data("x", &[4], &[], &[3]);
-    /// let b = g.param_with("b", ParamSpec::vector(&[3]));
+    /// let b = g.param("b", ParamSpec::vector(&[3]));
     /// let _y = &x + &b;
     /// g.finish().unwrap();
     /// assert_eq!(b.shape_string(), "|->3");
@@ -976,22 +972,6 @@ impl Tensor {
             Source::Op { args, .. } => args.into_iter().map(|a| self.graph.tensor(a)).collect(),
             Source::Leaf(_) => vec![],
         }
-    }
-
-    /// The projections of this tensor's operation (after [`Graph::finish`]): the loop nest of
-    /// its assignment; one per argument for concatenations, none for leaves.
-    pub fn projections(&self) -> Result<Vec<rocannl_arrayjit::indexing::Projections>> {
-        let info = self.info();
-        let Source::Op { op, .. } = &info.source else { return Ok(vec![]) };
-        let step =
-            info.step.ok_or_else(|| Error::usage(format!("'{}' has no shape step", info.label)))?;
-        let g = self.graph.borrow();
-        let mut symbols = rocannl_arrayjit::indexing::SymbolGen::default();
-        Ok(if op.per_argument_projections() {
-            g.inf.derive_concat_projections(step, &mut symbols)?
-        } else {
-            vec![g.inf.derive_projections(step, &mut symbols)?]
-        })
     }
 
     /// The size an einsum label of this tensor's operation was solved to (a captured dimension),

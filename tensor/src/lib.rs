@@ -3,16 +3,21 @@
 //! The pipeline, top-down:
 //!
 //! 1. Build a [`Graph`]: leaves ([`Graph::data`], [`Graph::param`], numbers, ranges) and
-//!    operations on [`Tensor`] handles. Each operation ([`op::Op`]) adds its shape logic to
-//!    inference right away; shapes are inferred, never declared.
+//!    operations on [`Tensor`] handles. Each operation ([`advanced::op::Op`]) adds its shape
+//!    logic to inference right away; shapes are inferred, never declared.
 //! 2. Create a [`Session`]: shape inference is finished (errors surface here), and the session
 //!    turns operations into compiler assignments — forward code, gradient code from
-//!    [`op::Op::backward`], and an optimizer's update ([`optim`]) — compiled into one routine
-//!    per task by `rocannl-arrayjit`.
+//!    [`advanced::op::Op::backward`], and an optimizer's update ([`optim`]) — compiled into one
+//!    [`Routine`] per task by `rocannl-arrayjit`.
 //! 3. Run routines, write inputs and read values; train with [`train`]; save and load
 //!    parameters and buffers with [`persist`]. Routines compute in a [`Mode`] (train or eval),
 //!    and train-mode routines update the graph's [`buffer`]s (batch norm's running statistics).
+//!
+//! Nothing of this crate's API names a compiler type except [`advanced`], which is for tools
+//! and for defining new operations: a model is built, run and trained with the types here (and
+//! [`Prec`], [`BackendKind`], [`NdArray`] and the compile settings, re-exported below).
 
+pub mod advanced;
 pub mod buffer;
 mod checks;
 pub mod decay;
@@ -20,13 +25,15 @@ pub mod dynamic;
 pub mod error;
 pub mod graph;
 pub mod init;
+mod lints;
 pub mod mode;
 pub mod nn;
-pub mod op;
-pub mod ops;
+pub(crate) use advanced::op;
+mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod persist;
+mod routine;
 pub mod session;
 mod sizes;
 pub mod train;
@@ -39,11 +46,21 @@ pub use init::Init;
 pub use mode::Mode;
 pub use ops::reshape::View;
 pub use optim::{LossScale, Optimizer, StepOptions, TrainStep};
+/// Why compiling or running a routine failed ([`Error::Compile`]): a missing backend or
+/// device, a routine over a limit, an index out of range.
+pub use rocannl_arrayjit::Error as CompileError;
+/// The settings inside [`CompileOptions`]: a routine's limits and which loops call the
+/// library's vectorized math.
+pub use rocannl_arrayjit::low_level::{
+    estimate::{Limits, WorkLimit},
+    schedule::MapCalls,
+};
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so
 /// that a session can be configured from this crate alone.
-pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, Prec};
+pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, NdArray, Prec};
 pub use rocannl_shape::RowDecl;
-/// The three rows of a shape (batch, input, output), naming the row a [`Tensor::flatten`] or
-/// [`Tensor::unflatten`] works in.
+/// The three rows of a shape (batch, input, output), naming the row a [`Tensor::flatten`],
+/// [`Tensor::unflatten`] or [`Graph::positions`] works in.
 pub use rocannl_shape::row::Kind as RowKind;
+pub use routine::Routine;
 pub use session::{Plan, Session, SessionOptions};

@@ -16,7 +16,7 @@
 
 use std::rc::Rc;
 
-use rocannl_arrayjit::Routine;
+use crate::routine::Routine;
 use rocannl_arrayjit::assignments::Asgn;
 use rocannl_shape::logic::Logic;
 use rocannl_shape::var::ShapeId;
@@ -108,7 +108,7 @@ impl Session {
     /// s.run(&eval).unwrap();
     /// assert!(s.read(&y).unwrap().iter().all(|v| *v == 1.0)); // the identity
     /// let train = s.forward_in(Mode::Train, &[&y]).unwrap();
-    /// s.run_with(&train, &[(g.step_symbol(), 1)]).unwrap();
+    /// s.run(&train).unwrap(); // a fresh mask on every run
     /// let kept = s.read(&y).unwrap().iter().filter(|v| **v == 2.0).count();
     /// assert!(400 < kept && kept < 600, "{kept}"); // the others are 0
     /// ```

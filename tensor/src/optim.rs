@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use rocannl_arrayjit::Routine;
+use crate::routine::Routine;
 use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
 use rocannl_arrayjit::ops::{BinOp, UnOp};
@@ -183,15 +183,15 @@ pub struct StepOptions {
 /// use rocannl_tensor::{Graph, Init, LossScale, ParamSpec, Prec, Session, SessionOptions};
 /// use rocannl_tensor::optim::{Optimizer, StepOptions};
 /// let g = Graph::new();
-/// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+/// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
 /// let loss = w.pointmul(&w).sum_all();
 /// // f16 activations, f32 master weights, the loss scaled by 2^15 at first.
 /// let opts = SessionOptions { prec: Prec::F16, master: Some(Prec::F32), ..Default::default() };
 /// let mut s = Session::with_options(&g, opts).unwrap();
 /// let scaling = LossScale { init: 32768.0, ..LossScale::default() };
 /// let step_opts = StepOptions { loss_scale: Some(scaling), ..StepOptions::default() };
-/// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
-/// s.step(&mut step, 0.25, &[]).unwrap();
+/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
+/// s.step(&mut step, 0.25).unwrap();
 /// assert_eq!(s.read(&w).unwrap(), vec![1.5, 2.0]); // w - 0.25 · 2w, unscaled
 /// assert_eq!((step.skipped_steps(), step.loss_scale()), (0, Some(32768.0)));
 /// ```
@@ -265,7 +265,7 @@ impl TrainStep {
         self.scaler.as_ref().map_or(0, |s| s.skipped)
     }
 
-    /// The compiled routine (for inspecting its code).
+    /// The compiled routine (for inspecting its code: [`crate::Routine::code`]).
     pub fn routine(&self) -> &Routine {
         &self.routine
     }
@@ -452,44 +452,38 @@ impl Session {
     /// Compiles a whole training step — forward, backpropagation from `loss`, the update of
     /// every parameter, then the updates of the buffers its forward pass computes (batch
     /// norm's running statistics, [`crate::buffer`]) — into one routine, in train mode
-    /// ([`Mode::Train`]). `outputs` are also kept readable (e.g. predictions).
+    /// ([`Mode::Train`]). `outputs` are also kept readable (e.g. predictions); `options` adds
+    /// gradient clipping by global norm and loss scaling ([`StepOptions`]; `&Default::default()`
+    /// for neither).
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Session, ParamSpec, Init, optim::Optimizer};
     /// let g = Graph::new();
-    /// let w = g.param_with("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
+    /// let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
     /// let loss = w.pointmul(&w); // minimize w^2
     /// let mut s = Session::new(&g).unwrap();
-    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[]).unwrap();
-    /// for _ in 0..10 { s.step(&mut step, 0.25, &[]).unwrap(); }
+    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+    /// for _ in 0..10 { s.step(&mut step, 0.25).unwrap(); }
     /// assert!(s.read(&w).unwrap()[0].abs() < 0.01); // w halves every step
     /// ```
-    pub fn train_step(
-        &mut self,
-        loss: &Tensor,
-        opt: &Optimizer,
-        outputs: &[&Tensor],
-    ) -> Result<TrainStep> {
-        self.train_step_with(loss, opt, outputs, &StepOptions::default())
-    }
-
-    /// [`Session::train_step`] with more settings: gradient clipping by global norm.
+    ///
+    /// Clipping:
     ///
     /// ```
     /// use rocannl_tensor::optim::{Optimizer, StepOptions};
     /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
     /// let g = Graph::new();
-    /// let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+    /// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
     /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
     /// let mut s = Session::new(&g).unwrap();
     /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
-    /// let mut step = s.train_step_with(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
-    /// s.step(&mut step, 1.0, &[]).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+    /// s.step(&mut step, 1.0).unwrap();
     /// assert!((s.grad_norm(&step).unwrap().unwrap() - 5.0).abs() < 1e-5);
     /// let w1 = s.read(&w).unwrap(); // moved by a gradient of norm 1: w - w/5
     /// assert!((w1[0] - 2.4).abs() < 1e-5 && (w1[1] - 3.2).abs() < 1e-5);
     /// ```
-    pub fn train_step_with(
+    pub fn train_step(
         &mut self,
         loss: &Tensor,
         opt: &Optimizer,
@@ -580,7 +574,9 @@ impl Session {
             skipped: 0,
         });
         let parallel = match self.group().cloned() {
-            Some(group) => Some(self.parallel_setup(group, &trained, routine.low_level_text())?),
+            Some(group) => {
+                Some(self.parallel_setup(group, &trained, routine.inner.low_level_text())?)
+            }
             None => None,
         };
         Ok(TrainStep {
@@ -715,26 +711,20 @@ impl Session {
         }
     }
 
-    /// Runs one training step with learning rate `lr` and runtime symbols bound.
+    /// Runs one training step with learning rate `lr`.
     ///
-    /// The graph's step counter ([`crate::Graph::step_symbol`]), if the step uses it, is bound
-    /// to the step's number. A learning rate that is negative, infinite or NaN (a schedule gone
-    /// wrong, say) is a usage error, and the step is not run.
-    pub fn step(&mut self, ts: &mut TrainStep, lr: f64, bindings: &[(Symbol, i64)]) -> Result<()> {
+    /// The session binds what [`Session::run`] binds, and the graph's step counter, if the step
+    /// uses it, to the step's number. A learning rate that is negative, infinite or NaN (a
+    /// schedule gone wrong, say) is a usage error, and the step is not run.
+    pub fn step(&mut self, ts: &mut TrainStep, lr: f64) -> Result<()> {
         if !(lr >= 0.0 && lr.is_finite()) {
             return Err(Error::usage(format!(
                 "the learning rate of step {} is {lr}: it must be a finite number, at least 0",
                 ts.steps + 1
             )));
         }
-        self.check_written(&ts.routine)?;
-        let mut all = bindings.to_vec();
-        if let Some(sym) = self.graph().existing_step_symbol()
-            && ts.routine.runtime_symbols().contains(&sym)
-            && !bindings.iter().any(|(s, _)| *s == sym)
-        {
-            all.push((sym, ts.steps as i64 + 1));
-        }
+        self.check_written(&ts.routine.inner)?;
+        let number = Some(ts.steps as i64 + 1);
         let values = ts.optimizer.scalars(ts.steps + 1, lr);
         if let Some(sc) = &ts.scaler {
             self.write_extra(sc.scale_node, &[sc.scale])?;
@@ -743,9 +733,9 @@ impl Session {
         if ts.update.is_none() {
             ts.steps += 1;
             self.write_scalars(&ts.scalars, &mut ts.written, values)?;
-            return self.run_with(&ts.routine, &all);
+            return self.run_compiled(&ts.routine.inner, number);
         }
-        self.run_with(&ts.routine, &all)?;
+        self.run_compiled(&ts.routine.inner, number)?;
         let finite = match &mut ts.parallel {
             Some(par) => {
                 par.weight = self.local_weight;
@@ -769,7 +759,7 @@ impl Session {
         ts.steps += 1;
         self.write_scalars(&ts.scalars, &mut ts.written, values)?;
         if let Some(update) = &ts.update {
-            self.run_with(update, &all)?;
+            self.run_compiled(&update.inner, number)?;
         }
         if let Some(sc) = &mut ts.scaler {
             sc.good += 1;

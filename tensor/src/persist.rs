@@ -72,12 +72,12 @@ impl Session {
     /// ```
     /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
     /// let g = Graph::new();
-    /// let w = g.param_with("w", ParamSpec::matrix(&[2], &[3]).init(Init::Uniform { lo: -1.0, hi: 1.0 }));
+    /// let w = g.param("w", ParamSpec::matrix(&[2], &[3]).init(Init::Uniform { lo: -1.0, hi: 1.0 }));
     /// let y = w.matmul(&g.vector("x", &[1.0, 2.0]));
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&y]).unwrap();
     /// s.run(&r).unwrap();
-    /// let path = rocannl_arrayjit::env::temp_dir().join("rocannl_doc_params.safetensors");
+    /// let path = std::env::temp_dir().join("rocannl_doc_params.safetensors");
     /// s.save_params(&path).unwrap();
     /// let before = s.read(&w).unwrap();
     /// s.write(&w, &[0.0; 6]).unwrap();

@@ -16,7 +16,9 @@ use rocannl_arrayjit::assignments::{Asgn, FetchOp, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol, SymbolGen};
 use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::tnode::{MemoryMode, NodeId, NodeTable, TensorNode};
-use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray, Routine};
+use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
+
+use crate::routine::Routine;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::dynamic::DynAxes;
@@ -112,6 +114,12 @@ pub struct Session {
     group: Option<crate::parallel::Group>,
     /// This rank's weight in a data-parallel mean ([`Session::set_local_examples`]).
     pub(crate) local_weight: f64,
+    /// The value of each runtime index bound by the session's user through a handle (a
+    /// loader's batch, [`crate::train::Loader::set_batch`]).
+    pub(crate) bound: FxHashMap<Symbol, i64>,
+    /// Runs of routines reading the graph's step counter outside training steps: each such run
+    /// binds the counter to the next number.
+    pub(crate) runs: u64,
 }
 
 impl std::fmt::Debug for Session {
@@ -186,6 +194,8 @@ impl Session {
             sizes: FxHashMap::default(),
             group: opts.data_parallel,
             local_weight: 1.0,
+            bound: FxHashMap::default(),
+            runs: 0,
         })
     }
 
@@ -237,7 +247,7 @@ impl Session {
     }
 
     /// The compiler node holding a tensor's value.
-    pub fn node(&mut self, t: &Tensor) -> NodeId {
+    pub(crate) fn node(&mut self, t: &Tensor) -> NodeId {
         self.node_of(t.id)
     }
 
@@ -624,7 +634,7 @@ impl Session {
         let routine = self.ctx.compile(name, &code, &table)?;
         self.prepare_leaves(&table)?;
         self.data_reads.insert(routine.index(), reads);
-        Ok(routine)
+        Ok(Routine::new(routine))
     }
 
     /// Compiles the forward pass computing `outputs`, in eval mode ([`Mode::Eval`]: no
@@ -775,20 +785,34 @@ impl Session {
         self.ctx.builds_pending()
     }
 
-    /// Runs a routine.
+    /// Runs a routine. The session binds what the routine leaves open: each dynamic size to
+    /// its current value ([`Session::set_size`]), a [`crate::train::Loader`]'s batch to the one
+    /// last chosen with [`crate::train::Loader::set_batch`], and the graph's step counter (which
+    /// salts dropout's masks) to a fresh number on every run of a routine that reads it.
     pub fn run(&mut self, r: &Routine) -> Result<()> {
-        self.run_with(r, &[])
+        self.run_compiled(&r.inner, None)
     }
 
-    /// Runs a routine with runtime symbols bound (e.g. the batch of a batch slice).
-    pub fn run_with(&mut self, r: &Routine, bindings: &[(Symbol, i64)]) -> Result<()> {
+    /// Runs a compiler routine with everything bound ([`Session::run`]); `step` is the step
+    /// counter's value, a fresh one when `None`.
+    pub(crate) fn run_compiled(
+        &mut self,
+        r: &rocannl_arrayjit::Routine,
+        step: Option<i64>,
+    ) -> Result<()> {
         self.check_written(r)?;
-        if self.graph.borrow().dyn_dims.is_empty() {
-            self.ctx.run(r, bindings)?;
-        } else {
-            let all = self.with_sizes(bindings);
-            self.ctx.run(r, &all)?;
+        let mut all: Vec<(Symbol, i64)> = self.bound.iter().map(|(s, v)| (*s, *v)).collect();
+        if let Some(sym) = self.graph().existing_step_symbol()
+            && r.runtime_symbols().contains(&sym)
+        {
+            let n = step.unwrap_or_else(|| {
+                self.runs += 1;
+                self.runs as i64
+            });
+            all.push((sym, n));
         }
+        let all = self.with_sizes(&all);
+        self.ctx.run(r, &all)?;
         Ok(())
     }
 

@@ -75,8 +75,8 @@ impl Loader {
     /// Data tensors for `columns` (all with the same number of examples), in batches of
     /// `batch_size`. When the examples do not fill the last batch, it runs with the rows it
     /// has: the batches' rows have a dynamic size ([`Graph::dynamic`]), which
-    /// [`Loader::bindings`] sets for each batch, so one compiled step serves them all and a mean
-    /// over the last batch divides by its own size.
+    /// [`Loader::set_batch`] sets for each batch, so one compiled step serves them all and a
+    /// mean over the last batch divides by its own size.
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Session, train::{Column, Loader}};
@@ -88,7 +88,8 @@ impl Loader {
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&m]).unwrap();
     /// loader.load(&mut s, &[x], &(0..10).collect::<Vec<_>>()).unwrap();
-    /// s.run_with(&r, &loader.bindings(2)).unwrap();
+    /// loader.set_batch(&mut s, 2).unwrap();
+    /// s.run(&r).unwrap();
     /// assert_eq!(s.read(&m).unwrap(), vec![17.0, 18.0]); // examples 8 and 9 only
     /// ```
     pub fn new(g: &Graph, columns: &[Column], batch_size: usize) -> Result<Loader> {
@@ -134,20 +135,21 @@ impl Loader {
         self.batch_size
     }
 
-    /// The binding selecting batch `b` (with [`Loader::bindings`], also its number of rows).
-    pub fn binding(&self, b: usize) -> (Symbol, i64) {
-        (self.symbol, b as i64)
-    }
-
-    /// The bindings to run a step on batch `b`: which batch, and how many rows it has when
-    /// the last batch is partial.
-    pub fn bindings(&self, b: usize) -> Vec<(Symbol, i64)> {
-        let mut out = vec![self.binding(b)];
+    /// Chooses batch `b` for the routines `s` runs next: which batch their batch tensors
+    /// ([`Loader::batch`]) take, and, when the last batch is partial, its number of rows.
+    pub fn set_batch(&self, s: &mut Session, b: usize) -> Result<()> {
+        if b >= self.batches {
+            return Err(Error::usage(format!(
+                "batch {b} of a loader of {} batches (0..{})",
+                self.batches, self.batches
+            )));
+        }
+        s.bound.insert(self.symbol, b as i64);
         if let Some((rest, d)) = &self.partial {
             let rows = if b + 1 == self.batches { *rest } else { self.batch_size };
-            out.push((d.symbol(), rows as i64));
+            s.set_size(d, rows)?;
         }
-        out
+        Ok(())
     }
 
     /// Writes the dataset in the order `order` (a permutation of example indices); the rows
@@ -386,13 +388,16 @@ pub fn train(
         loader.load(s, columns, &order)?;
         let mut sum = 0.0;
         for b in 0..loader.batches() {
-            s.step(step, cfg.lr.at(k, total), &loader.bindings(b))?;
+            loader.set_batch(s, b)?;
+            s.step(step, cfg.lr.at(k, total))?;
             let loss = s.loss(step)?;
             h.losses.push(loss);
             sum += loss;
             k += 1;
             bar.inc(1);
         }
+        // Evaluation sees the batches' rows at their full size, as before the epoch.
+        loader.set_batch(s, 0)?;
         let epoch_loss = sum / loader.batches() as f64;
         h.epoch_losses.push(epoch_loss);
         let metric = evaluate(s)?;

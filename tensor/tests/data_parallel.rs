@@ -149,7 +149,7 @@ fn a_rank_with_another_model_is_an_error_on_every_rank() {
                         ..Default::default()
                     };
                     let mut s = Session::with_options(&g, opts).unwrap();
-                    s.train_step(&l, &Optimizer::sgd(), &[]).unwrap_err().to_string()
+                    s.train_step(&l, &Optimizer::sgd(), &[], &StepOptions::default()).unwrap_err().to_string()
                 })
             })
             .collect();

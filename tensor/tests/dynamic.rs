@@ -27,7 +27,7 @@ fn session(g: &Graph, backend: BackendKind) -> Session {
 fn model(g: &Graph, x: &Tensor, y: &Tensor) -> (Tensor, Tensor, Vec<Tensor>) {
     let mlp = Mlp::new(g, "mlp", MlpConfig::new(&[16, 2]).with_act(Activation::Tanh));
     let pred = mlp.apply(x);
-    let err = loss::mse(&pred, y);
+    let err = loss::mse(&pred, y, loss::Reduction::Mean);
     (pred, err, g.params())
 }
 
@@ -110,25 +110,26 @@ fn training_with_partial_batches_follows_fixed_batches() {
         let b = b.unwrap();
         let (_, err, params) = model(&g, &x, &y);
         let mut s = session(&g, backend);
-        let mut step = s.train_step(&err, &Optimizer::sgd(), &[]).unwrap();
+        let mut step = s.train_step(&err, &Optimizer::sgd(), &[], &Default::default()).unwrap();
         for (k, &n) in sizes.iter().enumerate() {
             let before: Vec<Vec<f64>> = params.iter().map(|p| s.read(p).unwrap()).collect();
             let (xv, yv) = inputs(n);
             s.set_size(&b, n).unwrap();
             s.write(&x, &xv).unwrap();
             s.write(&y, &yv).unwrap();
-            s.step(&mut step, 0.1, &[]).unwrap();
+            s.step(&mut step, 0.1).unwrap();
 
             let (g2, _, x2, y2) = build(None, n);
             let (_, err2, params2) = model(&g2, &x2, &y2);
             let mut s2 = session(&g2, backend);
-            let mut step2 = s2.train_step(&err2, &Optimizer::sgd(), &[]).unwrap();
+            let mut step2 =
+                s2.train_step(&err2, &Optimizer::sgd(), &[], &Default::default()).unwrap();
             for (p, v) in params2.iter().zip(&before) {
                 s2.write(p, v).unwrap();
             }
             s2.write(&x2, &xv).unwrap();
             s2.write(&y2, &yv).unwrap();
-            s2.step(&mut step2, 0.1, &[]).unwrap();
+            s2.step(&mut step2, 0.1).unwrap();
             let what = format!("{backend:?} step {k} (n={n})");
             close(&[s.loss(&step).unwrap()], &[s2.loss(&step2).unwrap()], &what);
             for (p, p2) in params.iter().zip(&params2) {
@@ -262,7 +263,7 @@ fn scheduled_kernels_stop_at_the_size_and_agree_with_fixed_batches() {
             None => (g.data("x", &[n], &[], &[input]), g.data("y", &[n], &[], &[10]), None),
         };
         let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, 10])).apply(&x);
-        let l = loss::mse(&out, &y);
+        let l = loss::mse(&out, &y, loss::Reduction::Mean);
         (g, x, y, d, l)
     };
     let (g, x, y, d, l) = build(Some(max), max);
@@ -318,7 +319,8 @@ fn a_loader_runs_its_last_partial_batch_with_its_own_size() {
     let mut s = session(&g, BackendKind::Interp);
     let r = s.forward(&[&err]).unwrap();
     loader.load(&mut s, &cols, &(0..10).collect::<Vec<_>>()).unwrap();
-    s.run_with(&r, &loader.bindings(2)).unwrap();
+    loader.set_batch(&mut s, 2).unwrap();
+    s.run(&r).unwrap();
     let last = s.read(&err).unwrap();
     // The same two examples alone, in a graph of a fixed batch of 2.
     let (g2, _, x2, y2) = build(None, 2);

@@ -14,8 +14,8 @@ fn pow_gradients_at_a_zero_exponent_and_a_zero_base_are_zero_not_nan() {
     for backend in [BackendKind::Interp, BackendKind::Gccjit] {
         for prec in [Prec::F32, Prec::F64] {
             let g = Graph::new();
-            let x = g.param_with("x", ParamSpec::output(&[7]).init(Init::Values(xs.to_vec())));
-            let y = g.param_with("y", ParamSpec::output(&[7]).init(Init::Values(ys.to_vec())));
+            let x = g.param("x", ParamSpec::output(&[7]).init(Init::Values(xs.to_vec())));
+            let y = g.param("y", ParamSpec::output(&[7]).init(Init::Values(ys.to_vec())));
             let z = x.pow(&y);
             let opts = SessionOptions { backend, prec, ..SessionOptions::default() };
             let mut s = match Session::with_options(&g, opts) {

@@ -146,7 +146,7 @@ fn a_tied_heads_gradient_sums_both_uses() {
         let gpt = Gpt::new(&g, "gpt", cfg);
         let x = g.ndarray("ids", &[2, context], &[], &[], &ids);
         let y = g.ndarray("targets", &[2, context], &[], &[], &targets);
-        let l = loss::sparse_cross_entropy(&gpt.apply(&x), &y);
+        let l = loss::sparse_cross_entropy(&gpt.apply(&x), &y, loss::Reduction::Mean);
         let mut s = Session::with_options(&g, opts()).unwrap();
         let bp = s.backprop(&l, &[]).unwrap();
         if let Some(head) = &gpt.head {

@@ -81,7 +81,7 @@ fn compose_and_fma() {
     });
     check("matmul_batched", |g| {
         let w = param(g, "w", &[3], &[2], -1.0, 1.0);
-        let x = g.param_with(
+        let x = g.param(
             "x",
             ParamSpec::matrix(&[], &[3])
                 .with_batch(&[2])
@@ -170,7 +170,7 @@ fn layout_ops() {
         (vec![a.clone(), b.clone()], a.concat("i, p; i, q => i, p^q", &[&b]))
     });
     check("batch_slice", |g| {
-        let a = g.param_with(
+        let a = g.param(
             "a",
             ParamSpec::matrix(&[], &[2])
                 .with_batch(&[3])

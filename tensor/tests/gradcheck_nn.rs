@@ -33,49 +33,49 @@ fn softmax_and_losses() {
         (vec![x.clone()], x.softmax_classes())
     });
     check("cross_entropy", |g| {
-        let logits = g.param_with(
+        let logits = g.param(
             "logits",
             ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
         );
         let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
-        (vec![logits.clone()], loss::cross_entropy(&logits, &targets))
+        (vec![logits.clone()], loss::cross_entropy(&logits, &targets, loss::Reduction::Mean))
     });
     check("sparse_cross_entropy", |g| {
-        let logits = g.param_with(
+        let logits = g.param(
             "logits",
             ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
         );
         let labels = g.ndarray("labels", &[2], &[], &[], &[2.0, 0.0]);
-        (vec![logits.clone()], loss::sparse_cross_entropy(&logits, &labels))
+        (vec![logits.clone()], loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::Mean))
     });
     check("mse", |g| {
         let p = param(g, "p", &[], &[4], -1.0, 1.0);
         let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);
-        (vec![p.clone()], loss::mse(&p, &t))
+        (vec![p.clone()], loss::mse(&p, &t, loss::Reduction::Mean))
     });
     check("hinge", |g| {
         let p = param(g, "p", &[], &[4], -0.8, 0.8);
         let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
-        (vec![p.clone()], loss::hinge(&p, &y))
+        (vec![p.clone()], loss::hinge(&p, &y, loss::Reduction::Mean))
     });
     for reduction in [loss::Reduction::Sum, loss::Reduction::None] {
         check(&format!("cross_entropy_{reduction:?}"), |g| {
-            let logits = g.param_with(
+            let logits = g.param(
                 "logits",
                 ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
             );
             let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
-            (vec![logits.clone()], loss::cross_entropy_with(&logits, &targets, reduction))
+            (vec![logits.clone()], loss::cross_entropy(&logits, &targets, reduction))
         });
         check(&format!("mse_{reduction:?}"), |g| {
             let p = param(g, "p", &[], &[4], -1.0, 1.0);
             let t = g.vector("t", &[0.5, -0.5, 0.25, 0.0]);
-            (vec![p.clone()], loss::mse_with(&p, &t, reduction))
+            (vec![p.clone()], loss::mse(&p, &t, reduction))
         });
         check(&format!("hinge_{reduction:?}"), |g| {
             let p = param(g, "p", &[], &[4], -0.8, 0.8);
             let y = g.vector("y", &[1.0, -1.0, 1.0, -1.0]);
-            (vec![p.clone()], loss::hinge_with(&p, &y, reduction))
+            (vec![p.clone()], loss::hinge(&p, &y, reduction))
         });
     }
 }
@@ -89,9 +89,9 @@ fn loss_reductions_are_the_mean_sum_or_values_per_position() {
     let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
     let lse = |v: [f64; 3]| v.iter().map(|x| x.exp()).sum::<f64>().ln();
     let per = [lse([1.0, 2.0, 3.0]) - 3.0, lse([0.5, 0.5, -1.0]) - 0.5];
-    let mean = loss::cross_entropy(&logits, &targets);
-    let sum = loss::cross_entropy_with(&logits, &targets, loss::Reduction::Sum);
-    let none = loss::cross_entropy_with(&logits, &targets, loss::Reduction::None);
+    let mean = loss::cross_entropy(&logits, &targets, loss::Reduction::Mean);
+    let sum = loss::cross_entropy(&logits, &targets, loss::Reduction::Sum);
+    let none = loss::cross_entropy(&logits, &targets, loss::Reduction::None);
     let mut s = Session::with_options(&g, common::opts()).unwrap();
     let r = s.forward(&[&mean, &sum, &none]).unwrap();
     s.run(&r).unwrap();
@@ -107,7 +107,7 @@ fn loss_reductions_are_the_mean_sum_or_values_per_position() {
 #[test]
 fn layer_norm_and_embedding() {
     check("layer_norm", |g| {
-        let x = g.param_with(
+        let x = g.param(
             "x",
             ParamSpec::output(&[4]).with_batch(&[2]).init(Init::Values(spread(8, -1.0, 1.0))),
         );
@@ -143,7 +143,7 @@ fn attention_and_transformer() {
     // Causal: with the inputs as params too, so that the gradient to later positions' inputs
     // (zero from earlier outputs) is checked.
     check("causal_self_attention", |g| {
-        let x = g.param_with(
+        let x = g.param(
             "x",
             ParamSpec::output(&[4]).with_batch(&[2, 3]).init(Init::Values(spread(24, -1.0, 1.0))),
         );
@@ -212,17 +212,13 @@ fn convolution_and_pooling() {
         (g.params(), Conv2d::new(g, "c", strided).apply(&x))
     });
     check("max_pool", |g| {
-        let x = g.param_with(
-            "x",
-            ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))),
-        );
+        let x =
+            g.param("x", ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))));
         (vec![x.clone()], conv::max_pool2d(g, &x, 2, 2))
     });
     check("avg_pool", |g| {
-        let x = g.param_with(
-            "x",
-            ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))),
-        );
+        let x =
+            g.param("x", ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))));
         (vec![x.clone()], conv::avg_pool2d(g, &x, 2, 2))
     });
     check("mean", |g| {
@@ -248,7 +244,7 @@ fn batch_norm() {
     for (name, batch, output, cfg) in cases {
         check(name, |g| {
             let n: usize = batch.iter().chain(&output).product();
-            let x = g.param_with(
+            let x = g.param(
                 "x",
                 ParamSpec::output(&output)
                     .with_batch(&batch)
@@ -265,17 +261,17 @@ fn batch_norm() {
 fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     use rocannl_tensor::{Graph, Optimizer, Session};
     let g = Graph::with_seed(3);
-    let x = g.param_with("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
+    let x = g.param("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
     let y = nn::dropout(&x, 0.25);
     let loss = y.sum_all();
     let mut s = Session::with_options(&g, common::opts()).unwrap();
     let eval = s.forward(&[&y]).unwrap();
     s.run(&eval).unwrap();
     assert_eq!(s.read(&y).unwrap(), s.read(&x).unwrap(), "eval mode is the identity");
-    let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
+    let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y], &Default::default()).unwrap();
     let mut masks = Vec::new();
     for _ in 0..2 {
-        s.step(&mut step, 0.0, &[]).unwrap(); // lr 0: x stays put
+        s.step(&mut step, 0.0).unwrap(); // lr 0: x stays put
         let (xv, yv) = (s.read(&x).unwrap(), s.read(&y).unwrap());
         let mask: Vec<bool> = xv
             .iter()
@@ -292,7 +288,7 @@ fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
     assert_ne!(masks[0], masks[1], "a fresh mask every step");
     // The gradient of Σ dropout(x) is the mask scaled by 1/(1-p), for the step being run.
     let bp = s.backprop(&loss, &[&y]).unwrap();
-    s.run_with(&bp, &[(g.step_symbol(), 9)]).unwrap();
+    s.run(&bp).unwrap();
     let (yv, gv) = (s.read(&y).unwrap(), s.read_grad(&x).unwrap());
     for (b, d) in yv.iter().zip(&gv) {
         let want = if *b != 0.0 { 1.0 / 0.75 } else { 0.0 };
@@ -317,8 +313,8 @@ fn block_dropout_acts_in_training_only() {
     let train = s.forward_in(Mode::Train, &[&y, &plain]).unwrap();
     let eval = s.forward(&[&y]).unwrap();
     let mut runs = Vec::new();
-    for step in [1, 2] {
-        s.run_with(&train, &[(g.step_symbol(), step)]).unwrap();
+    for _ in 0..2 {
+        s.run(&train).unwrap();
         let (t, p) = (s.read(&y).unwrap(), s.read(&plain).unwrap());
         s.run(&eval).unwrap();
         runs.push((t, s.read(&y).unwrap(), p));
@@ -372,16 +368,15 @@ fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
     for backend in backends {
         let g = Graph::with_seed(7);
         let x = g.ndarray("x", &[4], &[], &[3], &spread(12, -2.0, 2.0));
-        let w =
-            g.param_with("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
+        let w = g.param("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
         let y = nn::dropout(&w.matmul(&x), 1.0);
-        let loss = loss::mse(&y, &g.number(1.0));
+        let loss = loss::mse(&y, &g.number(1.0), loss::Reduction::Mean);
         assert!(nn::dropout(&x, 0.0).id() == x.id(), "p = 0 is the identity");
         let opts = SessionOptions { backend, prec: Prec::F32, ..SessionOptions::default() };
         let mut s = Session::with_options(&g, opts).unwrap();
-        let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y]).unwrap();
+        let mut step = s.train_step(&loss, &Optimizer::adam(), &[&y], &Default::default()).unwrap();
         for _ in 0..3 {
-            s.step(&mut step, 0.1, &[]).unwrap();
+            s.step(&mut step, 0.1).unwrap();
         }
         assert!(
             s.read(&y).unwrap().iter().all(|v| *v == 0.0 && v.is_sign_positive()),

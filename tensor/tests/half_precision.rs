@@ -54,10 +54,16 @@ fn ops() -> Vec<(&'static str, Build)> {
         ("var_unbiased", |_, x| x.var1("i => 0", true)),
         ("mean_all", |_, x| x.mean_all()),
         ("sum_all", |_, x| x.sum_all()),
-        ("mse", |g, x| loss::mse(x, &g.ndarray("t", &[], &[], &[4], &[0.5, 0.25, -0.5, 1.0]))),
+        ("mse", |g, x| {
+            loss::mse(
+                x,
+                &g.ndarray("t", &[], &[], &[4], &[0.5, 0.25, -0.5, 1.0]),
+                loss::Reduction::Mean,
+            )
+        }),
         ("cross_entropy", |g, x| {
             let t = g.ndarray("t", &[], &[], &[4], &[0.0, 1.0, 0.0, 0.0]);
-            loss::cross_entropy(x, &t)
+            loss::cross_entropy(x, &t, loss::Reduction::Mean)
         }),
     ]
 }
@@ -78,7 +84,7 @@ fn run(
     backend: BackendKind,
 ) -> (Vec<f64>, Vec<f64>) {
     let g = Graph::with_seed(0);
-    let xp = g.param_with("x", ParamSpec::output(&[4]).init(Init::Values(x.to_vec())));
+    let xp = g.param("x", ParamSpec::output(&[4]).init(Init::Values(x.to_vec())));
     let y = op(&g, &xp);
     let weights = g.ndarray("w", &[], &[], &[4], &[1.0, -2.0, 3.0, 0.5]);
     let root = y.pointmul(&weights).sum_all();

@@ -18,9 +18,9 @@ fn interp() -> SessionOptions {
 /// A one-parameter regression: the graph, its parameter and its loss.
 fn regression() -> (Graph, Tensor, Tensor) {
     let g = Graph::new();
-    let w = g.param_with("w", ParamSpec::output(&[2]).init(Init::Values(vec![0.5, -0.5])));
+    let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![0.5, -0.5])));
     let x = g.ndarray("x", &[3], &[], &[2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    let loss = loss::mse(&w.pointmul(&x), &g.number(1.0));
+    let loss = loss::mse(&w.pointmul(&x), &g.number(1.0), loss::Reduction::Mean);
     (g, w, loss)
 }
 
@@ -35,16 +35,16 @@ fn usage_message<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
 fn learning_rates_that_are_negative_infinite_or_nan_are_refused_and_change_nothing() {
     let (g, w, loss) = regression();
     let mut s = Session::with_options(&g, interp()).unwrap();
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[]).unwrap();
-    s.step(&mut step, 0.01, &[]).unwrap();
+    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default()).unwrap();
+    s.step(&mut step, 0.01).unwrap();
     let before = s.read(&w).unwrap();
     for lr in [f64::NAN, -0.01, f64::INFINITY, f64::NEG_INFINITY] {
-        let m = usage_message(s.step(&mut step, lr, &[]));
+        let m = usage_message(s.step(&mut step, lr));
         assert!(m.contains("learning rate") && m.contains(&format!("{lr}")), "{m}");
     }
     assert_eq!(s.read(&w).unwrap(), before, "no refused step moved the parameter");
     assert_eq!(step.steps(), 1, "and none was counted");
-    s.step(&mut step, 0.0, &[]).unwrap();
+    s.step(&mut step, 0.0).unwrap();
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn optimizer_settings_out_of_range_are_refused_naming_the_setting() {
     ] {
         let (g, _, loss) = regression();
         let mut s = Session::with_options(&g, interp()).unwrap();
-        let m = usage_message(s.train_step(&loss, &opt, &[]));
+        let m = usage_message(s.train_step(&loss, &opt, &[], &Default::default()));
         assert!(m.contains(what), "{opt:?}: {m}");
     }
     for opt in [Optimizer::adam(), Optimizer::adamw(0.01), Optimizer::sgd_momentum(0.9).nesterov()]

@@ -21,7 +21,7 @@ fn model(
         (g.data("x", &[4, 3], &[], &[]), g.data("y", &[4, 3], &[], &[]))
     };
     let logits = Embedding::new(g, "emb", EmbeddingConfig::new(vocab, vocab)).apply(&x);
-    (loss::sparse_cross_entropy(&logits, &y), [x, y])
+    (loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean), [x, y])
 }
 
 #[test]

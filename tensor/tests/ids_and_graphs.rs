@@ -64,7 +64,7 @@ fn labels_beyond_a_sparse_losss_classes_are_an_error() {
     let g = Graph::new();
     let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0; 6]);
     let labels = g.data("labels", &[2], &[], &[]);
-    let l = loss::sparse_cross_entropy(&logits, &labels);
+    let l = loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::Mean);
     let mut s = Session::new(&g).unwrap();
     let r = s.forward(&[&l]).unwrap();
     s.write(&labels, &[2.0, 0.0]).unwrap();
@@ -125,17 +125,18 @@ fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
     let g = Graph::with_seed(0);
     let x = g.data("inputs", &[4], &[], &[3]);
     let y = g.data("targets", &[4], &[], &[1]);
-    let w = g.param("w");
-    let l = loss::mse(&w.matmul(&x), &y);
+    let w = g.param("w", rocannl_tensor::ParamSpec::default());
+    let l = loss::mse(&w.matmul(&x), &y, loss::Reduction::Mean);
     let mut s = Session::new(&g).unwrap();
-    let mut step = s.train_step(&l, &rocannl_tensor::Optimizer::sgd(), &[]).unwrap();
+    let mut step =
+        s.train_step(&l, &rocannl_tensor::Optimizer::sgd(), &[], &Default::default()).unwrap();
     s.write(&x, &[1.0; 12]).unwrap();
-    let err = s.step(&mut step, 0.1, &[]).unwrap_err().to_string();
+    let err = s.step(&mut step, 0.1).unwrap_err().to_string();
     assert!(err.contains("'targets'") && err.contains("never written"), "{err}");
     let before = s.read(&w).unwrap();
     s.write(&y, &[1.0; 4]).unwrap();
     assert_eq!(s.read(&w).unwrap(), before, "the refused step changed nothing");
-    s.step(&mut step, 0.1, &[]).unwrap();
+    s.step(&mut step, 0.1).unwrap();
     // A forward routine alike.
     let r = s.forward(&[&l]).unwrap();
     s.run(&r).unwrap();

@@ -22,7 +22,7 @@ fn regression(g: &Graph) -> (rocannl_tensor::Tensor, Vec<rocannl_tensor::Tensor>
     let x = g.ndarray("x", &[16], &[], &[4], &xs);
     let y = g.ndarray("y", &[16], &[], &[1], &ys);
     let out = Mlp::new(g, "mlp", MlpConfig::new(&[32, 1]).with_act(Activation::GeluTanh)).apply(&x);
-    let l = loss::mse(&out, &y);
+    let l = loss::mse(&out, &y, loss::Reduction::Mean);
     (l, g.params())
 }
 
@@ -34,13 +34,13 @@ fn master_weights_are_stored_in_f32_under_half_precision_activations() {
             let (l, params) = regression(&g);
             let mut s = Session::with_options(&g, options(backend, prec, Some(Prec::F32))).unwrap();
             assert_eq!((s.prec(), s.master_prec()), (prec, Prec::F32));
-            let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+            let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
             let first = {
-                s.step(&mut step, 1e-3, &[]).unwrap();
+                s.step(&mut step, 1e-3).unwrap();
                 s.loss(&step).unwrap()
             };
             for _ in 0..200 {
-                s.step(&mut step, 1e-2, &[]).unwrap();
+                s.step(&mut step, 1e-2).unwrap();
             }
             let last = s.loss(&step).unwrap();
             assert!(last < first * 0.5, "{backend:?} {prec:?}: {first} -> {last}");
@@ -50,7 +50,7 @@ fn master_weights_are_stored_in_f32_under_half_precision_activations() {
             let half = |v: f64| prec.round(v) == v;
             assert!(w.iter().any(|v| !half(*v)), "{backend:?} {prec:?}: weights are not f32");
             // Checkpoints hold the master weights.
-            let path = rocannl_arrayjit::env::temp_dir().join(format!(
+            let path = std::env::temp_dir().join(format!(
                 "rocannl-master-{}-{}.safetensors",
                 prec.name(),
                 std::process::id()
@@ -73,15 +73,15 @@ fn loss_scaling_keeps_small_f16_gradients() {
     for backend in backends() {
         let run = |prec: Prec, master: Option<Prec>, scale: Option<LossScale>| {
             let g = Graph::with_seed(1);
-            let w = g.param_with("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
+            let w = g.param("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
             // The loss is summed in f32, but the doubled weights are an f16 activation: the
             // gradient reaching them, 2⁻²⁷, is below f16's smallest number.
             let l = w.scale(2.0).sum_all().scale(2f64.powi(-27));
             let mut s = Session::with_options(&g, options(backend, prec, master)).unwrap();
             let opts = StepOptions { loss_scale: scale, ..StepOptions::default() };
-            let mut step = s.train_step_with(&l, &Optimizer::sgd(), &[], &opts).unwrap();
+            let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &opts).unwrap();
             for _ in 0..4 {
-                s.step(&mut step, 1024.0, &[]).unwrap();
+                s.step(&mut step, 1024.0).unwrap();
             }
             (s.read(&w).unwrap(), step.skipped_steps())
         };
@@ -102,7 +102,7 @@ fn loss_scaling_keeps_small_f16_gradients() {
 fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
     for backend in backends() {
         let g = Graph::with_seed(1);
-        let w = g.param_with("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+        let w = g.param("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
         let l = w.pointmul(&w).sum_all();
         let mut s =
             Session::with_options(&g, options(backend, Prec::F16, Some(Prec::F32))).unwrap();
@@ -110,10 +110,10 @@ fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
         // halved five times, to 2¹⁵. (The weights' gradients, 2w·scale, are f32 master ones.)
         let cfg = LossScale { init: 2f64.powi(20), growth: 2.0, backoff: 0.5, growth_interval: 3 };
         let opts = StepOptions { loss_scale: Some(cfg), ..StepOptions::default() };
-        let mut step = s.train_step_with(&l, &Optimizer::adam(), &[], &opts).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &opts).unwrap();
         let mut skipped = 0;
         while step.steps() == 0 {
-            s.step(&mut step, 0.1, &[]).unwrap();
+            s.step(&mut step, 0.1).unwrap();
             if step.steps() == 0 {
                 skipped += 1;
                 assert_eq!(s.read(&w).unwrap(), vec![1.0, 2.0, 3.0], "{backend:?}: a skipped step");
@@ -129,12 +129,12 @@ fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
         for (a, b) in w1.iter().zip([1.0, 2.0, 3.0]) {
             assert!((b - a - 0.1).abs() < 1e-3, "{backend:?}: {w1:?}");
         }
-        s.step(&mut step, 0.1, &[]).unwrap();
-        s.step(&mut step, 0.1, &[]).unwrap();
+        s.step(&mut step, 0.1).unwrap();
+        s.step(&mut step, 0.1).unwrap();
         assert_eq!(step.loss_scale(), Some(scale * 2.0), "{backend:?}: 3 finite steps double it");
         let bad = LossScale { backoff: 1.5, ..LossScale::default() };
         let opts = StepOptions { loss_scale: Some(bad), ..StepOptions::default() };
-        let err = s.train_step_with(&l, &Optimizer::adam(), &[], &opts).unwrap_err();
+        let err = s.train_step(&l, &Optimizer::adam(), &[], &opts).unwrap_err();
         assert!(err.to_string().contains("backoff"), "{err}");
     }
 }
@@ -178,10 +178,8 @@ fn autocast_products_read_the_weights_rounded_to_the_half_precision() {
         for autocast in [true, false] {
             let g = Graph::with_seed(0);
             let xs = g.ndarray("x", &[rows], &[], &[inputs], &x);
-            let wt = g.param_with(
-                "w",
-                ParamSpec::matrix(&[inputs], &[outputs]).init(Init::Values(w.clone())),
-            );
+            let wt = g
+                .param("w", ParamSpec::matrix(&[inputs], &[outputs]).init(Init::Values(w.clone())));
             let y = &wt * &xs;
             let opts = SessionOptions { autocast, ..options(backend, Prec::Bf16, Some(Prec::F32)) };
             let mut s = Session::with_options(&g, opts).unwrap();
@@ -205,10 +203,10 @@ fn autocast_training_matches_the_interpreter_and_keeps_f32_gradients() {
         let (l, params) = regression(&g);
         let mut s =
             Session::with_options(&g, options(backend, Prec::Bf16, Some(Prec::F32))).unwrap();
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[]).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
         let mut losses = vec![];
         for _ in 0..5 {
-            s.step(&mut step, 1e-2, &[]).unwrap();
+            s.step(&mut step, 1e-2).unwrap();
             losses.push(s.loss(&step).unwrap());
         }
         let weights: Vec<Vec<f64>> = params.iter().map(|p| s.read(p).unwrap()).collect();
@@ -231,17 +229,17 @@ fn a_weight_shared_by_two_products_is_copied_once() {
         let g = Graph::with_seed(2);
         let xs: Vec<f64> = (0..32).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
         let x = g.ndarray("x", &[4], &[], &[8], &xs);
-        let w = g.param_with("w", ParamSpec::matrix(&[8], &[8]));
+        let w = g.param("w", ParamSpec::matrix(&[8], &[8]));
         let y = &w * &(&w * &x);
         let l = &y.pointmul(&y).sum_all() + &w.pointmul(&w).sum_all().scale(1e-2);
         let mut s =
             Session::with_options(&g, options(backend, Prec::Bf16, Some(Prec::F32))).unwrap();
-        let mut step = s.train_step(&l, &Optimizer::sgd(), &[]).unwrap();
-        let text = step.routine().low_level_text().to_string();
+        let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+        let text = step.routine().code().to_string();
         assert_eq!(text.matches("'w' in bf16").count(), 1, "{text}");
         let mut losses = vec![];
         for _ in 0..3 {
-            s.step(&mut step, 1e-3, &[]).unwrap();
+            s.step(&mut step, 1e-3).unwrap();
             losses.push(s.loss(&step).unwrap());
         }
         (losses, s.read(&w).unwrap())

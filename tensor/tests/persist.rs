@@ -8,7 +8,7 @@ use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Session, SessionOption
 /// A session whose one parameter has been initialized.
 fn session() -> Session {
     let g = Graph::new();
-    let w = g.param_with("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+    let w = g.param("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
     let y = w.scale(2.0);
     let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts).unwrap();
@@ -19,8 +19,7 @@ fn session() -> Session {
 
 /// A fresh, empty folder of this test's own.
 fn folder(name: &str) -> PathBuf {
-    let dir = rocannl_arrayjit::env::temp_dir()
-        .join(format!("rocannl-persist-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocannl-persist-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

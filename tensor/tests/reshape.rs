@@ -131,8 +131,8 @@ fn close12(got: &[f64], want: &[f64], what: &str) {
 /// bias, tanh: `h`, and the params `x` and `w`.
 fn wavenet_stage(g: &Graph, flatten: impl Fn(&Tensor) -> Tensor) -> (Tensor, Tensor, Tensor) {
     let x_spec = ParamSpec::matrix(&[], &[3]).with_batch(&[2, 4]).init(Init::Values(x_values()));
-    let x = g.param_with("x", x_spec);
-    let w = g.param_with("w", ParamSpec::matrix(&[6], &[5]).init(Init::Values(w_values())));
+    let x = g.param("x", x_spec);
+    let w = g.param("w", ParamSpec::matrix(&[6], &[5]).init(Init::Values(w_values())));
     let h = w.matmul(&flatten(&x)).tanh();
     (x, w, h)
 }
@@ -164,10 +164,10 @@ fn the_einsum_split_with_a_two_position_weight_is_the_same_layer() {
         let g = Graph::new();
         let x_spec =
             ParamSpec::matrix(&[], &[3]).with_batch(&[2, 4]).init(Init::Values(x_values()));
-        let x = g.param_with("x", x_spec);
+        let x = g.param("x", x_spec);
         let pairs = x.einsum1("..b.., 2*t+k | c => ..b.., t | k, c");
         let w_spec = ParamSpec::matrix(&[2, 3], &[5]).init(Init::Values(w_values()));
-        let w = g.param_with("w", w_spec);
+        let w = g.param("w", w_spec);
         let h = w.matmul(&pairs).tanh();
         let root = h.sin();
         g.set_strict(true);
@@ -209,7 +209,7 @@ fn the_natural_flatten_consecutive_einsum_infers_its_pairs_from_the_weight() {
     let g = Graph::new();
     let x = g.data("x", &[32, 8], &[], &[24]);
     let y = x.einsum1("..b.., 2*t+k | c => ..b.., t | k, c");
-    let w = g.param_with("w", ParamSpec::matrix(&[2, 24], &[128]));
+    let w = g.param("w", ParamSpec::matrix(&[2, 24], &[128]));
     let z = w.matmul(&y);
     g.set_strict(true);
     g.finish().unwrap();
@@ -245,7 +245,7 @@ fn a_kernel_that_does_not_divide_the_positions_names_the_convolution() {
     let g = Graph::new();
     let x = g.data("x", &[32, 8], &[], &[24]);
     let y = x.einsum1("..b.., 2*t+k | c => ..b.., t | k, c");
-    let w = g.param_with("w", ParamSpec::matrix(&[3, 24], &[128]));
+    let w = g.param("w", ParamSpec::matrix(&[3, 24], &[128]));
     let _z = w.matmul(&y);
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("convolution 2*t+k (stride 2, kernel k = 3)"), "{e}");

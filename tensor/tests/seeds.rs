@@ -13,8 +13,8 @@ use rocannl_tensor::{
 fn model(seed: u64) -> (Graph, Tensor, Tensor, Tensor) {
     let g = Graph::with_seed(seed);
     let x = g.data("x", &[4], &[], &[3]);
-    let w = g.param_with("w", ParamSpec::output(&[5]));
-    let y = w.matmul(&(&x + &x.uniform_like(None)));
+    let w = g.param("w", ParamSpec::output(&[5]));
+    let y = w.matmul(&(&x + &x.uniform_like(false)));
     let loss = y.pointmul(&y).mean_all();
     (g, x, w, loss)
 }
@@ -36,8 +36,7 @@ fn files(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn a_graph_with_another_seed_is_served_from_the_compile_cache_with_its_own_values() {
-    let dir =
-        rocannl_arrayjit::env::temp_dir().join(format!("rocannl-seeds-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rocannl-seeds-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let compile = CompileOptions {
@@ -57,18 +56,20 @@ fn a_graph_with_another_seed_is_served_from_the_compile_cache_with_its_own_value
         let (g, x, w, loss) = model(seed);
         let mut s = Session::with_options(&g, opts.clone()).unwrap();
         s.write(&x, &(0..12).map(|i| i as f64 / 12.0).collect::<Vec<_>>()).unwrap();
-        let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&loss]).unwrap();
+        let mut step =
+            s.train_step(&loss, &Optimizer::sgd(), &[&loss], &Default::default()).unwrap();
         let w0 = s.read(&w).unwrap();
-        s.step(&mut step, 0.1, &[]).unwrap();
+        s.step(&mut step, 0.1).unwrap();
         let l = s.read(&loss).unwrap()[0];
         // The interpreter, the oracle, computes the same initial weights and loss.
         let (gi, xi, wi, lossi) = model(seed);
         let iopts = SessionOptions { backend: BackendKind::Interp, ..opts.clone() };
         let mut si = Session::with_options(&gi, iopts).unwrap();
         si.write(&xi, &(0..12).map(|i| i as f64 / 12.0).collect::<Vec<_>>()).unwrap();
-        let mut stepi = si.train_step(&lossi, &Optimizer::sgd(), &[&lossi]).unwrap();
+        let mut stepi =
+            si.train_step(&lossi, &Optimizer::sgd(), &[&lossi], &Default::default()).unwrap();
         assert_eq!(si.read(&wi).unwrap(), w0, "seed {seed}: initial weights");
-        si.step(&mut stepi, 0.1, &[]).unwrap();
+        si.step(&mut stepi, 0.1).unwrap();
         assert_eq!(si.read(&lossi).unwrap()[0], l, "seed {seed}: loss");
         seen.push((w0, l));
         // The first seed fills the cache; the others add nothing to it.

@@ -165,7 +165,7 @@ impl Cache {
     /// that turns out unusable is a miss on every use.
     pub fn open(mode: &CacheMode) -> Option<Cache> {
         // The default folder comes from the environment too (`HOME`, `XDG_CACHE_HOME`).
-        crate::env::with_lock(|| Cache::open_unlocked(mode))
+        Cache::open_unlocked(mode)
     }
 
     fn open_unlocked(mode: &CacheMode) -> Option<Cache> {

@@ -52,7 +52,7 @@ struct TempCache(Option<tempfile::TempDir>);
 impl TempCache {
     fn new(backend: BackendKind) -> TempCache {
         let prefix = format!("rocannl-bench-{}-", backend.name());
-        let tmp = rocannl::arrayjit::env::temp_dir();
+        let tmp = std::env::temp_dir();
         TempCache(tempfile::Builder::new().prefix(&prefix).tempdir_in(tmp).ok())
     }
 }
@@ -94,13 +94,13 @@ pub fn bench_backend(
     let started = Instant::now();
     let routine = session.compile("bench", &plan).map_err(tensor_error)?;
     let cold_s = started.elapsed().as_secs_f64();
-    let report = routine.report().clone();
+    let report = rocannl::tensor::advanced::compile_report(&routine).clone();
     let warm_s = if report.cache == CacheOutcome::Miss {
         let mut again = Session::with_options(&built.graph, opts).map_err(tensor_error)?;
         let started = Instant::now();
         let r = again.compile("bench", &plan).map_err(tensor_error)?;
         let warm = started.elapsed().as_secs_f64();
-        (r.report().cache == CacheOutcome::Hit).then_some(warm)
+        (rocannl::tensor::advanced::compile_report(&r).cache == CacheOutcome::Hit).then_some(warm)
     } else {
         None
     };

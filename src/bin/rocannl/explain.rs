@@ -45,7 +45,7 @@ pub fn explain(built: &Built) -> Result<String> {
             .unwrap_or_else(|| if t.is_param() { "param".into() } else { "leaf".into() });
         let _ = writeln!(out, "{}: {op}  shape {}", t.label(), t.shape_string());
         let args = t.args();
-        let projections = t.projections()?;
+        let projections = rocannl::tensor::advanced::projections(&t)?;
         for (n, p) in projections.iter().enumerate() {
             let part: Vec<Tensor> =
                 if projections.len() > 1 { vec![args[n].clone()] } else { args.clone() };

@@ -157,7 +157,7 @@ fn load(c: &Common) -> Result<(doc::Document, Built), CliError> {
     let text = read_input(&c.file)?;
     let document = doc::parse_document(&text)?;
     let built = build::build(&document, c.strict)?;
-    if rocannl::arrayjit::env::var_os("ROCANNL_TRACE").is_some() {
+    if std::env::var_os("ROCANNL_TRACE").is_some() {
         built.graph.enable_shape_trace();
     }
     let finished = built.graph.finish();
@@ -340,7 +340,7 @@ fn options(c: &Common) -> Result<SessionOptions, CliError> {
     }
     // For people debugging a document: every compiled routine's assignments, low-level IR and
     // generated source are written to this folder.
-    if let Some(dir) = rocannl::arrayjit::env::var_os("ROCANNL_DEBUG_DIR") {
+    if let Some(dir) = std::env::var_os("ROCANNL_DEBUG_DIR") {
         opts.compile.debug_dir = Some(dir.into());
     }
     Ok(opts)

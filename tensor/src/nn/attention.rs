@@ -128,19 +128,19 @@ impl MultiHeadAttention {
         let proj = decays(ParamSpec::output(&heads).init(cfg.w_init.clone()), cfg.w_decay);
         // Each param made here (not in a closure), so that a duplicate name is reported at
         // the caller's line.
-        let wq = g.param_with(&format!("{name}.wq"), proj.clone());
-        let wk = g.param_with(&format!("{name}.wk"), proj.clone());
-        let wv = g.param_with(&format!("{name}.wv"), proj);
+        let wq = g.param(&format!("{name}.wq"), proj.clone());
+        let wk = g.param(&format!("{name}.wk"), proj.clone());
+        let wv = g.param(&format!("{name}.wv"), proj);
         let out = decays(ParamSpec::default().init(cfg.wo_init.clone()), cfg.w_decay);
-        let wo = g.param_with(&format!("{name}.wo"), out);
+        let wo = g.param(&format!("{name}.wo"), out);
         let (mut bq, mut bk, mut bv, mut bo) = (None, None, None, None);
         if cfg.bias {
             let b = decays(ParamSpec::vector(&heads).init(cfg.b_init.clone()), cfg.b_decay);
-            bq = Some(g.param_with(&format!("{name}.bq"), b.clone()));
-            bk = Some(g.param_with(&format!("{name}.bk"), b.clone()));
-            bv = Some(g.param_with(&format!("{name}.bv"), b));
+            bq = Some(g.param(&format!("{name}.bq"), b.clone()));
+            bk = Some(g.param(&format!("{name}.bk"), b.clone()));
+            bv = Some(g.param(&format!("{name}.bv"), b));
             let b = ParamSpec::default().with_input(&[]).init(cfg.b_init.clone());
-            bo = Some(g.param_with(&format!("{name}.bo"), decays(b, cfg.b_decay)));
+            bo = Some(g.param(&format!("{name}.bo"), decays(b, cfg.b_decay)));
         }
         MultiHeadAttention { wq, wk, wv, wo, bq, bk, bv, bo, cfg }
     }
@@ -189,8 +189,8 @@ fn with_bias(y: Tensor, b: &Option<Tensor>) -> Tensor {
 /// assert!(p.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6), "{p:?}");
 /// ```
 pub fn causal_mask(g: &Graph, scores: &Tensor) -> Tensor {
-    let query = g.positions('b');
-    let key = g.positions('i');
+    let query = g.positions(crate::RowKind::Batch);
+    let key = g.positions(crate::RowKind::Input);
     let allowed = query.lt(&key).not();
     Tensor::where_(&allowed, scores, &g.fill(f64::NEG_INFINITY))
 }

@@ -179,9 +179,9 @@ pub struct RunningStats {
 /// let y = bn.apply(&x);
 /// let loss = y.pointmul(&y).sum_all();
 /// let mut s = Session::new(&g).unwrap();
-/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y]).unwrap();
+/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y], &Default::default()).unwrap();
 /// s.write(&x, &[1.0, 10.0, 2.0, 10.0, 3.0, 30.0, 4.0, 30.0]).unwrap();
-/// s.step(&mut step, 0.0, &[]).unwrap();
+/// s.step(&mut step, 0.0).unwrap();
 /// let y_train = s.read(&y).unwrap(); // normalized by the batch's statistics
 /// assert!((y_train[0] + 1.3416).abs() < 1e-3 && (y_train[1] + 1.0).abs() < 1e-3);
 /// // The running estimates moved a tenth of the way: mean (2.5, 20), unbiased var (5/3, 400/3).
@@ -221,8 +221,8 @@ impl BatchNorm {
             ..ParamSpec::default().with_input(&[]).init(init.clone()).no_decay()
         };
         let (weight, bias) = if cfg.affine {
-            let weight = g.param_with(&format!("{name}.weight"), spec(&cfg.weight_init));
-            let bias = g.param_with(&format!("{name}.bias"), spec(&cfg.bias_init));
+            let weight = g.param(&format!("{name}.weight"), spec(&cfg.weight_init));
+            let bias = g.param(&format!("{name}.bias"), spec(&cfg.bias_init));
             (Some(weight), Some(bias))
         } else {
             (None, None)

@@ -147,7 +147,7 @@ impl Conv2d {
         let mut window: Vec<Option<usize>> =
             [kernel.0, kernel.1].into_iter().filter(|k| *k > 1).map(Some).collect();
         window.push(None);
-        let k = g.param_with(
+        let k = g.param(
             &format!("{name}.kernel"),
             ParamSpec {
                 weight_decay: cfg.kernel_decay,
@@ -159,7 +159,7 @@ impl Conv2d {
         let b = if cfg.bias {
             let spec = ParamSpec::vector(&[cfg.out_channels]).init(cfg.b_init);
             let spec = ParamSpec { weight_decay: cfg.b_decay, ..spec };
-            Some(g.param_with(&format!("{name}.b"), spec))
+            Some(g.param(&format!("{name}.b"), spec))
         } else {
             None
         };

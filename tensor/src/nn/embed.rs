@@ -64,7 +64,7 @@ impl Embedding {
     /// A table named `name.table`.
     #[track_caller]
     pub fn new(g: &Graph, name: &str, cfg: EmbeddingConfig) -> Embedding {
-        let table = g.param_with(
+        let table = g.param(
             &format!("{name}.table"),
             ParamSpec {
                 weight_decay: cfg.table_decay,

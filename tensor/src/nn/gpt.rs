@@ -207,7 +207,7 @@ impl Gpt {
         let table_init = cfg.weight_init(Init::Normal { mean: 0.0, std: 1.0 });
         let tok = EmbeddingConfig::new(cfg.vocab, cfg.width).with_table_init(table_init.clone());
         let tok = Embedding::new(g, &format!("{name}.tok"), tok);
-        let pos = g.param_with(
+        let pos = g.param(
             &format!("{name}.pos"),
             ParamSpec::output(&[cfg.width])
                 .with_batch(&[cfg.context])

@@ -97,14 +97,14 @@ impl Linear {
             Some(out) => (ParamSpec::output(&[out]), ParamSpec::vector(&[out])),
             None => (ParamSpec::default(), ParamSpec::default().with_input(&[])),
         };
-        let w = g.param_with(
+        let w = g.param(
             &format!("{name}.w"),
             ParamSpec { weight_decay: cfg.w_decay, ..w_spec.init(cfg.w_init) },
         );
         // Made here, not in a closure, so that a duplicate name is reported at the caller's line.
         let b = if cfg.bias {
             let spec = ParamSpec { weight_decay: cfg.b_decay, ..b_spec.init(cfg.b_init) };
-            Some(g.param_with(&format!("{name}.b"), spec))
+            Some(g.param(&format!("{name}.b"), spec))
         } else {
             None
         };

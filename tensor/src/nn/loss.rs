@@ -65,15 +65,16 @@ impl Reduction {
 }
 
 /// Cross-entropy of `logits` against `targets` (one-hot or probabilities over the output axes),
-/// `-Σ targets · log_softmax(logits)` per position, averaged over every position (example and
-/// sequence position alike); [`cross_entropy_with`] chooses the reduction.
+/// `-Σ targets · log_softmax(logits)` per position, combined over every position (example and
+/// sequence position alike) as `reduction` says — PyTorch's `reduction=`; with
+/// [`Reduction::None`], one value per position.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, Session, nn};
 /// let g = Graph::new();
 /// let logits = g.ndarray("logits", &[2], &[], &[2], &[0.0, 0.0, 0.0, 1e9]);
 /// let target = g.ndarray("t", &[2], &[], &[2], &[1.0, 0.0, 0.0, 1.0]);
-/// let loss = nn::loss::cross_entropy(&logits, &target);
+/// let loss = nn::loss::cross_entropy(&logits, &target, nn::loss::Reduction::Mean);
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&loss]).unwrap();
 /// s.run(&r).unwrap();
@@ -81,16 +82,8 @@ impl Reduction {
 /// assert!((s.read(&loss).unwrap()[0] - 2f64.ln() / 2.0).abs() < 1e-6);
 /// ```
 #[track_caller]
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Tensor {
     let _within = logits.graph().within("loss::cross_entropy");
-    cross_entropy_with(logits, targets, Reduction::Mean)
-}
-
-/// Cross-entropy with a chosen reduction; with [`Reduction::None`], one output position is left
-/// per example.
-#[track_caller]
-pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Tensor {
-    let _within = logits.graph().within("loss::cross_entropy_with");
     if targets.graph().holds_ids(targets) {
         targets.graph().record(crate::Error::usage(format!(
             "cross_entropy's targets '{}' hold ids: dense targets are probabilities over the \
@@ -108,14 +101,15 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reductio
 
 /// Cross-entropy of `logits` against integer class labels (`labels` has no output axes and
 /// holds ids as values; write them with [`crate::Session::write_ids`], which checks their
-/// range): the one-hot targets are built in the graph, their size inferred from the logits.
+/// range), combined as `reduction` says: the one-hot targets are built in the graph, their
+/// size inferred from the logits.
 ///
 /// ```
 /// use rocannl_tensor::{Graph, Session, nn::loss};
 /// let g = Graph::new();
 /// let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
 /// let labels = g.data("labels", &[2], &[], &[]);
-/// let l = loss::sparse_cross_entropy_with(&logits, &labels, loss::Reduction::None);
+/// let l = loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::None);
 /// let mut s = Session::new(&g).unwrap();
 /// s.write_ids(&labels, &[1, 0], 3).unwrap();
 /// let r = s.forward(&[&l]).unwrap();
@@ -124,36 +118,23 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, reduction: Reductio
 /// assert!((v[0] - 3f64.ln()).abs() < 1e-6 && v[1] < 0.02);
 /// ```
 #[track_caller]
-pub fn sparse_cross_entropy_with(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
-    let _within = logits.graph().within("loss::sparse_cross_entropy_with");
+pub fn sparse_cross_entropy(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
+    let _within = logits.graph().within("loss::sparse_cross_entropy");
     logits.graph().reads_ids(
         labels,
         IdCount::LastOutputOf(logits.id),
         format!("the classes of '{}'", logits.label()),
     );
-    let one_hot =
-        labels.eq(&logits.graph().positions('o')).named(&format!("one_hot({})", labels.label()));
-    cross_entropy_with(logits, &one_hot, reduction)
+    let one_hot = labels
+        .eq(&logits.graph().positions(crate::RowKind::Output))
+        .named(&format!("one_hot({})", labels.label()));
+    cross_entropy(logits, &one_hot, reduction)
 }
 
-/// [`sparse_cross_entropy_with`] averaged over every position.
+/// Squared error of every cell, combined as `reduction` says (PyTorch's `mse_loss`).
 #[track_caller]
-pub fn sparse_cross_entropy(logits: &Tensor, labels: &Tensor) -> Tensor {
-    let _within = logits.graph().within("loss::sparse_cross_entropy");
-    sparse_cross_entropy_with(logits, labels, Reduction::Mean)
-}
-
-/// Mean squared error over all cells; [`mse_with`] chooses the reduction.
-#[track_caller]
-pub fn mse(pred: &Tensor, target: &Tensor) -> Tensor {
+pub fn mse(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
     let _within = pred.graph().within("loss::mse");
-    mse_with(pred, target, Reduction::Mean)
-}
-
-/// Squared error with a chosen reduction.
-#[track_caller]
-pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
-    let _within = pred.graph().within("loss::mse_with");
     let d = (&paired(pred, target) - target).kept_in_f32().named(&format!(
         "{} - {}",
         pred.label(),
@@ -162,17 +143,9 @@ pub fn mse_with(pred: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor 
     reduction.apply(d.pointmul(&d).kept_in_f32())
 }
 
-/// Hinge loss `mean(max(0, 1 - y·f))` for labels `y = ±1`; [`hinge_with`] chooses the
-/// reduction.
+/// Hinge loss `max(0, 1 - y·f)` for labels `y = ±1`, combined as `reduction` says.
 #[track_caller]
-pub fn hinge(scores: &Tensor, labels: &Tensor) -> Tensor {
+pub fn hinge(scores: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
     let _within = scores.graph().within("loss::hinge");
-    hinge_with(scores, labels, Reduction::Mean)
-}
-
-/// Hinge loss with a chosen reduction.
-#[track_caller]
-pub fn hinge_with(scores: &Tensor, labels: &Tensor, reduction: Reduction) -> Tensor {
-    let _within = scores.graph().within("loss::hinge_with");
     reduction.apply((1.0 - &labels.pointmul(&paired(scores, labels))).relu())
 }

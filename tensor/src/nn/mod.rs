@@ -107,7 +107,7 @@ pub fn dropout(x: &Tensor, p: f64) -> Tensor {
         // Every cell dropped: exact zeros, whatever `x` holds, and a zero gradient.
         Tensor::where_(&g.number(1.0), &zero, x)
     } else {
-        let dropped = x.uniform_like(Some(g.step_symbol())).lt(&g.number(p));
+        let dropped = x.uniform_like(true).lt(&g.number(p));
         Tensor::where_(&dropped, &zero, &x.scale(1.0 / (1.0 - p)))
     };
     Tensor::by_mode(&train, x)

@@ -101,12 +101,12 @@ impl LayerNorm {
         // One gain and one bias per normalized (output) position; no input axes. Each made
         // here, not in a closure, so that a duplicate name is reported at the caller's line.
         let gain = if affine {
-            Some(g.param_with(&format!("{name}.gain"), vector(cfg.gain_init, cfg.gain_decay)))
+            Some(g.param(&format!("{name}.gain"), vector(cfg.gain_init, cfg.gain_decay)))
         } else {
             None
         };
         let bias = if affine && cfg.bias {
-            Some(g.param_with(&format!("{name}.bias"), vector(cfg.bias_init, cfg.bias_decay)))
+            Some(g.param(&format!("{name}.bias"), vector(cfg.bias_init, cfg.bias_decay)))
         } else {
             None
         };
@@ -203,7 +203,7 @@ impl RmsNorm {
     pub fn new(g: &Graph, name: &str, cfg: RmsNormConfig) -> RmsNorm {
         check_eps(g, name, cfg.eps);
         let gain = if cfg.elementwise_affine {
-            Some(g.param_with(&format!("{name}.gain"), vector(cfg.gain_init, cfg.gain_decay)))
+            Some(g.param(&format!("{name}.gain"), vector(cfg.gain_init, cfg.gain_decay)))
         } else {
             None
         };

@@ -21,7 +21,7 @@ use crate::op::{G, Op, OpCtx, Side, Y, bin, c, mul, x};
 
 /// `a * b`: the input axes of `a` contract with the output axes of `b` (OCANNL's `*`).
 #[derive(Debug)]
-pub struct Compose;
+pub(crate) struct Compose;
 
 impl Op for Compose {
     fn name(&self) -> String {
@@ -43,7 +43,7 @@ impl Op for Compose {
 
 /// `a * b + c` with compose semantics for `a * b`.
 #[derive(Debug)]
-pub struct Fma;
+pub(crate) struct Fma;
 
 impl Op for Fma {
     fn name(&self) -> String {
@@ -72,7 +72,7 @@ impl Op for Fma {
 
 /// How an einsum combines its arguments and reduces.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Reduce {
+pub(crate) enum Reduce {
     /// Multiply, then sum over the labels absent from the result (`einsum`, `einsum1`).
     Sum,
     /// Multiply, then average over the labels absent from the result (the count comes from
@@ -86,7 +86,7 @@ pub enum Reduce {
 
 /// An einsum over one to three arguments.
 #[derive(Debug)]
-pub struct Einsum {
+pub(crate) struct Einsum {
     /// The spec.
     pub spec: Arc<EinsumSpec>,
     /// The semiring.

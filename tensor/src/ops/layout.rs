@@ -18,7 +18,7 @@ use crate::op::{G, Op, OpCtx, Side, x};
 
 /// Swaps the input and output rows, keeping the batch row.
 #[derive(Debug)]
-pub struct Transpose;
+pub(crate) struct Transpose;
 
 impl Op for Transpose {
     fn name(&self) -> String {
@@ -37,7 +37,7 @@ impl Op for Transpose {
 
 /// Removes the leftmost batch axis, taking one position of it.
 #[derive(Debug)]
-pub struct BatchSlice(pub SliceIndex);
+pub(crate) struct BatchSlice(pub SliceIndex);
 
 impl Op for BatchSlice {
     fn selects_cells(&self) -> bool {
@@ -64,7 +64,7 @@ impl Op for BatchSlice {
 /// rows count from here on (a batch sliced out of a resident dataset whose last batch is
 /// partial).
 #[derive(Debug)]
-pub struct DynamicRows(pub crate::DynDim);
+pub(crate) struct DynamicRows(pub crate::DynDim);
 
 impl Op for DynamicRows {
     fn selects_cells(&self) -> bool {
@@ -89,7 +89,7 @@ impl Op for DynamicRows {
 
 /// Concatenation along the axes a spec joins with `^` (e.g. `a; b => a^b`).
 #[derive(Debug)]
-pub struct Concat(pub Arc<EinsumSpec>);
+pub(crate) struct Concat(pub Arc<EinsumSpec>);
 
 impl Op for Concat {
     fn name(&self) -> String {
@@ -139,7 +139,7 @@ impl Tensor {
 
     /// Removes the leftmost batch axis, taking the position bound to `symbol` when a routine
     /// runs (e.g. the batch number in a training loop).
-    pub fn batch_slice_at(&self, symbol: Symbol) -> Tensor {
+    pub(crate) fn batch_slice_at(&self, symbol: Symbol) -> Tensor {
         self.graph.add_op(Rc::new(BatchSlice(SliceIndex::Runtime(symbol))), &[self])
     }
 

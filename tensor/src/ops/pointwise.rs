@@ -18,7 +18,7 @@ use crate::op::{G, Op, OpCtx, Y, bin, c, mul, x};
 
 /// A unary pointwise operation.
 #[derive(Debug)]
-pub struct Unary(pub UnOp);
+pub(crate) struct Unary(pub UnOp);
 
 fn un(op: UnOp, a: ScalarExpr) -> ScalarExpr {
     ScalarExpr::un(op, a)
@@ -80,7 +80,7 @@ impl Op for Unary {
 
 /// A binary pointwise operation.
 #[derive(Debug)]
-pub struct Binary(pub BinOp);
+pub(crate) struct Binary(pub BinOp);
 
 impl Binary {
     /// `(d/da, d/db)` as expressions of `a`, `b` and the result.
@@ -126,6 +126,9 @@ impl Op for Binary {
     fn name(&self) -> String {
         self.0.name().to_string()
     }
+    fn pointwise(&self) -> bool {
+        true
+    }
     fn logic(&self, args: &[ShapeId]) -> Logic {
         Logic::Pointwise(args.to_vec())
     }
@@ -148,7 +151,7 @@ impl Op for Binary {
 
 /// The identity that stops gradients (the result is treated as a constant).
 #[derive(Debug)]
-pub struct Detach;
+pub(crate) struct Detach;
 
 impl Op for Detach {
     fn name(&self) -> String {
@@ -171,7 +174,7 @@ impl Op for Detach {
 /// Uniform random numbers in `[0, 1)` with the shape of the argument (whose values are not
 /// read): counter-based, salted by a runtime symbol when given.
 #[derive(Debug)]
-pub struct UniformLike {
+pub(crate) struct UniformLike {
     /// The generator's seed.
     pub seed: u64,
     /// A runtime symbol drawing a fresh block of numbers per value (e.g. the step counter).
@@ -198,7 +201,7 @@ impl Op for UniformLike {
 
 /// `where(cond, a, b)`: `a` where `cond != 0`, else `b`.
 #[derive(Debug)]
-pub struct Where;
+pub(crate) struct Where;
 
 impl Op for Where {
     fn name(&self) -> String {
@@ -220,7 +223,7 @@ impl Op for Where {
 /// broadcasting): ties a loss's predictions to its targets, so that a leftover axis of size 1
 /// on one side is a shape error naming both tensors instead of a batch × batch table.
 #[derive(Debug)]
-pub struct SameShape;
+pub(crate) struct SameShape;
 
 impl Op for SameShape {
     fn name(&self) -> String {
@@ -263,9 +266,22 @@ impl Tensor {
         self.graph.add_op(Rc::new(Binary(op)), &[self, other])
     }
 
-    /// Uniform random numbers in `[0, 1)` shaped like `self`, fresh on every run when `salt` is
-    /// given (e.g. [`crate::Graph::step_symbol`]). The seed derives from the graph's seed.
-    pub fn uniform_like(&self, salt: Option<Symbol>) -> Tensor {
+    /// Uniform random numbers in `[0, 1)` shaped like `self`; with `per_step`, fresh on every
+    /// training step and every run (salted by the graph's step counter, which the session
+    /// binds), otherwise the same on every run. The seed derives from the graph's seed.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Graph, Session};
+    /// let g = Graph::with_seed(3);
+    /// let x = g.vector("x", &[0.0; 4]);
+    /// let u = x.uniform_like(false);
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&u]).unwrap();
+    /// s.run(&r).unwrap();
+    /// assert!(s.read(&u).unwrap().iter().all(|v| (0.0..1.0).contains(v)));
+    /// ```
+    pub fn uniform_like(&self, per_step: bool) -> Tensor {
+        let salt = per_step.then(|| self.graph.step_symbol());
         let seed = crate::init::derive_seed(self.graph.seed() ^ 0xD0, self.graph.len() as u32);
         self.graph.add_op(Rc::new(UniformLike { seed, salt }), &[self])
     }

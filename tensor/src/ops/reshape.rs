@@ -33,7 +33,7 @@ use crate::op::{G, Op, OpCtx, x};
 
 /// The same cells in memory order, in other axes.
 #[derive(Debug)]
-pub struct Reshape(pub ReshapeRows);
+pub(crate) struct Reshape(pub ReshapeRows);
 
 impl Op for Reshape {
     fn name(&self) -> String {

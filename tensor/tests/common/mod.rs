@@ -22,7 +22,7 @@ pub fn spread(n: usize, lo: f64, hi: f64) -> Vec<f64> {
 /// A parameter with given rows and deterministic values in `[lo, hi]`.
 pub fn param(g: &Graph, name: &str, input: &[usize], output: &[usize], lo: f64, hi: f64) -> Tensor {
     let n: usize = input.iter().chain(output).product();
-    g.param_with(name, ParamSpec::matrix(input, output).init(Init::Values(spread(n, lo, hi))))
+    g.param(name, ParamSpec::matrix(input, output).init(Init::Values(spread(n, lo, hi))))
 }
 
 /// Compares backprop with central differences for every cell of every listed parameter, on

@@ -68,7 +68,7 @@ pub fn train(case: &Case, group: Option<Group>, seed: u64) -> Result<Outcome, Er
         None => (g.data("x", &[n], &[], &[5]), g.data("y", &[n], &[], &[2])),
     };
     let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 2]).with_act(Activation::Tanh));
-    let err = loss::mse(&mlp.apply(&x), &y);
+    let err = loss::mse(&mlp.apply(&x), &y, loss::Reduction::Mean);
     let opts = SessionOptions {
         prec: case.prec,
         master: case.master,
@@ -82,7 +82,7 @@ pub fn train(case: &Case, group: Option<Group>, seed: u64) -> Result<Outcome, Er
     if case.weighted {
         s.set_local_examples(n)?;
     }
-    let mut step = s.train_step_with(&err, &case.opt, &[], &case.step)?;
+    let mut step = s.train_step(&err, &case.opt, &[], &case.step)?;
     let mut losses = Vec::new();
     for k in 0..case.steps {
         let (mut xs, mut ys) = (Vec::new(), Vec::new());
@@ -93,7 +93,7 @@ pub fn train(case: &Case, group: Option<Group>, seed: u64) -> Result<Outcome, Er
         }
         s.write(&x, &xs)?;
         s.write(&y, &ys)?;
-        s.step(&mut step, 0.1, &[])?;
+        s.step(&mut step, 0.1)?;
         losses.push(s.loss(&step)?);
     }
     let params = g.params().iter().map(|p| s.read(p)).collect::<Result<_, _>>()?;

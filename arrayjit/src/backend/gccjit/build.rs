@@ -118,9 +118,9 @@ fn from_cache(cache: Option<&Cache>, keys: &[String]) -> (Vec<Option<Code>>, Vec
     (code, entries)
 }
 
-/// Builds each build that has a target into its file: by bin, each in a child (GCC's driver
-/// then changes only the child's environment, [`crate::env`]); a bin whose fork failed is built
-/// here. Returns which builds succeeded (a failure here is not yet an error: the build is made
+/// Builds each build that has a target into its file: by bin, each in a child (GCC's embedded
+/// driver then changes only the child's environment, [`crate::env`]); a bin whose fork failed
+/// is built here, with the external driver ([`codegen::build`]). Returns which builds succeeded (a failure here is not yet an error: the build is made
 /// again in memory, where it becomes one).
 fn build_files(
     input: &BuildInput<'_>,

@@ -139,25 +139,46 @@ pub struct Steps<'a> {
     pub names: &'a [String],
 }
 
-/// Builds one libgccjit context for the steps `opts` names and compiles it, holding
-/// [`crate::env::lock`]. The `gccjit` crate panics on libgccjit errors in debug builds;
-/// such a panic is caught and returned as a typed error.
+/// Builds one libgccjit context for `steps` and compiles it in this process, holding
+/// [`super::fork::gcc_lock`], with libgccjit's external driver: GCC runs as a program, so this
+/// process's environment is never changed ([`crate::env`]). The `gccjit` crate panics on
+/// libgccjit errors in debug builds; such a panic is caught and returned as a typed error.
 pub fn build(
     src: Steps<'_>,
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
     let _guard = super::fork::gcc_lock();
-    build_unlocked(src, opts, output)
+    build_caught(src, opts, output, Driver::External)
 }
 
-/// [`build`] without taking the lock: for a forked child, which inherited it held.
+/// [`build`] without taking the lock and with libgccjit's embedded driver (GCC's driver run
+/// inside the process, which changes the environment while it runs): for a forked child,
+/// which inherited the lock held and whose environment is its own.
 pub fn build_unlocked(
     src: Steps<'_>,
     opts: &BuildOptions,
     output: Output<'_>,
 ) -> Result<(Built, BuildTimes), Error> {
-    let run = std::panic::AssertUnwindSafe(|| build_unchecked(src, opts, output));
+    build_caught(src, opts, output, Driver::Embedded)
+}
+
+/// How libgccjit runs GCC's driver (assembling and linking).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// Inside the process: fast, but it sets and restores environment variables.
+    Embedded,
+    /// As a program (`gcc` of the same version, found on `PATH`): the environment untouched.
+    External,
+}
+
+fn build_caught(
+    src: Steps<'_>,
+    opts: &BuildOptions,
+    output: Output<'_>,
+    driver: Driver,
+) -> Result<(Built, BuildTimes), Error> {
+    let run = std::panic::AssertUnwindSafe(|| build_unchecked(src, opts, output, driver));
     std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         let log = panic
             .downcast_ref::<String>()
@@ -172,10 +193,14 @@ fn build_unchecked(
     src: Steps<'_>,
     opts: &BuildOptions,
     output: Output<'_>,
+    driver: Driver,
 ) -> Result<(Built, BuildTimes), Error> {
     let Steps { prog, steps, slots, names } = src;
     let started = std::time::Instant::now();
     let ctx = Context::default();
+    if driver == Driver::External {
+        use_external_driver(&ctx);
+    }
     set_options(&ctx, opts, &output);
     for &k in &opts.steps {
         let (body, kind) = &steps[k];
@@ -242,6 +267,36 @@ fn set_options(ctx: &Context<'static>, opts: &BuildOptions, output: &Output<'_>)
         // small routine.
         ctx.add_driver_option("-nostdlib");
     }
+}
+
+/// The pointer behind a `gccjit::Context`, which the crate does not expose: the context is a
+/// single pointer-sized field beside a zero-sized marker (checked at compile time below), so
+/// that field is the whole value.
+fn raw_context(ctx: &Context<'_>) -> *mut std::ffi::c_void {
+    const _: () = assert!(
+        std::mem::size_of::<Context<'static>>() == std::mem::size_of::<*mut std::ffi::c_void>()
+    );
+    // SAFETY: `Context` holds exactly one non-null pointer (its size is a pointer's, and its
+    // other field is a zero-sized marker), so its bytes are that pointer.
+    unsafe { *(ctx as *const Context<'_> as *const *mut std::ffi::c_void) }
+}
+
+unsafe extern "C" {
+    /// libgccjit's switch between the embedded and the external driver (ABI 5, GCC 7 on),
+    /// which the `gccjit` crate does not bind.
+    fn gcc_jit_context_set_bool_use_external_driver(
+        ctxt: *mut std::ffi::c_void,
+        bool_value: std::ffi::c_int,
+    );
+}
+
+/// Makes `ctx` run GCC's driver as a program rather than inside this process: the embedded
+/// driver sets and restores environment variables with `putenv`/`unsetenv` around its run
+/// (`COLLECT_GCC_OPTIONS`, `COMPILER_PATH`, `LIBRARY_PATH` and others), racing with any other
+/// thread reading the environment; the external one changes nothing here.
+fn use_external_driver(ctx: &Context<'_>) {
+    // SAFETY: a live context of this thread, and a documented libgccjit entry point.
+    unsafe { gcc_jit_context_set_bool_use_external_driver(raw_context(ctx), 1) }
 }
 
 /// Loads a shared library this code generator built, binding every symbol at once

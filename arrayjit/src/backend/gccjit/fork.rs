@@ -9,11 +9,11 @@
 //!
 //! Forking while another thread of this process is inside libgccjit would leave the child a
 //! copy of GCC's lock, held by a thread that does not exist there. Every compile of this crate
-//! takes [`crate::env::lock`], and so does every fork, which rules that out for this crate's
-//! builds.
+//! takes [`gcc_lock`], and so does every fork, which rules that out for this crate's builds.
 //!
-//! Children also keep GCC's driver away from this process's environment, which the driver sets
-//! and restores around each run ([`crate::env`]): a build runs here only when a fork fails.
+//! Children also keep GCC's embedded driver away from this process's environment, which the
+//! driver sets and restores around each run with `putenv` and `unsetenv` ([`crate::env`]): a
+//! build that runs here (when a fork fails) uses the external driver, which changes nothing.
 //!
 //! For the same reason a child takes no lock of the standard library either. A panic inside a
 //! child is silenced by a hook installed once in the parent, before the first fork, which stays
@@ -25,10 +25,13 @@
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Takes the lock held around every libgccjit compile of this process, around forking and
-/// around reads of the environment ([`crate::env::lock`]).
-pub fn gcc_lock() -> crate::env::Guard {
-    crate::env::lock()
+/// Held around every libgccjit compile of this process and around forking.
+static GCC_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes the lock held around every libgccjit compile of this process and around forking (a
+/// panic elsewhere while holding it leaves nothing to repair). Not reentrant.
+pub fn gcc_lock() -> std::sync::MutexGuard<'static, ()> {
+    GCC_LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Set in a child right after the fork: its panics are failed jobs, reported by the exit status.

@@ -34,6 +34,12 @@ pub trait Op: fmt::Debug {
     fn differentiable(&self) -> bool {
         true
     }
+    /// Whether the operation combines its arguments cell by cell, broadcasting each to the
+    /// result's shape (`+`, `*` by cells, …): such an operation that gives the result an axis
+    /// only a param has is warned about ([`crate::Graph::warnings`]).
+    fn pointwise(&self) -> bool {
+        false
+    }
     /// Whether the operation writes its result in parts, one projection per argument
     /// (concatenation).
     fn per_argument_projections(&self) -> bool {

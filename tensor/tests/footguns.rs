@@ -1,0 +1,83 @@
+//! Graphs that are valid but probably wrong are warned about, and shape mismatches say what
+//! was matched against what, each naming the user's tensors.
+
+use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
+use rocannl_tensor::nn::{Linear, LinearConfig};
+use rocannl_tensor::{Graph, ParamSpec, Tensor};
+
+const T: usize = 8;
+const C: usize = 16;
+const V: usize = 5;
+
+/// Token embeddings of a batch of 2 windows of `T` ids, plus a position table `wpe`, through a
+/// linear head: logits.
+fn gpt_like(g: &Graph, wpe: ParamSpec) -> (Tensor, Tensor) {
+    let ids = g.ids("ids", &[2, T], &[], &[]);
+    let tok = Embedding::new(g, "wte", EmbeddingConfig::new(V, C)).apply(&ids);
+    let wpe = g.param("wpe", wpe);
+    let h = (&tok + &wpe).named("h");
+    let logits = Linear::new(g, "head", LinearConfig::new(V)).apply(&h);
+    (wpe, logits)
+}
+
+#[test]
+fn a_position_table_declared_like_a_token_table_warns_with_both_shapes() {
+    let g = Graph::with_seed(0);
+    let (wpe, logits) = gpt_like(&g, ParamSpec::matrix(&[T], &[C]));
+    g.finish().unwrap();
+    // It trains, as another model: every position holds all T rows of the table.
+    assert_eq!(logits.shape_string(), "2,8|8->5");
+    let warnings = g.warnings();
+    let w = warnings.iter().find(|w| w.contains("'wpe'")).unwrap_or_else(|| panic!("{warnings:?}"));
+    assert!(w.contains("'h'") && w.contains(&wpe.shape_string()), "{w}");
+    assert!(w.contains("|8->16") && w.contains("2,8|->16") && w.contains("2,8|8->16"), "{w}");
+    assert!(w.contains("with_batch(&[8])"), "the fix: {w}");
+}
+
+#[test]
+fn a_position_table_with_a_batch_row_of_positions_does_not_warn() {
+    let g = Graph::with_seed(0);
+    let spec = ParamSpec::output(&[C]).with_batch(&[T]).with_input(&[]);
+    let (_, logits) = gpt_like(&g, spec);
+    g.finish().unwrap();
+    assert_eq!(logits.shape_string(), "2,8|->5");
+    assert!(g.warnings().is_empty(), "{:?}", g.warnings());
+}
+
+#[test]
+fn a_bias_does_not_warn() {
+    let g = Graph::with_seed(0);
+    let x = g.data("x", &[4], &[], &[3]);
+    let b = g.param("b", ParamSpec::vector(&[3]));
+    let w = g.param("w", ParamSpec::output(&[3]).with_batch(&[4]).with_input(&[]));
+    let _ = (&x + &b).pointmul(&w);
+    g.finish().unwrap();
+    assert!(g.warnings().is_empty(), "{:?}", g.warnings());
+}
+
+#[test]
+fn a_contraction_mismatch_says_which_axes_were_contracted() {
+    let g = Graph::with_seed(0);
+    let ids = g.ids("ids", &[2, T], &[], &[]);
+    let wte = Embedding::new(&g, "wte", EmbeddingConfig::new(V, C));
+    let h = wte.apply(&ids).named("h");
+    // A tied head without the transpose: the table's input (the vocabulary) meets `h`'s output.
+    let _logits = wte.table.matmul(&h);
+    let err = g.finish().unwrap_err().to_string();
+    assert!(
+        err.contains("matmul") && err.contains("contracts the input axes of 'wte.table' [5]"),
+        "{err}"
+    );
+    assert!(err.contains("with the output axes of 'h' [16]"), "{err}");
+}
+
+#[test]
+fn a_contraction_that_fits_is_no_error() {
+    let g = Graph::with_seed(0);
+    let ids = g.ids("ids", &[2, T], &[], &[]);
+    let wte = Embedding::new(&g, "wte", EmbeddingConfig::new(V, C));
+    let h = wte.apply(&ids).named("h");
+    let logits = wte.table.transpose().matmul(&h); // the tied head, transposed
+    g.finish().unwrap();
+    assert_eq!(logits.shape_string(), "2,8|->5");
+}
