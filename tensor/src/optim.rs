@@ -170,6 +170,36 @@ pub struct StepOptions {
     pub loss_scale: Option<LossScale>,
 }
 
+impl StepOptions {
+    /// A usage error for settings that cannot work: a clipping norm that is not a positive
+    /// number, a loss scale that cannot grow or back off.
+    pub fn check(&self) -> Result<()> {
+        if let Some(max) = self.clip_grad_norm
+            && !(max > 0.0 && max.is_finite())
+        {
+            return Err(Error::usage(format!(
+                "clip_grad_norm must be a positive number, not {max}"
+            )));
+        }
+        if let Some(ls) = &self.loss_scale {
+            let ok = ls.init > 0.0
+                && ls.init.is_finite()
+                && ls.growth >= 1.0
+                && ls.growth.is_finite()
+                && ls.backoff > 0.0
+                && ls.backoff < 1.0
+                && ls.growth_interval > 0;
+            if !ok {
+                return Err(Error::usage(format!(
+                    "loss_scale needs init > 0, growth >= 1, 0 < backoff < 1 and \
+                     growth_interval > 0, not {ls:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Dynamic loss scaling (as PyTorch's `GradScaler`): a step whose gradients are not all finite
 /// (the scale was too large: something overflowed) is skipped — parameters and optimizer state
 /// untouched — and the scale multiplied by `backoff`; after `growth_interval` finite steps in a
@@ -494,28 +524,7 @@ impl Session {
             self.own(t)?;
         }
         opt.check()?;
-        if let Some(max) = options.clip_grad_norm
-            && !(max > 0.0 && max.is_finite())
-        {
-            return Err(Error::usage(format!(
-                "clip_grad_norm must be a positive number, not {max}"
-            )));
-        }
-        if let Some(ls) = &options.loss_scale {
-            let ok = ls.init > 0.0
-                && ls.init.is_finite()
-                && ls.growth >= 1.0
-                && ls.growth.is_finite()
-                && ls.backoff > 0.0
-                && ls.backoff < 1.0
-                && ls.growth_interval > 0;
-            if !ok {
-                return Err(Error::usage(format!(
-                    "loss_scale needs init > 0, growth >= 1, 0 < backoff < 1 and \
-                     growth_interval > 0, not {ls:?}"
-                )));
-            }
-        }
+        options.check()?;
         let params = self.graph().params();
         if params.is_empty() {
             return Err(Error::usage("the graph has no parameters to train"));

@@ -65,8 +65,15 @@ pub struct Loader {
     symbol: Symbol,
     batch_size: usize,
     batches: usize,
-    /// The examples of the last batch when it is partial, with the dynamic size its rows have.
-    partial: Option<(usize, crate::DynDim)>,
+    /// The number of examples.
+    examples: usize,
+    /// This rank and the number of ranks (0 of 1 but under data parallelism).
+    rank: (usize, usize),
+    /// The rows a batch tensor holds: this rank's largest shard of a batch.
+    rows: usize,
+    /// The dynamic size of the batch tensors' rows, when some batch has fewer (a partial last
+    /// batch, or shards of unequal size).
+    dynamic: Option<crate::DynDim>,
     full: Vec<Tensor>,
     current: Vec<Tensor>,
 }
@@ -93,6 +100,41 @@ impl Loader {
     /// assert_eq!(s.read(&m).unwrap(), vec![17.0, 18.0]); // examples 8 and 9 only
     /// ```
     pub fn new(g: &Graph, columns: &[Column], batch_size: usize) -> Result<Loader> {
+        Loader::with_shard(g, columns, batch_size, (0, 1))
+    }
+
+    /// [`Loader::new`] for one rank of a data-parallel group: `batch_size` is the global
+    /// batch, and this rank's batch tensors hold its shard of each batch
+    /// ([`crate::parallel::Group::shard`]), so the ranks' shards together are the batches one
+    /// process would train on, in the same order. [`Loader::set_batch`] also sets the rank's
+    /// weight in the mean over ranks ([`Session::set_local_examples`]), so a smaller last
+    /// shard counts for what it holds.
+    ///
+    /// ```
+    /// use rocannl_tensor::parallel::Group;
+    /// use rocannl_tensor::{Graph, train::{Column, Loader}};
+    /// let ranks = Group::in_process(2);
+    /// let g = Graph::new();
+    /// let x = Column::new("x", &[1], (0..10).map(f64::from).collect());
+    /// let loader = Loader::sharded(&g, &[x], 4, &Group::from(ranks.into_iter().next().unwrap())).unwrap();
+    /// assert_eq!(loader.batches(), 3); // global batches of 4, 4 and 2: rank 0 has 2, 2 and 1
+    /// assert_eq!(loader.shard_rows(2), 1);
+    /// ```
+    pub fn sharded(
+        g: &Graph,
+        columns: &[Column],
+        batch_size: usize,
+        group: &crate::parallel::Group,
+    ) -> Result<Loader> {
+        Loader::with_shard(g, columns, batch_size, (group.rank(), group.size()))
+    }
+
+    fn with_shard(
+        g: &Graph,
+        columns: &[Column],
+        batch_size: usize,
+        (rank, size): (usize, usize),
+    ) -> Result<Loader> {
         let n = columns.first().map_or(0, Column::len);
         if columns.iter().any(|c| c.len() != n || c.values.len() % c.example_len().max(1) != 0) {
             return Err(Error::usage("every column must hold the same number of whole examples"));
@@ -102,22 +144,39 @@ impl Loader {
                 "{n} examples in batches of {batch_size}: no batch to make"
             )));
         }
-        let rest = n % batch_size;
         let batches = n.div_ceil(batch_size);
-        let partial = (rest > 0).then(|| (rest, g.dynamic("batch", batch_size.max(2))));
+        // The same on every rank, so that every rank compiles the same step.
+        let rows = batch_size.div_ceil(size);
+        let uneven = n % batch_size != 0 || batch_size % size != 0;
+        let dynamic = uneven.then(|| g.dynamic("batch", rows.max(2)));
         let symbol = g.runtime_symbol();
         let mut full = Vec::new();
         let mut current = Vec::new();
         for c in columns {
-            let t = g.data(&c.name, &[batches, batch_size], &[], &c.example_dims);
+            let t = g.data(&c.name, &[batches, rows], &[], &c.example_dims);
             let mut batch = t.batch_slice_at(symbol);
-            if let Some((_, d)) = &partial {
+            if let Some(d) = &dynamic {
                 batch = batch.dynamic_rows(d);
             }
             current.push(batch.named(&format!("{}_batch", c.name)));
             full.push(t);
         }
-        Ok(Loader { symbol, batch_size, batches, partial, full, current })
+        let rank = (rank, size);
+        Ok(Loader { symbol, batch_size, batches, examples: n, rank, rows, dynamic, full, current })
+    }
+
+    /// This rank's examples of batch `b`, as positions in the loaded order.
+    fn shard_range(&self, b: usize) -> std::ops::Range<usize> {
+        let start = b * self.batch_size;
+        let len = self.batch_size.min(self.examples.saturating_sub(start));
+        let part = crate::parallel::shard_of(len, self.rank.0, self.rank.1);
+        start + part.start..start + part.end
+    }
+
+    /// How many examples of batch `b` this rank's batch tensors hold (all of them but under
+    /// data parallelism).
+    pub fn shard_rows(&self, b: usize) -> usize {
+        self.shard_range(b).len()
     }
 
     /// The current batch of column `i` (`batch_size | example dims`).
@@ -145,19 +204,35 @@ impl Loader {
             )));
         }
         s.bound.insert(self.symbol, b as i64);
-        if let Some((rest, d)) = &self.partial {
-            let rows = if b + 1 == self.batches { *rest } else { self.batch_size };
-            s.set_size(d, rows)?;
+        let rows = self.shard_rows(b);
+        if let Some(d) = &self.dynamic {
+            // A rank with no example of a small last batch runs one row of zeros, weighted 0.
+            s.set_size(d, rows.max(1))?;
         }
+        s.local_weight = rows as f64;
         Ok(())
     }
 
-    /// Writes the dataset in the order `order` (a permutation of example indices); the rows
-    /// past the examples in a partial last batch are zeros.
+    /// Writes the dataset in the order `order` (a permutation of example indices): each
+    /// batch's examples (this rank's shard of them, under data parallelism); the rows past a
+    /// batch's examples are zeros.
     pub fn load(&self, s: &mut Session, columns: &[Column], order: &[usize]) -> Result<()> {
+        if order.len() != self.examples {
+            return Err(Error::usage(format!(
+                "an order of {} examples for a loader of {}",
+                order.len(),
+                self.examples
+            )));
+        }
         for (t, c) in self.full.iter().zip(columns) {
-            let mut values = c.gather(order);
-            values.resize(self.batches * self.batch_size * c.example_len(), 0.0);
+            let width = c.example_len();
+            let mut values = vec![0.0; self.batches * self.rows * width];
+            for b in 0..self.batches {
+                let shard = &order[self.shard_range(b)];
+                let rows = c.gather(shard);
+                let at = b * self.rows * width;
+                values[at..at + rows.len()].copy_from_slice(&rows);
+            }
             s.write(t, &values)?;
         }
         Ok(())

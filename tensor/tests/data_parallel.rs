@@ -149,7 +149,9 @@ fn a_rank_with_another_model_is_an_error_on_every_rank() {
                         ..Default::default()
                     };
                     let mut s = Session::with_options(&g, opts).unwrap();
-                    s.train_step(&l, &Optimizer::sgd(), &[], &StepOptions::default()).unwrap_err().to_string()
+                    s.train_step(&l, &Optimizer::sgd(), &[], &StepOptions::default())
+                        .unwrap_err()
+                        .to_string()
                 })
             })
             .collect();
@@ -212,5 +214,55 @@ fn a_single_rank_group_takes_the_data_parallel_path() {
     close(&dp.losses, &one.losses, 1e-6, "losses");
     for (p, q) in dp.params.iter().zip(&one.params) {
         close(p, q, 1e-6, "params");
+    }
+}
+
+/// Two epochs of `train::train` over 10 examples in global batches of 4 (the last batch 2):
+/// the losses of every step and the parameters at the end.
+fn loader_run(group: Option<Group>) -> (Vec<f64>, Vec<Vec<f64>>) {
+    use rocannl_tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
+    let g = Graph::with_seed(3);
+    let xs: Vec<f64> = (0..10).flat_map(|i| dp_common::example(i).0).collect();
+    let ys: Vec<f64> = (0..10).flat_map(|i| dp_common::example(i).1).collect();
+    let cols = [Column::new("x", &[5], xs), Column::new("y", &[2], ys)];
+    let loader = match &group {
+        Some(grp) => Loader::sharded(&g, &cols, 4, grp).unwrap(),
+        None => Loader::new(&g, &cols, 4).unwrap(),
+    };
+    let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[8, 2]));
+    let err = rocannl_tensor::nn::loss::mse(
+        &mlp.apply(loader.batch(0)),
+        loader.batch(1),
+        rocannl_tensor::nn::loss::Reduction::Mean,
+    );
+    let opts = SessionOptions { data_parallel: group, ..Default::default() };
+    let mut s = Session::with_options(&g, opts).unwrap();
+    let mut step = s.train_step(&err, &Optimizer::adam(), &[], &StepOptions::default()).unwrap();
+    let cfg = TrainConfig {
+        epochs: 2,
+        lr: LrSchedule::Constant(0.01),
+        shuffle_seed: Some(5),
+        progress: false,
+    };
+    let h = train(&mut s, &mut step, &loader, &cols, &cfg, |_| Ok(0.0)).unwrap();
+    (h.losses, g.params().iter().map(|p| s.read(p).unwrap()).collect())
+}
+
+#[test]
+fn a_sharded_loader_trains_as_one_process_even_where_a_rank_has_no_example() {
+    let (losses, params) = loader_run(None);
+    // 3 ranks: batches of 4 are shards 2, 1, 1; the last batch of 2 is 1, 1 and none.
+    for n in [2, 3] {
+        let outs: Vec<(Vec<f64>, Vec<Vec<f64>>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = Group::in_process(n)
+                .into_iter()
+                .map(|r| s.spawn(move || loader_run(Some(Group::from(r)))))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, (l, p)) in outs.iter().enumerate() {
+            close(l, &losses, 1e-5, &format!("{n} ranks, rank {r}: losses"));
+            close(&p.concat(), &params.concat(), 1e-5, &format!("{n} ranks, rank {r}: params"));
+        }
     }
 }

@@ -115,7 +115,17 @@ impl Session {
         let total: usize = par.grads.iter().map(|(_, d, _)| d.iter().product::<usize>()).sum();
         let mut values: Vec<f64> = Vec::new();
         let mut flat32: Vec<f32> = Vec::new();
-        for (node, _, _) in &par.grads {
+        for (node, dims, _) in &par.grads {
+            if par.weight == 0.0 {
+                // A rank without examples in this batch (a small last batch) adds nothing,
+                // whatever its padding row computed.
+                let n: usize = dims.iter().product();
+                match par.wide {
+                    true => values.resize(values.len() + n, 0.0),
+                    false => flat32.resize(flat32.len() + n, 0.0),
+                }
+                continue;
+            }
             let arr = self.read_node(*node)?;
             match (arr.storage(), par.wide) {
                 (Storage::F32(v), false) => flat32.extend(v.iter().map(|g| g * par.weight as f32)),
@@ -125,7 +135,8 @@ impl Session {
                 (_, true) => values.extend(arr.to_f64_vec().iter().map(|g| g * par.weight)),
             }
         }
-        let tail = [par.weight, par.weight * local_loss];
+        let loss = if par.weight == 0.0 { 0.0 } else { par.weight * local_loss };
+        let tail = [par.weight, loss];
         let finite = if par.wide {
             values.extend(tail);
             reduce_buckets(&mut values, |b| par.group.all_reduce_f64(b))?;
