@@ -12,6 +12,7 @@ mod build;
 pub mod codegen;
 mod compile;
 pub mod dedup;
+mod driver;
 pub mod fork;
 pub mod group;
 pub mod plan;
