@@ -147,7 +147,7 @@ impl Loader {
         let batches = n.div_ceil(batch_size);
         // The same on every rank, so that every rank compiles the same step.
         let rows = batch_size.div_ceil(size);
-        let uneven = n % batch_size != 0 || batch_size % size != 0;
+        let uneven = !n.is_multiple_of(batch_size) || !batch_size.is_multiple_of(size);
         let dynamic = uneven.then(|| g.dynamic("batch", rows.max(2)));
         let symbol = g.runtime_symbol();
         let mut full = Vec::new();

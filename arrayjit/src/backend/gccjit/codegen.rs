@@ -199,7 +199,7 @@ fn build_unchecked(
     let started = std::time::Instant::now();
     let ctx = Context::default();
     if driver == Driver::External {
-        use_external_driver(&ctx);
+        super::driver::use_external_driver(&ctx);
     }
     set_options(&ctx, opts, &output);
     for &k in &opts.steps {
@@ -267,36 +267,6 @@ fn set_options(ctx: &Context<'static>, opts: &BuildOptions, output: &Output<'_>)
         // small routine.
         ctx.add_driver_option("-nostdlib");
     }
-}
-
-/// The pointer behind a `gccjit::Context`, which the crate does not expose: the context is a
-/// single pointer-sized field beside a zero-sized marker (checked at compile time below), so
-/// that field is the whole value.
-fn raw_context(ctx: &Context<'_>) -> *mut std::ffi::c_void {
-    const _: () = assert!(
-        std::mem::size_of::<Context<'static>>() == std::mem::size_of::<*mut std::ffi::c_void>()
-    );
-    // SAFETY: `Context` holds exactly one non-null pointer (its size is a pointer's, and its
-    // other field is a zero-sized marker), so its bytes are that pointer.
-    unsafe { *(ctx as *const Context<'_> as *const *mut std::ffi::c_void) }
-}
-
-unsafe extern "C" {
-    /// libgccjit's switch between the embedded and the external driver (ABI 5, GCC 7 on),
-    /// which the `gccjit` crate does not bind.
-    fn gcc_jit_context_set_bool_use_external_driver(
-        ctxt: *mut std::ffi::c_void,
-        bool_value: std::ffi::c_int,
-    );
-}
-
-/// Makes `ctx` run GCC's driver as a program rather than inside this process: the embedded
-/// driver sets and restores environment variables with `putenv`/`unsetenv` around its run
-/// (`COLLECT_GCC_OPTIONS`, `COMPILER_PATH`, `LIBRARY_PATH` and others), racing with any other
-/// thread reading the environment; the external one changes nothing here.
-fn use_external_driver(ctx: &Context<'_>) {
-    // SAFETY: a live context of this thread, and a documented libgccjit entry point.
-    unsafe { gcc_jit_context_set_bool_use_external_driver(raw_context(ctx), 1) }
 }
 
 /// Loads a shared library this code generator built, binding every symbol at once

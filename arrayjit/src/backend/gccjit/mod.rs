@@ -14,6 +14,7 @@ pub mod codegen;
 mod compile;
 mod convert;
 pub mod dedup;
+mod driver;
 mod emit;
 mod expr;
 pub mod fork;
