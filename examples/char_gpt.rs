@@ -278,11 +278,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The group of processes started by `mpirun`, when there are several.
+/// The group of processes started by `mpirun`, when there are several (started alone, the
+/// program does not initialize MPI).
 #[cfg(feature = "mpi")]
 fn workers() -> Result<Option<Group>, Box<dyn std::error::Error>> {
-    let world = Group::mpi()?;
-    Ok((world.size() > 1).then_some(world))
+    Ok(Group::mpi_if_launched()?.filter(|world| world.size() > 1))
 }
 
 /// One process: built without the `mpi` feature.

@@ -120,6 +120,19 @@ impl Group {
         Ok(Group::new(Rc::new(mpi::Mpi::init()?)))
     }
 
+    /// [`Group::mpi`] when this process was started by an MPI launcher (`mpirun`, `mpiexec`,
+    /// `srun`: it sets `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE` or `PMIX_RANK`); `None` otherwise,
+    /// without initializing MPI — a program that may run either way stays a plain process when
+    /// started alone (MPI's singleton start would launch a daemon and may bind the process to
+    /// one core).
+    #[cfg(feature = "mpi")]
+    pub fn mpi_if_launched() -> Result<Option<Group>> {
+        let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some());
+        if launched { Group::mpi().map(Some) } else { Ok(None) }
+    }
+
     /// GPUs with NCCL, one rank per process on device `device`; `id` is the NCCL unique id,
     /// made by rank 0 ([`Group::nccl_id`]) and shared with the others (over MPI with
     /// [`Group::nccl_over_mpi`], or any other way).

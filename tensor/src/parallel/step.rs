@@ -19,6 +19,7 @@
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
+use rocannl_arrayjit::Error as CompileError;
 use rocannl_arrayjit::ndarray::{NdArray, Storage};
 use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::tnode::NodeId;
@@ -144,8 +145,8 @@ impl Session {
             par.loss = Some(values[total + 1] / w);
             values[..total].iter_mut().for_each(|g| *g /= w);
             let finite = values[..total].iter().all(|g| g.is_finite());
-            self.write_grads(&par.grads, |range| {
-                NdArray::from_f64(Prec::F64, &[range.len()], &values[range])
+            self.write_grads(&par.grads, |range, dims, prec| {
+                NdArray::from_f64(prec, dims, &values[range])
             })?;
             finite
         } else {
@@ -155,8 +156,12 @@ impl Session {
             par.loss = Some(f64::from(flat32[total + 1]) / f64::from(w));
             flat32[..total].iter_mut().for_each(|g| *g /= w);
             let finite = flat32[..total].iter().all(|g| g.is_finite());
-            self.write_grads(&par.grads, |range| {
-                NdArray::from_f32(&[range.len()], &flat32[range])
+            self.write_grads(&par.grads, |range, dims, prec| match prec {
+                Prec::F32 => NdArray::from_f32(dims, &flat32[range]),
+                _ => {
+                    let wide: Vec<f64> = flat32[range].iter().map(|g| f64::from(*g)).collect();
+                    NdArray::from_f64(prec, dims, &wide)
+                }
             })?;
             finite
         };
@@ -171,21 +176,17 @@ impl Session {
         Ok(finite)
     }
 
-    /// Writes each gradient's part of the reduced values (`part` makes the array of a range),
-    /// in the gradient's dims and precision.
+    /// Writes each gradient's part of the reduced values (`part` makes the array of a range
+    /// in the gradient's dims and precision).
     fn write_grads(
         &mut self,
         grads: &[(NodeId, Vec<usize>, Prec)],
-        part: impl Fn(std::ops::Range<usize>) -> Result<NdArray, rocannl_arrayjit::Error>,
+        part: impl Fn(std::ops::Range<usize>, &[usize], Prec) -> Result<NdArray, CompileError>,
     ) -> Result<()> {
         let mut at = 0;
         for (node, dims, prec) in grads {
             let n: usize = dims.iter().product();
-            let flat = part(at..at + n)?;
-            let arr = match flat.storage() {
-                Storage::F32(v) if *prec == Prec::F32 => NdArray::from_f32(dims, v)?,
-                _ => NdArray::from_f64(*prec, dims, &flat.to_f64_vec())?,
-            };
+            let arr = part(at..at + n, dims, *prec)?;
             self.write_node_array(*node, &arr)?;
             at += n;
         }
