@@ -186,6 +186,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let compile = Instant::now();
     let mut step = s.train_step(&mean, &adamw, &[], &clip)?;
     let eval = s.forward(&[&per_position, &logits])?;
+    if ranks > 1 {
+        // Each rank of `mpirun` is bound to a core of its own, where a background build would
+        // starve beside the training loop: wait for the optimized code (at once when the
+        // compile cache has it).
+        s.finish_builds();
+    }
     let compile_s = compile.elapsed().as_secs_f64();
     if !a.json && root {
         println!(

@@ -162,12 +162,26 @@ impl NdArray {
 
     /// The raw little-endian bytes (the layout of a buffer of this precision).
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len() * self.prec().size_in_bytes()];
+        self.write_le_bytes(&mut out);
+        out
+    }
+
+    /// Writes the raw little-endian bytes into `dst`, which holds exactly
+    /// `len × size_in_bytes` of them (a buffer of this precision): one pass, no allocation.
+    pub fn write_le_bytes(&self, dst: &mut [u8]) {
+        fn put<const W: usize, T: Copy>(dst: &mut [u8], v: &[T], f: impl Fn(T) -> [u8; W]) {
+            debug_assert_eq!(dst.len(), v.len() * W);
+            for (c, x) in dst.chunks_exact_mut(W).zip(v) {
+                c.copy_from_slice(&f(*x));
+            }
+        }
         match &self.storage {
-            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F16(v) => put(dst, v, half::f16::to_le_bytes),
+            Storage::Bf16(v) => put(dst, v, half::bf16::to_le_bytes),
+            Storage::F32(v) => put(dst, v, f32::to_le_bytes),
+            Storage::F64(v) => put(dst, v, f64::to_le_bytes),
+            Storage::U32(v) => put(dst, v, u32::to_le_bytes),
         }
     }
 

@@ -131,8 +131,11 @@ impl HostBuffer {
     /// Copies host data in, converting its precision.
     pub fn write(&mut self, data: &NdArray) -> Result<(), Error> {
         super::check_dims(&self.node, data)?;
-        let bytes = data.convert(self.node.prec).to_bytes();
-        self.bytes_mut().copy_from_slice(&bytes);
+        if data.prec() == self.node.prec {
+            data.write_le_bytes(self.bytes_mut());
+        } else {
+            data.convert(self.node.prec).write_le_bytes(self.bytes_mut());
+        }
         Ok(())
     }
 

@@ -9,7 +9,7 @@
 //! waits for the missing peers): the process ends with the error, and the launcher ends the
 //! others.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,9 @@ pub(super) struct Mpi {
     size: usize,
     /// Whether an operation failed (MPI is then left unfinalized).
     failed: Cell<bool>,
+    /// The send and receive buffers of all-reduces, kept from call to call: a fresh buffer of
+    /// a large model's gradients would be page-faulted in again on every step.
+    staging: RefCell<(Vec<u8>, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for Mpi {
@@ -57,7 +60,13 @@ impl Mpi {
             ffi::MPI_Comm_set_errhandler(ffi::RSMPI_COMM_WORLD, ffi::RSMPI_ERRORS_RETURN);
         }
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Ok(Mpi { universe: Some(universe), rank, size, failed: Cell::new(false) })
+        Ok(Mpi {
+            universe: Some(universe),
+            rank,
+            size,
+            failed: Cell::new(false),
+            staging: RefCell::new((Vec::new(), Vec::new())),
+        })
     }
 
     fn error(&self, message: String) -> Error {
@@ -127,9 +136,9 @@ impl Mpi {
         }
     }
 
-    /// Sums `buf` over the ranks: the values are sent from a copy and received into another,
-    /// both leaked if the operation fails.
-    fn all_reduce<T: Copy + Default>(
+    /// Sums `buf` over the ranks: the values are sent from a staging copy and received into
+    /// another (both kept for the next call, and leaked if the operation fails).
+    fn all_reduce<T: Copy>(
         &self,
         buf: &mut [T],
         dtype: ffi::MPI_Datatype,
@@ -138,8 +147,14 @@ impl Mpi {
         let count = i32::try_from(buf.len()).map_err(|_| {
             self.error(format!("an all-reduce of {} values is too long", buf.len()))
         })?;
-        let send = buf.to_vec();
-        let mut recv = vec![T::default(); buf.len()];
+        let bytes = std::mem::size_of_val(buf);
+        let mut staging = self.staging.borrow_mut();
+        let (send, recv) = &mut *staging;
+        send.resize(bytes, 0);
+        recv.resize(bytes, 0);
+        // SAFETY: `buf` is `bytes` bytes of plain values (f32 or f64).
+        let raw = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), bytes) };
+        send.copy_from_slice(raw);
         let (sp, rp): (*const c_void, *mut c_void) =
             (send.as_ptr().cast(), recv.as_mut_ptr().cast());
         let res = self.run("all-reduce", timeout, |req| {
@@ -159,12 +174,12 @@ impl Mpi {
         });
         match res {
             Ok(()) => {
-                buf.copy_from_slice(&recv);
+                raw.copy_from_slice(recv);
                 Ok(())
             }
             Err(e) => {
-                std::mem::forget(send);
-                std::mem::forget(recv);
+                std::mem::forget(std::mem::take(send));
+                std::mem::forget(std::mem::take(recv));
                 Err(e)
             }
         }

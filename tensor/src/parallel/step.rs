@@ -47,6 +47,10 @@ pub(crate) struct Parallel {
     pub(crate) loss: Option<f64>,
     /// Figures of the reductions so far.
     pub(crate) stats: ReduceStats,
+    /// The buckets' values, kept from step to step (a fresh buffer of a large model's
+    /// gradients would be page-faulted in again every step).
+    flat32: Vec<f32>,
+    flat64: Vec<f64>,
 }
 
 /// What the gradient reductions of a data-parallel step cost.
@@ -91,7 +95,16 @@ impl Session {
         }
         self.broadcast_params(&group)?;
         let wide = self.master_prec() == Prec::F64;
-        Ok(Parallel { group, grads, wide, weight: 1.0, loss: None, stats: ReduceStats::default() })
+        Ok(Parallel {
+            group,
+            grads,
+            wide,
+            weight: 1.0,
+            loss: None,
+            stats: ReduceStats::default(),
+            flat32: Vec::new(),
+            flat64: Vec::new(),
+        })
     }
 
     /// Rank 0's parameters and buffers, in the master precision's bytes, on every rank.
@@ -114,8 +127,14 @@ impl Session {
     pub(crate) fn reduce_grads(&mut self, par: &mut Parallel, local_loss: f64) -> Result<bool> {
         let started = Instant::now();
         let total: usize = par.grads.iter().map(|(_, d, _)| d.iter().product::<usize>()).sum();
-        let mut values: Vec<f64> = Vec::new();
-        let mut flat32: Vec<f32> = Vec::new();
+        let mut values = std::mem::take(&mut par.flat64);
+        let mut flat32 = std::mem::take(&mut par.flat32);
+        values.clear();
+        flat32.clear();
+        match par.wide {
+            true => values.reserve(total + 2),
+            false => flat32.reserve(total + 2),
+        }
         for (node, dims, _) in &par.grads {
             if par.weight == 0.0 {
                 // A rank without examples in this batch (a small last batch) adds nothing,
@@ -143,8 +162,7 @@ impl Session {
             reduce_buckets(&mut values, |b| par.group.all_reduce_f64(b))?;
             let w = values[total];
             par.loss = Some(values[total + 1] / w);
-            values[..total].iter_mut().for_each(|g| *g /= w);
-            let finite = values[..total].iter().all(|g| g.is_finite());
+            let finite = divide(&mut values[..total], w);
             self.write_grads(&par.grads, |range, dims, prec| {
                 NdArray::from_f64(prec, dims, &values[range])
             })?;
@@ -154,8 +172,7 @@ impl Session {
             reduce_buckets(&mut flat32, |b| par.group.all_reduce_f32(b))?;
             let w = flat32[total];
             par.loss = Some(f64::from(flat32[total + 1]) / f64::from(w));
-            flat32[..total].iter_mut().for_each(|g| *g /= w);
-            let finite = flat32[..total].iter().all(|g| g.is_finite());
+            let finite = divide(&mut flat32[..total], w);
             self.write_grads(&par.grads, |range, dims, prec| match prec {
                 Prec::F32 => NdArray::from_f32(dims, &flat32[range]),
                 _ => {
@@ -165,6 +182,7 @@ impl Session {
             })?;
             finite
         };
+        (par.flat32, par.flat64) = (flat32, values);
         let spent = started.elapsed();
         let width = if par.wide { 8 } else { 4 };
         par.stats = ReduceStats {
@@ -192,6 +210,16 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Divides every value by `w` in one pass; whether all are finite.
+fn divide<T: Copy + std::ops::DivAssign + Into<f64>>(values: &mut [T], w: T) -> bool {
+    let mut finite = true;
+    for g in values.iter_mut() {
+        *g /= w;
+        finite &= (*g).into().is_finite();
+    }
+    finite
 }
 
 /// Sums `values` over the ranks, [`BUCKET`] values at a time.
