@@ -2,7 +2,8 @@
 # One-line setup for a fresh Debian bookworm machine (run as root, or with sudo available).
 # Idempotent: running it again only reports what is already there.
 #
-#  1. libgccjit (Debian's libgccjit-12-dev) for the native gccjit backend;
+#  1. libgccjit (Debian's libgccjit-12-dev) for the native gccjit backend, and gcc-12 (the
+#     driver of builds made in the calling process);
 #  2. with --cuda, or when an NVIDIA driver is present: NVRTC (the Python package
 #     nvidia-cuda-nvrtc-cu12, about 100 MB) unpacked into .nv/ of this workspace, where the CUDA
 #     backend finds it (after ROCANNL_NVRTC_DIR and before the system's paths). Without it the
@@ -37,15 +38,21 @@ as_root() {
 }
 
 # --- 1. libgccjit -----------------------------------------------------------------------------
-if dpkg-query -W -f='${Status}' libgccjit-12-dev 2>/dev/null | grep -q "install ok installed"; then
-  say "libgccjit-12-dev is already installed"
+# And gcc-12: a build made in the calling process runs GCC's driver as the program
+# x86_64-linux-gnu-gcc-12 (docs/backends.md), which libgccjit-12-dev does not pull in.
+gcc_missing=()
+for pkg in libgccjit-12-dev gcc-12; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || gcc_missing+=("$pkg")
+done
+if [ ${#gcc_missing[@]} -eq 0 ]; then
+  say "libgccjit-12-dev and gcc-12 are already installed"
 else
-  command -v apt-get >/dev/null 2>&1 || fail "apt-get not found: install libgccjit-12-dev by hand"
-  say "installing libgccjit-12-dev with apt-get"
+  command -v apt-get >/dev/null 2>&1 || fail "apt-get not found: install ${gcc_missing[*]} by hand"
+  say "installing ${gcc_missing[*]} with apt-get"
   as_root apt-get update -qq || fail "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq libgccjit-12-dev >/dev/null \
-    || fail "apt-get could not install libgccjit-12-dev"
-  say "installed libgccjit-12-dev"
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${gcc_missing[@]}" >/dev/null \
+    || fail "apt-get could not install ${gcc_missing[*]}"
+  say "installed ${gcc_missing[*]}"
 fi
 
 # --- 2. NVRTC into .nv/ -----------------------------------------------------------------------
