@@ -52,7 +52,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if rows.is_empty() {
         return Err("the result files hold no model".into());
     }
-    draw(out, &format!("model suite: PyTorch's step time / rocannl's ({cpu})"), &rows)?;
+    draw(out, &format!("model suite: each framework's step time / rocannl's ({cpu})"), &rows)?;
     println!("{out}: {} models", rows.len());
     Ok(())
 }
