@@ -9,8 +9,8 @@
 //!   error naming the rank and the operation, never a hang.
 //! - Engines: [`Group::single`] (one process: every code path runs without a transport),
 //!   [`Group::in_process`] (ranks as threads of one process, for tests and for trying a
-//!   configuration on one machine), MPI over the system's Open MPI ([`Group::mpi`], feature
-//!   `mpi`) for processes on one or many hosts, and NCCL ([`Group::nccl`], feature `nccl`) for
+//!   configuration on one machine), MPI over the system's Open MPI (`Group::mpi`, feature
+//!   `mpi`) for processes on one or many hosts, and NCCL (`Group::nccl`, feature `nccl`) for
 //!   GPUs.
 //! - A [`Group`] given to a session ([`crate::SessionOptions::data_parallel`]) makes its
 //!   training steps data-parallel (the step's side is in `step.rs`).
