@@ -36,7 +36,9 @@ use rocannl::tensor::nn::{Activation, Module, loss};
 use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions};
 use rocannl::tensor::parallel::Group;
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
-use rocannl::tensor::{BackendKind, Graph, Prec, Routine, Session, SessionOptions, Tensor};
+use rocannl::tensor::{
+    BackendKind, DynDim, Graph, Prec, Routine, Session, SessionOptions, Tensor, TrainStep,
+};
 
 const CONTEXT: usize = 16;
 const BATCH: usize = 32;
@@ -139,14 +141,19 @@ fn main() {
     }
 }
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let started = Instant::now();
-    let a = args()?;
-    let d = data(a.data.as_deref())?;
-    let vocab = d.vocab.len();
-    let g = Graph::with_seed(a.seed);
-    // One batch size at run time: 32 windows to train, the rest of the validation windows,
-    // 20 names to sample; the same compiled routines serve them all.
+/// The model's tensors: one dynamic batch size at run time (32 windows to train, the rest of
+/// the validation windows, 20 names to sample), so the same compiled routines serve them all.
+struct Model {
+    batch: DynDim,
+    x: Tensor,
+    y: Tensor,
+    logits: Tensor,
+    per_position: Tensor,
+    /// The GPT's parameters (their shapes are known once the session has finished inference).
+    params: Vec<Tensor>,
+}
+
+fn model(g: &Graph, vocab: usize) -> Model {
     let batch = g.dynamic("batch", BATCH);
     let x = g.ids_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
     let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
@@ -154,11 +161,91 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = GptConfig::new(vocab, CONTEXT, WIDTH, 4, 2)
         .with_ff(4 * WIDTH)
         .with_act(Activation::GeluTanh);
-    let gpt = Gpt::new(&g, "gpt", cfg);
+    let gpt = Gpt::new(g, "gpt", cfg);
     let logits = gpt.apply(&x);
     let per_position = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None);
-    let mean = per_position.mean_all();
-    let master = a.master.filter(|m| *m != a.prec);
+    Model { batch, x, y, logits, per_position, params: gpt.params() }
+}
+
+/// What training recorded: every step's loss, when the first step's result was there and when
+/// the optimized code of every routine started serving (from the start of compiling), and the
+/// training's wall time.
+struct Trained {
+    losses: Vec<f64>,
+    first_step_s: Option<f64>,
+    optimized_s: Option<f64>,
+    train_s: f64,
+}
+
+/// Trains `a.steps` steps on this rank's `shard` of every batch.
+fn train(
+    s: &mut Session,
+    step: &mut TrainStep,
+    m: &Model,
+    a: &Args,
+    d: &Data,
+    shard: std::ops::Range<usize>,
+    compile: Instant,
+) -> Result<Trained, Box<dyn std::error::Error>> {
+    let vocab = d.vocab.len();
+    // Rank 0 (one process, or the rank whose shard starts every batch) prints.
+    let root = shard.start == 0;
+    let schedule = LrSchedule::WarmupCosine { warmup: 100, max: 3e-3, min: 3e-4 };
+    let loader = SequenceLoader::new(d.train.clone(), CONTEXT, BATCH, a.seed ^ 0x5eed)?;
+    let mut losses = Vec::with_capacity(a.steps);
+    let started = Instant::now();
+    let (mut first_step_s, mut optimized_s) = (None, None);
+    for t in 0..a.steps {
+        let (xs, ys) = loader.shard(t, shard.clone());
+        s.write_ids(&m.x, &xs, vocab)?;
+        s.write_ids(&m.y, &ys, vocab)?;
+        let step_started = compile.elapsed().as_secs_f64();
+        s.step(step, schedule.at(t, a.steps))?;
+        losses.push(s.loss(step)?);
+        first_step_s = first_step_s.or(Some(compile.elapsed().as_secs_f64()));
+        if optimized_s.is_none() && !s.builds_pending() {
+            optimized_s = Some(step_started);
+        }
+        if !a.json && root && (t % 200 == 0 || t + 1 == a.steps) {
+            println!("step {t:>5}: loss {:.4}", losses[t]);
+        }
+    }
+    let train_s = started.elapsed().as_secs_f64();
+    Ok(Trained { losses, first_step_s, optimized_s, train_s })
+}
+
+/// The mean cross-entropy over every non-overlapping validation window, 32 at a time (the
+/// last batch smaller), and the number of windows.
+fn validate(
+    s: &mut Session,
+    eval: &Routine,
+    m: &Model,
+    d: &Data,
+) -> Result<(f64, usize), Box<dyn std::error::Error>> {
+    let val = SequenceLoader::new(d.val.clone(), CONTEXT, BATCH, 0)?;
+    let (mut total, mut count) = (0.0, 0usize);
+    for chunk in val.eval_starts().chunks(BATCH) {
+        let (xs, ys) = val.windows(chunk);
+        s.set_size(&m.batch, chunk.len())?;
+        s.write_ids(&m.x, &xs, d.vocab.len())?;
+        s.write_ids(&m.y, &ys, d.vocab.len())?;
+        s.run(eval)?;
+        let per = s.read(&m.per_position)?;
+        total += per.iter().sum::<f64>();
+        count += per.len();
+    }
+    Ok((total / count as f64, val.eval_starts().len()))
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let started = Instant::now();
+    let a = args()?;
+    let d = data(a.data.as_deref())?;
+    let vocab = d.vocab.len();
+    let g = Graph::with_seed(a.seed);
+    let m = model(&g, vocab);
+    let mean = m.per_position.mean_all();
+    let master = a.master.filter(|p| *p != a.prec);
     // Under `mpirun`, this process's shard of every batch; else the whole batch.
     let group = workers()?;
     let root = group.as_ref().is_none_or(Group::is_root);
@@ -172,20 +259,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ..SessionOptions::default()
     };
     let mut s = Session::with_options(&g, opts)?;
-    s.set_size(&batch, shard.len())?;
+    s.set_size(&m.batch, shard.len())?;
     s.set_local_examples(shard.len())?;
-    let params: usize = gpt
-        .params()
-        .iter()
-        .map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0))
-        .sum();
+    // After inference: the params' shapes come from their use.
+    let params: usize =
+        m.params.iter().map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0)).sum();
     let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
     // f16's range needs loss scaling; bf16 has f32's.
     let loss_scale = (a.prec == Prec::F16).then(LossScale::default);
     let clip = StepOptions { clip_grad_norm: Some(1.0), loss_scale };
     let compile = Instant::now();
     let mut step = s.train_step(&mean, &adamw, &[], &clip)?;
-    let eval = s.forward(&[&per_position, &logits])?;
+    let eval = s.forward(&[&m.per_position, &m.logits])?;
     if ranks > 1 {
         // Each rank of `mpirun` is bound to a core of its own, where a background build would
         // starve beside the training loop: wait for the optimized code (at once when the
@@ -200,60 +285,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             d.val.len()
         );
     }
-    let schedule = LrSchedule::WarmupCosine { warmup: 100, max: 3e-3, min: 3e-4 };
-    let train = SequenceLoader::new(d.train.clone(), CONTEXT, BATCH, a.seed ^ 0x5eed)?;
-    let mut losses = Vec::with_capacity(a.steps);
-    let train_started = Instant::now();
-    // When the first step's result is there, and when the optimized code of every routine
-    // started serving (the start of the first step that ran it), from the start of compiling.
-    let (mut first_step_s, mut optimized_s) = (None, None);
-    for t in 0..a.steps {
-        let (xs, ys) = train.shard(t, shard.clone());
-        s.write_ids(&x, &xs, vocab)?;
-        s.write_ids(&y, &ys, vocab)?;
-        let step_started = compile.elapsed().as_secs_f64();
-        s.step(&mut step, schedule.at(t, a.steps))?;
-        losses.push(s.loss(&step)?);
-        first_step_s = first_step_s.or(Some(compile.elapsed().as_secs_f64()));
-        if optimized_s.is_none() && !s.builds_pending() {
-            optimized_s = Some(step_started);
-        }
-        if !a.json && root && (t % 200 == 0 || t + 1 == a.steps) {
-            println!("step {t:>5}: loss {:.4}", losses[t]);
-        }
-    }
-    let train_s = train_started.elapsed().as_secs_f64();
+    let t = train(&mut s, &mut step, &m, &a, &d, shard, compile)?;
     if !root {
         return Ok(());
     }
-    // Validation: every non-overlapping window, 32 at a time (the last batch smaller).
-    let val = SequenceLoader::new(d.val.clone(), CONTEXT, BATCH, 0)?;
-    let (mut total, mut count) = (0.0, 0usize);
-    for chunk in val.eval_starts().chunks(BATCH) {
-        let (xs, ys) = val.windows(chunk);
-        s.set_size(&batch, chunk.len())?;
-        s.write_ids(&x, &xs, vocab)?;
-        s.write_ids(&y, &ys, vocab)?;
-        s.run(&eval)?;
-        let per = s.read(&per_position)?;
-        total += per.iter().sum::<f64>();
-        count += per.len();
-    }
-    let val_loss = total / count as f64;
-    s.set_size(&batch, SAMPLES)?;
-    let samples = sample(&mut s, &eval, &x, &logits, &d.vocab, a.seed)?;
-    let tail = &losses[losses.len().saturating_sub(50)..];
+    let (val_loss, windows) = validate(&mut s, &eval, &m, &d)?;
+    s.set_size(&m.batch, SAMPLES)?;
+    let samples = sample(&mut s, &eval, &m.x, &m.logits, &d.vocab, a.seed)?;
+    let tail = &t.losses[t.losses.len().saturating_sub(50)..];
     let train_loss = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
-    let steps_per_s = a.steps as f64 / train_s;
+    let steps_per_s = a.steps as f64 / t.train_s;
     s.save_params(std::path::Path::new("char_gpt.safetensors"))?;
     let wall_s = started.elapsed().as_secs_f64();
     if a.json {
         // Valid JSON whatever happens: a non-finite loss is written as null.
         let line = serde_json::json!({
             "train_loss": train_loss, "val_loss": val_loss, "steps_per_s": steps_per_s,
-            "compile_s": compile_s, "first_step_s": first_step_s, "optimized_s": optimized_s,
-            "wall_s": wall_s, "samples": samples, "params": params,
-            "precision": a.prec.name(), "master": s.master_prec().name(),
+            "compile_s": compile_s, "first_step_s": t.first_step_s,
+            "optimized_s": t.optimized_s, "wall_s": wall_s, "samples": samples,
+            "params": params, "precision": a.prec.name(), "master": s.master_prec().name(),
             "skipped_steps": step.skipped_steps(), "ranks": ranks,
             "allreduce": step.reduce_stats().map(|r| serde_json::json!({
                 "bytes_per_step": r.bytes_per_step,
@@ -261,26 +311,26 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             })),
             "data": {
                 "vocab": vocab, "train_tokens": d.train.len(), "val_tokens": d.val.len(),
-                "eval_windows": val.eval_starts().len(), "first_names": d.first,
+                "eval_windows": windows, "first_names": d.first,
             },
         });
         println!("{line}");
-    } else {
-        println!(
-            "train loss (mean of the last 50 steps) {train_loss:.4}, validation loss {val_loss:.4}"
-        );
-        let optimized = optimized_s.map_or("not within the run".into(), |t| format!("{t:.2} s"));
-        println!(
-            "{steps_per_s:.1} steps/s; compile {compile_s:.2} s (first step done at {:.2} s, \
-             optimized code serving from {optimized}); wall {wall_s:.2} s",
-            first_step_s.unwrap_or(compile_s)
-        );
-        if step.skipped_steps() > 0 {
-            println!("loss scaling skipped {} steps", step.skipped_steps());
-        }
-        println!("samples: {}", samples.join(" "));
-        println!("parameters saved to char_gpt.safetensors");
+        return Ok(());
     }
+    println!(
+        "train loss (mean of the last 50 steps) {train_loss:.4}, validation loss {val_loss:.4}"
+    );
+    let optimized = t.optimized_s.map_or("not within the run".into(), |t| format!("{t:.2} s"));
+    println!(
+        "{steps_per_s:.1} steps/s; compile {compile_s:.2} s (first step done at {:.2} s, \
+         optimized code serving from {optimized}); wall {wall_s:.2} s",
+        t.first_step_s.unwrap_or(compile_s)
+    );
+    if step.skipped_steps() > 0 {
+        println!("loss scaling skipped {} steps", step.skipped_steps());
+    }
+    println!("samples: {}", samples.join(" "));
+    println!("parameters saved to char_gpt.safetensors");
     Ok(())
 }
 
