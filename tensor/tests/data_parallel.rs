@@ -266,3 +266,17 @@ fn a_sharded_loader_trains_as_one_process_even_where_a_rank_has_no_example() {
         }
     }
 }
+
+#[test]
+fn the_in_process_group_gives_the_same_bits_on_every_run() {
+    // Its documented promise: the ranks' values are added in rank order.
+    let case = Case { opt: Optimizer::adamw(0.1), ..Case::default() };
+    let bits = |outs: Vec<Result<Outcome, Error>>| -> Vec<u64> {
+        let out = outs.into_iter().next().unwrap().unwrap();
+        out.losses.iter().chain(out.params.concat().iter()).map(|x| x.to_bits()).collect()
+    };
+    let first = bits(ranks(&case, 4, |_| 7));
+    for _ in 0..3 {
+        assert_eq!(bits(ranks(&case, 4, |_| 7)), first);
+    }
+}

@@ -136,29 +136,25 @@ impl InProcessRank {
     }
 }
 
-/// Element-wise sums in rank order.
-fn sum_f32(parts: Vec<Payload>) -> Payload {
-    let mut it = parts.into_iter().filter_map(|p| match p {
-        Payload::F32(v) => Some(v),
-        _ => None,
-    });
+/// The element-wise sum of the vectors `pick` takes from each payload, in rank order.
+fn sum<T: Copy + std::ops::AddAssign>(
+    parts: Vec<Payload>,
+    pick: impl Fn(Payload) -> Option<Vec<T>>,
+) -> Vec<T> {
+    let mut it = parts.into_iter().filter_map(pick);
     let mut acc = it.next().unwrap_or_default();
     for v in it {
-        acc.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
+        acc.iter_mut().zip(&v).for_each(|(a, b)| *a += *b);
     }
-    Payload::F32(acc)
+    acc
+}
+
+fn sum_f32(parts: Vec<Payload>) -> Payload {
+    Payload::F32(sum(parts, |p| if let Payload::F32(v) = p { Some(v) } else { None }))
 }
 
 fn sum_f64(parts: Vec<Payload>) -> Payload {
-    let mut it = parts.into_iter().filter_map(|p| match p {
-        Payload::F64(v) => Some(v),
-        _ => None,
-    });
-    let mut acc = it.next().unwrap_or_default();
-    for v in it {
-        acc.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
-    }
-    Payload::F64(acc)
+    Payload::F64(sum(parts, |p| if let Payload::F64(v) = p { Some(v) } else { None }))
 }
 
 impl Collective for InProcessRank {
