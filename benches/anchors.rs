@@ -17,7 +17,7 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rocannl_arrayjit::ops::uniform;
 use rocannl_tensor::nn::{Mlp, MlpConfig, loss};
-use rocannl_tensor::{Graph, Optimizer, Session, SessionOptions};
+use rocannl_tensor::{Graph, Optimizer, Session, SessionOptions, Sgd};
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     (0..n).map(|i| uniform(seed, i as u64) * 2.0 - 1.0).collect()
@@ -59,8 +59,9 @@ fn mlp_step(
     };
     let mut s = Session::with_options(&g, SessionOptions::default()).expect("session");
     let t0 = Instant::now();
-    let mut step =
-        s.train_step(&l, &Optimizer::sgd(), &[], &Default::default()).expect("train step");
+    let mut step = s
+        .train_step(&l, &Optimizer::Sgd(Sgd::default()), &[], &Default::default())
+        .expect("train step");
     if let Some(d) = &dim {
         s.set_size(d, batch).expect("size");
     }

@@ -161,8 +161,13 @@ fn lowering(c: &mut Criterion) {
         b.iter_batched(
             transformer_step,
             |(mut s, l)| {
-                s.train_step(&l, &rocannl::tensor::Optimizer::adam(), &[], &Default::default())
-                    .expect("compiled")
+                s.train_step(
+                    &l,
+                    &rocannl::tensor::Optimizer::Adam(Default::default()),
+                    &[],
+                    &Default::default(),
+                )
+                .expect("compiled")
             },
             criterion::BatchSize::LargeInput,
         )

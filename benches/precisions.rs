@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::loss;
-use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions, TrainStep};
+use rocannl::tensor::optim::{AdamW, LossScale, Optimizer, StepOptions, TrainStep};
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{Graph, Prec, Session, SessionOptions, Tensor};
 
@@ -42,7 +42,7 @@ fn build(prec: Prec, vocab: usize) -> Result<Run, Box<dyn std::error::Error>> {
     let mean = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None).mean_all();
     let master = (prec != Prec::F32).then_some(Prec::F32);
     let mut s = Session::with_options(&g, SessionOptions { prec, master, ..Default::default() })?;
-    let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
+    let adamw = Optimizer::AdamW(AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 });
     let loss_scale = (prec == Prec::F16).then(LossScale::default);
     let opts = StepOptions { clip_grad_norm: Some(1.0), loss_scale };
     let step = s.train_step(&mean, &adamw, &[], &opts)?;

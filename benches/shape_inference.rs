@@ -24,7 +24,7 @@ fn conv(g: &Graph, name: &str, x: &Tensor, k: usize, out: usize, stride: usize) 
 pub fn resnet50(g: &Graph) -> Tensor {
     let x = g.data("images", &[8], &[], &[224, 224, 3]);
     let mut h = conv(g, "stem", &x, 7, 64, 2);
-    h = max_pool2d(g, &h, 2, 2);
+    h = max_pool2d(&h, 2, 2);
     let stages = [(3, 64, 256, 1), (4, 128, 512, 2), (6, 256, 1024, 2), (3, 512, 2048, 2)];
     for (si, (blocks, mid, out, stride)) in stages.into_iter().enumerate() {
         for b in 0..blocks {
@@ -43,7 +43,7 @@ pub fn resnet50(g: &Graph) -> Tensor {
             h = (&a + &shortcut).relu();
         }
     }
-    let pooled = h.mean1("... | h, w, c => ... | c");
+    let pooled = h.mean("... | h, w, c => ... | c");
     Linear::new(g, "fc", LinearConfig::new(1000)).apply(&pooled).softmax(OUTPUT_AXES)
 }
 

@@ -33,7 +33,7 @@ use std::time::Instant;
 use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::sample::Sampler;
 use rocannl::tensor::nn::{Activation, Module, loss};
-use rocannl::tensor::optim::{LossScale, Optimizer, StepOptions};
+use rocannl::tensor::optim::{AdamW, LossScale, Optimizer, StepOptions};
 use rocannl::tensor::parallel::Group;
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{
@@ -264,7 +264,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // After inference: the params' shapes come from their use.
     let params: usize =
         m.params.iter().map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0)).sum();
-    let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
+    let adamw = Optimizer::AdamW(AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 });
     // f16's range needs loss scaling; bf16 has f32's.
     let loss_scale = (a.prec == Prec::F16).then(LossScale::default);
     let clip = StepOptions { clip_grad_norm: Some(1.0), loss_scale };

@@ -13,7 +13,7 @@ use rocannl::datasets::{Digits, digits};
 use rocannl::tensor::nn::conv::{Conv2d, Conv2dConfig, Padding, max_pool2d};
 use rocannl::tensor::nn::{Linear, LinearConfig, Mlp, MlpConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, accuracy, shuffled, train};
-use rocannl::tensor::{Graph, Optimizer, Session, Tensor};
+use rocannl::tensor::{Adam, Graph, Optimizer, Session, Tensor};
 
 /// Shuffles the images with a seed and splits off the last `test` for evaluation.
 fn split(d: &Digits, test: usize) -> (Digits, Digits) {
@@ -30,12 +30,12 @@ enum Model {
 }
 
 impl Model {
-    fn apply(&self, g: &Graph, x: &Tensor) -> Tensor {
+    fn apply(&self, x: &Tensor) -> Tensor {
         match self {
             Model::Mlp(m) => m.apply(x),
             Model::Cnn(c1, c2, head) => {
-                let h = max_pool2d(g, &c1.apply(x).relu(), 2, 2);
-                let h = max_pool2d(g, &c2.apply(&h).relu(), 2, 2);
+                let h = max_pool2d(&c1.apply(x).relu(), 2, 2);
+                let h = max_pool2d(&c2.apply(&h).relu(), 2, 2);
                 head.apply(&h)
             }
         }
@@ -65,17 +65,18 @@ fn run(
     } else {
         Model::Mlp(Mlp::new(&g, "mlp", MlpConfig::new(&[64, 10])))
     };
-    let logits = model.apply(&g, loader.batch(0));
+    let logits = model.apply(loader.batch(0));
     let loss = loss::cross_entropy(&logits, loader.batch(1), loss::Reduction::Mean).named("loss");
     let test_images = g.data("test_images", &[test_set.len()], &[], &example);
-    let test_logits = model.apply(&g, &test_images).named("test_logits");
+    let test_logits = model.apply(&test_images).named("test_logits");
 
     let mut s = Session::new(&g)?;
     println!("== {name} ({})", s.backend().name());
     for p in g.params() {
         println!("   {:14} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default())?;
+    let mut step =
+        s.train_step(&loss, &Optimizer::Adam(Adam::default()), &[], &Default::default())?;
     let eval = s.forward(&[&test_logits])?;
     s.write(&test_images, &test_set.images)?;
     let labels = test_set.labels.clone();

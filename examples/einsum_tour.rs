@@ -28,22 +28,22 @@ fn main() -> Result<(), Box<dyn Error>> {
     let b = g.ndarray("b", &[], &[], &[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
     let v3 = g.vector("v3", &[1.0, 10.0, 100.0]);
 
-    let permuted = x.einsum1("b|i->o => o|b->i");
-    let reduced = x.einsum1("b|i->o => b|i");
+    let permuted = x.einsum("b|i->o => o|b->i", []);
+    let reduced = x.einsum("b|i->o => b|i", []);
     let matmul = a.einsum("ij; jk => ik", &b);
     let multichar = a.einsum("rows, k; k, cols => rows, cols", &b);
-    let batched = x.einsum1("...|i->o => ...|o->i");
-    let named = x.einsum1("..v..|i->o => ..v..->oi");
+    let batched = x.einsum("...|i->o => ...|o->i", []);
+    let named = x.einsum("..v..|i->o => ..v..->oi", []);
     let scaled = a.einsum("ij; j => ij", &v3);
     let broadcast = g.vector("one", &[2.0]).einsum("i; i => i", &v3);
-    let select = a.einsum1("1j => j");
-    let place = v3.einsum1("i => 2i");
-    let diagonal = g.range_of_shape(&[], &[], &[3, 3]).einsum1("ii => i");
-    let trace = g.range_of_shape(&[], &[], &[3, 3]).einsum1("ii => 0");
+    let select = a.einsum("1j => j", []);
+    let place = v3.einsum("i => 2i", []);
+    let diagonal = g.range_of_shape(&[], &[], &[3, 3]).einsum("ii => i", []);
+    let trace = g.range_of_shape(&[], &[], &[3, 3]).einsum("ii => 0", []);
     let series = g.vector("s", &[0.0, 1.0, 3.0, 6.0, 10.0]);
     let diff = series.einsum("o+k; k => o", &g.vector("d", &[-1.0, 1.0]));
-    let strided = g.range(8).einsum1("2*i => i");
-    let row_max = a.einmax1("ij => i");
+    let strided = g.range(8).einsum("2*i => i", []);
+    let row_max = a.amax("ij => i");
     let pooled = g
         .range_of_shape(&[], &[], &[4, 4])
         .tropical("2*h+i, 2*w+j; i, j => h, w", &g.constant(0.0, &[], &[], &[2, 2]));
@@ -106,7 +106,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("  {e}");
     }
     let bad_spec = Graph::new();
-    let _ = bad_spec.range(3).einsum1("i->j->k => i");
+    let _ = bad_spec.range(3).einsum("i->j->k => i", []);
     if let Err(e) = bad_spec.finish() {
         println!("  {e}");
     }

@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use rocannl::tensor::nn::{Mlp, MlpConfig, loss};
-use rocannl::tensor::{Graph, Optimizer, Session, SessionOptions};
+use rocannl::tensor::{Graph, Optimizer, Session, SessionOptions, Sgd};
 
 fn main() {
     if let Err(e) = run() {
@@ -77,7 +77,7 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     let built = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &Default::default())?;
+    let mut step = s.train_step(&l, &Optimizer::Sgd(Sgd::default()), &[], &Default::default())?;
     let compiled = t1.elapsed().as_secs_f64();
     if std::env::var_os("FIRST_STEP_PHASES").is_some() {
         eprintln!("{:?}", step.routine().compile_phases());

@@ -13,7 +13,7 @@ use std::error::Error;
 use rocannl::datasets::half_moons;
 use rocannl::tensor::nn::{Mlp, MlpConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
-use rocannl::tensor::{BackendKind, Graph, Optimizer, Session, SessionOptions};
+use rocannl::tensor::{BackendKind, Graph, Optimizer, Session, SessionOptions, Sgd};
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -47,7 +47,12 @@ fn main() -> Result<(), Box<dyn Error>> {
     for p in g.params() {
         println!("{:10} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::sgd_momentum(0.9), &[], &Default::default())?;
+    let mut step = s.train_step(
+        &loss,
+        &Optimizer::Sgd(Sgd { momentum: 0.9, ..Default::default() }),
+        &[],
+        &Default::default(),
+    )?;
     let eval = s.forward(&[&test_scores])?;
     s.write(&test_points, &test_set.xy)?;
     let accuracy = |s: &mut Session| -> Result<f64, rocannl::tensor::Error> {

@@ -14,7 +14,7 @@ use rocannl::datasets::names;
 use rocannl::datasets::uniform;
 use rocannl::tensor::nn::{Linear, LinearConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
-use rocannl::tensor::{Graph, Init, Optimizer, ParamSpec, Session, Tensor};
+use rocannl::tensor::{Adam, Graph, Init, Optimizer, ParamSpec, Session, Tensor};
 
 const VOCAB: usize = 27;
 const CONTEXT: usize = 3;
@@ -128,7 +128,8 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     for p in g.params() {
         println!("   {:10} {}", p.label(), p.shape_string());
     }
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default())?;
+    let mut step =
+        s.train_step(&loss, &Optimizer::Adam(Adam::default()), &[], &Default::default())?;
     let epochs = if quick { 2 } else { 8 };
     let lr = if model == "bigram" { 0.05 } else { 0.01 };
     let cfg = TrainConfig {

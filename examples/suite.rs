@@ -31,7 +31,9 @@ use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::{Activation, Linear, LinearConfig, Mlp, MlpConfig, loss};
 use rocannl::tensor::optim::StepOptions;
 use rocannl::tensor::parallel::Group;
-use rocannl::tensor::{Graph, Init, Optimizer, Session, SessionOptions, Tensor, View};
+use rocannl::tensor::{
+    Adam, AdamW, Graph, Init, Optimizer, Session, SessionOptions, Sgd, Tensor, View,
+};
 use serde_json::Value;
 
 /// The configuration file, compiled in so that the binary runs from anywhere.
@@ -91,12 +93,12 @@ fn gpt(c: &Value, t: &Value) -> Problem {
     let logits = Gpt::new(&g, "gpt", cfg).apply(&x);
     let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let betas = &t["betas"];
-    let opt = Optimizer::AdamW {
+    let opt = Optimizer::AdamW(AdamW {
         beta1: betas[0].as_f64().unwrap_or(0.9),
         beta2: betas[1].as_f64().unwrap_or(0.99),
         eps: f64_of(t, "eps"),
         weight_decay: f64_of(t, "weight_decay"),
-    };
+    });
     let inputs = vec![(x, ids(1, batch * context, vocab)), (y, ids(2, batch * context, vocab))];
     Problem { g, inputs, loss, opt, lr: f64_of(t, "lr"), clip: Some(f64_of(t, "clip_grad_norm")) }
 }
@@ -123,7 +125,7 @@ fn mlp(c: &Value) -> Problem {
         g,
         inputs: vec![(x, xs), (y, ys)],
         loss,
-        opt: Optimizer::sgd(),
+        opt: Optimizer::Sgd(Sgd::default()),
         lr: f64_of(c, "lr"),
         clip: None,
     }
@@ -148,13 +150,20 @@ fn cnn(c: &Value) -> Problem {
     let conv = |name: &str, out: usize| {
         Conv2d::new(&g, name, Conv2dConfig::new((k, k), out).with_padding(Padding::Same))
     };
-    let h = max_pool2d(&g, &conv("conv1", channels[0]).apply(&x).relu(), pool, pool);
-    let h = max_pool2d(&g, &conv("conv2", channels[1]).apply(&h).relu(), pool, pool);
+    let h = max_pool2d(&conv("conv1", channels[0]).apply(&x).relu(), pool, pool);
+    let h = max_pool2d(&conv("conv2", channels[1]).apply(&h).relu(), pool, pool);
     let logits = Linear::new(&g, "head", LinearConfig::new(classes)).apply(&h);
     let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let xs = draws(5, batch * image.iter().product::<usize>()).collect();
     let inputs = vec![(x, xs), (y, ids(6, batch, classes))];
-    Problem { g, inputs, loss, opt: Optimizer::adam(), lr: f64_of(c, "lr"), clip: None }
+    Problem {
+        g,
+        inputs,
+        loss,
+        opt: Optimizer::Adam(Adam::default()),
+        lr: f64_of(c, "lr"),
+        clip: None,
+    }
 }
 
 /// A makemore-style MLP language model: embedded context, flattened, a tanh layer, logits.
@@ -172,7 +181,14 @@ fn mlp_lm(c: &Value) -> Problem {
     let logits = Linear::new(&g, "out", LinearConfig::new(vocab)).apply(&h);
     let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let inputs = vec![(x, ids(7, batch * context, vocab)), (y, ids(8, batch, vocab))];
-    Problem { g, inputs, loss, opt: Optimizer::sgd(), lr: f64_of(c, "lr"), clip: None }
+    Problem {
+        g,
+        inputs,
+        loss,
+        opt: Optimizer::Sgd(Sgd::default()),
+        lr: f64_of(c, "lr"),
+        clip: None,
+    }
 }
 
 /// The names of the suite's models, in the file's order.

@@ -1,7 +1,7 @@
 //! The README's first example, as written there: a two-layer network whose weight shapes are
 //! inferred from how they are used. `cargo run --release --example taste`
 use rocannl::tensor::nn::loss;
-use rocannl::tensor::{Graph, Optimizer, ParamSpec, Session};
+use rocannl::tensor::{Adam, Graph, Optimizer, ParamSpec, Session};
 
 fn main() {
     if let Err(e) = run() {
@@ -30,7 +30,8 @@ fn run() -> Result<(), rocannl::tensor::Error> {
     assert_eq!(w1.shape_string(), "|3->8"); // input from x, output from b1
     assert_eq!(w2.shape_string(), "|8->1"); // input from the hidden layer, output from y
     // One compiled routine: forward, backprop and Adam's update.
-    let mut step = s.train_step(&mse, &Optimizer::adam(), &[], &Default::default())?;
+    let mut step =
+        s.train_step(&mse, &Optimizer::Adam(Adam::default()), &[], &Default::default())?;
     s.write(&x, &inputs)?;
     s.write(&y, &targets)?;
     for _ in 0..500 {

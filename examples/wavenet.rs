@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use rocannl::tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl::tensor::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, loss};
-use rocannl::tensor::{Graph, Init, Optimizer, Session, Tensor, View};
+use rocannl::tensor::{Graph, Init, Optimizer, Session, Sgd, Tensor, View};
 
 const CONTEXT: usize = 8;
 const EMBED: usize = 24;
@@ -151,7 +151,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut s = Session::new(&g)?;
     let params: usize =
         g.params().iter().map(|p| p.dims().map(|d| d.iter().product::<usize>()).unwrap_or(0)).sum();
-    let mut step = s.train_step(&mean, &Optimizer::sgd(), &[], &Default::default())?;
+    let mut step =
+        s.train_step(&mean, &Optimizer::Sgd(Sgd::default()), &[], &Default::default())?;
     // Eval mode (the default of `forward`): the batch norms read their running statistics.
     let eval = s.forward(&[&per_example])?;
     let train_started = Instant::now();

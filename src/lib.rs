@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use rocannl::tensor::nn::loss;
-//! use rocannl::tensor::{Graph, Optimizer, ParamSpec, Session};
+//! use rocannl::tensor::{Graph, Optimizer, Sgd, ParamSpec, Session};
 //!
 //! let g = Graph::with_seed(0);
 //! let x = g.data("x", &[4], &[], &[2]); // a batch of 4 points with 2 features
@@ -28,7 +28,7 @@
 //!
 //! let mut s = Session::new(&g)?; // shapes are inferred here
 //! assert_eq!(w.shape_string(), "|2->1");
-//! let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default())?;
+//! let mut step = s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &Default::default())?;
 //! s.write(&x, &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])?;
 //! s.write(&y, &[1.0, 2.0, 3.0, 4.0])?; // y = 1 + 2·x0 + x1
 //! for _ in 0..300 {

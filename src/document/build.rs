@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::arrayjit::error::limit_message;
 use crate::shape::{RowDecl, ShapeError};
-use crate::tensor::{Error, Graph, Init, ParamSpec, Tensor};
+use crate::tensor::{Error, Graph, Init, ParamSpec, Tensor, Warnings};
 
 use crate::document::doc::{
     CliError, Document, ErrorKind, Expr, Init as DocInit, Leaf, Rows, input_err,
@@ -68,9 +68,11 @@ pub fn tensor_error(e: Error) -> CliError {
         Error::Compile(J::Alloc { .. }) => ErrorKind::Limit,
         // Documents never run data-parallel: a collective's failure would be the backend's.
         Error::Distributed { .. } => ErrorKind::Backend,
-        Error::Compile(_) | Error::Usage(_) | Error::Persist(_) | Error::Io { .. } => {
-            ErrorKind::Input
-        }
+        Error::Compile(_)
+        | Error::Usage(_)
+        | Error::Persist(_)
+        | Error::Io { .. }
+        | Error::Warnings(_) => ErrorKind::Input,
     };
     CliError { kind, message: e.to_string() }
 }
@@ -88,6 +90,8 @@ struct Builder {
 
 pub fn build(doc: &Document, strict: bool) -> Result<Built, CliError> {
     let graph = Graph::new();
+    // The contract reports warnings in its JSON (`"warnings"`), never on standard error.
+    graph.set_warnings(Warnings::Collect);
     graph.set_strict(strict);
     let mut b = Builder {
         graph: graph.clone(),
@@ -160,8 +164,8 @@ fn apply_op(
         "matmul" => a[0].matmul(&a[1]),
         "transpose" => a[0].transpose(),
         "einsum" => a[0].einsum(spec_text, &a[1]),
-        "einsum1" => a[0].einsum1(spec_text),
-        "einmax1" => a[0].einmax1(spec_text),
+        "einsum1" => a[0].einsum(spec_text, []),
+        "einmax1" => a[0].amax(spec_text),
         "tropical" => a[0].tropical(spec_text, &a[1]),
         "concat" => a[0].concat(spec_text, &rest),
         "batch_slice" => a[0].batch_slice(index.unwrap_or(0)),

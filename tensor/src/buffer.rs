@@ -48,16 +48,16 @@ impl Graph {
     /// A running mean of a batch's values, updated by every training step:
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session, optim::Optimizer};
+    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session, optim::Optimizer, Sgd};
     /// let g = Graph::new();
     /// let x = g.data("x", &[4], &[], &[2]);
     /// let w = g.param("w", ParamSpec::vector(&[2]).init(Init::Constant(1.0)));
     /// let y = x.pointmul(&w);
     /// let mean = g.buffer("mean", ParamSpec::vector(&[2]).init(Init::Constant(0.0)));
-    /// mean.update_with(&(&mean.scale(0.5) + &y.mean1("b|o => o").scale(0.5)));
+    /// mean.update_with(&(&mean.scale(0.5) + &y.mean("b|o => o").scale(0.5)));
     /// let loss = y.sum_all();
     /// let mut s = Session::new(&g).unwrap();
-    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &Default::default()).unwrap();
     /// s.write(&x, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).unwrap();
     /// s.step(&mut step, 0.0).unwrap();
     /// assert_eq!(s.read(&mean).unwrap(), vec![2.0, 2.5]); // ½·0 + ½·(4, 5)

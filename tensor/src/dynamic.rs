@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 /// let g = Graph::new();
 /// let batch = g.dynamic("batch", 8);
 /// let x = g.data_dyn("x", &batch, &[], &[], &[2]);
-/// let y = x.mean1("b|o => 0|o"); // the mean over the rows there are
+/// let y = x.mean("b|o => 0|o"); // the mean over the rows there are
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&y]).unwrap();
 /// s.set_size(&batch, 3).unwrap();

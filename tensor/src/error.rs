@@ -30,6 +30,9 @@ pub enum Error {
     /// The API was used in a way that cannot work (the message says how to fix it).
     #[error("{0}")]
     Usage(String),
+    /// The graph has warnings and [`crate::Warnings::Deny`] makes them errors.
+    #[error("the graph has {} warning(s), denied:\n{}", .0.len(), .0.join("\n"))]
+    Warnings(Vec<String>),
     /// Saving or loading parameters failed.
     #[error("{0}")]
     Persist(String),

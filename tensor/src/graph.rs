@@ -127,6 +127,8 @@ pub(crate) struct GraphInner {
     pub within_depth: usize,
     /// The updates of buffers, in the order they were recorded ([`crate::buffer`]).
     pub updates: Vec<crate::buffer::Update>,
+    /// What [`Graph::finish`] does with warnings, and those it has printed.
+    pub warnings: crate::lints::WarningState,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.
@@ -255,6 +257,7 @@ impl Graph {
                 dyn_dims: Vec::new(),
                 within_depth: 0,
                 updates: Vec::new(),
+                warnings: Default::default(),
             })),
         }
     }
@@ -741,7 +744,8 @@ impl Graph {
     }
 
     /// Finishes shape inference: every shape is closed. Returns the first error met while
-    /// building or closing. Safe to call again after adding more tensors.
+    /// building or closing. Safe to call again after adding more tensors. Then reports the
+    /// [`Graph::warnings`] as [`Graph::set_warnings`] says (printed once each by default).
     pub fn finish(&self) -> Result<()> {
         let mut g = self.borrow_mut();
         if let Some(e) = g.error.take() {
@@ -753,7 +757,8 @@ impl Graph {
             return Err(e);
         }
         g.inf.finish()?;
-        Ok(())
+        drop(g);
+        self.report_warnings()
     }
 
     /// Records every constraint shape inference processes, for debugging ([`Graph::shape_trace`]).

@@ -43,9 +43,11 @@ pub use dynamic::DynDim;
 pub use error::{Error, Result};
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
 pub use init::Init;
+pub use lints::Warnings;
 pub use mode::Mode;
+pub use ops::contract::Operands;
 pub use ops::reshape::View;
-pub use optim::{LossScale, Optimizer, StepOptions, TrainStep};
+pub use optim::{Adam, AdamW, LossScale, Optimizer, Sgd, StepOptions, TrainStep};
 /// Why compiling or running a routine failed ([`Error::Compile`]): a missing backend or
 /// device, a routine over a limit, an index out of range.
 pub use rocannl_arrayjit::Error as CompileError;

@@ -9,8 +9,74 @@
 //! batch row of `T` positions — added to token embeddings `B,T|->C` gives every activation
 //! after it an extra input axis of `T`; the model still trains, as a different model, with no
 //! error anywhere. The warning shows both shapes and says how to declare a table of positions.
+//!
+//! A warning only returned by a getter is one nobody reads, so [`Graph::finish`] prints each
+//! new one to standard error by default, as Python's `warnings` module does; a program can
+//! collect them silently instead, or deny them, making them errors (for tests and CI).
 
+use rustc_hash::FxHashSet;
+
+use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, Rows, Source, Tensor};
+
+/// What [`Graph::finish`] does with the graph's [`Graph::warnings`] (set by
+/// [`Graph::set_warnings`]).
+///
+/// ```
+/// use rocannl_tensor::{Graph, ParamSpec, Warnings};
+/// let g = Graph::new();
+/// g.set_warnings(Warnings::Deny);
+/// let x = g.data("x", &[2, 5], &[], &[3]);
+/// // A position table declared like a token table: an input axis of 5 the data lacks.
+/// let pos = g.param("pos", ParamSpec::matrix(&[5], &[3]));
+/// let _y = &x + &pos;
+/// let e = g.finish().unwrap_err().to_string();
+/// assert!(e.contains("'pos'"), "{e}");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Warnings {
+    /// Print each warning to standard error the first time `finish` meets it (the default).
+    #[default]
+    Print,
+    /// Print nothing: [`Graph::warnings`] returns them.
+    Collect,
+    /// `finish` fails with [`Error::Warnings`] while there is any.
+    Deny,
+}
+
+/// A graph's warning policy and the warnings already printed.
+#[derive(Debug, Default)]
+pub(crate) struct WarningState {
+    policy: Warnings,
+    printed: FxHashSet<String>,
+}
+
+impl Graph {
+    /// Sets what [`Graph::finish`] does with warnings ([`Warnings`]).
+    pub fn set_warnings(&self, policy: Warnings) {
+        self.borrow_mut().warnings.policy = policy;
+    }
+
+    /// Applies the warning policy to the current warnings (called by `finish`).
+    pub(crate) fn report_warnings(&self) -> Result<()> {
+        let policy = self.borrow().warnings.policy;
+        if policy == Warnings::Collect {
+            return Ok(());
+        }
+        let all = self.warnings();
+        if policy == Warnings::Deny && !all.is_empty() {
+            return Err(Error::Warnings(all));
+        }
+        let mut g = self.borrow_mut();
+        for w in all {
+            if !g.warnings.printed.contains(&w) {
+                eprintln!("rocannl warning: {w}");
+                g.warnings.printed.insert(w);
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Graph {
     /// A warning for each pointwise operation whose result gets a row's axes from a param

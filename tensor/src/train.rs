@@ -91,7 +91,7 @@ impl Loader {
     /// let x = Column::new("x", &[2], (0..20).map(f64::from).collect()); // 10 examples
     /// let loader = Loader::new(&g, &[x.clone()], 4).unwrap();
     /// assert_eq!(loader.batches(), 3); // 4, 4 and 2 examples
-    /// let m = loader.batch(0).mean1("b|o => 0|o");
+    /// let m = loader.batch(0).mean("b|o => 0|o");
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&m]).unwrap();
     /// loader.load(&mut s, &[x], &(0..10).collect::<Vec<_>>()).unwrap();

@@ -5,7 +5,8 @@ use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig};
 use rocannl_tensor::nn::{Activation, Linear, LinearConfig, Mlp, MlpConfig, Module, loss};
 use rocannl_tensor::train::{Column, Loader};
 use rocannl_tensor::{
-    BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Prec, Session, SessionOptions, Tensor,
+    Adam, AdamW, BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Prec, Session,
+    SessionOptions, Sgd, Tensor,
 };
 
 fn session(g: &Graph, backend: BackendKind, prec: Prec) -> Result<Session, Error> {
@@ -28,10 +29,10 @@ fn shape_errors_surface_when_the_graph_is_finalized() {
 #[test]
 fn bad_specs_and_arity_are_errors() {
     let g = Graph::new();
-    let _ = g.range(3).einsum1("i->j->k => i");
+    let _ = g.range(3).einsum("i->j->k => i", []);
     assert!(matches!(g.finish(), Err(Error::Shape(rocannl_shape::ShapeError::Spec(_)))));
     let g = Graph::new();
-    let _ = g.range(3).einsum1("i; j => ij");
+    let _ = g.range(3).einsum("i; j => ij", []);
     assert!(matches!(g.finish(), Err(Error::Usage(_))));
 }
 
@@ -80,7 +81,7 @@ fn tensors_with_no_elements_compute_like_any_other() {
         let x = g.data("x", &[0], &[], &[3]);
         let p = g.param("p", ParamSpec::vector(&[3]).init(Init::Constant(2.0)));
         let y = (&x + &p).relu();
-        let total = y.einsum1("b|->i => |->i"); // sums the empty batch axis
+        let total = y.einsum("b|->i => |->i", []); // sums the empty batch axis
         let a = g.data("a", &[], &[], &[2, 0]);
         let b = g.data("b", &[], &[], &[0, 4]);
         let prod = a.einsum("ij;jk=>ik", &b); // an empty contraction: zeros
@@ -179,12 +180,12 @@ fn optimizers_follow_their_formulas() {
     let t = [1.0, -2.0, 0.5];
     let p0 = [0.3, 0.7, -1.1];
     let cases = [
-        Optimizer::sgd(),
-        Optimizer::sgd_momentum(0.9),
-        Optimizer::sgd_momentum(0.9).nesterov().with_weight_decay(0.01),
-        Optimizer::adam(),
-        Optimizer::adam().with_weight_decay(0.05),
-        Optimizer::adamw(0.1),
+        Optimizer::Sgd(Sgd::default()),
+        Optimizer::Sgd(Sgd { momentum: 0.9, ..Default::default() }),
+        Optimizer::Sgd(Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.01 }),
+        Optimizer::Adam(Adam::default()),
+        Optimizer::Adam(Adam { weight_decay: 0.05, ..Default::default() }),
+        Optimizer::AdamW(AdamW { weight_decay: 0.1, ..Default::default() }),
     ];
     for opt in cases {
         let g = Graph::new();
@@ -201,7 +202,7 @@ fn optimizers_follow_their_formulas() {
             for i in 0..3 {
                 let grad = p_ref[i] - t[i];
                 match opt {
-                    Optimizer::Sgd { momentum, nesterov, weight_decay } => {
+                    Optimizer::Sgd(Sgd { momentum, nesterov, weight_decay }) => {
                         let g = grad + weight_decay * p_ref[i];
                         if momentum == 0.0 {
                             p_ref[i] -= lr * g;
@@ -210,9 +211,9 @@ fn optimizers_follow_their_formulas() {
                             p_ref[i] -= lr * if nesterov { g + momentum * v[i] } else { v[i] };
                         }
                     }
-                    Optimizer::Adam { beta1, beta2, eps, weight_decay }
-                    | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
-                        let decoupled = matches!(opt, Optimizer::AdamW { .. });
+                    Optimizer::Adam(Adam { beta1, beta2, eps, weight_decay })
+                    | Optimizer::AdamW(AdamW { beta1, beta2, eps, weight_decay }) => {
+                        let decoupled = matches!(opt, Optimizer::AdamW(AdamW { .. }));
                         if decoupled {
                             p_ref[i] *= 1.0 - lr * weight_decay;
                         }
@@ -244,7 +245,8 @@ fn backends_agree_on_a_training_run() {
         let f = Mlp::new(&g, "f", MlpConfig::new(&[6, 1])).apply(loader.batch(0));
         let l = loss::hinge(&f, loader.batch(1), loss::Reduction::Mean);
         let mut s = session(&g, backend, Prec::F32)?;
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&l, &Optimizer::Adam(Adam::default()), &[], &Default::default()).unwrap();
         let order: Vec<usize> = (0..32).collect();
         loader.load(&mut s, &cols, &order).unwrap();
         let mut losses = Vec::new();
@@ -415,7 +417,7 @@ fn activations_match_independent_values_on_every_backend_and_precision() {
 
 #[test]
 fn gradients_are_clipped_by_their_global_norm_across_parameters() {
-    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, StepOptions};
+    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, Sgd, StepOptions};
     for backend in rocannl_tensor::BackendKind::available()
         .into_iter()
         .filter(|b| *b != rocannl_tensor::BackendKind::Cuda)
@@ -434,7 +436,8 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
             };
             let mut s = Session::with_options(&g, opts).unwrap();
             let clip = StepOptions { clip_grad_norm: Some(max), ..StepOptions::default() };
-            let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+            let mut step =
+                s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &clip).unwrap();
             s.step(&mut step, 0.5).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
             assert!((norm - 13.0).abs() < 1e-12, "{backend:?}: {norm}");
@@ -454,10 +457,11 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(1.0)));
     let loss = w.pointmul(&w);
     let mut s = Session::new(&g).unwrap();
-    let step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+    let step =
+        s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &Default::default()).unwrap();
     assert_eq!(s.grad_norm(&step).unwrap(), None);
     let bad = StepOptions { clip_grad_norm: Some(0.0), ..StepOptions::default() };
-    let err = s.train_step(&loss, &Optimizer::sgd(), &[], &bad).unwrap_err();
+    let err = s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &bad).unwrap_err();
     assert!(err.to_string().contains("clip_grad_norm"), "{err}");
 }
 
@@ -466,7 +470,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
 /// the norm non-finite.
 #[test]
 fn the_global_norm_sums_matrices_row_by_row() {
-    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, StepOptions};
+    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, Sgd, StepOptions};
     let m: Vec<f64> = (0..12).map(|i| (i as f64) - 5.0).collect();
     let t: Vec<f64> = (0..12).map(|i| (3 * i % 7) as f64).collect();
     let exact = m.iter().chain(&t).chain(&[2.0]).map(|v| v * v).sum::<f64>().sqrt();
@@ -494,7 +498,8 @@ fn the_global_norm_sums_matrices_row_by_row() {
             };
             let mut s = Session::with_options(&g, opts).unwrap();
             let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
-            let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+            let mut step =
+                s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &clip).unwrap();
             s.step(&mut step, 0.5).unwrap();
             let norm = s.grad_norm(&step).unwrap().unwrap();
             if poison {
@@ -508,7 +513,7 @@ fn the_global_norm_sums_matrices_row_by_row() {
 
 #[test]
 fn weight_decay_skips_biases_norm_gains_and_embeddings() {
-    use rocannl_tensor::{Init, Optimizer, ParamSpec};
+    use rocannl_tensor::{AdamW, Init, Optimizer, ParamSpec, Sgd};
     // A dense layer's weight decays, its bias does not; a param can opt out by hand.
     let run = |opt: Optimizer| {
         let g = Graph::with_seed(0);
@@ -524,8 +529,14 @@ fn weight_decay_skips_biases_norm_gains_and_embeddings() {
         (r(&layer.w), r(layer.b.as_ref().unwrap()), r(&free))
     };
     for (with, without) in [
-        (Optimizer::sgd().with_weight_decay(0.5), Optimizer::sgd()),
-        (Optimizer::adamw(0.5), Optimizer::adamw(0.0)),
+        (
+            Optimizer::Sgd(Sgd { weight_decay: 0.5, ..Default::default() }),
+            Optimizer::Sgd(Sgd::default()),
+        ),
+        (
+            Optimizer::AdamW(AdamW { weight_decay: 0.5, ..Default::default() }),
+            Optimizer::AdamW(AdamW { weight_decay: 0.0, ..Default::default() }),
+        ),
     ] {
         let (w1, b1, f1) = run(with.clone());
         let (w0, b0, f0) = run(without);
@@ -546,7 +557,7 @@ fn weight_decay_skips_biases_norm_gains_and_embeddings() {
         assert_eq!(g.decays(&p).unwrap(), !exempt, "{}", p.label());
     }
     // SGD's L2 penalty, by hand: the bias' gradient is 2 (two examples), its step 0.1·2.
-    let (_, b, f) = run(Optimizer::sgd().with_weight_decay(0.5));
+    let (_, b, f) = run(Optimizer::Sgd(Sgd { weight_decay: 0.5, ..Default::default() }));
     assert!(b.iter().all(|v| (v + 0.2).abs() < 1e-12), "{b:?}");
     assert!((f[0] - 0.8).abs() < 1e-12 && (f[1] + 2.2).abs() < 1e-12, "{f:?}");
 }
@@ -696,7 +707,8 @@ fn a_training_step_computes_the_same_bits_at_every_level_and_across_the_tier_swa
         opts.compile.tiered = tiered;
         opts.compile.cache = rocannl_tensor::CacheMode::Off;
         let mut s = Session::with_options(&g, opts).unwrap();
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&l, &Optimizer::Adam(Adam::default()), &[], &Default::default()).unwrap();
         for k in 0..3 {
             s.step(&mut step, 1e-2).unwrap();
             if k == 0 {

@@ -8,7 +8,7 @@
 //! output must be ours.
 
 use rocannl_tensor::nn::{BatchNorm, BatchNormAxes, BatchNormConfig, Module, loss};
-use rocannl_tensor::optim::Optimizer;
+use rocannl_tensor::optim::{Optimizer, Sgd};
 use rocannl_tensor::{BackendKind, Graph, Init, Mode, ParamSpec, Prec, Session, SessionOptions};
 use serde_json::Value;
 
@@ -194,7 +194,8 @@ fn a_trained_batch_norm_matches_pytorch_and_its_checkpoint_loads_there() {
         let y = bn.apply(&x);
         let loss = loss::mse(&y, &t, loss::Reduction::Mean);
         let mut s = session(&g, backend);
-        let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &Default::default()).unwrap();
         let eval = s.forward(&[&y]).unwrap();
         let lr = run["lr"].as_f64().unwrap();
         for (xs, ts) in run["xs"].as_array().unwrap().iter().zip(run["targets"].as_array().unwrap())

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use dp_common::{Case, Outcome, close, train};
 use rocannl_tensor::nn::{Mlp, MlpConfig};
-use rocannl_tensor::optim::{LossScale, Optimizer, StepOptions};
+use rocannl_tensor::optim::{Adam, AdamW, LossScale, Optimizer, Sgd, StepOptions};
 use rocannl_tensor::parallel::Group;
 use rocannl_tensor::{Error, Graph, Prec, Session, SessionOptions};
 
@@ -62,7 +62,7 @@ fn sgd_on_two_and_four_ranks_matches_one_process() {
 #[test]
 fn adamw_with_clipping_matches_one_process() {
     let case = Case {
-        opt: Optimizer::adamw(0.1),
+        opt: Optimizer::AdamW(AdamW { weight_decay: 0.1, ..Default::default() }),
         step: StepOptions { clip_grad_norm: Some(0.5), ..StepOptions::default() },
         ..Case::default()
     };
@@ -96,7 +96,7 @@ fn bf16_mixed_precision_matches_one_process() {
         master: Some(Prec::F32),
         // SGD: its update is proportional to the gradient, so rounding stays rounding (Adam's
         // normalized update turns the sign of a gradient near zero into a step of lr).
-        opt: Optimizer::sgd_momentum(0.9),
+        opt: Optimizer::Sgd(Sgd { momentum: 0.9, ..Default::default() }),
         ..Case::default()
     };
     // bf16 has 8 significant bits: the losses agree to 2^-8 relative. The gradients are sums
@@ -149,7 +149,7 @@ fn a_rank_with_another_model_is_an_error_on_every_rank() {
                         ..Default::default()
                     };
                     let mut s = Session::with_options(&g, opts).unwrap();
-                    s.train_step(&l, &Optimizer::sgd(), &[], &StepOptions::default())
+                    s.train_step(&l, &Optimizer::Sgd(Sgd::default()), &[], &StepOptions::default())
                         .unwrap_err()
                         .to_string()
                 })
@@ -208,7 +208,7 @@ fn a_rank_that_hangs_is_a_timeout_naming_it() {
 
 #[test]
 fn a_single_rank_group_takes_the_data_parallel_path() {
-    let case = Case { opt: Optimizer::adam(), ..Case::default() };
+    let case = Case { opt: Optimizer::Adam(Adam::default()), ..Case::default() };
     let one = train(&case, None, 7).unwrap();
     let dp = train(&case, Some(Group::single()), 7).unwrap();
     close(&dp.losses, &one.losses, 1e-6, "losses");
@@ -237,7 +237,9 @@ fn loader_run(group: Option<Group>) -> (Vec<f64>, Vec<Vec<f64>>) {
     );
     let opts = SessionOptions { data_parallel: group, ..Default::default() };
     let mut s = Session::with_options(&g, opts).unwrap();
-    let mut step = s.train_step(&err, &Optimizer::adam(), &[], &StepOptions::default()).unwrap();
+    let mut step = s
+        .train_step(&err, &Optimizer::Adam(Adam::default()), &[], &StepOptions::default())
+        .unwrap();
     let cfg = TrainConfig {
         epochs: 2,
         lr: LrSchedule::Constant(0.01),
@@ -270,7 +272,10 @@ fn a_sharded_loader_trains_as_one_process_even_where_a_rank_has_no_example() {
 #[test]
 fn the_in_process_group_gives_the_same_bits_on_every_run() {
     // Its documented promise: the ranks' values are added in rank order.
-    let case = Case { opt: Optimizer::adamw(0.1), ..Case::default() };
+    let case = Case {
+        opt: Optimizer::AdamW(AdamW { weight_decay: 0.1, ..Default::default() }),
+        ..Case::default()
+    };
     let bits = |outs: Vec<Result<Outcome, Error>>| -> Vec<u64> {
         let out = outs.into_iter().next().unwrap().unwrap();
         out.losses.iter().chain(out.params.concat().iter()).map(|x| x.to_bits()).collect()

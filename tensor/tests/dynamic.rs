@@ -4,7 +4,7 @@
 
 use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::{
-    BackendKind, DynDim, Error, Graph, Optimizer, Prec, Session, SessionOptions, Tensor,
+    BackendKind, DynDim, Error, Graph, Optimizer, Prec, Session, SessionOptions, Sgd, Tensor,
 };
 
 const MAX: usize = 12;
@@ -110,7 +110,8 @@ fn training_with_partial_batches_follows_fixed_batches() {
         let b = b.unwrap();
         let (_, err, params) = model(&g, &x, &y);
         let mut s = session(&g, backend);
-        let mut step = s.train_step(&err, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&err, &Optimizer::Sgd(Sgd::default()), &[], &Default::default()).unwrap();
         for (k, &n) in sizes.iter().enumerate() {
             let before: Vec<Vec<f64>> = params.iter().map(|p| s.read(p).unwrap()).collect();
             let (xv, yv) = inputs(n);
@@ -122,8 +123,9 @@ fn training_with_partial_batches_follows_fixed_batches() {
             let (g2, _, x2, y2) = build(None, n);
             let (_, err2, params2) = model(&g2, &x2, &y2);
             let mut s2 = session(&g2, backend);
-            let mut step2 =
-                s2.train_step(&err2, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+            let mut step2 = s2
+                .train_step(&err2, &Optimizer::Sgd(Sgd::default()), &[], &Default::default())
+                .unwrap();
             for (p, v) in params2.iter().zip(&before) {
                 s2.write(p, v).unwrap();
             }
@@ -146,7 +148,7 @@ fn a_mean_over_the_batch_divides_by_the_rows_there_are() {
         let b = g.dynamic("batch", 6);
         let x = g.data_dyn("x", &b, &[], &[], &[2]);
         let m = x.mean_all();
-        let col = x.mean1("b|o => 0|o");
+        let col = x.mean("b|o => 0|o");
         let mut s = session(&g, backend);
         let r = s.forward(&[&m, &col]).unwrap();
         for n in 1..=6 {

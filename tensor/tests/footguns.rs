@@ -3,7 +3,7 @@
 
 use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::{Linear, LinearConfig};
-use rocannl_tensor::{Graph, ParamSpec, Tensor};
+use rocannl_tensor::{Graph, ParamSpec, Tensor, Warnings};
 
 const T: usize = 8;
 const C: usize = 16;
@@ -80,4 +80,48 @@ fn a_contraction_that_fits_is_no_error() {
     let logits = wte.table.transpose().matmul(&h); // the tied head, transposed
     g.finish().unwrap();
     assert_eq!(logits.shape_string(), "2,8|->5");
+}
+
+/// Set in the child process of [`warnings_are_printed_once_by_default`].
+const CHILD: &str = "ROCANNL_FOOTGUNS_PRINT_CHILD";
+
+/// The child: a graph with the position-table warning, finished twice under the default policy.
+#[test]
+fn print_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let g = Graph::with_seed(0);
+    let _ = gpt_like(&g, ParamSpec::matrix(&[T], &[C]));
+    g.finish().unwrap();
+    g.finish().unwrap();
+}
+
+#[test]
+fn warnings_are_printed_once_by_default() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "print_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let printed: Vec<&str> = stderr.lines().filter(|l| l.starts_with("rocannl warning:")).collect();
+    assert_eq!(printed.len(), 1, "{stderr}");
+    assert!(printed[0].contains("'wpe'") && printed[0].contains("'h'"), "{stderr}");
+}
+
+#[test]
+fn collected_warnings_are_not_printed_and_denied_ones_are_errors() {
+    let g = Graph::with_seed(0);
+    g.set_warnings(Warnings::Collect);
+    let _ = gpt_like(&g, ParamSpec::matrix(&[T], &[C]));
+    g.finish().unwrap();
+    assert!(g.warnings().iter().any(|w| w.contains("'wpe'")));
+    g.set_warnings(Warnings::Deny);
+    let e = g.finish().unwrap_err();
+    assert!(matches!(e, rocannl_tensor::Error::Warnings(ref w) if w.len() == g.warnings().len()));
+    assert!(e.to_string().contains("'wpe'"), "{e}");
+    g.set_warnings(Warnings::Collect);
+    g.finish().unwrap();
 }

@@ -49,9 +49,9 @@ fn ops() -> Vec<(&'static str, Build)> {
             w.matmul(x)
         }),
         ("einsum_outer_sum", |_, x| x.einsum("i;j => i", x)),
-        ("einmax1", |_, x| x.einmax1("i => 0")),
-        ("var_biased", |_, x| x.var1("i => 0", false)),
-        ("var_unbiased", |_, x| x.var1("i => 0", true)),
+        ("einmax1", |_, x| x.amax("i => 0")),
+        ("var_biased", |_, x| x.var("i => 0", false)),
+        ("var_unbiased", |_, x| x.var("i => 0", true)),
         ("mean_all", |_, x| x.mean_all()),
         ("sum_all", |_, x| x.sum_all()),
         ("mse", |g, x| {

@@ -8,7 +8,8 @@ use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
 use rocannl_tensor::nn::{Activation, loss};
 use rocannl_tensor::{
-    BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Session, SessionOptions, Tensor,
+    Adam, AdamW, BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Session, SessionOptions,
+    Sgd, Tensor,
 };
 
 fn interp() -> SessionOptions {
@@ -35,7 +36,8 @@ fn usage_message<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
 fn learning_rates_that_are_negative_infinite_or_nan_are_refused_and_change_nothing() {
     let (g, w, loss) = regression();
     let mut s = Session::with_options(&g, interp()).unwrap();
-    let mut step = s.train_step(&loss, &Optimizer::adam(), &[], &Default::default()).unwrap();
+    let mut step =
+        s.train_step(&loss, &Optimizer::Adam(Adam::default()), &[], &Default::default()).unwrap();
     s.step(&mut step, 0.01).unwrap();
     let before = s.read(&w).unwrap();
     for lr in [f64::NAN, -0.01, f64::INFINITY, f64::NEG_INFINITY] {
@@ -50,8 +52,9 @@ fn learning_rates_that_are_negative_infinite_or_nan_are_refused_and_change_nothi
 #[test]
 fn optimizer_settings_out_of_range_are_refused_naming_the_setting() {
     let adam =
-        |beta1, beta2, eps, weight_decay| Optimizer::Adam { beta1, beta2, eps, weight_decay };
-    let adamw = |beta1, beta2| Optimizer::AdamW { beta1, beta2, eps: 1e-8, weight_decay: 0.0 };
+        |beta1, beta2, eps, weight_decay| Optimizer::Adam(Adam { beta1, beta2, eps, weight_decay });
+    let adamw =
+        |beta1, beta2| Optimizer::AdamW(AdamW { beta1, beta2, eps: 1e-8, weight_decay: 0.0 });
     for (opt, what) in [
         (adam(1.0, 0.999, 1e-8, 0.0), "beta1 = 1"),
         (adam(-0.1, 0.999, 1e-8, 0.0), "beta1 = -0.1"),
@@ -59,18 +62,24 @@ fn optimizer_settings_out_of_range_are_refused_naming_the_setting() {
         (adamw(0.9, 1.5), "beta2 = 1.5"),
         (adam(0.9, 0.999, -1e-8, 0.0), "eps = -0.00000001"),
         (adam(0.9, 0.999, 1e-8, f64::INFINITY), "weight_decay = inf"),
-        (Optimizer::sgd_momentum(-0.9), "momentum = -0.9"),
-        (Optimizer::sgd_momentum(f64::NAN), "momentum = NaN"),
-        (Optimizer::sgd().with_weight_decay(-1.0), "weight_decay = -1"),
-        (Optimizer::sgd().nesterov(), "Nesterov momentum without a momentum"),
+        (Optimizer::Sgd(Sgd { momentum: -0.9, ..Default::default() }), "momentum = -0.9"),
+        (Optimizer::Sgd(Sgd { momentum: f64::NAN, ..Default::default() }), "momentum = NaN"),
+        (Optimizer::Sgd(Sgd { weight_decay: -1.0, ..Default::default() }), "weight_decay = -1"),
+        (
+            Optimizer::Sgd(Sgd { nesterov: true, ..Default::default() }),
+            "Nesterov momentum without a momentum",
+        ),
     ] {
         let (g, _, loss) = regression();
         let mut s = Session::with_options(&g, interp()).unwrap();
         let m = usage_message(s.train_step(&loss, &opt, &[], &Default::default()));
         assert!(m.contains(what), "{opt:?}: {m}");
     }
-    for opt in [Optimizer::adam(), Optimizer::adamw(0.01), Optimizer::sgd_momentum(0.9).nesterov()]
-    {
+    for opt in [
+        Optimizer::Adam(Adam::default()),
+        Optimizer::AdamW(AdamW { weight_decay: 0.01, ..Default::default() }),
+        Optimizer::Sgd(Sgd { momentum: 0.9, nesterov: true, ..Default::default() }),
+    ] {
         opt.check().unwrap();
     }
 }
@@ -109,11 +118,8 @@ fn windows_and_strides_of_zero_are_refused_naming_the_layer() {
         for avg in [false, true] {
             let g = Graph::new();
             let x = g.ndarray("img", &[1], &[], &[4, 4, 1], &[1.0; 16]);
-            let _ = if avg {
-                conv::avg_pool2d(&g, &x, k, stride)
-            } else {
-                conv::max_pool2d(&g, &x, k, stride)
-            };
+            let _ =
+                if avg { conv::avg_pool2d(&x, k, stride) } else { conv::max_pool2d(&x, k, stride) };
             let m = usage_message(g.finish());
             assert!(m.contains("'img'") && m.contains("at least 1"), "{m}");
         }

@@ -128,8 +128,14 @@ fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
     let w = g.param("w", rocannl_tensor::ParamSpec::default());
     let l = loss::mse(&w.matmul(&x), &y, loss::Reduction::Mean);
     let mut s = Session::new(&g).unwrap();
-    let mut step =
-        s.train_step(&l, &rocannl_tensor::Optimizer::sgd(), &[], &Default::default()).unwrap();
+    let mut step = s
+        .train_step(
+            &l,
+            &rocannl_tensor::Optimizer::Sgd(Default::default()),
+            &[],
+            &Default::default(),
+        )
+        .unwrap();
     s.write(&x, &[1.0; 12]).unwrap();
     let err = s.step(&mut step, 0.1).unwrap_err().to_string();
     assert!(err.contains("'targets'") && err.contains("never written"), "{err}");

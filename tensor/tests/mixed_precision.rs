@@ -3,8 +3,8 @@
 
 use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::{
-    BackendKind, Graph, Init, LossScale, Optimizer, ParamSpec, Prec, Session, SessionOptions,
-    StepOptions,
+    Adam, BackendKind, Graph, Init, LossScale, Optimizer, ParamSpec, Prec, Session, SessionOptions,
+    Sgd, StepOptions,
 };
 
 fn backends() -> Vec<BackendKind> {
@@ -34,7 +34,9 @@ fn master_weights_are_stored_in_f32_under_half_precision_activations() {
             let (l, params) = regression(&g);
             let mut s = Session::with_options(&g, options(backend, prec, Some(Prec::F32))).unwrap();
             assert_eq!((s.prec(), s.master_prec()), (prec, Prec::F32));
-            let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
+            let mut step = s
+                .train_step(&l, &Optimizer::Adam(Adam::default()), &[], &Default::default())
+                .unwrap();
             let first = {
                 s.step(&mut step, 1e-3).unwrap();
                 s.loss(&step).unwrap()
@@ -79,7 +81,7 @@ fn loss_scaling_keeps_small_f16_gradients() {
             let l = w.scale(2.0).sum_all().scale(2f64.powi(-27));
             let mut s = Session::with_options(&g, options(backend, prec, master)).unwrap();
             let opts = StepOptions { loss_scale: scale, ..StepOptions::default() };
-            let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &opts).unwrap();
+            let mut step = s.train_step(&l, &Optimizer::Sgd(Sgd::default()), &[], &opts).unwrap();
             for _ in 0..4 {
                 s.step(&mut step, 1024.0).unwrap();
             }
@@ -110,7 +112,7 @@ fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
         // halved five times, to 2¹⁵. (The weights' gradients, 2w·scale, are f32 master ones.)
         let cfg = LossScale { init: 2f64.powi(20), growth: 2.0, backoff: 0.5, growth_interval: 3 };
         let opts = StepOptions { loss_scale: Some(cfg), ..StepOptions::default() };
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &opts).unwrap();
+        let mut step = s.train_step(&l, &Optimizer::Adam(Adam::default()), &[], &opts).unwrap();
         let mut skipped = 0;
         while step.steps() == 0 {
             s.step(&mut step, 0.1).unwrap();
@@ -134,7 +136,7 @@ fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
         assert_eq!(step.loss_scale(), Some(scale * 2.0), "{backend:?}: 3 finite steps double it");
         let bad = LossScale { backoff: 1.5, ..LossScale::default() };
         let opts = StepOptions { loss_scale: Some(bad), ..StepOptions::default() };
-        let err = s.train_step(&l, &Optimizer::adam(), &[], &opts).unwrap_err();
+        let err = s.train_step(&l, &Optimizer::Adam(Adam::default()), &[], &opts).unwrap_err();
         assert!(err.to_string().contains("backoff"), "{err}");
     }
 }
@@ -203,7 +205,8 @@ fn autocast_training_matches_the_interpreter_and_keeps_f32_gradients() {
         let (l, params) = regression(&g);
         let mut s =
             Session::with_options(&g, options(backend, Prec::Bf16, Some(Prec::F32))).unwrap();
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&l, &Optimizer::Adam(Adam::default()), &[], &Default::default()).unwrap();
         let mut losses = vec![];
         for _ in 0..5 {
             s.step(&mut step, 1e-2).unwrap();
@@ -234,7 +237,8 @@ fn a_weight_shared_by_two_products_is_copied_once() {
         let l = &y.pointmul(&y).sum_all() + &w.pointmul(&w).sum_all().scale(1e-2);
         let mut s =
             Session::with_options(&g, options(backend, Prec::Bf16, Some(Prec::F32))).unwrap();
-        let mut step = s.train_step(&l, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&l, &Optimizer::Sgd(Sgd::default()), &[], &Default::default()).unwrap();
         let text = step.routine().code().to_string();
         assert_eq!(text.matches("'w' in bf16").count(), 1, "{text}");
         let mut losses = vec![];

@@ -5,7 +5,7 @@
 use rocannl_tensor::nn::{
     self, Activation, BatchNorm, BatchNormConfig, Linear, LinearConfig, Module, loss,
 };
-use rocannl_tensor::optim::Optimizer;
+use rocannl_tensor::optim::{Adam, Optimizer};
 use rocannl_tensor::{BackendKind, Error, Graph, Init, Mode, ParamSpec, Session, SessionOptions};
 
 fn backends() -> Vec<BackendKind> {
@@ -44,7 +44,8 @@ fn a_batch_norm_model_trains_and_evaluates_with_the_running_statistics() {
         let y = fc2.apply(&Activation::Relu.apply(&h));
         let l = loss::mse(&y, &t, loss::Reduction::Mean);
         let mut s = session(&g, backend);
-        let mut step = s.train_step(&l, &Optimizer::adam(), &[], &Default::default()).unwrap();
+        let mut step =
+            s.train_step(&l, &Optimizer::Adam(Adam::default()), &[], &Default::default()).unwrap();
         let eval = s.forward(&[&z, &h, &l]).unwrap();
         let (xs, ts) = dataset(16);
         s.write(&x, &xs).unwrap();
@@ -85,7 +86,7 @@ fn only_train_mode_routines_that_read_the_data_update_buffers() {
         let x = g.data("x", &[2], &[], &[2]);
         let other = g.data("other", &[], &[], &[2]);
         let total = g.buffer("total", ParamSpec::vector(&[2]).init(Init::Values(vec![1.0, 2.0])));
-        total.update_with(&(&total + &x.einsum1("b|o => o")));
+        total.update_with(&(&total + &x.einsum("b|o => o", [])));
         let seen = &x + &total;
         let unrelated = other.scale(2.0);
         let mut s = session(&g, backend);

@@ -14,14 +14,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dp_common::{Case, close, train};
-use rocannl_tensor::optim::{Optimizer, StepOptions};
+use rocannl_tensor::optim::{AdamW, Optimizer, StepOptions};
 use rocannl_tensor::parallel::Group;
 
 fn case(name: &str) -> Case {
     match name {
         "case_sgd" => Case::default(),
         "case_adamw_clip" => Case {
-            opt: Optimizer::adamw(0.1),
+            opt: Optimizer::AdamW(AdamW { weight_decay: 0.1, ..Default::default() }),
             step: StepOptions { clip_grad_norm: Some(0.5), ..StepOptions::default() },
             ..Case::default()
         },

@@ -165,7 +165,7 @@ fn the_einsum_split_with_a_two_position_weight_is_the_same_layer() {
         let x_spec =
             ParamSpec::matrix(&[], &[3]).with_batch(&[2, 4]).init(Init::Values(x_values()));
         let x = g.param("x", x_spec);
-        let pairs = x.einsum1("..b.., 2*t+k | c => ..b.., t | k, c");
+        let pairs = x.einsum("..b.., 2*t+k | c => ..b.., t | k, c", []);
         let w_spec = ParamSpec::matrix(&[2, 3], &[5]).init(Init::Values(w_values()));
         let w = g.param("w", w_spec);
         let h = w.matmul(&pairs).tanh();
@@ -189,7 +189,7 @@ fn an_einsum_merge_is_the_flatten_of_its_stride_and_kernel() {
         let g = Graph::new();
         let (x, w, h) = wavenet_stage(&g, |x| {
             x.unflatten(RowKind::Batch, -1, &[None, Some(2)])
-                .einsum1("..b.., t, k | c => ..b.., t | 3*k+c")
+                .einsum("..b.., t, k | c => ..b.., t | 3*k+c", [])
         });
         let root = h.sin();
         g.set_strict(true);
@@ -208,7 +208,7 @@ fn the_natural_flatten_consecutive_einsum_infers_its_pairs_from_the_weight() {
     // The building-blocks report: x of batch 32, 8 positions, 24 channels.
     let g = Graph::new();
     let x = g.data("x", &[32, 8], &[], &[24]);
-    let y = x.einsum1("..b.., 2*t+k | c => ..b.., t | k, c");
+    let y = x.einsum("..b.., 2*t+k | c => ..b.., t | k, c", []);
     let w = g.param("w", ParamSpec::matrix(&[2, 24], &[128]));
     let z = w.matmul(&y);
     g.set_strict(true);
@@ -223,7 +223,7 @@ fn an_einsum_split_nothing_decides_warns_and_fails_under_strict() {
     let build = |strict: bool| {
         let g = Graph::new();
         let x = g.data("x", &[], &[], &[8]);
-        let y = x.einsum1("2*t+k => t, k");
+        let y = x.einsum("2*t+k => t, k", []);
         g.set_strict(strict);
         let r = g.finish();
         (g, y, r)
@@ -244,7 +244,7 @@ fn an_einsum_split_nothing_decides_warns_and_fails_under_strict() {
 fn a_kernel_that_does_not_divide_the_positions_names_the_convolution() {
     let g = Graph::new();
     let x = g.data("x", &[32, 8], &[], &[24]);
-    let y = x.einsum1("..b.., 2*t+k | c => ..b.., t | k, c");
+    let y = x.einsum("..b.., 2*t+k | c => ..b.., t | k, c", []);
     let w = g.param("w", ParamSpec::matrix(&[3, 24], &[128]));
     let _z = w.matmul(&y);
     let e = g.finish().unwrap_err().to_string();
@@ -289,7 +289,7 @@ fn reshape_flatten_and_unflatten_gradients_match_finite_differences() {
     check("flatten", |g| {
         let a = param(g, "a", &[], &[2, 3, 2], -1.0, 1.0);
         let f = a.flatten(RowKind::Output, 1, 2);
-        (vec![a], f.pointmul(&f).einsum1("i, j => j"))
+        (vec![a], f.pointmul(&f).einsum("i, j => j", []))
     });
     check("unflatten", |g| {
         let a = param(g, "a", &[3], &[6], -1.0, 1.0);
@@ -306,7 +306,7 @@ fn a_dynamic_batch_axis_is_kept_by_a_reshape() {
         let b = g.dynamic("batch", 4);
         let x = g.data_dyn("x", &b, &[4], &[], &[3]);
         let y = x.reshape(&View::new().batch_partial(&[None, Some(2)]).output(&[6]));
-        let m = y.mean1("n, t | c => t | c");
+        let m = y.mean("n, t | c => t | c");
         let mut s = session(&g, backend);
         let fwd = s.forward(&[&m]).unwrap();
         assert_eq!(y.shape_string(), "4,2|->6");

@@ -3,7 +3,7 @@
 //! own initial weights and random numbers.
 #![cfg(feature = "gccjit")]
 
-use rocannl_tensor::optim::Optimizer;
+use rocannl_tensor::optim::{Optimizer, Sgd};
 use rocannl_tensor::{
     BackendKind, CompileOptions, Graph, ParamSpec, Prec, Session, SessionOptions, Tensor,
 };
@@ -56,8 +56,9 @@ fn a_graph_with_another_seed_is_served_from_the_compile_cache_with_its_own_value
         let (g, x, w, loss) = model(seed);
         let mut s = Session::with_options(&g, opts.clone()).unwrap();
         s.write(&x, &(0..12).map(|i| i as f64 / 12.0).collect::<Vec<_>>()).unwrap();
-        let mut step =
-            s.train_step(&loss, &Optimizer::sgd(), &[&loss], &Default::default()).unwrap();
+        let mut step = s
+            .train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[&loss], &Default::default())
+            .unwrap();
         let w0 = s.read(&w).unwrap();
         s.step(&mut step, 0.1).unwrap();
         let l = s.read(&loss).unwrap()[0];
@@ -66,8 +67,9 @@ fn a_graph_with_another_seed_is_served_from_the_compile_cache_with_its_own_value
         let iopts = SessionOptions { backend: BackendKind::Interp, ..opts.clone() };
         let mut si = Session::with_options(&gi, iopts).unwrap();
         si.write(&xi, &(0..12).map(|i| i as f64 / 12.0).collect::<Vec<_>>()).unwrap();
-        let mut stepi =
-            si.train_step(&lossi, &Optimizer::sgd(), &[&lossi], &Default::default()).unwrap();
+        let mut stepi = si
+            .train_step(&lossi, &Optimizer::Sgd(Sgd::default()), &[&lossi], &Default::default())
+            .unwrap();
         assert_eq!(si.read(&wi).unwrap(), w0, "seed {seed}: initial weights");
         si.step(&mut stepi, 0.1).unwrap();
         assert_eq!(si.read(&lossi).unwrap()[0], l, "seed {seed}: loss");

@@ -1,4 +1,4 @@
-//! `var1`, biased and unbiased, against the textbook formulas computed here in f64 (numpy's
+//! `Tensor::var`, biased and unbiased, against the textbook formulas computed here in f64 (numpy's
 //! `var(ddof=0)` and `var(ddof=1)`, PyTorch's `correction=0` and `1`), including over a dynamic
 //! batch, where only the current rows count.
 
@@ -19,13 +19,13 @@ fn backends() -> Vec<BackendKind> {
 }
 
 #[test]
-fn var1_matches_the_formulas_along_rows_and_columns() {
+fn var_matches_the_formulas_along_rows_and_columns() {
     let values: Vec<f64> = (0..21).map(|i| ((i * 37 % 11) as f64 - 4.5) * 0.73).collect();
     for backend in backends() {
         let g = Graph::new();
         let x = g.ndarray("x", &[3], &[], &[7], &values);
-        let rows = [x.var1("b|i => b|0", false), x.var1("b|i => b|0", true)];
-        let cols = [x.var1("b|i => 0|i", false), x.var1("b|i => 0|i", true)];
+        let rows = [x.var("b|i => b|0", false), x.var("b|i => b|0", true)];
+        let cols = [x.var("b|i => 0|i", false), x.var("b|i => 0|i", true)];
         let opts =
             SessionOptions { backend, prec: rocannl_tensor::Prec::F64, ..Default::default() };
         let mut s = Session::with_options(&g, opts).unwrap();
@@ -51,13 +51,13 @@ fn var1_matches_the_formulas_along_rows_and_columns() {
 }
 
 #[test]
-fn var1_over_a_dynamic_batch_counts_the_current_rows() {
+fn var_over_a_dynamic_batch_counts_the_current_rows() {
     let values: Vec<f64> = (0..10).map(|i| (i * i % 7) as f64 - 2.0).collect();
     for backend in backends() {
         let g = Graph::new();
         let batch = g.dynamic("batch", 10);
         let x = g.data_dyn("x", &batch, &[], &[], &[]);
-        let (biased, unbiased) = (x.var1("b| => 0|", false), x.var1("b| => 0|", true));
+        let (biased, unbiased) = (x.var("b| => 0|", false), x.var("b| => 0|", true));
         let opts =
             SessionOptions { backend, prec: rocannl_tensor::Prec::F64, ..Default::default() };
         let mut s = Session::with_options(&g, opts).unwrap();

@@ -69,8 +69,8 @@ fn long_sums_give_the_interpreters_bits_on_gccjit() {
         let run = |backend| {
             let g = Graph::new();
             let x = g.ndarray("x", &[3], &[], &[n], &values);
-            let rows = x.einsum1("b|i => b|").named("rows");
-            let cols = x.einsum1("b|i => |i").named("cols");
+            let rows = x.einsum("b|i => b|", []).named("rows");
+            let cols = x.einsum("b|i => |i", []).named("cols");
             let all = x.mean_all();
             let opts = SessionOptions { backend, ..SessionOptions::default() };
             let mut s = Session::with_options(&g, opts).unwrap();

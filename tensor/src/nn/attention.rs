@@ -156,7 +156,7 @@ impl MultiHeadAttention {
         );
         let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", &k);
         let scores = scores.scale(1.0 / (self.cfg.head_dim as f64).sqrt());
-        let scores = if self.cfg.causal { causal_mask(x.graph(), &scores) } else { scores };
+        let scores = if self.cfg.causal { causal_mask(&scores) } else { scores };
         let probs = scores.softmax("... s | t -> h => ... s | 0 -> h");
         let ctx = probs.einsum(" ... s | t -> h; ... t | h e => ... s | h e", &v);
         with_bias(self.wo.matmul(&ctx), &self.bo)
@@ -180,7 +180,7 @@ fn with_bias(y: Tensor, b: &Option<Tensor>) -> Tensor {
 /// use rocannl_tensor::{Graph, Session, nn::attention::causal_mask};
 /// let g = Graph::new();
 /// let scores = g.ndarray("scores", &[3], &[3], &[1], &[0.0; 9]);
-/// let probs = causal_mask(&g, &scores).softmax("... s | t -> h => ... s | 0 -> h");
+/// let probs = causal_mask(&scores).softmax("... s | t -> h => ... s | 0 -> h");
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&probs]).unwrap();
 /// s.run(&r).unwrap();
@@ -188,7 +188,8 @@ fn with_bias(y: Tensor, b: &Option<Tensor>) -> Tensor {
 /// let want = [1.0, 0.0, 0.0, 0.5, 0.5, 0.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0];
 /// assert!(p.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6), "{p:?}");
 /// ```
-pub fn causal_mask(g: &Graph, scores: &Tensor) -> Tensor {
+pub fn causal_mask(scores: &Tensor) -> Tensor {
+    let g = scores.graph();
     let query = g.positions(crate::RowKind::Batch);
     let key = g.positions(crate::RowKind::Input);
     let allowed = query.lt(&key).not();

@@ -172,14 +172,14 @@ pub struct RunningStats {
 ///
 /// ```
 /// use rocannl_tensor::nn::{BatchNorm, BatchNormConfig, Module};
-/// use rocannl_tensor::{Graph, Session, optim::Optimizer};
+/// use rocannl_tensor::{Graph, Session, optim::Optimizer, Sgd};
 /// let g = Graph::new();
 /// let x = g.data("x", &[4], &[], &[2]); // 4 examples, 2 features
 /// let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
 /// let y = bn.apply(&x);
 /// let loss = y.pointmul(&y).sum_all();
 /// let mut s = Session::new(&g).unwrap();
-/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[&y], &Default::default()).unwrap();
+/// let mut step = s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[&y], &Default::default()).unwrap();
 /// s.write(&x, &[1.0, 10.0, 2.0, 10.0, 3.0, 30.0, 4.0, 30.0]).unwrap();
 /// s.step(&mut step, 0.0).unwrap();
 /// let y_train = s.read(&y).unwrap(); // normalized by the batch's statistics
@@ -245,10 +245,10 @@ impl BatchNorm {
         let _within = x.graph().within("BatchNorm::apply");
         let spec = self.cfg.axes.spec();
         // The statistics in f32 in a half-precision session (see `LayerNorm::apply`).
-        let mean = x.mean1(spec).kept_in_f32();
+        let mean = x.mean(spec).kept_in_f32();
         let centered = (x - &mean).kept_in_f32();
         let squares = centered.pointmul(&centered).kept_in_f32();
-        let var = squares.mean1(spec).kept_in_f32();
+        let var = squares.mean(spec).kept_in_f32();
         let by_batch = &centered / &(&var + self.cfg.eps).kept_in_f32().sqrt().kept_in_f32();
         let normed = match &self.running {
             None => by_batch,
@@ -272,8 +272,8 @@ impl BatchNorm {
         let spec = self.cfg.axes.spec();
         // `x < x` is 0 for every x: a sum of ones shaped like `x`.
         let ones = &x.detach().lt(&x.detach()) + 1.0;
-        let count = ones.einsum1(spec).kept_in_f32();
-        let unbiased = (&squares.einsum1(spec).kept_in_f32() / &(&count - 1.0)).kept_in_f32();
+        let count = ones.einsum(spec, []).kept_in_f32();
+        let unbiased = (&squares.einsum(spec, []).kept_in_f32() / &(&count - 1.0)).kept_in_f32();
         let batches = &r.batches + 1.0;
         // (1 - f) · running + f · batch, f the momentum or 1 / batches (a cumulative average).
         let moved = |running: &Tensor, batch: &Tensor| match self.cfg.momentum {

@@ -198,7 +198,8 @@ fn check_pool(g: &Graph, what: &str, x: &Tensor, k: usize, stride: usize) {
 
 /// Max pooling over `k × k` windows moving by `stride` (valid); `k` and `stride` are at least
 /// 1 (0 is a usage error naming `x`, returned by [`Graph::finish`]).
-pub fn max_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
+pub fn max_pool2d(x: &Tensor, k: usize, stride: usize) -> Tensor {
+    let g = x.graph();
     check_pool(g, "max_pool2d", x, k, stride);
     let window = g.constant(0.0, &[], &[], &[k, k]);
     x.tropical(&pool_spec(stride), &window)
@@ -206,7 +207,8 @@ pub fn max_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
 
 /// Average pooling over `k × k` windows moving by `stride` (valid); `k` and `stride` are at
 /// least 1, as for [`max_pool2d`].
-pub fn avg_pool2d(g: &Graph, x: &Tensor, k: usize, stride: usize) -> Tensor {
+pub fn avg_pool2d(x: &Tensor, k: usize, stride: usize) -> Tensor {
+    let g = x.graph();
     check_pool(g, "avg_pool2d", x, k, stride);
     let window = g.constant(1.0 / (k * k).max(1) as f64, &[], &[], &[k, k]);
     x.einsum(&pool_spec(stride), &window)

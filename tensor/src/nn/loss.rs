@@ -12,16 +12,16 @@ impl Tensor {
     /// Softmax along the axes `spec` reduces (e.g. `"... | t -> h => ... | 0 -> h"` for the
     /// input axis `t`); the spec must map the reduced axes to one position.
     pub fn softmax(&self, spec: &str) -> Tensor {
-        let shifted = self - &self.einmax1(spec).detach();
+        let shifted = self - &self.amax(spec).detach();
         let e = shifted.exp();
         // The sum in f32 in a half-precision session (as PyTorch's autocast).
-        &e / &e.einsum1(spec).kept_in_f32()
+        &e / &e.einsum(spec, []).kept_in_f32()
     }
 
     /// Log-softmax along the axes `spec` reduces.
     pub fn log_softmax(&self, spec: &str) -> Tensor {
-        let shifted = self - &self.einmax1(spec).detach();
-        let log_sum = shifted.exp().einsum1(spec).kept_in_f32().log().kept_in_f32();
+        let shifted = self - &self.amax(spec).detach();
+        let log_sum = shifted.exp().einsum(spec, []).kept_in_f32().log().kept_in_f32();
         &shifted - &log_sum
     }
 
@@ -95,7 +95,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, reduction: Reduction) ->
     // would otherwise score every example against every target).
     let tied = logits.same_shape_as(targets);
     let log_p = tied.log_softmax(OUTPUT_AXES).named(&format!("log_softmax({})", logits.label()));
-    let per = -(targets.pointmul(&log_p).kept_in_f32()).einsum1(OUTPUT_AXES).kept_in_f32();
+    let per = -(targets.pointmul(&log_p).kept_in_f32()).einsum(OUTPUT_AXES, []).kept_in_f32();
     reduction.apply(per)
 }
 

@@ -116,11 +116,11 @@ pub fn dropout(x: &Tensor, p: f64) -> Tensor {
 impl Tensor {
     /// The sum of all cells (a scalar).
     pub fn sum_all(&self) -> Tensor {
-        self.einsum1(ALL_AXES).kept_in_f32()
+        self.einsum(ALL_AXES, []).kept_in_f32()
     }
 
     /// The mean of all cells (a scalar).
     pub fn mean_all(&self) -> Tensor {
-        self.mean1(ALL_AXES).kept_in_f32()
+        self.mean(ALL_AXES).kept_in_f32()
     }
 }

@@ -119,8 +119,8 @@ impl LayerNorm {
         let _within = x.graph().within("LayerNorm::apply");
         // The statistics in f32 in a half-precision session: squares of activations past 256
         // overflow f16.
-        let centered = (x - &x.mean1(OUTPUT_AXES).kept_in_f32()).kept_in_f32();
-        let var = centered.pointmul(&centered).kept_in_f32().mean1(OUTPUT_AXES).kept_in_f32();
+        let centered = (x - &x.mean(OUTPUT_AXES).kept_in_f32()).kept_in_f32();
+        let var = centered.pointmul(&centered).kept_in_f32().mean(OUTPUT_AXES).kept_in_f32();
         let std = (&var + self.eps).kept_in_f32().sqrt().kept_in_f32();
         let normed = &centered / &std;
         affine(normed, self.gain.as_ref(), self.bias.as_ref())
@@ -215,7 +215,7 @@ impl RmsNorm {
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let _within = x.graph().within("RmsNorm::apply");
         // The statistics in f32 in a half-precision session (see `LayerNorm::apply`).
-        let ms = x.pointmul(x).kept_in_f32().mean1(OUTPUT_AXES).kept_in_f32();
+        let ms = x.pointmul(x).kept_in_f32().mean(OUTPUT_AXES).kept_in_f32();
         let rms = (&ms + self.eps).kept_in_f32().sqrt().kept_in_f32();
         affine(x / &rms, self.gain.as_ref(), None)
     }

@@ -3,7 +3,7 @@
 //! All of them accumulate over a product space that includes the contracted (reduced) axes,
 //! so their forward assignment starts from the accumulation's neutral element. Their gradients
 //! run over the same space: for a sum of products each factor's gradient is the result's
-//! gradient times the other factors; for a maximum (`einmax1`, `tropical`) the gradient flows
+//! gradient times the other factors; for a maximum (`amax`, `tropical`) the gradient flows
 //! to every argument position that attains the maximum.
 
 use std::rc::Rc;
@@ -73,12 +73,12 @@ impl Op for Fma {
 /// How an einsum combines its arguments and reduces.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Reduce {
-    /// Multiply, then sum over the labels absent from the result (`einsum`, `einsum1`).
+    /// Multiply, then sum over the labels absent from the result (`einsum`).
     Sum,
     /// Multiply, then average over the labels absent from the result (the count comes from
     /// the projection's product space, so it is exact whatever the inferred sizes).
     Mean,
-    /// Maximum over the labels absent from the result (`einmax1`).
+    /// Maximum over the labels absent from the result (`amax`).
     Max,
     /// Add, then take the maximum (`tropical`, the max-plus semiring).
     Tropical,
@@ -173,6 +173,31 @@ fn mean_scale(cx: &OpCtx) -> ScalarExpr {
     ScalarExpr::un(UnOp::Recip, count)
 }
 
+/// The tensors after `self` that an einsum takes: one (`&b`), several (`[&b, &c]`) or none
+/// (`[]`).
+pub trait Operands<'a> {
+    /// The tensors, in order.
+    fn operands(self) -> Vec<&'a Tensor>;
+}
+
+impl<'a> Operands<'a> for &'a Tensor {
+    fn operands(self) -> Vec<&'a Tensor> {
+        vec![self]
+    }
+}
+
+impl<'a, const N: usize> Operands<'a> for [&'a Tensor; N] {
+    fn operands(self) -> Vec<&'a Tensor> {
+        self.to_vec()
+    }
+}
+
+impl<'a> Operands<'a> for &[&'a Tensor] {
+    fn operands(self) -> Vec<&'a Tensor> {
+        self.to_vec()
+    }
+}
+
 fn parse(t: &Tensor, spec: &str, n: usize) -> Option<Arc<EinsumSpec>> {
     match t.graph.spec(spec, false) {
         Ok(s) if s.operands.len() == n => Some(s),
@@ -212,50 +237,50 @@ impl Tensor {
         self.graph.add_op(Rc::new(Fma), &[self, b, c])
     }
 
-    /// Binary einsum (OCANNL's `+*`): multiply, then sum over labels absent from the result.
+    /// Einsum (OCANNL's `+*` for two tensors, `++` for one): multiply `self` and `others`
+    /// cell by cell over the labels of `spec`, then sum over the labels absent from the
+    /// result. The spec's operands (`;`-separated) say how many tensors it takes: `self`
+    /// first, then `others` — one tensor (`&b`), several (`[&b, &c]`) or none (`[]`, which
+    /// permutes, sums, takes diagonals, selects or places).
     ///
     /// ```
     /// use rocannl_tensor::Graph;
     /// let g = Graph::new();
     /// let a = g.data("a", &[], &[], &[2, 3]);
     /// let b = g.data("b", &[], &[], &[3, 4]);
-    /// let c = a.einsum("ij; jk => ik", &b);
+    /// let v = g.data("v", &[], &[], &[3]);
+    /// let ab = a.einsum("ij; jk => ik", &b);
+    /// let avb = a.einsum("ij; j; jk => ik", [&v, &b]);
+    /// let sums = a.einsum("ij => i", []);
     /// g.finish().unwrap();
-    /// assert_eq!(c.dims().unwrap(), vec![2, 4]);
+    /// assert_eq!(ab.dims().unwrap(), vec![2, 4]);
+    /// assert_eq!(avb.dims().unwrap(), vec![2, 4]);
+    /// assert_eq!(sums.dims().unwrap(), vec![2]);
     /// ```
-    pub fn einsum(&self, spec: &str, other: &Tensor) -> Tensor {
-        self.einsum_n(spec, &[other], Reduce::Sum)
+    pub fn einsum<'a>(&'a self, spec: &str, others: impl Operands<'a>) -> Tensor {
+        self.einsum_n(spec, &others.operands(), Reduce::Sum)
     }
 
-    /// Ternary einsum.
-    pub fn einsum3(&self, spec: &str, b: &Tensor, c: &Tensor) -> Tensor {
-        self.einsum_n(spec, &[b, c], Reduce::Sum)
-    }
-
-    /// Unary einsum (OCANNL's `++`): permute, reduce by sum, take diagonals, select or place.
-    pub fn einsum1(&self, spec: &str) -> Tensor {
-        self.einsum_n(spec, &[], Reduce::Sum)
-    }
-
-    /// Unary einsum averaging over the labels absent from the result.
+    /// The mean over the labels `spec` drops (one tensor's einsum, averaging instead of
+    /// summing: OCANNL's `++` divided by the count).
     ///
     /// ```
     /// use rocannl_tensor::{Graph, Session};
     /// let g = Graph::new();
     /// let x = g.ndarray("x", &[2], &[], &[2], &[1.0, 3.0, 2.0, 6.0]);
-    /// let m = x.mean1("b|i => b|0");
+    /// let m = x.mean("b|i => b|0");
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&m]).unwrap();
     /// s.run(&r).unwrap();
     /// assert_eq!(s.read(&m).unwrap(), vec![2.0, 4.0]);
     /// ```
-    pub fn mean1(&self, spec: &str) -> Tensor {
+    pub fn mean(&self, spec: &str) -> Tensor {
         self.einsum_n(spec, &[], Reduce::Mean)
     }
 
     /// The variance over the axes `spec` reduces, which must map them to one position (as
     /// [`Tensor::softmax`]'s spec: `"... | t -> h => ... | 0 -> h"`): the mean of the squared
-    /// deviations from [`Tensor::mean1`] (`unbiased: false`, PyTorch's `correction=0`), or
+    /// deviations from [`Tensor::mean`] (`unbiased: false`, PyTorch's `correction=0`), or
     /// their sum over `n - 1` (`unbiased: true`, `correction=1`, `torch.var`'s default). The
     /// statistics are kept in f32 in half-precision sessions; a dynamic batch counts its
     /// current rows.
@@ -264,29 +289,30 @@ impl Tensor {
     /// use rocannl_tensor::{Graph, Session};
     /// let g = Graph::new();
     /// let x = g.ndarray("x", &[2], &[], &[4], &[1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 8.0]);
-    /// let biased = x.var1("b|i => b|0", false);
-    /// let unbiased = x.var1("b|i => b|0", true);
+    /// let biased = x.var("b|i => b|0", false);
+    /// let unbiased = x.var("b|i => b|0", true);
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&biased, &unbiased]).unwrap();
     /// s.run(&r).unwrap();
     /// assert_eq!(s.read(&biased).unwrap(), vec![1.25, 12.0]);
     /// assert_eq!(s.read(&unbiased).unwrap(), vec![(5.0f32 / 3.0) as f64, 16.0]);
     /// ```
-    pub fn var1(&self, spec: &str, unbiased: bool) -> Tensor {
-        let centered = (self - &self.mean1(spec).kept_in_f32()).kept_in_f32();
+    pub fn var(&self, spec: &str, unbiased: bool) -> Tensor {
+        let centered = (self - &self.mean(spec).kept_in_f32()).kept_in_f32();
         let squares = centered.pointmul(&centered).kept_in_f32();
         if !unbiased {
-            return squares.mean1(spec).kept_in_f32();
+            return squares.mean(spec).kept_in_f32();
         }
         // The number of cells each result cell reduces: a sum of ones shaped like `self`
         // (`x < x` is 0 for every x, NaN and infinities included).
         let ones = &self.detach().lt(&self.detach()) + 1.0;
-        let count = ones.einsum1(spec).kept_in_f32();
-        (&squares.einsum1(spec).kept_in_f32() / &(&count - 1.0)).kept_in_f32()
+        let count = ones.einsum(spec, []).kept_in_f32();
+        (&squares.einsum(spec, []).kept_in_f32() / &(&count - 1.0)).kept_in_f32()
     }
 
-    /// Unary einsum reducing by maximum (OCANNL's `@^^`).
-    pub fn einmax1(&self, spec: &str) -> Tensor {
+    /// The maximum over the labels `spec` drops (OCANNL's `@^^`, PyTorch's `amax`); the
+    /// gradient reaches every position that attains it.
+    pub fn amax(&self, spec: &str) -> Tensor {
         self.einsum_n(spec, &[], Reduce::Max)
     }
 

@@ -72,7 +72,7 @@ impl StepOptions {
 ///
 /// ```
 /// use rocannl_tensor::{Graph, Init, LossScale, ParamSpec, Prec, Session, SessionOptions};
-/// use rocannl_tensor::optim::{Optimizer, StepOptions};
+/// use rocannl_tensor::optim::{Optimizer, Sgd, StepOptions};
 /// let g = Graph::new();
 /// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
 /// let loss = w.pointmul(&w).sum_all();
@@ -81,7 +81,7 @@ impl StepOptions {
 /// let mut s = Session::with_options(&g, opts).unwrap();
 /// let scaling = LossScale { init: 32768.0, ..LossScale::default() };
 /// let step_opts = StepOptions { loss_scale: Some(scaling), ..StepOptions::default() };
-/// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &step_opts).unwrap();
+/// let mut step = s.train_step(&loss, &Optimizer::Sgd(Sgd::default()), &[], &step_opts).unwrap();
 /// s.step(&mut step, 0.25).unwrap();
 /// assert_eq!(s.read(&w).unwrap(), vec![1.5, 2.0]); // w - 0.25 · 2w, unscaled
 /// assert_eq!((step.skipped_steps(), step.loss_scale()), (0, Some(32768.0)));

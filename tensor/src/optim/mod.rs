@@ -28,87 +28,113 @@ mod grad_code;
 use grad_code::Scaler;
 pub use grad_code::{LossScale, StepOptions};
 
-/// An optimizer and its hyper-parameters (the learning rate is given per step). Its weight decay
+/// An optimizer and its hyper-parameters (the learning rate is given per step), one variant
+/// per algorithm, each with its options struct whose `Default` is PyTorch's. Its weight decay
 /// applies to the params that [`crate::Graph::decays`] picks ([`crate::DecayPolicy`]).
+///
+/// ```
+/// use rocannl_tensor::{Adam, AdamW, Optimizer, Sgd};
+/// let plain = Optimizer::Sgd(Sgd::default());
+/// let momentum = Optimizer::Sgd(Sgd { momentum: 0.9, nesterov: true, ..Default::default() });
+/// let adam = Optimizer::Adam(Adam::default());
+/// let adamw = Optimizer::AdamW(AdamW { beta2: 0.95, weight_decay: 0.1, ..Default::default() });
+/// for opt in [plain, momentum, adam, adamw] {
+///     assert!(opt.check().is_ok());
+/// }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
-    /// Stochastic gradient descent.
-    Sgd {
-        /// Momentum factor (0: none).
-        momentum: f64,
-        /// Nesterov momentum.
-        nesterov: bool,
-        /// L2 penalty added to the gradient.
-        weight_decay: f64,
-    },
-    /// Adam with an L2 penalty added to the gradient.
-    Adam {
-        /// Decay of the first moment.
-        beta1: f64,
-        /// Decay of the second moment.
-        beta2: f64,
-        /// Added to the denominator.
-        eps: f64,
-        /// L2 penalty added to the gradient.
-        weight_decay: f64,
-    },
-    /// Adam with decoupled weight decay.
-    AdamW {
-        /// Decay of the first moment.
-        beta1: f64,
-        /// Decay of the second moment.
-        beta2: f64,
-        /// Added to the denominator.
-        eps: f64,
-        /// Decoupled weight decay.
-        weight_decay: f64,
-    },
+    /// Stochastic gradient descent (PyTorch's `SGD`).
+    Sgd(Sgd),
+    /// Adam with an L2 penalty added to the gradient (PyTorch's `Adam`).
+    Adam(Adam),
+    /// Adam with decoupled weight decay (PyTorch's `AdamW`).
+    AdamW(AdamW),
+}
+
+/// [`Optimizer::Sgd`]'s options; the default is plain SGD (no momentum, no decay).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sgd {
+    /// Momentum factor (0: none).
+    pub momentum: f64,
+    /// Nesterov momentum (needs a momentum).
+    pub nesterov: bool,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+}
+
+/// [`Optimizer::Adam`]'s options; the default is PyTorch's (β = 0.9, 0.999; ε = 1e-8; no
+/// weight decay).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adam {
+    /// Decay of the first moment.
+    pub beta1: f64,
+    /// Decay of the second moment.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+}
+
+impl Default for Adam {
+    fn default() -> Self {
+        Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+    }
+}
+
+/// [`Optimizer::AdamW`]'s options; the default is PyTorch's (β = 0.9, 0.999; ε = 1e-8; weight
+/// decay 0.01).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamW {
+    /// Decay of the first moment.
+    pub beta1: f64,
+    /// Decay of the second moment.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Decoupled weight decay: `p ← p · (1 − lr · weight_decay)` before the Adam step.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamW {
+    fn default() -> Self {
+        AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+    }
+}
+
+/// Adam's hyper-parameters as the update code reads them, for both variants.
+struct Moments {
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    decoupled: bool,
 }
 
 impl Optimizer {
-    /// Plain SGD.
-    pub fn sgd() -> Optimizer {
-        Optimizer::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 }
-    }
-
-    /// SGD with momentum.
-    pub fn sgd_momentum(momentum: f64) -> Optimizer {
-        Optimizer::Sgd { momentum, nesterov: false, weight_decay: 0.0 }
-    }
-
-    /// Adam with PyTorch's defaults (β = 0.9, 0.999; ε = 1e-8).
-    pub fn adam() -> Optimizer {
-        Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
-    }
-
-    /// AdamW with PyTorch's defaults and this weight decay.
-    pub fn adamw(weight_decay: f64) -> Optimizer {
-        Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }
-    }
-
-    /// The same optimizer with Nesterov momentum (SGD only).
-    pub fn nesterov(self) -> Optimizer {
-        match self {
-            Optimizer::Sgd { momentum, weight_decay, .. } => {
-                Optimizer::Sgd { momentum, nesterov: true, weight_decay }
+    /// Adam's hyper-parameters, `None` for SGD.
+    fn moments(&self) -> Option<Moments> {
+        match *self {
+            Optimizer::Sgd(_) => None,
+            Optimizer::Adam(Adam { beta1, beta2, eps, weight_decay }) => {
+                Some(Moments { beta1, beta2, eps, weight_decay, decoupled: false })
             }
-            other => other,
-        }
-    }
-
-    /// The same optimizer with this weight decay.
-    pub fn with_weight_decay(self, wd: f64) -> Optimizer {
-        match self {
-            Optimizer::Sgd { momentum, nesterov, .. } => {
-                Optimizer::Sgd { momentum, nesterov, weight_decay: wd }
-            }
-            Optimizer::Adam { beta1, beta2, eps, .. } => {
-                Optimizer::Adam { beta1, beta2, eps, weight_decay: wd }
-            }
-            Optimizer::AdamW { beta1, beta2, eps, .. } => {
-                Optimizer::AdamW { beta1, beta2, eps, weight_decay: wd }
+            Optimizer::AdamW(AdamW { beta1, beta2, eps, weight_decay }) => {
+                Some(Moments { beta1, beta2, eps, weight_decay, decoupled: true })
             }
         }
+    }
+
+    /// The same optimizer without weight decay (for the params the decay policy exempts).
+    fn without_decay(&self) -> Optimizer {
+        let mut opt = self.clone();
+        match &mut opt {
+            Optimizer::Sgd(o) => o.weight_decay = 0.0,
+            Optimizer::Adam(o) => o.weight_decay = 0.0,
+            Optimizer::AdamW(o) => o.weight_decay = 0.0,
+        }
+        opt
     }
 
     /// Checks the hyper-parameters against PyTorch's ranges: momentum, ε and weight decay
@@ -116,30 +142,31 @@ impl Optimizer {
     /// [`Session::train_step`] checks them; anything else is a usage error naming the value.
     ///
     /// ```
-    /// use rocannl_tensor::Optimizer;
-    /// assert!(Optimizer::adam().check().is_ok());
-    /// let e = Optimizer::Adam { beta1: 1.0, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }.check();
+    /// use rocannl_tensor::{Adam, Optimizer, Sgd};
+    /// assert!(Optimizer::Adam(Adam::default()).check().is_ok());
+    /// let e = Optimizer::Adam(Adam { beta1: 1.0, ..Default::default() }).check();
     /// assert!(e.unwrap_err().to_string().contains("beta1"));
-    /// assert!(Optimizer::sgd().with_weight_decay(f64::NAN).check().is_err());
+    /// let nan_decay = Optimizer::Sgd(Sgd { weight_decay: f64::NAN, ..Default::default() });
+    /// assert!(nan_decay.check().is_err());
     /// ```
     pub fn check(&self) -> Result<()> {
         let at_least_0 = |x: f64| x >= 0.0 && x.is_finite();
         let beta = |x: f64| (0.0..1.0).contains(&x);
-        let bad = match *self {
-            Optimizer::Sgd { momentum, nesterov, weight_decay } => [
-                (!at_least_0(momentum)).then(|| format!("momentum = {momentum}")),
-                (nesterov && momentum <= 0.0)
+        let bad = match (self, self.moments()) {
+            (Optimizer::Sgd(Sgd { momentum, nesterov, weight_decay }), _) => [
+                (!at_least_0(*momentum)).then(|| format!("momentum = {momentum}")),
+                (*nesterov && *momentum <= 0.0)
                     .then(|| "Nesterov momentum without a momentum".to_string()),
-                (!at_least_0(weight_decay)).then(|| format!("weight_decay = {weight_decay}")),
+                (!at_least_0(*weight_decay)).then(|| format!("weight_decay = {weight_decay}")),
                 None,
             ],
-            Optimizer::Adam { beta1, beta2, eps, weight_decay }
-            | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => [
+            (_, Some(Moments { beta1, beta2, eps, weight_decay, .. })) => [
                 (!beta(beta1)).then(|| format!("beta1 = {beta1}")),
                 (!beta(beta2)).then(|| format!("beta2 = {beta2}")),
                 (!at_least_0(eps)).then(|| format!("eps = {eps}")),
                 (!at_least_0(weight_decay)).then(|| format!("weight_decay = {weight_decay}")),
             ],
+            (_, None) => [None, None, None, None],
         };
         match bad.into_iter().flatten().next() {
             None => Ok(()),
@@ -153,9 +180,9 @@ impl Optimizer {
     /// The runtime scalars for step `t` (1-based) with learning rate `lr`:
     /// `[lr, c1, c2]` where Adam's update is `p -= c1 · m / (√v · c2 + ε)`.
     fn scalars(&self, t: u64, lr: f64) -> [f64; 3] {
-        match self {
-            Optimizer::Sgd { .. } => [lr, 0.0, 0.0],
-            Optimizer::Adam { beta1, beta2, .. } | Optimizer::AdamW { beta1, beta2, .. } => {
+        match self.moments() {
+            None => [lr, 0.0, 0.0],
+            Some(Moments { beta1, beta2, .. }) => {
                 let t = t.max(1) as i32;
                 [lr, lr / (1.0 - beta1.powi(t)), 1.0 / (1.0 - beta2.powi(t)).sqrt()]
             }
@@ -241,6 +268,11 @@ fn b(op: BinOp, x: ScalarExpr, y: ScalarExpr) -> ScalarExpr {
     ScalarExpr::bin(op, x, y)
 }
 
+/// The gradient (argument 1) with an L2 penalty `wd · p` (argument 0) when `wd` is not 0.
+fn grad_with_l2(wd: f64) -> ScalarExpr {
+    if wd == 0.0 { a(1) } else { b(BinOp::Add, a(1), b(BinOp::Mul, k(wd), a(0))) }
+}
+
 impl Session {
     /// `lhs := expr(rhs)` cell by cell over `dims`, each argument of `rhs` either of `dims` or
     /// a scalar (`true`). A copy into a node of another precision rounds.
@@ -270,87 +302,81 @@ impl Session {
         p: &Tensor,
         scalars: [NodeId; 3],
     ) -> Result<Vec<Asgn>> {
-        let dims = p.dims()?;
-        let pn = self.node(p);
-        let g = self.grad_node(p);
-        let [lr, c1, c2] = scalars;
         // Params exempt from weight decay (by the graph's `DecayPolicy`) get none.
-        let opt =
-            &if self.graph().decays(p)? { opt.clone() } else { opt.clone().with_weight_decay(0.0) };
-        let label = p.label();
-        let grad_with_l2 = |wd: f64| {
-            if wd == 0.0 { a(1) } else { b(BinOp::Add, a(1), b(BinOp::Mul, k(wd), a(0))) }
-        };
-        let mut code = vec![Asgn::Comment(format!("update {label}"))];
-        match *opt {
-            Optimizer::Sgd { momentum, nesterov, weight_decay } => {
-                if momentum == 0.0 {
-                    // p = p - lr * g'
-                    let e = b(BinOp::Sub, a(0), b(BinOp::Mul, a(2), grad_with_l2(weight_decay)));
-                    code.push(self.update(pn, vec![(pn, false), (g, false), (lr, true)], e, &dims));
-                } else {
-                    let v = self.extra_node(&format!("{label}.momentum"), &dims, true);
-                    // v = μ v + g'
-                    let ev =
-                        b(BinOp::Add, b(BinOp::Mul, k(momentum), a(2)), grad_with_l2(weight_decay));
-                    code.push(self.update(v, vec![(pn, false), (g, false), (v, false)], ev, &dims));
-                    // p = p - lr * (nesterov ? g' + μ v : v)
-                    let step = if nesterov {
-                        b(BinOp::Add, grad_with_l2(weight_decay), b(BinOp::Mul, k(momentum), a(2)))
-                    } else {
-                        a(2)
-                    };
-                    let ep = b(BinOp::Sub, a(0), b(BinOp::Mul, a(3), step));
-                    code.push(self.update(
-                        pn,
-                        vec![(pn, false), (g, false), (v, false), (lr, true)],
-                        ep,
-                        &dims,
-                    ));
-                }
-            }
-            Optimizer::Adam { beta1, beta2, eps, weight_decay }
-            | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
-                let decoupled = matches!(opt, Optimizer::AdamW { .. });
-                let l2 = if decoupled { 0.0 } else { weight_decay };
-                let m = self.extra_node(&format!("{label}.adam_m"), &dims, true);
-                let v = self.extra_node(&format!("{label}.adam_v"), &dims, true);
-                if decoupled && weight_decay != 0.0 {
-                    // p = p * (1 - lr * wd)
-                    let e = b(
-                        BinOp::Mul,
-                        a(0),
-                        b(BinOp::Sub, k(1.0), b(BinOp::Mul, a(1), k(weight_decay))),
-                    );
-                    code.push(self.update(pn, vec![(pn, false), (lr, true)], e, &dims));
-                }
-                let gp = grad_with_l2(l2);
-                // m = β1 m + (1-β1) g';  v = β2 v + (1-β2) g'^2
-                let em = b(
-                    BinOp::Add,
-                    b(BinOp::Mul, k(beta1), a(2)),
-                    b(BinOp::Mul, k(1.0 - beta1), gp.clone()),
-                );
-                code.push(self.update(m, vec![(pn, false), (g, false), (m, false)], em, &dims));
-                let ev = b(
-                    BinOp::Add,
-                    b(BinOp::Mul, k(beta2), a(2)),
-                    b(BinOp::Mul, k(1.0 - beta2), b(BinOp::Mul, gp.clone(), gp)),
-                );
-                code.push(self.update(v, vec![(pn, false), (g, false), (v, false)], ev, &dims));
-                // p = p - c1 * m / (sqrt(v) * c2 + eps)
-                let denom =
-                    b(BinOp::Add, b(BinOp::Mul, ScalarExpr::un(UnOp::Sqrt, a(2)), a(4)), k(eps));
-                let e = b(BinOp::Sub, a(0), b(BinOp::Div, b(BinOp::Mul, a(3), a(1)), denom));
-                code.push(self.update(
-                    pn,
-                    vec![(pn, false), (m, false), (v, false), (c1, true), (c2, true)],
-                    e,
-                    &dims,
-                ));
-            }
+        let opt = &if self.graph().decays(p)? { opt.clone() } else { opt.without_decay() };
+        let mut code = vec![Asgn::Comment(format!("update {}", p.label()))];
+        match (opt, opt.moments()) {
+            (Optimizer::Sgd(sgd), _) => self.sgd_code(sgd, p, scalars, &mut code)?,
+            (_, Some(adam)) => self.adam_code(&adam, p, scalars, &mut code)?,
+            (_, None) => unreachable!("every optimizer but SGD has moments"),
         }
         Ok(code)
+    }
+
+    /// SGD: `p -= lr · g'`, or with momentum `v = μ v + g'; p -= lr · (nesterov ? g' + μ v : v)`.
+    fn sgd_code(
+        &mut self,
+        sgd: &Sgd,
+        p: &Tensor,
+        [lr, _, _]: [NodeId; 3],
+        code: &mut Vec<Asgn>,
+    ) -> Result<()> {
+        let dims = p.dims()?;
+        let (pn, g) = (self.node(p), self.grad_node(p));
+        let Sgd { momentum, nesterov, weight_decay } = *sgd;
+        let grad = grad_with_l2(weight_decay);
+        if momentum == 0.0 {
+            let e = b(BinOp::Sub, a(0), b(BinOp::Mul, a(2), grad));
+            code.push(self.update(pn, vec![(pn, false), (g, false), (lr, true)], e, &dims));
+            return Ok(());
+        }
+        let v = self.extra_node(&format!("{}.momentum", p.label()), &dims, true);
+        let ev = b(BinOp::Add, b(BinOp::Mul, k(momentum), a(2)), grad.clone());
+        code.push(self.update(v, vec![(pn, false), (g, false), (v, false)], ev, &dims));
+        let step =
+            if nesterov { b(BinOp::Add, grad, b(BinOp::Mul, k(momentum), a(2))) } else { a(2) };
+        let ep = b(BinOp::Sub, a(0), b(BinOp::Mul, a(3), step));
+        let args = vec![(pn, false), (g, false), (v, false), (lr, true)];
+        code.push(self.update(pn, args, ep, &dims));
+        Ok(())
+    }
+
+    /// Adam and AdamW: decoupled decay first (AdamW), then the moments and the step
+    /// `p -= c1 · m / (√v · c2 + ε)`.
+    fn adam_code(
+        &mut self,
+        o: &Moments,
+        p: &Tensor,
+        [lr, c1, c2]: [NodeId; 3],
+        code: &mut Vec<Asgn>,
+    ) -> Result<()> {
+        let dims = p.dims()?;
+        let (pn, g, label) = (self.node(p), self.grad_node(p), p.label());
+        let m = self.extra_node(&format!("{label}.adam_m"), &dims, true);
+        let v = self.extra_node(&format!("{label}.adam_v"), &dims, true);
+        if o.decoupled && o.weight_decay != 0.0 {
+            // p = p * (1 - lr * wd)
+            let shrink = b(BinOp::Sub, k(1.0), b(BinOp::Mul, a(1), k(o.weight_decay)));
+            let e = b(BinOp::Mul, a(0), shrink);
+            code.push(self.update(pn, vec![(pn, false), (lr, true)], e, &dims));
+        }
+        let gp = grad_with_l2(if o.decoupled { 0.0 } else { o.weight_decay });
+        // m = β1 m + (1-β1) g';  v = β2 v + (1-β2) g'^2
+        let em = b(
+            BinOp::Add,
+            b(BinOp::Mul, k(o.beta1), a(2)),
+            b(BinOp::Mul, k(1.0 - o.beta1), gp.clone()),
+        );
+        code.push(self.update(m, vec![(pn, false), (g, false), (m, false)], em, &dims));
+        let g2 = b(BinOp::Mul, gp.clone(), gp);
+        let ev =
+            b(BinOp::Add, b(BinOp::Mul, k(o.beta2), a(2)), b(BinOp::Mul, k(1.0 - o.beta2), g2));
+        code.push(self.update(v, vec![(pn, false), (g, false), (v, false)], ev, &dims));
+        let denom = b(BinOp::Add, b(BinOp::Mul, ScalarExpr::un(UnOp::Sqrt, a(2)), a(4)), k(o.eps));
+        let e = b(BinOp::Sub, a(0), b(BinOp::Div, b(BinOp::Mul, a(3), a(1)), denom));
+        let args = vec![(pn, false), (m, false), (v, false), (c1, true), (c2, true)];
+        code.push(self.update(pn, args, e, &dims));
+        Ok(())
     }
 
     /// Compiles a whole training step — forward, backpropagation from `loss`, the update of
@@ -366,7 +392,7 @@ impl Session {
     /// let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
     /// let loss = w.pointmul(&w); // minimize w^2
     /// let mut s = Session::new(&g).unwrap();
-    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &Default::default()).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::Sgd(Default::default()), &[], &Default::default()).unwrap();
     /// for _ in 0..10 { s.step(&mut step, 0.25).unwrap(); }
     /// assert!(s.read(&w).unwrap()[0].abs() < 0.01); // w halves every step
     /// ```
@@ -381,7 +407,7 @@ impl Session {
     /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
     /// let mut s = Session::new(&g).unwrap();
     /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };
-    /// let mut step = s.train_step(&loss, &Optimizer::sgd(), &[], &clip).unwrap();
+    /// let mut step = s.train_step(&loss, &Optimizer::Sgd(Default::default()), &[], &clip).unwrap();
     /// s.step(&mut step, 1.0).unwrap();
     /// assert!((s.grad_norm(&step).unwrap().unwrap() - 5.0).abs() < 1e-5);
     /// let w1 = s.read(&w).unwrap(); // moved by a gradient of norm 1: w - w/5

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
-use rocannl_tensor::optim::{Optimizer, StepOptions};
+use rocannl_tensor::optim::{Optimizer, Sgd, StepOptions};
 use rocannl_tensor::parallel::Group;
 use rocannl_tensor::{Error, Graph, Prec, Session, SessionOptions};
 
@@ -36,7 +36,7 @@ pub struct Case {
 impl Default for Case {
     fn default() -> Case {
         Case {
-            opt: Optimizer::sgd(),
+            opt: Optimizer::Sgd(Sgd::default()),
             step: StepOptions::default(),
             prec: Prec::F32,
             master: None,
