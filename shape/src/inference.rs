@@ -293,7 +293,40 @@ impl Inference {
         if self.finished {
             return Ok(());
         }
+        // Stage 1 once more, backwards: what later steps taught flows back to earlier ones.
         self.second_pass()?;
+        // Stages 2–7: close every variable.
+        let pending = self.closing_stages()?;
+        // What is left only in unsolved constraints closes, and is solved once more.
+        let pending = self.close_leftover_vars(pending)?;
+        if let Some(c) = pending.first() {
+            let c = c.clone();
+            return Err(self.report(Conflict {
+                message: format!("could not infer shapes: {} remains unsolved", c.c),
+                origin: c.origin,
+                conv: None,
+            }));
+        }
+        for sh in &mut self.shapes {
+            refresh_shape(&self.solver.env, sh);
+        }
+        self.check_closed()?;
+        self.check_sizes()?;
+        self.finished = true;
+        self.warnings = self.compute_warnings();
+        self.warnings.extend(self.conv_warnings());
+        if self.strict
+            && let Some(w) = self.warnings.first()
+        {
+            return Err(ShapeError::Guess(w.message.clone()));
+        }
+        Ok(())
+    }
+
+    /// Stages 2–7 over what the second pass left pending and every shape's rows: the rows
+    /// with a lower-bounded dimension join at stage 4, the others at stage 6. Returns what is
+    /// still unsolved.
+    fn closing_stages(&mut self) -> Result<Vec<Constr>, ShapeError> {
         let mut pending = std::mem::take(&mut self.pending);
         let mut rows = self.shape_rows();
         for stage in Stage::CLOSING {
@@ -310,51 +343,52 @@ impl Inference {
             }
             pending = self.solver.solve(stage, pending).map_err(|c| self.report(c))?;
         }
-        if !pending.is_empty() {
-            // Variables left only in unsolved constraints (e.g. a concatenation split nothing
-            // determines): close them and try once more.
-            let mut close = Vec::new();
-            for c in &pending {
-                for v in constraint_dim_vars(&self.solver, &c.c) {
-                    close.push(
-                        Constraint::ShapeRow {
-                            row: Arc::new(Row::fixed(vec![Dim::Var(v)], any_row_id())),
-                            from: 0,
-                        }
-                        .at(&c.origin),
-                    );
-                }
+        Ok(pending)
+    }
+
+    /// Variables left only in unsolved constraints (e.g. a concatenation split nothing
+    /// determines): closes them and tries once more. Returns what is still unsolved.
+    fn close_leftover_vars(&mut self, mut pending: Vec<Constr>) -> Result<Vec<Constr>, ShapeError> {
+        if pending.is_empty() {
+            return Ok(pending);
+        }
+        let mut close = Vec::new();
+        for c in &pending {
+            for v in constraint_dim_vars(&self.solver, &c.c) {
+                close.push(
+                    Constraint::ShapeRow {
+                        row: Arc::new(Row::fixed(vec![Dim::Var(v)], any_row_id())),
+                        from: 0,
+                    }
+                    .at(&c.origin),
+                );
             }
-            pending.extend(close);
-            pending =
-                self.solver.solve(Stage::DimsToLowerBound, pending).map_err(|c| self.report(c))?;
         }
-        if let Some(c) = pending.first() {
-            let c = c.clone();
-            return Err(self.report(Conflict {
-                message: format!("could not infer shapes: {} remains unsolved", c.c),
-                origin: c.origin,
-                conv: None,
-            }));
-        }
-        for sh in &mut self.shapes {
-            refresh_shape(&self.solver.env, sh);
-        }
-        if let Some(sh) =
-            self.shapes.iter().find(|s| !s.memory_rows().iter().all(|r| r.is_ground()))
-        {
-            let msg = format!(
-                "shape of '{}' is not fully inferred: {}",
-                sh.debug_name,
-                self.readable(&sh.to_string(), true)
-            );
-            return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
-                message: msg,
-                ops: vec![],
-                steps: vec![],
-            })));
-        }
-        if let Some((sh, what)) = self.shapes.iter().find_map(|sh| {
+        pending.extend(close);
+        self.solver.solve(Stage::DimsToLowerBound, pending).map_err(|c| self.report(c))
+    }
+
+    /// Every shape is closed: no variable is left in its rows.
+    fn check_closed(&self) -> Result<(), ShapeError> {
+        let Some(sh) = self.shapes.iter().find(|s| !s.memory_rows().iter().all(|r| r.is_ground()))
+        else {
+            return Ok(());
+        };
+        let msg = format!(
+            "shape of '{}' is not fully inferred: {}",
+            sh.debug_name,
+            self.readable(&sh.to_string(), true)
+        );
+        Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+            message: msg,
+            ops: vec![],
+            steps: vec![],
+        })))
+    }
+
+    /// Every size and element count fits in 63 bits ([`MAX_SIZE`]).
+    fn check_sizes(&self) -> Result<(), ShapeError> {
+        let Some((sh, what)) = self.shapes.iter().find_map(|sh| {
             let dims = sh.dims()?;
             let too_big = |n: usize| n > MAX_SIZE;
             if let Some(d) = dims.iter().find(|d| too_big(**d)) {
@@ -365,27 +399,19 @@ impl Inference {
                 Some(n) => Some((sh, format!("{n} elements"))),
                 None => Some((sh, "more than 2^64 elements".to_string())),
             }
-        }) {
-            let msg = format!(
-                "'{}' has shape {sh} with {what}: sizes and element counts must fit in 63 bits \
-                 (at most {MAX_SIZE})",
-                sh.debug_name
-            );
-            return Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
-                message: msg,
-                ops: vec![],
-                steps: vec![],
-            })));
-        }
-        self.finished = true;
-        self.warnings = self.compute_warnings();
-        self.warnings.extend(self.conv_warnings());
-        if self.strict
-            && let Some(w) = self.warnings.first()
-        {
-            return Err(ShapeError::Guess(w.message.clone()));
-        }
-        Ok(())
+        }) else {
+            return Ok(());
+        };
+        let msg = format!(
+            "'{}' has shape {sh} with {what}: sizes and element counts must fit in 63 bits \
+             (at most {MAX_SIZE})",
+            sh.debug_name
+        );
+        Err(ShapeError::Mismatch(Box::new(ShapeMismatch {
+            message: msg,
+            ops: vec![],
+            steps: vec![],
+        })))
     }
 
     /// The second propagation pass: every step's constraints again, in reverse order, so that

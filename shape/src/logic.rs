@@ -1,4 +1,4 @@
-//! Shapes and the shape logic of each kind of operation (`get_inequalities`).
+//! The shape logic of each kind of operation (`get_inequalities`).
 //!
 //! Every operation instance is an *update step*: a result shape (`cur`) and a [`Logic`] saying
 //! how it relates to its argument shapes. [`get_inequalities`] turns a step into constraints:
@@ -9,7 +9,6 @@
 //! projection-relevant facts that substitution would lose: which dimension variables are fixed
 //! indices or runtime symbols, and the einsum labels.
 
-use std::fmt;
 use std::sync::Arc;
 
 use rocannl_arrayjit::indexing::{AxisIndex, Symbol};
@@ -19,57 +18,11 @@ use crate::constraint::{Constraint, DimConstraint, RowConstraint, TotalElems};
 use crate::dim::{ConvDim, Dim};
 use crate::error::{ShapeError, ShapeMismatch};
 use crate::reshape::{ReshapeRows, check_rows, reshape_constraints};
+/// The shape every step relates, defined beside its rows.
+pub use crate::row::Shape;
 use crate::row::{Bcast, Kind, Row, RowId};
 use crate::spec::{AxisSpec, EinsumSpec, MAX_INDEX, RowSpec, RowVarSpec, ShapePattern};
 use crate::var::{DimVar, RowVar, ShapeId, VarGen};
-
-/// A tensor shape: three rows, mutable so that partially inferred shapes can be observed. The
-/// rows are shared with the constraints derived from the shape.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Shape {
-    /// Batch axes.
-    pub batch: Arc<Row>,
-    /// Input axes.
-    pub input: Arc<Row>,
-    /// Output axes.
-    pub output: Arc<Row>,
-    /// The shape's id.
-    pub id: ShapeId,
-    /// The tensor's name, used in messages.
-    pub debug_name: String,
-}
-
-impl Shape {
-    /// The row of a kind.
-    pub fn row(&self, kind: Kind) -> &Arc<Row> {
-        match kind {
-            Kind::Batch => &self.batch,
-            Kind::Input => &self.input,
-            Kind::Output => &self.output,
-        }
-    }
-
-    /// The rows in memory order: batch, output, input.
-    pub fn memory_rows(&self) -> [&Row; 3] {
-        [self.batch.as_ref(), self.output.as_ref(), self.input.as_ref()]
-    }
-
-    /// The dimensions in memory order, when all are known.
-    pub fn dims(&self) -> Option<Vec<usize>> {
-        let mut out = Vec::new();
-        for r in self.memory_rows() {
-            out.extend(r.sizes()?);
-        }
-        Some(out)
-    }
-}
-
-impl fmt::Display for Shape {
-    /// `batch|input->output`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}|{}->{}", self.batch, self.input, self.output)
-    }
-}
 
 /// Where a batch slice takes its position from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -22,8 +22,7 @@ use rocannl_arrayjit::indexing::{AxisIndex, Projections, SymbolGen};
 
 use crate::constraint::{Constraint, RowConstraint, TotalElems};
 use crate::dim::Dim;
-use crate::logic::Shape;
-use crate::row::{Bcast, Kind, Row, RowId};
+use crate::row::{Bcast, Kind, Row, RowId, Shape};
 use crate::var::VarGen;
 
 /// How a reshape's result row of one kind relates to the argument's row of that kind.

@@ -5,8 +5,11 @@
 //! value between `beg_dims` and `dims`: broadcasting happens "in the middle", keeping both the
 //! given leading and the given trailing axes fixed. Rows without leading axes broadcast like
 //! NumPy (extra axes on the left).
+//!
+//! A [`Shape`] is three rows, one of each [`Kind`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::dim::Dim;
 use crate::var::{RowVar, ShapeId};
@@ -213,5 +216,53 @@ mod tests {
         let spliced = r.splice(RowVar(0), &closed);
         assert_eq!(spliced.to_string(), "2,$d7,5");
         assert_eq!(spliced.num_fixed(), 3);
+    }
+}
+
+/// A tensor shape: three rows, mutable so that partially inferred shapes can be observed. The
+/// rows are shared with the constraints derived from the shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Batch axes.
+    pub batch: Arc<Row>,
+    /// Input axes.
+    pub input: Arc<Row>,
+    /// Output axes.
+    pub output: Arc<Row>,
+    /// The shape's id.
+    pub id: ShapeId,
+    /// The tensor's name, used in messages.
+    pub debug_name: String,
+}
+
+impl Shape {
+    /// The row of a kind.
+    pub fn row(&self, kind: Kind) -> &Arc<Row> {
+        match kind {
+            Kind::Batch => &self.batch,
+            Kind::Input => &self.input,
+            Kind::Output => &self.output,
+        }
+    }
+
+    /// The rows in memory order: batch, output, input.
+    pub fn memory_rows(&self) -> [&Row; 3] {
+        [self.batch.as_ref(), self.output.as_ref(), self.input.as_ref()]
+    }
+
+    /// The dimensions in memory order, when all are known.
+    pub fn dims(&self) -> Option<Vec<usize>> {
+        let mut out = Vec::new();
+        for r in self.memory_rows() {
+            out.extend(r.sizes()?);
+        }
+        Some(out)
+    }
+}
+
+impl fmt::Display for Shape {
+    /// `batch|input->output`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}->{}", self.batch, self.input, self.output)
     }
 }

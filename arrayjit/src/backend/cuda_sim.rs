@@ -30,7 +30,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::device_pool::{Block, CachingPool, PoolStats};
+use super::device_pool::{Block, CachingPool};
 use super::kernel_ir::{self, KCond, KStmt, Kernel, SHARED_LIMIT};
 use super::{Backend, BackendKind, BuildReport, BuildRequest, Compiled};
 use crate::error::Error;
@@ -146,13 +146,7 @@ impl Backend for CudaSim {
         Ok(())
     }
 
-    fn pool_stats(&self) -> Option<PoolStats> {
-        Some(self.pool.stats())
-    }
-
-    fn has_buffer(&self, node: NodeId) -> bool {
-        self.buffers.contains_key(&node)
-    }
+    super::device_pool::pooled_buffer_queries!();
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
         let r = super::live_routine(&mut self.routines, routine)?;

@@ -18,6 +18,23 @@ use rustc_hash::FxHashMap;
 
 use crate::error::Error;
 
+/// The [`Backend`](super::Backend) methods that the backends whose buffers come from a
+/// [`CachingPool`] (the CUDA backend and its simulator) answer alike: the pool's figures, and
+/// whether a node has a buffer. Invoked inside such a backend's `impl Backend`; the backend has
+/// a `pool` field (a [`CachingPool`]) and a `buffers` map keyed by node id.
+macro_rules! pooled_buffer_queries {
+    () => {
+        fn pool_stats(&self) -> Option<$crate::backend::device_pool::PoolStats> {
+            Some(self.pool.stats())
+        }
+
+        fn has_buffer(&self, node: $crate::tnode::NodeId) -> bool {
+            self.buffers.contains_key(&node)
+        }
+    };
+}
+pub(crate) use pooled_buffer_queries;
+
 /// Classes below this are multiples of [`SMALL_UNIT`] bytes.
 pub const SMALL_LIMIT: usize = 1 << 20;
 /// The unit of small classes.

@@ -19,7 +19,7 @@ use cudarc::driver::{
 };
 use rustc_hash::FxHashMap;
 
-use super::device_pool::{Block, CachingPool, PoolStats};
+use super::device_pool::{Block, CachingPool};
 use super::{Backend, BackendKind, BuildReport, BuildRequest, CompileOptions, Compiled};
 use crate::error::Error;
 use crate::low_level::Program;
@@ -201,13 +201,7 @@ impl Backend for Cuda {
         Ok(())
     }
 
-    fn pool_stats(&self) -> Option<PoolStats> {
-        Some(self.pool.stats())
-    }
-
-    fn has_buffer(&self, node: NodeId) -> bool {
-        self.buffers.contains_key(&node)
-    }
+    super::device_pool::pooled_buffer_queries!();
 
     fn run(&mut self, routine: usize, symbols: &[i64]) -> Result<(), Error> {
         let r = &*super::live_routine(&mut self.routines, routine)?;

@@ -9,8 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::codegen::{self, BuildOptions, BuildTimes, Built, Output, StepKind};
+use super::codegen::{self, BuildOptions, BuildTimes, Built, Output};
 use super::plan::work;
+use super::step::StepKind;
 use super::{Code, fork};
 use crate::cache::{Cache, EntryKind};
 use crate::error::Error;

@@ -21,25 +21,10 @@
 use gccjit::{Context, OptimizationLevel};
 
 use super::emit::Gen;
+use super::step::StepKind;
 use crate::error::Error;
 use crate::low_level::{Program, Stmt};
 use crate::tnode::NodeId;
-
-/// How a step is run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StepKind {
-    /// On the calling thread, once.
-    Serial,
-    /// Split over `0..extent` of its outermost loop across the pool.
-    Parallel {
-        /// The outermost loop's trip count.
-        extent: i64,
-        /// A dynamic batch's limit on that loop ([`crate::low_level::Limit`]): the slot of its
-        /// size among the runtime symbols and the rows per iteration. Only the iterations below
-        /// it are split.
-        limit: Option<(usize, i64)>,
-    },
-}
 
 /// The callback generated code calls when bounds-check mode finds a bad index: `(run table,
 /// node, axis, index, bound)`.

@@ -12,9 +12,10 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 
 use super::build::{BuildInput, BuildOutput, balance, build_all, split_by_work};
-use super::codegen::{self, BuildOptions, RunTable, StepKind};
+use super::codegen::{self, BuildOptions, RunTable};
 use super::plan::Planned;
 use super::pool::StepFn;
+use super::step::StepKind;
 use super::{Code, Gccjit, Loaded, OobSlot, dedup, helpers, tier};
 use crate::backend::c_syntax::{CRenderer, Dialect, nodes_of, prelude, storage_ctype};
 use crate::backend::host::{HostArena, HostBuffer};

@@ -22,7 +22,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::codegen::StepKind;
+use super::step::StepKind;
 use crate::low_level::{Expr, IdxVar, Index, LocalId, Program, Scratch, Stmt, Var};
 use crate::ops::Prec;
 use crate::tnode::{NodeId, TensorNode};

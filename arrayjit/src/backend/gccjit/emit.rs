@@ -10,7 +10,7 @@ use gccjit::{
 };
 use rustc_hash::FxHashMap;
 
-use super::codegen::StepKind;
+use super::step::StepKind;
 use crate::backend::c_syntax::nodes_of;
 use crate::low_level::{Epilogue, Guard, IdxVar, Index, Limit, LocalId, Program, Stmt, Var};
 use crate::ops::Prec;

@@ -24,7 +24,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::codegen::StepKind;
+use super::step::StepKind;
 use crate::low_level::{Expr, Gemm, IdxVar, Index, Program, Stmt, Var};
 use crate::tnode::NodeId;
 

@@ -22,15 +22,17 @@ pub mod group;
 mod inline_math;
 pub mod plan;
 pub mod pool;
+pub mod step;
 pub mod tier;
 
 use rustc_hash::FxHashMap;
 use std::sync::Mutex;
 
 pub use build::{COLD_OPT_LEVEL, HOT_WORK_SHARE, balance, split_by_work};
-use codegen::{RunTable, StepKind};
+use codegen::RunTable;
 use plan::Planned;
 use pool::{Pool, StepFn};
+use step::StepKind;
 
 use super::host::{HostArena, HostBuffer, HostBuffers};
 use super::{Backend, BackendKind, BuildRequest, CompileOptions, Compiled};

@@ -8,8 +8,8 @@
 //! Serial runs are cut where their content says (content-defined chunking), so that equal runs
 //! give equal functions wherever they occur ([`super::dedup`]).
 
-use super::codegen::StepKind;
 use super::dedup;
+use super::step::StepKind;
 use crate::backend::CompileOptions;
 use crate::low_level::{Program, Stmt, cut_points, schedule};
 

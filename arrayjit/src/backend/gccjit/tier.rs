@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::codegen::{self, BuildOptions, Output, StepKind};
+use super::codegen::{self, BuildOptions, Output};
 use super::fork;
+use super::step::StepKind;
 use crate::cache::Cache;
 use crate::low_level::{Program, Stmt};
 use crate::tnode::NodeId;
