@@ -17,7 +17,7 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rocannl_arrayjit::ops::uniform;
 use rocannl_tensor::nn::{Mlp, MlpConfig, loss};
-use rocannl_tensor::{Graph, Optimizer, Session, SessionOptions, Sgd};
+use rocannl_tensor::{Axes, Graph, Optimizer, Session, SessionOptions, Sgd};
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     (0..n).map(|i| uniform(seed, i as u64) * 2.0 - 1.0).collect()
@@ -42,13 +42,15 @@ fn mlp_step(
     let g = Graph::with_seed(0);
     let classes = *widths.last().unwrap_or(&1);
     let (x, y, dim) = match kind {
-        Batch::Fixed => {
-            (g.data("x", &[batch], &[], &[input]), g.data("y", &[batch], &[], &[classes]), None)
-        }
+        Batch::Fixed => (
+            g.data("x", Axes::new().batch(&[batch]).output(&[input])),
+            g.data("y", Axes::new().batch(&[batch]).output(&[classes])),
+            None,
+        ),
         Batch::Dynamic(max) => {
             let d = g.dynamic("batch", max);
-            let x = g.data_dyn("x", &d, &[], &[], &[input]);
-            (x, g.data_dyn("y", &d, &[], &[], &[classes]), Some(d))
+            let x = g.data("x", Axes::new().dynamic_batch(&d).output(&[input]));
+            (x, g.data("y", Axes::new().dynamic_batch(&d).output(&[classes])), Some(d))
         }
     };
     let out = Mlp::new(&g, "mlp", MlpConfig::new(widths)).apply(&x);
@@ -83,8 +85,8 @@ fn mlp_step(
 
 fn einsum(c: &mut Criterion, name: &str, spec: &str, a: &[usize], b: &[usize], flop: u64) {
     let g = Graph::new();
-    let ta = g.data("a", &[], &[], a);
-    let tb = g.data("b", &[], &[], b);
+    let ta = g.data("a", Axes::new().output(a));
+    let tb = g.data("b", Axes::new().output(b));
     let out = ta.einsum(spec, &tb);
     let mut s = Session::new(&g).expect("session");
     let r = s.forward(&[&out]).expect("compile");

@@ -132,14 +132,14 @@ fn transformer_step() -> (rocannl::tensor::Session, rocannl::tensor::Tensor) {
         AttentionConfig, TransformerBlock, TransformerBlockConfig,
     };
     use rocannl::tensor::nn::loss;
-    use rocannl::tensor::{Graph, Session, SessionOptions};
+    use rocannl::tensor::{Axes, Graph, Session, SessionOptions};
     let g = Graph::with_seed(0);
-    let mut x = g.data("tokens", &[32, 16], &[], &[64]);
+    let mut x = g.data("tokens", Axes::new().batch(&[32, 16]).output(&[64]));
     for l in 0..2 {
         let cfg = TransformerBlockConfig::new(AttentionConfig::new(4, 16), 256);
         x = TransformerBlock::new(&g, &format!("layer{l}"), cfg).apply(&x);
     }
-    let y = g.data("targets", &[32, 16], &[], &[64]);
+    let y = g.data("targets", Axes::new().batch(&[32, 16]).output(&[64]));
     let l = loss::mse(&x, &y, loss::Reduction::Mean);
     let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
     (Session::with_options(&g, opts).expect("session"), l)

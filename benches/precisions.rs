@@ -18,7 +18,7 @@ use rocannl::tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl::tensor::nn::loss;
 use rocannl::tensor::optim::{AdamW, LossScale, Optimizer, StepOptions, TrainStep};
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
-use rocannl::tensor::{Graph, Prec, Session, SessionOptions, Tensor};
+use rocannl::tensor::{Axes, Graph, Prec, Session, SessionOptions, Tensor};
 
 const CONTEXT: usize = 16;
 const BATCH: usize = 32;
@@ -35,8 +35,8 @@ struct Run {
 fn build(prec: Prec, vocab: usize) -> Result<Run, Box<dyn std::error::Error>> {
     let g = Graph::with_seed(0);
     let batch = g.dynamic("batch", BATCH);
-    let x = g.ids_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
-    let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
+    let x = g.ids("inputs", Axes::new().dynamic_batch(&batch).batch(&[CONTEXT]));
+    let y = g.ids("targets", Axes::new().dynamic_batch(&batch).batch(&[CONTEXT]));
     let cfg = GptConfig::new(vocab, CONTEXT, 64, 4, 2);
     let logits = Gpt::new(&g, "gpt", cfg).apply(&x);
     let mean = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None).mean_all();

@@ -10,7 +10,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock, TransformerBlockConfig};
 use rocannl_tensor::nn::conv::{Conv2d, Conv2dConfig, Padding, max_pool2d};
 use rocannl_tensor::nn::{Linear, LinearConfig, OUTPUT_AXES};
-use rocannl_tensor::{Graph, Tensor, TensorId};
+use rocannl_tensor::{Axes, Graph, Tensor, TensorId};
 
 /// A convolution (einsum with convolution axes) + bias, then relu.
 fn conv(g: &Graph, name: &str, x: &Tensor, k: usize, out: usize, stride: usize) -> Tensor {
@@ -22,7 +22,7 @@ fn conv(g: &Graph, name: &str, x: &Tensor, k: usize, out: usize, stride: usize) 
 /// ResNet-50: a 7×7/2 stem, max pooling, 16 bottleneck blocks (1×1, 3×3, 1×1 convolutions with
 /// a residual, projected where the shape changes), average pooling and a dense classifier.
 pub fn resnet50(g: &Graph) -> Tensor {
-    let x = g.data("images", &[8], &[], &[224, 224, 3]);
+    let x = g.data("images", Axes::new().batch(&[8]).output(&[224, 224, 3]));
     let mut h = conv(g, "stem", &x, 7, 64, 2);
     h = max_pool2d(&h, 2, 2);
     let stages = [(3, 64, 256, 1), (4, 128, 512, 2), (6, 256, 1024, 2), (3, 512, 2048, 2)];
@@ -49,7 +49,7 @@ pub fn resnet50(g: &Graph) -> Tensor {
 
 /// A 12-layer pre-norm transformer over sequences of 32 positions of width 64.
 pub fn transformer(g: &Graph) -> Tensor {
-    let mut x = g.data("tokens", &[4, 32], &[], &[64]);
+    let mut x = g.data("tokens", Axes::new().batch(&[4, 32]).output(&[64]));
     for l in 0..12 {
         let cfg = TransformerBlockConfig::new(AttentionConfig::new(4, 16), 256);
         x = TransformerBlock::new(g, &format!("layer{l}"), cfg).apply(&x);

@@ -37,7 +37,7 @@ use rocannl::tensor::optim::{AdamW, LossScale, Optimizer, StepOptions};
 use rocannl::tensor::parallel::Group;
 use rocannl::tensor::train::{LrSchedule, SequenceLoader};
 use rocannl::tensor::{
-    BackendKind, DynDim, Graph, Prec, Routine, Session, SessionOptions, Tensor, TrainStep,
+    Axes, BackendKind, DynDim, Graph, Prec, Routine, Session, SessionOptions, Tensor, TrainStep,
 };
 
 const CONTEXT: usize = 16;
@@ -155,8 +155,8 @@ struct Model {
 
 fn model(g: &Graph, vocab: usize) -> Model {
     let batch = g.dynamic("batch", BATCH);
-    let x = g.ids_dyn("inputs", &batch, &[CONTEXT], &[], &[]);
-    let y = g.ids_dyn("targets", &batch, &[CONTEXT], &[], &[]);
+    let x = g.ids("inputs", Axes::new().dynamic_batch(&batch).batch(&[CONTEXT]));
+    let y = g.ids("targets", Axes::new().dynamic_batch(&batch).batch(&[CONTEXT]));
     // Attention without bias, MLPs and head with bias, PyTorch's default inits: the defaults.
     let cfg = GptConfig::new(vocab, CONTEXT, WIDTH, 4, 2)
         .with_ff(4 * WIDTH)

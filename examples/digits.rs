@@ -13,7 +13,7 @@ use rocannl::datasets::{Digits, digits};
 use rocannl::tensor::nn::conv::{Conv2d, Conv2dConfig, Padding, max_pool2d};
 use rocannl::tensor::nn::{Linear, LinearConfig, Mlp, MlpConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, accuracy, shuffled, train};
-use rocannl::tensor::{Adam, Graph, Optimizer, Session, Tensor};
+use rocannl::tensor::{Adam, Axes, Graph, Optimizer, Session, Tensor};
 
 /// Shuffles the images with a seed and splits off the last `test` for evaluation.
 fn split(d: &Digits, test: usize) -> (Digits, Digits) {
@@ -67,7 +67,7 @@ fn run(
     };
     let logits = model.apply(loader.batch(0));
     let loss = loss::cross_entropy(&logits, loader.batch(1), loss::Reduction::Mean).named("loss");
-    let test_images = g.data("test_images", &[test_set.len()], &[], &example);
+    let test_images = g.data("test_images", Axes::new().batch(&[test_set.len()]).output(&example));
     let test_logits = model.apply(&test_images).named("test_logits");
 
     let mut s = Session::new(&g)?;

@@ -5,7 +5,7 @@
 
 use std::error::Error;
 
-use rocannl::tensor::{Graph, Init, ParamSpec, Session, Tensor};
+use rocannl::tensor::{Axes, Graph, Init, ParamSpec, Session, Tensor};
 
 /// Prints a tensor's shape (`batch|input->output`) and values.
 fn show(s: &mut Session, what: &str, t: &Tensor) -> Result<(), Box<dyn Error>> {
@@ -23,9 +23,9 @@ fn stop(title: &str, spec: &str) {
 fn main() -> Result<(), Box<dyn Error>> {
     let g = Graph::new();
     // Data: x is 2|3->4 (batch 2, input 3, output 4), cells hold their offsets.
-    let x = g.range_of_shape(&[2], &[3], &[4]);
-    let a = g.ndarray("a", &[], &[], &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    let b = g.ndarray("b", &[], &[], &[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    let x = g.range_of_shape(Axes::new().batch(&[2]).input(&[3]).output(&[4]));
+    let a = g.ndarray("a", Axes::new().output(&[2, 3]), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let b = g.ndarray("b", Axes::new().output(&[3, 2]), &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
     let v3 = g.vector("v3", &[1.0, 10.0, 100.0]);
 
     let permuted = x.einsum("b|i->o => o|b->i", []);
@@ -38,16 +38,17 @@ fn main() -> Result<(), Box<dyn Error>> {
     let broadcast = g.vector("one", &[2.0]).einsum("i; i => i", &v3);
     let select = a.einsum("1j => j", []);
     let place = v3.einsum("i => 2i", []);
-    let diagonal = g.range_of_shape(&[], &[], &[3, 3]).einsum("ii => i", []);
-    let trace = g.range_of_shape(&[], &[], &[3, 3]).einsum("ii => 0", []);
+    let diagonal = g.range_of_shape(Axes::new().output(&[3, 3])).einsum("ii => i", []);
+    let trace = g.range_of_shape(Axes::new().output(&[3, 3])).einsum("ii => 0", []);
     let series = g.vector("s", &[0.0, 1.0, 3.0, 6.0, 10.0]);
     let diff = series.einsum("o+k; k => o", &g.vector("d", &[-1.0, 1.0]));
     let strided = g.range(8).einsum("2*i => i", []);
     let row_max = a.amax("ij => i");
     let pooled = g
-        .range_of_shape(&[], &[], &[4, 4])
-        .tropical("2*h+i, 2*w+j; i, j => h, w", &g.constant(0.0, &[], &[], &[2, 2]));
-    let joined = a.concat("i, p; i, q => i, p^q", &[&g.range_of_shape(&[], &[], &[2, 1])]);
+        .range_of_shape(Axes::new().output(&[4, 4]))
+        .tropical("2*h+i, 2*w+j; i, j => h, w", &g.constant(0.0, Axes::new().output(&[2, 2])));
+    let joined =
+        a.concat("i, p; i, q => i, p^q", &[&g.range_of_shape(Axes::new().output(&[2, 1]))]);
     // A parameter whose size is inferred by subtraction: 2 + ? = 5.
     let rest = g.param("rest", ParamSpec::default().init(Init::Constant(9.0)));
     let five = g.vector("two", &[7.0, 8.0]).concat("p; q => p^q", &[&rest]);

@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use rocannl::tensor::nn::{Mlp, MlpConfig, loss};
-use rocannl::tensor::{Graph, Optimizer, Session, SessionOptions, Sgd};
+use rocannl::tensor::{Axes, Graph, Optimizer, Session, SessionOptions, Sgd};
 
 fn main() {
     if let Err(e) = run() {
@@ -65,8 +65,8 @@ fn run() -> Result<(), rocannl::tensor::Error> {
 
     let t0 = Instant::now();
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[batch], &[], &[features]);
-    let y = g.data("y", &[batch], &[], &[classes]);
+    let x = g.data("x", Axes::new().batch(&[batch]).output(&[features]));
+    let y = g.data("y", Axes::new().batch(&[batch]).output(&[classes]));
     let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, hidden, classes])).apply(&x);
     let l = if moons {
         loss::hinge(&out, &y, loss::Reduction::Mean)

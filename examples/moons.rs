@@ -13,7 +13,7 @@ use std::error::Error;
 use rocannl::datasets::half_moons;
 use rocannl::tensor::nn::{Mlp, MlpConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
-use rocannl::tensor::{BackendKind, Graph, Optimizer, Session, SessionOptions, Sgd};
+use rocannl::tensor::{Axes, BackendKind, Graph, Optimizer, Session, SessionOptions, Sgd};
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let loss = loss::hinge(&scores, loader.batch(1), loss::Reduction::Mean).named("loss");
 
     // Held-out evaluation reuses the same parameters on the whole test set.
-    let test_points = g.data("test_points", &[512], &[], &[2]);
+    let test_points = g.data("test_points", Axes::new().batch(&[512]).output(&[2]));
     let test_scores = model.apply(&test_points).named("test_scores");
 
     let opts = SessionOptions { backend, ..SessionOptions::default() };

@@ -14,7 +14,7 @@ use rocannl::datasets::names;
 use rocannl::datasets::uniform;
 use rocannl::tensor::nn::{Linear, LinearConfig, loss};
 use rocannl::tensor::train::{Column, Loader, LrSchedule, TrainConfig, train};
-use rocannl::tensor::{Adam, Graph, Init, Optimizer, ParamSpec, Session, Tensor};
+use rocannl::tensor::{Adam, Axes, Graph, Init, Optimizer, ParamSpec, Session, Tensor};
 
 const VOCAB: usize = 27;
 const CONTEXT: usize = 3;
@@ -97,13 +97,17 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     let loader = Loader::new(&g, &columns, 256)?;
     // The logits of the next character for context ids `ctx` (`batch | context, 1`).
     let (table, hidden, out) = if model == "bigram" {
-        let w =
-            g.param("bigram", ParamSpec::matrix(&[1, VOCAB], &[VOCAB]).init(Init::Constant(0.0)));
+        let w = g.param(
+            "bigram",
+            ParamSpec::new(Axes::new().input(&[1, VOCAB]).output(&[VOCAB]))
+                .init(Init::Constant(0.0)),
+        );
         (w, None, None)
     } else {
         let table = g.param(
             "embed",
-            ParamSpec::matrix(&[VOCAB], &[10]).init(Init::Normal { mean: 0.0, std: 1.0 }),
+            ParamSpec::new(Axes::new().input(&[VOCAB]).output(&[10]))
+                .init(Init::Normal { mean: 0.0, std: 1.0 }),
         );
         let hidden = Linear::new(&g, "hidden", LinearConfig::new(100));
         (table, Some(hidden), Some(Linear::new(&g, "out", LinearConfig::new(VOCAB))))
@@ -120,7 +124,7 @@ fn run(model: &str, quick: bool, words: &[String]) -> Result<(f64, f64), Box<dyn
     };
     let logits = logits_of(loader.batch(0));
     let loss = loss::cross_entropy(&logits, loader.batch(1), loss::Reduction::Mean).named("loss");
-    let sample_ctx = g.data("sample_context", &[], &[], &[context, 1]);
+    let sample_ctx = g.data("sample_context", Axes::new().output(&[context, 1]));
     let sample_logits = logits_of(&sample_ctx).named("sample_logits");
 
     let mut s = Session::new(&g)?;

@@ -32,7 +32,7 @@ use rocannl::tensor::nn::{Activation, Linear, LinearConfig, Mlp, MlpConfig, loss
 use rocannl::tensor::optim::StepOptions;
 use rocannl::tensor::parallel::Group;
 use rocannl::tensor::{
-    Adam, AdamW, Graph, Init, Optimizer, Session, SessionOptions, Sgd, Tensor, View,
+    Adam, AdamW, Axes, Graph, Init, Optimizer, Session, SessionOptions, Sgd, Tensor,
 };
 use serde_json::Value;
 
@@ -88,8 +88,8 @@ fn gpt(c: &Value, t: &Value) -> Problem {
     .with_init(Some(Init::Normal { mean: 0.0, std: 0.02 }))
     .with_eps(f64_of(t, "layer_norm_eps"));
     let g = Graph::with_seed(0);
-    let x = g.ids("x", &[batch, context], &[], &[]);
-    let y = g.ids("y", &[batch, context], &[], &[]);
+    let x = g.ids("x", Axes::new().batch(&[batch, context]));
+    let y = g.ids("y", Axes::new().batch(&[batch, context]));
     let logits = Gpt::new(&g, "gpt", cfg).apply(&x);
     let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);
     let betas = &t["betas"];
@@ -112,8 +112,8 @@ fn mlp(c: &Value) -> Problem {
     let batch = usize_of(c, "batch");
     let classes = dims[dims.len() - 1];
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[batch], &[], &[dims[0]]);
-    let y = g.data("y", &[batch], &[], &[classes]);
+    let x = g.data("x", Axes::new().batch(&[batch]).output(&[dims[0]]));
+    let y = g.data("y", Axes::new().batch(&[batch]).output(&[classes]));
     let pred = Mlp::new(&g, "mlp", MlpConfig::new(&dims[1..])).apply(&x);
     let loss = loss::mse(&pred, &y, loss::Reduction::Mean);
     let xs: Vec<f64> = draws(3, batch * dims[0]).map(|u| 2.0 * u - 1.0).collect();
@@ -145,8 +145,8 @@ fn cnn(c: &Value) -> Problem {
         .unwrap_or_default();
     let (k, pool, classes) = (usize_of(c, "kernel"), usize_of(c, "pool"), usize_of(c, "classes"));
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[batch], &[], &image);
-    let y = g.ids("y", &[batch], &[], &[]);
+    let x = g.data("x", Axes::new().batch(&[batch]).output(&image));
+    let y = g.ids("y", Axes::new().batch(&[batch]));
     let conv = |name: &str, out: usize| {
         Conv2d::new(&g, name, Conv2dConfig::new((k, k), out).with_padding(Padding::Same))
     };
@@ -172,11 +172,11 @@ fn mlp_lm(c: &Value) -> Problem {
         (usize_of(c, "vocab"), usize_of(c, "context"), usize_of(c, "batch"));
     let emb_dim = usize_of(c, "embedding");
     let g = Graph::with_seed(0);
-    let x = g.ids("x", &[batch, context], &[], &[]);
-    let y = g.ids("y", &[batch], &[], &[]);
+    let x = g.ids("x", Axes::new().batch(&[batch, context]));
+    let y = g.ids("y", Axes::new().batch(&[batch]));
     let e = Embedding::new(&g, "emb", EmbeddingConfig::new(vocab, emb_dim)).apply(&x);
     // `B, T | -> E` as `B | -> T·E`, PyTorch's `emb.view(B, -1)`.
-    let flat = e.reshape(&View::new().batch(&[batch]).output(&[context * emb_dim]));
+    let flat = e.reshape(&Axes::new().batch(&[batch]).output(&[context * emb_dim]));
     let h = Linear::new(&g, "fc", LinearConfig::new(usize_of(c, "hidden"))).apply(&flat).tanh();
     let logits = Linear::new(&g, "out", LinearConfig::new(vocab)).apply(&h);
     let loss = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean);

@@ -1,7 +1,7 @@
 //! The README's first example, as written there: a two-layer network whose weight shapes are
 //! inferred from how they are used. `cargo run --release --example taste`
 use rocannl::tensor::nn::loss;
-use rocannl::tensor::{Adam, Graph, Optimizer, ParamSpec, Session};
+use rocannl::tensor::{Adam, Axes, Graph, Optimizer, ParamSpec, Session};
 
 fn main() {
     if let Err(e) = run() {
@@ -18,10 +18,10 @@ fn run() -> Result<(), rocannl::tensor::Error> {
         .collect();
 
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[64], &[], &[3]); // 64 examples with 3 features
-    let y = g.data("y", &[64], &[], &[1]); // their targets
+    let x = g.data("x", Axes::new().batch(&[64]).output(&[3])); // 64 examples with 3 features
+    let y = g.data("y", Axes::new().batch(&[64]).output(&[1])); // their targets
     let w1 = g.param("w1", ParamSpec::default()); // both rows inferred
-    let b1 = g.param("b1", ParamSpec::vector(&[8])); // the hidden width is the one size given
+    let b1 = g.param("b1", ParamSpec::new(Axes::new().input(&[]).output(&[8]))); // the hidden width is the one size given
     let w2 = g.param("w2", ParamSpec::default());
     let pred = w2.matmul(&(&w1.matmul(&x) + &b1).tanh());
     let mse = loss::mse(&pred, &y, loss::Reduction::Mean);

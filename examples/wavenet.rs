@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use rocannl::tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl::tensor::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, loss};
-use rocannl::tensor::{Graph, Init, Optimizer, Session, Sgd, Tensor, View};
+use rocannl::tensor::{Axes, Graph, Init, Optimizer, Session, Sgd, Tensor};
 
 const CONTEXT: usize = 8;
 const EMBED: usize = 24;
@@ -94,7 +94,7 @@ fn model(g: &Graph, x: &Tensor, vocab: usize) -> Tensor {
         // FlattenConsecutive(2): `B, T | -> C` as `B, T/2 | -> 2C` (PyTorch's view).
         positions /= 2;
         width *= 2;
-        let view = View::new().batch_partial(&[None, Some(positions)]).output(&[width]);
+        let view = Axes::new().batch_partial(&[None, Some(positions)]).output(&[width]);
         h = h.reshape(&view);
         let linear = LinearConfig::new(HIDDEN).with_bias(false);
         h = Linear::new(g, &format!("s{s}.linear"), linear).apply(&h);
@@ -103,7 +103,7 @@ fn model(g: &Graph, x: &Tensor, vocab: usize) -> Tensor {
         width = HIDDEN;
     }
     // The one position left goes: `B, 1 | -> C` as `B | -> C`.
-    let h = h.reshape(&View::new().batch_partial(&[None]));
+    let h = h.reshape(&Axes::new().batch_partial(&[None]));
     let bound = 1.0 / (HIDDEN as f64).sqrt();
     let head = LinearConfig::new(vocab)
         .with_w_init(Init::FanInUniform.gain(0.1))
@@ -143,8 +143,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (vocab, [train, val, _test]) = data();
     let g = Graph::with_seed(a.seed);
     let batch = g.dynamic("batch", EVAL_BATCH);
-    let x = g.ids_dyn("contexts", &batch, &[CONTEXT], &[], &[]);
-    let y = g.ids_dyn("targets", &batch, &[], &[], &[]);
+    let x = g.ids("contexts", Axes::new().dynamic_batch(&batch).batch(&[CONTEXT]));
+    let y = g.ids("targets", Axes::new().dynamic_batch(&batch));
     let logits = model(&g, &x, vocab.len());
     let per_example = loss::sparse_cross_entropy(&logits, &y, loss::Reduction::None);
     let mean = per_example.mean_all();

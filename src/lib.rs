@@ -17,13 +17,13 @@
 //!
 //! ```
 //! use rocannl::tensor::nn::loss;
-//! use rocannl::tensor::{Graph, Optimizer, Sgd, ParamSpec, Session};
+//! use rocannl::tensor::{Axes, Graph, Optimizer, ParamSpec, Session, Sgd};
 //!
 //! let g = Graph::with_seed(0);
-//! let x = g.data("x", &[4], &[], &[2]); // a batch of 4 points with 2 features
-//! let y = g.data("y", &[4], &[], &[1]);
+//! let x = g.data("x", Axes::new().batch(&[4]).output(&[2])); // a batch of 4 points with 2 features
+//! let y = g.data("y", Axes::new().batch(&[4]).output(&[1]));
 //! let w = g.param("w", ParamSpec::default()); // both rows inferred
-//! let b = g.param("b", ParamSpec::vector(&[1]));
+//! let b = g.param("b", ParamSpec::new(Axes::new().input(&[]).output(&[1])));
 //! let loss = loss::mse(&(&w.matmul(&x) + &b), &y, loss::Reduction::Mean);
 //!
 //! let mut s = Session::new(&g)?; // shapes are inferred here

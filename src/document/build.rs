@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use crate::arrayjit::error::limit_message;
-use crate::shape::{RowDecl, ShapeError};
-use crate::tensor::{Error, Graph, Init, ParamSpec, Tensor, Warnings};
+use crate::shape::ShapeError;
+use crate::tensor::{Axes, Error, Graph, Init, ParamSpec, Tensor, Warnings};
 
 use crate::document::doc::{
     CliError, Document, ErrorKind, Expr, Init as DocInit, Leaf, Rows, input_err,
@@ -195,11 +195,15 @@ impl Builder {
                     Leaf::Range(n) => g.range(*n),
                     Leaf::RangeOfShape(r) => {
                         let (b, i, o) = rows(r);
-                        g.range_of_shape(&b, &i, &o)
+                        g.range_of_shape(Axes::new().batch(&b).input(&i).output(&o))
                     }
                     Leaf::Ndarray { values, rows: r } => {
                         let (b, i, o) = rows(r);
-                        g.ndarray(name.as_deref().unwrap_or("ndarray"), &b, &i, &o, values)
+                        g.ndarray(
+                            name.as_deref().unwrap_or("ndarray"),
+                            Axes::new().batch(&b).input(&i).output(&o),
+                            values,
+                        )
                     }
                     Leaf::Param { .. } => return input_err("a param leaf in an unexpected place"),
                 };
@@ -269,17 +273,18 @@ impl Builder {
         if self.node_index.contains_key(name) {
             return input_err(format!("the name \"{name}\" is used by a node and a param"));
         }
-        let decl = |r: &Option<Vec<usize>>, inferred: RowDecl| match r {
-            Some(d) => RowDecl::Given(d.clone()),
-            None => inferred,
-        };
-        let spec = ParamSpec {
-            batch: decl(&rows.batch, RowDecl::Given(vec![])),
-            input: decl(&rows.input, RowDecl::Inferred),
-            output: decl(&rows.output, RowDecl::Inferred),
-            init: init_of(init),
-            weight_decay: true,
-        };
+        // Rows not given: no batch axes, input and output inferred (as `ParamSpec` reads them).
+        let mut axes = Axes::new();
+        if let Some(d) = &rows.batch {
+            axes = axes.batch(d);
+        }
+        if let Some(d) = &rows.input {
+            axes = axes.input(d);
+        }
+        if let Some(d) = &rows.output {
+            axes = axes.output(d);
+        }
+        let spec = ParamSpec { axes, init: init_of(init), weight_decay: true };
         let t = self.graph.clone().param(name, spec);
         self.param_index.insert(name.to_string(), self.params.len());
         self.params.push((name.to_string(), t.clone(), rows.clone(), init.clone()));

@@ -26,10 +26,10 @@ use crate::routine::Routine;
 /// its assignment; one per argument for concatenations, none for leaves.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, advanced};
+/// use rocannl_tensor::{Axes, Graph, advanced};
 /// let g = Graph::new();
-/// let a = g.data("a", &[], &[3], &[2]);
-/// let x = g.data("x", &[], &[], &[3]);
+/// let a = g.data("a", Axes::new().input(&[3]).output(&[2]));
+/// let x = g.data("x", Axes::new().output(&[3]));
 /// let y = a.matmul(&x);
 /// g.finish().unwrap();
 /// let p = advanced::projections(&y).unwrap();

@@ -48,12 +48,12 @@ impl Graph {
     /// A running mean of a batch's values, updated by every training step:
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session, optim::Optimizer, Sgd};
+    /// use rocannl_tensor::{Axes, Graph, Init, ParamSpec, Session, Sgd, optim::Optimizer};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[4], &[], &[2]);
-    /// let w = g.param("w", ParamSpec::vector(&[2]).init(Init::Constant(1.0)));
+    /// let x = g.data("x", Axes::new().batch(&[4]).output(&[2]));
+    /// let w = g.param("w", ParamSpec::new(Axes::new().input(&[]).output(&[2])).init(Init::Constant(1.0)));
     /// let y = x.pointmul(&w);
-    /// let mean = g.buffer("mean", ParamSpec::vector(&[2]).init(Init::Constant(0.0)));
+    /// let mean = g.buffer("mean", ParamSpec::new(Axes::new().input(&[]).output(&[2])).init(Init::Constant(0.0)));
     /// mean.update_with(&(&mean.scale(0.5) + &y.mean("b|o => o").scale(0.5)));
     /// let loss = y.sum_all();
     /// let mut s = Session::new(&g).unwrap();

@@ -16,12 +16,12 @@ use crate::graph::{Graph, Tensor};
 /// The rule that picks the params the optimizer's weight decay applies to.
 ///
 /// ```
-/// use rocannl_tensor::{DecayPolicy, Graph, nn::{Linear, LinearConfig}};
+/// use rocannl_tensor::{Axes, DecayPolicy, Graph, nn::{Linear, LinearConfig}};
 /// use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 /// let g = Graph::new();
 /// let emb = Embedding::new(&g, "wte", EmbeddingConfig::new(10, 4));
 /// let fc = Linear::new(&g, "fc", LinearConfig::new(3));
-/// let _ = fc.apply(&emb.apply(&g.data("ids", &[2], &[], &[])));
+/// let _ = fc.apply(&emb.apply(&g.data("ids", Axes::new().batch(&[2]))));
 /// g.finish().unwrap();
 /// // By default, each param's flag: tables and biases are exempt.
 /// assert!(!g.decays(&emb.table).unwrap() && g.decays(&fc.w).unwrap());
@@ -63,13 +63,13 @@ impl Graph {
     /// it, returned by [`Graph::finish`].
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, nn::{Linear, LinearConfig}};
+    /// use rocannl_tensor::{Axes, Graph, nn::{Linear, LinearConfig}};
     /// let g = Graph::new();
     /// let fc = Linear::new(&g, "fc", LinearConfig::new(2));
     /// let b = fc.b.clone().unwrap();
     /// g.set_decay(&b, true); // decay the bias too
     /// g.set_decay(&fc.w, false); // and not the weight
-    /// let _ = fc.apply(&g.data("x", &[4], &[], &[3]));
+    /// let _ = fc.apply(&g.data("x", Axes::new().batch(&[4]).output(&[3])));
     /// g.finish().unwrap();
     /// assert!(g.decays(&b).unwrap() && !g.decays(&fc.w).unwrap());
     /// ```

@@ -4,7 +4,7 @@
 //! with batch 1 would each need their own compiled routine if every size were fixed. A
 //! [`DynDim`] (made by [`crate::Graph::dynamic`]) is a size known only when running, up to a
 //! maximum: the gradual `Dyn` dimension of Migeed et al. A data tensor declared with one
-//! ([`crate::Graph::data_dyn`]) has it as its first batch axis.
+//! ([`crate::Axes::dynamic_batch`]) has it as its first batch axis.
 //!
 //! Shape inference sizes the axis at its maximum, so every other size is inferred as usual and
 //! buffers hold the largest batch. Then this pass follows the dynamic axis through the solved
@@ -35,10 +35,10 @@ use crate::error::{Error, Result};
 /// A size chosen when a routine runs, at most `max` (a dynamic batch).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Session};
+/// use rocannl_tensor::{Axes, Graph, Session};
 /// let g = Graph::new();
 /// let batch = g.dynamic("batch", 8);
-/// let x = g.data_dyn("x", &batch, &[], &[], &[2]);
+/// let x = g.data("x", Axes::new().dynamic_batch(&batch).output(&[2]));
 /// let y = x.mean("b|o => 0|o"); // the mean over the rows there are
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&y]).unwrap();

@@ -119,7 +119,7 @@ pub(crate) struct GraphInner {
     pub decay_policy: crate::decay::DecayPolicy,
     /// Per-param decay set after construction ([`Graph::set_decay`]); wins over the policy.
     pub decay_set: FxHashMap<TensorId, bool>,
-    /// Data tensors whose first axis has a dynamic size ([`Graph::data_dyn`]).
+    /// Data tensors whose first axis has a dynamic size ([`crate::Axes::dynamic_batch`]).
     pub dynamic: FxHashMap<TensorId, DynDim>,
     /// Data tensors holding ids, stored as unsigned 32-bit integers ([`Graph::ids`]).
     pub ids: rustc_hash::FxHashSet<TensorId>,
@@ -143,11 +143,11 @@ pub(crate) struct GraphInner {
 /// A graph of tensors: the unit of shape inference and compilation.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, ParamSpec};
+/// use rocannl_tensor::{Axes, Graph, ParamSpec};
 /// let g = Graph::new();
-/// let x = g.data("x", &[4], &[], &[3]); // batch 4, output 3
+/// let x = g.data("x", Axes::new().batch(&[4]).output(&[3])); // batch 4, output 3
 /// let w = g.param("w", ParamSpec::default()); // both rows inferred from use
-/// let b = g.param("b", ParamSpec::output(&[16]));
+/// let b = g.param("b", ParamSpec::new(Axes::new().output(&[16])));
 /// let y = (w.matmul(&x) + &b).relu();
 /// g.finish().unwrap();
 /// let r = w.rows().unwrap(); // no batch, 3 -> 16

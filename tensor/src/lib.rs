@@ -18,6 +18,7 @@
 //! [`Prec`], [`BackendKind`], [`NdArray`] and the compile settings, re-exported below).
 
 pub mod advanced;
+mod axes;
 pub mod buffer;
 mod checks;
 pub mod decay;
@@ -38,6 +39,7 @@ pub mod session;
 mod sizes;
 pub mod train;
 
+pub use axes::Axes;
 pub use decay::DecayPolicy;
 pub use dynamic::DynDim;
 pub use error::{Error, Result};
@@ -46,7 +48,6 @@ pub use init::Init;
 pub use lints::Warnings;
 pub use mode::Mode;
 pub use ops::contract::Operands;
-pub use ops::reshape::View;
 pub use optim::{Adam, AdamW, LossScale, Optimizer, Sgd, StepOptions, TrainStep};
 /// Why compiling or running a routine failed ([`Error::Compile`]): a missing backend or
 /// device, a routine over a limit, an index out of range.

@@ -23,12 +23,12 @@ use crate::graph::{Graph, Leaf, Rows, Source, Tensor};
 /// [`Graph::set_warnings`]).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, ParamSpec, Warnings};
+/// use rocannl_tensor::{Axes, Graph, ParamSpec, Warnings};
 /// let g = Graph::new();
 /// g.set_warnings(Warnings::Deny);
-/// let x = g.data("x", &[2, 5], &[], &[3]);
+/// let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[3]));
 /// // A position table declared like a token table: an input axis of 5 the data lacks.
-/// let pos = g.param("pos", ParamSpec::matrix(&[5], &[3]));
+/// let pos = g.param("pos", ParamSpec::new(Axes::new().input(&[5]).output(&[3])));
 /// let _y = &x + &pos;
 /// let e = g.finish().unwrap_err().to_string();
 /// assert!(e.contains("'pos'"), "{e}");
@@ -140,8 +140,8 @@ fn hint(row: &str, p: &Rows) -> String {
     if row == "input" {
         format!(
             "If it holds one row per position, declare the positions as its batch row: \
-             ParamSpec::output(&{:?}).with_batch(&{:?}).with_input(&[]).",
-            p.output, p.input
+             ParamSpec::new(Axes::new().batch(&{:?}).input(&[]).output(&{:?})).",
+            p.input, p.output
         )
     } else {
         "If the param should follow the other argument's shape, leave that row inferred."

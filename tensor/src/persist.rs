@@ -70,9 +70,9 @@ impl Session {
     /// allows, as `File::create` makes it); replacing a file keeps that file's mode.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
+    /// use rocannl_tensor::{Axes, Graph, Init, ParamSpec, Session};
     /// let g = Graph::new();
-    /// let w = g.param("w", ParamSpec::matrix(&[2], &[3]).init(Init::Uniform { lo: -1.0, hi: 1.0 }));
+    /// let w = g.param("w", ParamSpec::new(Axes::new().input(&[2]).output(&[3])).init(Init::Uniform { lo: -1.0, hi: 1.0 }));
     /// let y = w.matmul(&g.vector("x", &[1.0, 2.0]));
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&y]).unwrap();

@@ -16,10 +16,10 @@ impl Session {
     /// use it, and tensors with that axis are written and read with that many rows.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session};
+    /// use rocannl_tensor::{Axes, Graph, Session};
     /// let g = Graph::new();
     /// let batch = g.dynamic("batch", 4);
-    /// let x = g.data_dyn("x", &batch, &[], &[], &[]);
+    /// let x = g.data("x", Axes::new().dynamic_batch(&batch));
     /// let _ = x.scale(2.0);
     /// let mut s = Session::new(&g).unwrap();
     /// assert_eq!(s.size(&batch), 4);

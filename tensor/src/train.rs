@@ -15,6 +15,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use rocannl_arrayjit::indexing::Symbol;
 
+use crate::Axes;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};
 use crate::optim::TrainStep;
@@ -153,7 +154,7 @@ impl Loader {
         let mut full = Vec::new();
         let mut current = Vec::new();
         for c in columns {
-            let t = g.data(&c.name, &[batches, rows], &[], &c.example_dims);
+            let t = g.data(&c.name, Axes::new().batch(&[batches, rows]).output(&c.example_dims));
             let mut batch = t.batch_slice_at(symbol);
             if let Some(d) = &dynamic {
                 batch = batch.dynamic_rows(d);

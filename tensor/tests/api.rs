@@ -5,7 +5,7 @@ use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig};
 use rocannl_tensor::nn::{Activation, Linear, LinearConfig, Mlp, MlpConfig, Module, loss};
 use rocannl_tensor::train::{Column, Loader};
 use rocannl_tensor::{
-    Adam, AdamW, BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Prec, Session,
+    Adam, AdamW, Axes, BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Prec, Session,
     SessionOptions, Sgd, Tensor,
 };
 
@@ -39,14 +39,14 @@ fn bad_specs_and_arity_are_errors() {
 #[test]
 fn guessed_params_warn_and_strict_mode_refuses() {
     let g = Graph::new();
-    let x = g.data("x", &[4], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
     let w = g.param("w", ParamSpec::default());
     let _y = w.matmul(&x).relu();
     g.finish().unwrap();
     assert!(g.warnings().iter().any(|w| w.contains("param w")), "{:?}", g.warnings());
     let g = Graph::new();
     g.set_strict(true);
-    let x = g.data("x", &[4], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
     let _y = g.param("w", ParamSpec::default()).matmul(&x);
     assert!(matches!(g.finish(), Err(Error::Shape(_))));
 }
@@ -56,14 +56,14 @@ fn the_nn_blocks_declare_what_they_mean_and_need_no_guesses() {
     // Biases and gains state their empty input row, so a model built from the blocks closes
     // without a single guess; a forgotten width elsewhere is still reported.
     let g = Graph::new();
-    let x = g.data("x", &[8], &[], &[5]);
+    let x = g.data("x", Axes::new().batch(&[8]).output(&[5]));
     let h = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 4])).apply(&x);
     let h = LayerNorm::new(&g, "ln", LayerNormConfig::default()).apply(&h);
     let _ = Linear::new(&g, "head", LinearConfig::new(3)).apply(&h);
     g.finish().unwrap();
     assert!(g.warnings().is_empty(), "{:?}", g.warnings());
     let g = Graph::new();
-    let x = g.data("x", &[8], &[], &[5]);
+    let x = g.data("x", Axes::new().batch(&[8]).output(&[5]));
     let _ = g
         .param("w2", ParamSpec::default())
         .matmul(&g.param("w1", ParamSpec::default()).matmul(&x).relu());
@@ -78,12 +78,15 @@ fn tensors_with_no_elements_compute_like_any_other() {
     // gradients of empty parameters are empty.
     for backend in [BackendKind::Interp, BackendKind::Gccjit] {
         let g = Graph::new();
-        let x = g.data("x", &[0], &[], &[3]);
-        let p = g.param("p", ParamSpec::vector(&[3]).init(Init::Constant(2.0)));
+        let x = g.data("x", Axes::new().batch(&[0]).output(&[3]));
+        let p = g.param(
+            "p",
+            ParamSpec::new(Axes::new().input(&[]).output(&[3])).init(Init::Constant(2.0)),
+        );
         let y = (&x + &p).relu();
         let total = y.einsum("b|->i => |->i", []); // sums the empty batch axis
-        let a = g.data("a", &[], &[], &[2, 0]);
-        let b = g.data("b", &[], &[], &[0, 4]);
+        let a = g.data("a", Axes::new().output(&[2, 0]));
+        let b = g.data("b", Axes::new().output(&[0, 4]));
         let prod = a.einsum("ij;jk=>ik", &b); // an empty contraction: zeros
         let mut s = match session(&g, backend, Prec::F64) {
             Ok(s) => s,
@@ -122,7 +125,7 @@ fn mixing_graphs_and_reading_too_early_are_errors() {
 }
 
 fn model(g: &Graph) -> (Tensor, Tensor) {
-    let x = g.data("x", &[8], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[8]).output(&[3]));
     let m = Mlp::new(g, "m", MlpConfig::new(&[5, 2]).with_act(Activation::Tanh));
     let y = m.apply(&x);
     (x, y)
@@ -158,7 +161,7 @@ fn safetensors_round_trip_is_bit_exact_and_mismatches_change_nothing() {
 
         // A file for a wider model does not fit: error, and nothing changes.
         let g2 = Graph::with_seed(1);
-        let x2 = g2.data("x", &[8], &[], &[3]);
+        let x2 = g2.data("x", Axes::new().batch(&[8]).output(&[3]));
         let y2 = Mlp::new(&g2, "m", MlpConfig::new(&[6, 2]).with_act(Activation::Tanh)).apply(&x2);
         let mut s2 = session(&g2, BackendKind::Interp, prec).unwrap();
         let r2 = s2.forward(&[&y2]).unwrap();
@@ -189,7 +192,8 @@ fn optimizers_follow_their_formulas() {
     ];
     for opt in cases {
         let g = Graph::new();
-        let p = g.param("p", ParamSpec::output(&[3]).init(Init::Values(p0.to_vec())));
+        let p =
+            g.param("p", ParamSpec::new(Axes::new().output(&[3])).init(Init::Values(p0.to_vec())));
         let d = &p - &g.vector("t", &t);
         let l = d.pointmul(&d).sum_all().scale(0.5);
         let mut s = session(&g, BackendKind::Interp, Prec::F64).unwrap();
@@ -299,7 +303,7 @@ fn loader_batches_out_of_range_are_errors() {
 #[test]
 fn two_params_of_one_name_are_an_error_naming_both_call_sites() {
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[4], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
     let first = line!() + 1;
     let w = g.param("w", ParamSpec::default());
     let second = line!() + 1;
@@ -314,7 +318,7 @@ fn two_params_of_one_name_are_an_error_naming_both_call_sites() {
     // Blocks name their params after the name they are given: the same name twice is caught
     // at the caller's line too.
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[4], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
     let line = line!() + 1;
     let h = Linear::new(&g, "fc", LinearConfig::new(5)).apply(&x);
     let _ = Linear::new(&g, "fc", LinearConfig::new(2)).apply(&h);
@@ -392,7 +396,7 @@ fn activations_match_independent_values_on_every_backend_and_precision() {
             let tol = if prec == rocannl_tensor::Prec::F32 { 2e-6 } else { 1e-14 };
             for (name, f, want) in &cases {
                 let g = Graph::with_seed(0);
-                let x = g.ndarray("x", &[], &[], &[7], &xs);
+                let x = g.ndarray("x", Axes::new().output(&[7]), &xs);
                 let y = f(&x);
                 let opts = rocannl_tensor::SessionOptions {
                     backend,
@@ -417,7 +421,7 @@ fn activations_match_independent_values_on_every_backend_and_precision() {
 
 #[test]
 fn gradients_are_clipped_by_their_global_norm_across_parameters() {
-    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, Sgd, StepOptions};
+    use rocannl_tensor::{Axes, Init, Optimizer, ParamSpec, SessionOptions, Sgd, StepOptions};
     for backend in rocannl_tensor::BackendKind::available()
         .into_iter()
         .filter(|b| *b != rocannl_tensor::BackendKind::Cuda)
@@ -426,8 +430,14 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
         // √(3² + 4² + 12²) = 13.
         for (max, coef) in [(1.3, 1.3 / (13.0 + 1e-6)), (100.0, 1.0)] {
             let g = Graph::with_seed(0);
-            let w1 = g.param("w1", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
-            let w2 = g.param("w2", ParamSpec::output(&[1]).init(Init::Values(vec![12.0])));
+            let w1 = g.param(
+                "w1",
+                ParamSpec::new(Axes::new().output(&[2])).init(Init::Values(vec![3.0, 4.0])),
+            );
+            let w2 = g.param(
+                "w2",
+                ParamSpec::new(Axes::new().output(&[1])).init(Init::Values(vec![12.0])),
+            );
             let loss = (&w1.pointmul(&w1).sum_all() + &w2.pointmul(&w2).sum_all()).scale(0.5);
             let opts = SessionOptions {
                 backend,
@@ -454,7 +464,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
     }
     // A step without clipping reports no norm; a bad bound is a usage error.
     let g = Graph::with_seed(0);
-    let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(1.0)));
+    let w = g.param("w", ParamSpec::new(Axes::new().output(&[1])).init(Init::Constant(1.0)));
     let loss = w.pointmul(&w);
     let mut s = Session::new(&g).unwrap();
     let step =
@@ -470,7 +480,7 @@ fn gradients_are_clipped_by_their_global_norm_across_parameters() {
 /// the norm non-finite.
 #[test]
 fn the_global_norm_sums_matrices_row_by_row() {
-    use rocannl_tensor::{Init, Optimizer, ParamSpec, SessionOptions, Sgd, StepOptions};
+    use rocannl_tensor::{Axes, Init, Optimizer, ParamSpec, SessionOptions, Sgd, StepOptions};
     let m: Vec<f64> = (0..12).map(|i| (i as f64) - 5.0).collect();
     let t: Vec<f64> = (0..12).map(|i| (3 * i % 7) as f64).collect();
     let exact = m.iter().chain(&t).chain(&[2.0]).map(|v| v * v).sum::<f64>().sqrt();
@@ -484,9 +494,19 @@ fn the_global_norm_sums_matrices_row_by_row() {
             if poison {
                 mv[7] = f64::INFINITY;
             }
-            let w1 = g.param("w1", ParamSpec::matrix(&[4], &[3]).init(Init::Values(mv)));
-            let w2 = g.param("w2", ParamSpec::matrix(&[3], &[2, 2]).init(Init::Values(t.clone())));
-            let w3 = g.param("w3", ParamSpec::output(&[1]).init(Init::Values(vec![2.0])));
+            let w1 = g.param(
+                "w1",
+                ParamSpec::new(Axes::new().input(&[4]).output(&[3])).init(Init::Values(mv)),
+            );
+            let w2 = g.param(
+                "w2",
+                ParamSpec::new(Axes::new().input(&[3]).output(&[2, 2]))
+                    .init(Init::Values(t.clone())),
+            );
+            let w3 = g.param(
+                "w3",
+                ParamSpec::new(Axes::new().output(&[1])).init(Init::Values(vec![2.0])),
+            );
             // The gradient of ½Σw² is w.
             let loss = (&(&w1.pointmul(&w1).sum_all() + &w2.pointmul(&w2).sum_all())
                 + &w3.pointmul(&w3).sum_all())
@@ -513,14 +533,19 @@ fn the_global_norm_sums_matrices_row_by_row() {
 
 #[test]
 fn weight_decay_skips_biases_norm_gains_and_embeddings() {
-    use rocannl_tensor::{AdamW, Init, Optimizer, ParamSpec, Sgd};
+    use rocannl_tensor::{AdamW, Axes, Init, Optimizer, ParamSpec, Sgd};
     // A dense layer's weight decays, its bias does not; a param can opt out by hand.
     let run = |opt: Optimizer| {
         let g = Graph::with_seed(0);
-        let x = g.ndarray("x", &[2], &[], &[3], &[0.1, 0.2, 0.3, -0.1, 0.4, 0.2]);
+        let x =
+            g.ndarray("x", Axes::new().batch(&[2]).output(&[3]), &[0.1, 0.2, 0.3, -0.1, 0.4, 0.2]);
         let layer = Linear::new(&g, "fc", LinearConfig::new(2));
-        let free =
-            g.param("free", ParamSpec::vector(&[2]).init(Init::Values(vec![1.0, -2.0])).no_decay());
+        let free = g.param(
+            "free",
+            ParamSpec::new(Axes::new().input(&[]).output(&[2]))
+                .init(Init::Values(vec![1.0, -2.0]))
+                .no_decay(),
+        );
         let loss = (&layer.apply(&x) + &free).sum_all();
         let mut s = Session::with_options(&g, common_opts()).unwrap();
         let mut step = s.train_step(&loss, &opt, &[], &Default::default()).unwrap();
@@ -546,7 +571,7 @@ fn weight_decay_skips_biases_norm_gains_and_embeddings() {
     }
     // The blocks' biases, gains and tables are exempt; their weights are not.
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[2], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[2]).output(&[3]));
     let h = Linear::new(&g, "fc", LinearConfig::new(4)).apply(&x);
     let _ = LayerNorm::new(&g, "ln", LayerNormConfig::default()).apply(&h);
     let emb = rocannl_tensor::nn::embed::EmbeddingConfig::new(5, 4);
@@ -573,7 +598,7 @@ fn common_opts() -> rocannl_tensor::SessionOptions {
 #[test]
 fn ids_out_of_range_or_beyond_the_precision_are_errors_that_write_nothing() {
     let g = Graph::with_seed(0);
-    let ids = g.data("tokens", &[4], &[], &[]);
+    let ids = g.data("tokens", Axes::new().batch(&[4]));
     let y = ids.scale(1.0);
     let opts = rocannl_tensor::SessionOptions {
         backend: rocannl_tensor::BackendKind::Interp,
@@ -592,7 +617,7 @@ fn ids_out_of_range_or_beyond_the_precision_are_errors_that_write_nothing() {
 
 #[test]
 fn normal_initializations_are_finite_in_half_precision() {
-    use rocannl_tensor::{Init, ParamSpec, Prec, SessionOptions};
+    use rocannl_tensor::{Axes, Init, ParamSpec, Prec, SessionOptions};
     for prec in [Prec::Bf16, Prec::F16] {
         for backend in rocannl_tensor::BackendKind::available()
             .into_iter()
@@ -602,7 +627,8 @@ fn normal_initializations_are_finite_in_half_precision() {
             // 65,536 draws: in bf16 dozens of the first uniforms round up to 1.
             let w = g.param(
                 "w",
-                ParamSpec::output(&[65_536]).init(Init::Normal { mean: 0.0, std: 1.0 }),
+                ParamSpec::new(Axes::new().output(&[65_536]))
+                    .init(Init::Normal { mean: 0.0, std: 1.0 }),
             );
             let y = w.scale(1.0);
             let mut s = Session::with_options(
@@ -626,7 +652,7 @@ fn normal_initializations_are_finite_in_half_precision() {
 fn sessions_are_configured_from_this_crate_alone() {
     use rocannl_tensor::{BackendKind, CacheMode, CompileOptions, SessionOptions};
     let g = Graph::with_seed(0);
-    let x = g.ndarray("x", &[], &[], &[2], &[1.0, 2.0]);
+    let x = g.ndarray("x", Axes::new().output(&[2]), &[1.0, 2.0]);
     let y = x.scale(3.0);
     let compile =
         CompileOptions { opt_level: 1, cache: CacheMode::Off, ..CompileOptions::default() };
@@ -643,8 +669,8 @@ fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
     // A target of the wrong width: the mismatch is inside `mse`, and the message says so with
     // the line of this file, and names the layer's output and the target.
     let g = Graph::new();
-    let x = g.data("inputs", &[8], &[], &[5]);
-    let y = g.data("targets", &[8], &[], &[3]);
+    let x = g.data("inputs", Axes::new().batch(&[8]).output(&[5]));
+    let y = g.data("targets", Axes::new().batch(&[8]).output(&[3]));
     let out = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 2])).apply(&x);
     let line = line!() + 1;
     let _ = loss::mse(&out, &y, loss::Reduction::Mean);
@@ -654,8 +680,8 @@ fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
     assert!(!msg.contains('$'), "internal variables: {msg}");
     // Labels of another batch size in a sparse cross-entropy.
     let g = Graph::new();
-    let x = g.data("inputs", &[8], &[], &[5]);
-    let ids = g.data("ids", &[7], &[], &[]);
+    let x = g.data("inputs", Axes::new().batch(&[8]).output(&[5]));
+    let ids = g.data("ids", Axes::new().batch(&[7]));
     let logits = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 3])).apply(&x);
     let line = line!() + 1;
     let _ = loss::sparse_cross_entropy(&logits, &ids, loss::Reduction::Mean);
@@ -665,8 +691,8 @@ fn errors_inside_losses_and_blocks_name_the_users_call_and_tensors() {
     assert!(msg.contains('8') && msg.contains('7'), "{msg}");
     // Inside a block applied to an input of the wrong width: the block's call is named.
     let g = Graph::new();
-    let a = g.data("a", &[4], &[], &[5]);
-    let b = g.data("b", &[4], &[], &[6]);
+    let a = g.data("a", Axes::new().batch(&[4]).output(&[5]));
+    let b = g.data("b", Axes::new().batch(&[4]).output(&[6]));
     let layer = Linear::new(&g, "fc", LinearConfig::new(3));
     let _ = layer.apply(&a);
     let line = line!() + 1;
@@ -688,13 +714,14 @@ fn a_training_step_computes_the_same_bits_at_every_level_and_across_the_tier_swa
         let g = Graph::with_seed(5);
         let x = g.ndarray(
             "x",
-            &[16],
-            &[],
-            &[12],
+            Axes::new().batch(&[16]).output(&[12]),
             &(0..192).map(|i| ((i * 37 % 19) as f64 - 9.0) / 7.0).collect::<Vec<_>>(),
         );
-        let y =
-            g.ndarray("y", &[16], &[], &[3], &(0..48).map(|i| (i % 3) as f64).collect::<Vec<_>>());
+        let y = g.ndarray(
+            "y",
+            Axes::new().batch(&[16]).output(&[3]),
+            &(0..48).map(|i| (i % 3) as f64).collect::<Vec<_>>(),
+        );
         let out =
             Mlp::new(&g, "mlp", MlpConfig::new(&[40, 3]).with_act(Activation::GeluTanh)).apply(&x);
         let l = loss::cross_entropy(
@@ -739,8 +766,8 @@ fn a_gpt_computes_the_same_bits_with_interpreted_or_native_init_at_any_level() {
         let run = |tiered: bool, level: u8| {
             let g = Graph::with_seed(0);
             let batch = g.dynamic("batch", 8);
-            let x = g.data_dyn("inputs", &batch, &[16], &[], &[]);
-            let y = g.data_dyn("targets", &batch, &[16], &[], &[]);
+            let x = g.data("inputs", Axes::new().dynamic_batch(&batch).batch(&[16]));
+            let y = g.data("targets", Axes::new().dynamic_batch(&batch).batch(&[16]));
             let cfg = GptConfig::new(27, 16, 64, 4, 2).with_ff(256).with_act(Activation::GeluTanh);
             let gpt = Gpt::new(&g, "gpt", cfg);
             let logits = gpt.apply(&x);

@@ -9,7 +9,9 @@
 
 use rocannl_tensor::nn::{BatchNorm, BatchNormAxes, BatchNormConfig, Module, loss};
 use rocannl_tensor::optim::{Optimizer, Sgd};
-use rocannl_tensor::{BackendKind, Graph, Init, Mode, ParamSpec, Prec, Session, SessionOptions};
+use rocannl_tensor::{
+    Axes, BackendKind, Graph, Init, Mode, ParamSpec, Prec, Session, SessionOptions,
+};
 use serde_json::Value;
 
 const EXPECTED: &str = include_str!(concat!(
@@ -87,14 +89,12 @@ fn train_mode_output_and_gradients_match_pytorch() {
             let x0 = floats(&case["batches"][0]);
             let x = g.param(
                 "x",
-                ParamSpec::output(&output)
-                    .with_batch(&batch)
-                    .with_input(&[])
+                ParamSpec::new(Axes::new().batch(&batch).input(&[]).output(&output))
                     .init(Init::Values(x0)),
             );
             let bn = BatchNorm::new(&g, "bn", cfg.clone());
             let y = bn.apply(&x);
-            let r = g.ndarray("r", &batch, &[], &output, &floats(&case["r"]));
+            let r = g.ndarray("r", Axes::new().batch(&batch).output(&output), &floats(&case["r"]));
             let loss = y.pointmul(&r).sum_all();
             let mut s = session(&g, backend);
             let bp = s.backprop(&loss, &[&y]).unwrap();
@@ -122,7 +122,7 @@ fn running_statistics_and_eval_mode_match_pytorch() {
         for backend in backends() {
             let what = format!("{name} on {backend:?}");
             let g = Graph::new();
-            let x = g.data("x", &batch, &[], &output);
+            let x = g.data("x", Axes::new().batch(&batch).output(&output));
             let bn = BatchNorm::new(&g, "bn", cfg.clone());
             let y = bn.apply(&x);
             let mut s = session(&g, backend);
@@ -185,8 +185,8 @@ fn a_trained_batch_norm_matches_pytorch_and_its_checkpoint_loads_there() {
     let state = &run["state_dict"];
     for backend in backends() {
         let g = Graph::new();
-        let x = g.data("x", &[n, l], &[], &[c]);
-        let t = g.data("t", &[n, l], &[], &[c]);
+        let x = g.data("x", Axes::new().batch(&[n, l]).output(&[c]));
+        let t = g.data("t", Axes::new().batch(&[n, l]).output(&[c]));
         let cfg = BatchNormConfig::default()
             .with_weight_init(Init::Values(floats(&run["weight"])))
             .with_bias_init(Init::Values(floats(&run["bias"])));

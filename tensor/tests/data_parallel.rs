@@ -13,7 +13,7 @@ use dp_common::{Case, Outcome, close, train};
 use rocannl_tensor::nn::{Mlp, MlpConfig};
 use rocannl_tensor::optim::{Adam, AdamW, LossScale, Optimizer, Sgd, StepOptions};
 use rocannl_tensor::parallel::Group;
-use rocannl_tensor::{Error, Graph, Prec, Session, SessionOptions};
+use rocannl_tensor::{Axes, Error, Graph, Prec, Session, SessionOptions};
 
 /// `case` on `n` in-process ranks (rank r's graph seeded with `seeds(r)`).
 fn ranks(
@@ -140,7 +140,7 @@ fn a_rank_with_another_model_is_an_error_on_every_rank() {
             .map(|(r, rank)| {
                 s.spawn(move || {
                     let g = Graph::new();
-                    let x = g.data("x", &[4], &[], &[3]);
+                    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
                     let width = if r == 1 { 9 } else { 8 };
                     let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[width, 1]));
                     let l = mlp.apply(&x).sum_all();

@@ -4,7 +4,7 @@
 
 use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::{
-    BackendKind, DynDim, Error, Graph, Optimizer, Prec, Session, SessionOptions, Sgd, Tensor,
+    Axes, BackendKind, DynDim, Error, Graph, Optimizer, Prec, Session, SessionOptions, Sgd, Tensor,
 };
 
 const MAX: usize = 12;
@@ -43,13 +43,13 @@ fn build(dynamic: Option<usize>, n: usize) -> (Graph, Option<DynDim>, Tensor, Te
     match dynamic {
         Some(max) => {
             let b = g.dynamic("batch", max);
-            let x = g.data_dyn("x", &b, &[], &[], &[5]);
-            let y = g.data_dyn("y", &b, &[], &[], &[2]);
+            let x = g.data("x", Axes::new().dynamic_batch(&b).output(&[5]));
+            let y = g.data("y", Axes::new().dynamic_batch(&b).output(&[2]));
             (g, Some(b), x, y)
         }
         None => {
-            let x = g.data("x", &[n], &[], &[5]);
-            let y = g.data("y", &[n], &[], &[2]);
+            let x = g.data("x", Axes::new().batch(&[n]).output(&[5]));
+            let y = g.data("y", Axes::new().batch(&[n]).output(&[2]));
             (g, None, x, y)
         }
     }
@@ -146,7 +146,7 @@ fn a_mean_over_the_batch_divides_by_the_rows_there_are() {
     for backend in backends() {
         let g = Graph::new();
         let b = g.dynamic("batch", 6);
-        let x = g.data_dyn("x", &b, &[], &[], &[2]);
+        let x = g.data("x", Axes::new().dynamic_batch(&b).output(&[2]));
         let m = x.mean_all();
         let col = x.mean("b|o => 0|o");
         let mut s = session(&g, backend);
@@ -169,8 +169,8 @@ fn a_mean_over_the_batch_divides_by_the_rows_there_are() {
 fn a_dynamic_axis_meeting_a_fixed_one_is_an_error_naming_both() {
     let g = Graph::new();
     let b = g.dynamic("batch", 8);
-    let x = g.data_dyn("x", &b, &[], &[], &[3]);
-    let z = g.data("z", &[8], &[], &[3]);
+    let x = g.data("x", Axes::new().dynamic_batch(&b).output(&[3]));
+    let z = g.data("z", Axes::new().batch(&[8]).output(&[3]));
     let sum = (&x + &z).named("sum");
     let mut s = Session::new(&g).unwrap();
     let err = s.forward(&[&sum]).unwrap_err();
@@ -184,8 +184,8 @@ fn two_dynamic_sizes_must_not_meet() {
     let g = Graph::new();
     let a = g.dynamic("a", 4);
     let c = g.dynamic("c", 4);
-    let x = g.data_dyn("x", &a, &[], &[], &[3]);
-    let y = g.data_dyn("y", &c, &[], &[], &[3]);
+    let x = g.data("x", Axes::new().dynamic_batch(&a).output(&[3]));
+    let y = g.data("y", Axes::new().dynamic_batch(&c).output(&[3]));
     let sum = (&x + &y).named("sum");
     let mut s = Session::new(&g).unwrap();
     let msg = s.forward(&[&sum]).unwrap_err().to_string();
@@ -194,8 +194,8 @@ fn two_dynamic_sizes_must_not_meet() {
     let g = Graph::new();
     let a = g.dynamic("a", 8);
     let c = g.dynamic("c", 8);
-    let x = g.data_dyn("x", &a, &[], &[], &[3]);
-    let y = g.data_dyn("y", &c, &[], &[], &[4]);
+    let x = g.data("x", Axes::new().dynamic_batch(&a).output(&[3]));
+    let y = g.data("y", Axes::new().dynamic_batch(&c).output(&[4]));
     let z = x.concat("b|p; b|q => b|p^q", &[&y]).named("z");
     let mut s = Session::new(&g).unwrap();
     let msg = s.forward(&[&z]).unwrap_err().to_string();
@@ -203,8 +203,8 @@ fn two_dynamic_sizes_must_not_meet() {
     // One dynamic size for both parts is fine.
     let g = Graph::new();
     let a = g.dynamic("a", 8);
-    let x = g.data_dyn("x", &a, &[], &[], &[3]);
-    let y = g.data_dyn("y", &a, &[], &[], &[4]);
+    let x = g.data("x", Axes::new().dynamic_batch(&a).output(&[3]));
+    let y = g.data("y", Axes::new().dynamic_batch(&a).output(&[4]));
     let z = x.concat("b|p; b|q => b|p^q", &[&y]);
     let mut s = Session::new(&g).unwrap();
     let r = s.forward(&[&z]).unwrap();
@@ -220,7 +220,7 @@ fn two_dynamic_sizes_must_not_meet() {
 fn sizes_and_lengths_are_checked() {
     let g = Graph::new();
     let b = g.dynamic("batch", 4);
-    let x = g.data_dyn("x", &b, &[], &[], &[3]);
+    let x = g.data("x", Axes::new().dynamic_batch(&b).output(&[3]));
     let y = x.scale(2.0);
     let mut s = Session::new(&g).unwrap();
     let r = s.forward(&[&y]).unwrap();
@@ -235,7 +235,7 @@ fn sizes_and_lengths_are_checked() {
     // A maximum below 2 is refused when the graph is finished.
     let g = Graph::new();
     let b = g.dynamic("one", 1);
-    let _ = g.data_dyn("x", &b, &[], &[], &[3]).scale(1.0);
+    let _ = g.data("x", Axes::new().dynamic_batch(&b).output(&[3])).scale(1.0);
     let msg = g.finish().unwrap_err().to_string();
     assert!(msg.contains("`one`") && msg.contains("at least 2"), "{msg}");
 }
@@ -257,12 +257,16 @@ fn scheduled_kernels_stop_at_the_size_and_agree_with_fixed_batches() {
             Some(max) => {
                 let d = g.dynamic("batch", max);
                 (
-                    g.data_dyn("x", &d, &[], &[], &[input]),
-                    g.data_dyn("y", &d, &[], &[], &[10]),
+                    g.data("x", Axes::new().dynamic_batch(&d).output(&[input])),
+                    g.data("y", Axes::new().dynamic_batch(&d).output(&[10])),
                     Some(d),
                 )
             }
-            None => (g.data("x", &[n], &[], &[input]), g.data("y", &[n], &[], &[10]), None),
+            None => (
+                g.data("x", Axes::new().batch(&[n]).output(&[input])),
+                g.data("y", Axes::new().batch(&[n]).output(&[10])),
+                None,
+            ),
         };
         let out = Mlp::new(&g, "mlp", MlpConfig::new(&[hidden, 10])).apply(&x);
         let l = loss::mse(&out, &y, loss::Reduction::Mean);
@@ -296,7 +300,7 @@ fn scheduled_kernels_stop_at_the_size_and_agree_with_fixed_batches() {
 fn a_dynamic_data_tensor_reads_back_its_current_rows() {
     let g = Graph::new();
     let b = g.dynamic("batch", 5);
-    let x = g.data_dyn("x", &b, &[], &[], &[2]);
+    let x = g.data("x", Axes::new().dynamic_batch(&b).output(&[2]));
     let _ = x.scale(1.0);
     let mut s = Session::new(&g).unwrap();
     s.set_size(&b, 2).unwrap();

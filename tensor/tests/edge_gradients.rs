@@ -2,7 +2,7 @@
 //! (`0 · inf`, `0 · -inf`); the edge-case sweep `tests/reference/edge_sweep.py` compares the
 //! whole table of operations with PyTorch, these pin the fixed cases per backend.
 
-use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions};
+use rocannl_tensor::{Axes, BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions};
 
 /// `d/dx x^y` is 0 where `y = 0` (even at `x = 0`, where `y·x^(y-1)` is `0·inf`, and at
 /// `x = NaN`), and `d/dy x^y` is 0 where `x = 0` and `y >= 0` (where `x^y·ln x` is `0·-inf` or
@@ -14,8 +14,14 @@ fn pow_gradients_at_a_zero_exponent_and_a_zero_base_are_zero_not_nan() {
     for backend in [BackendKind::Interp, BackendKind::Gccjit] {
         for prec in [Prec::F32, Prec::F64] {
             let g = Graph::new();
-            let x = g.param("x", ParamSpec::output(&[7]).init(Init::Values(xs.to_vec())));
-            let y = g.param("y", ParamSpec::output(&[7]).init(Init::Values(ys.to_vec())));
+            let x = g.param(
+                "x",
+                ParamSpec::new(Axes::new().output(&[7])).init(Init::Values(xs.to_vec())),
+            );
+            let y = g.param(
+                "y",
+                ParamSpec::new(Axes::new().output(&[7])).init(Init::Values(ys.to_vec())),
+            );
             let z = x.pow(&y);
             let opts = SessionOptions { backend, prec, ..SessionOptions::default() };
             let mut s = match Session::with_options(&g, opts) {

@@ -3,7 +3,7 @@
 
 use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::{Linear, LinearConfig};
-use rocannl_tensor::{Graph, ParamSpec, Tensor, Warnings};
+use rocannl_tensor::{Axes, Graph, ParamSpec, Tensor, Warnings};
 
 const T: usize = 8;
 const C: usize = 16;
@@ -12,7 +12,7 @@ const V: usize = 5;
 /// Token embeddings of a batch of 2 windows of `T` ids, plus a position table `wpe`, through a
 /// linear head: logits.
 fn gpt_like(g: &Graph, wpe: ParamSpec) -> (Tensor, Tensor) {
-    let ids = g.ids("ids", &[2, T], &[], &[]);
+    let ids = g.ids("ids", Axes::new().batch(&[2, T]));
     let tok = Embedding::new(g, "wte", EmbeddingConfig::new(V, C)).apply(&ids);
     let wpe = g.param("wpe", wpe);
     let h = (&tok + &wpe).named("h");
@@ -23,7 +23,7 @@ fn gpt_like(g: &Graph, wpe: ParamSpec) -> (Tensor, Tensor) {
 #[test]
 fn a_position_table_declared_like_a_token_table_warns_with_both_shapes() {
     let g = Graph::with_seed(0);
-    let (wpe, logits) = gpt_like(&g, ParamSpec::matrix(&[T], &[C]));
+    let (wpe, logits) = gpt_like(&g, ParamSpec::new(Axes::new().input(&[T]).output(&[C])));
     g.finish().unwrap();
     // It trains, as another model: every position holds all T rows of the table.
     assert_eq!(logits.shape_string(), "2,8|8->5");
@@ -31,13 +31,13 @@ fn a_position_table_declared_like_a_token_table_warns_with_both_shapes() {
     let w = warnings.iter().find(|w| w.contains("'wpe'")).unwrap_or_else(|| panic!("{warnings:?}"));
     assert!(w.contains("'h'") && w.contains(&wpe.shape_string()), "{w}");
     assert!(w.contains("|8->16") && w.contains("2,8|->16") && w.contains("2,8|8->16"), "{w}");
-    assert!(w.contains("with_batch(&[8])"), "the fix: {w}");
+    assert!(w.contains("Axes::new().batch(&[8])"), "the fix: {w}");
 }
 
 #[test]
 fn a_position_table_with_a_batch_row_of_positions_does_not_warn() {
     let g = Graph::with_seed(0);
-    let spec = ParamSpec::output(&[C]).with_batch(&[T]).with_input(&[]);
+    let spec = ParamSpec::new(Axes::new().batch(&[T]).input(&[]).output(&[C]));
     let (_, logits) = gpt_like(&g, spec);
     g.finish().unwrap();
     assert_eq!(logits.shape_string(), "2,8|->5");
@@ -47,9 +47,9 @@ fn a_position_table_with_a_batch_row_of_positions_does_not_warn() {
 #[test]
 fn a_bias_does_not_warn() {
     let g = Graph::with_seed(0);
-    let x = g.data("x", &[4], &[], &[3]);
-    let b = g.param("b", ParamSpec::vector(&[3]));
-    let w = g.param("w", ParamSpec::output(&[3]).with_batch(&[4]).with_input(&[]));
+    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
+    let b = g.param("b", ParamSpec::new(Axes::new().input(&[]).output(&[3])));
+    let w = g.param("w", ParamSpec::new(Axes::new().batch(&[4]).input(&[]).output(&[3])));
     let _ = (&x + &b).pointmul(&w);
     g.finish().unwrap();
     assert!(g.warnings().is_empty(), "{:?}", g.warnings());
@@ -58,7 +58,7 @@ fn a_bias_does_not_warn() {
 #[test]
 fn a_contraction_mismatch_says_which_axes_were_contracted() {
     let g = Graph::with_seed(0);
-    let ids = g.ids("ids", &[2, T], &[], &[]);
+    let ids = g.ids("ids", Axes::new().batch(&[2, T]));
     let wte = Embedding::new(&g, "wte", EmbeddingConfig::new(V, C));
     let h = wte.apply(&ids).named("h");
     // A tied head without the transpose: the table's input (the vocabulary) meets `h`'s output.
@@ -74,7 +74,7 @@ fn a_contraction_mismatch_says_which_axes_were_contracted() {
 #[test]
 fn a_contraction_that_fits_is_no_error() {
     let g = Graph::with_seed(0);
-    let ids = g.ids("ids", &[2, T], &[], &[]);
+    let ids = g.ids("ids", Axes::new().batch(&[2, T]));
     let wte = Embedding::new(&g, "wte", EmbeddingConfig::new(V, C));
     let h = wte.apply(&ids).named("h");
     let logits = wte.table.transpose().matmul(&h); // the tied head, transposed
@@ -92,7 +92,7 @@ fn print_child() {
         return;
     }
     let g = Graph::with_seed(0);
-    let _ = gpt_like(&g, ParamSpec::matrix(&[T], &[C]));
+    let _ = gpt_like(&g, ParamSpec::new(Axes::new().input(&[T]).output(&[C])));
     g.finish().unwrap();
     g.finish().unwrap();
 }
@@ -115,7 +115,7 @@ fn warnings_are_printed_once_by_default() {
 fn collected_warnings_are_not_printed_and_denied_ones_are_errors() {
     let g = Graph::with_seed(0);
     g.set_warnings(Warnings::Collect);
-    let _ = gpt_like(&g, ParamSpec::matrix(&[T], &[C]));
+    let _ = gpt_like(&g, ParamSpec::new(Axes::new().input(&[T]).output(&[C])));
     g.finish().unwrap();
     assert!(g.warnings().iter().any(|w| w.contains("'wpe'")));
     g.set_warnings(Warnings::Deny);

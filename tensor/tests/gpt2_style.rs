@@ -8,7 +8,7 @@ mod common;
 use common::{check, opts};
 use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl_tensor::nn::{Activation, Module, loss};
-use rocannl_tensor::{DecayPolicy, Graph, Init, Session, Tensor};
+use rocannl_tensor::{Axes, DecayPolicy, Graph, Init, Session, Tensor};
 
 const STD: f64 = 0.02;
 
@@ -47,7 +47,7 @@ fn a_nanogpt_model_from_its_config_alone() {
     let g = Graph::with_seed(7);
     let gpt = Gpt::new(&g, "gpt", nanogpt(vocab, context, width, heads, layers));
     g.set_decay_policy(DecayPolicy::AllMatricesAndTables);
-    let ids = g.data("ids", &[2, context], &[], &[]);
+    let ids = g.data("ids", Axes::new().batch(&[2, context]));
     let logits = gpt.apply(&ids);
     g.finish().unwrap();
     assert_eq!(logits.dims().unwrap(), vec![2, context, vocab]);
@@ -109,7 +109,7 @@ fn a_nanogpt_model_from_its_config_alone() {
 fn the_per_param_policy_keeps_the_construction_flags_and_set_decay_wins() {
     let g = Graph::with_seed(1);
     let gpt = Gpt::new(&g, "gpt", nanogpt(7, 4, 8, 2, 1));
-    let _ = gpt.apply(&g.data("ids", &[1, 4], &[], &[]));
+    let _ = gpt.apply(&g.data("ids", Axes::new().batch(&[1, 4])));
     g.finish().unwrap();
     assert_eq!(g.decay_policy(), DecayPolicy::PerParam);
     // Tables, positions and gains are exempt by construction; weight matrices decay.
@@ -124,7 +124,7 @@ fn the_per_param_policy_keeps_the_construction_flags_and_set_decay_wins() {
     assert!(g.decays(&gpt.tok.table).unwrap() && !g.decays(&gpt.pos).unwrap());
     // Only params have a decay: anything else is an error naming the tensor.
     let g = Graph::new();
-    let x = g.data("x", &[2], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[2]).output(&[3]));
     g.set_decay(&x, true);
     let e = g.decays(&x).unwrap_err().to_string();
     assert!(e.contains("decays of 'x'") && e.contains("not a param"), "{e}");
@@ -144,8 +144,8 @@ fn a_tied_heads_gradient_sums_both_uses() {
         let g = Graph::with_seed(11);
         let cfg = nanogpt(vocab, context, width, 2, 1).with_tied_head(tied);
         let gpt = Gpt::new(&g, "gpt", cfg);
-        let x = g.ndarray("ids", &[2, context], &[], &[], &ids);
-        let y = g.ndarray("targets", &[2, context], &[], &[], &targets);
+        let x = g.ndarray("ids", Axes::new().batch(&[2, context]), &ids);
+        let y = g.ndarray("targets", Axes::new().batch(&[2, context]), &targets);
         let l = loss::sparse_cross_entropy(&gpt.apply(&x), &y, loss::Reduction::Mean);
         let mut s = Session::with_options(&g, opts()).unwrap();
         let bp = s.backprop(&l, &[]).unwrap();
@@ -187,7 +187,7 @@ fn a_tied_heads_gradient_matches_finite_differences() {
         // Weights of N(0, 0.5²), so that the gradients are far above the differences' noise.
         let cfg = nanogpt(5, 3, 4, 2, 1).with_init(Some(Init::Normal { mean: 0.0, std: 0.5 }));
         let gpt = Gpt::new(g, "gpt", cfg);
-        let ids = g.ndarray("ids", &[1, 3], &[], &[], &[0.0, 3.0, 4.0]);
+        let ids = g.ndarray("ids", Axes::new().batch(&[1, 3]), &[0.0, 3.0, 4.0]);
         (vec![gpt.tok.table.clone()], gpt.apply(&ids))
     });
 }

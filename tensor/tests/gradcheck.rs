@@ -4,7 +4,7 @@
 mod common;
 
 use common::{check, param};
-use rocannl_tensor::{Init, ParamSpec, Tensor};
+use rocannl_tensor::{Axes, Init, ParamSpec, Tensor};
 
 #[test]
 fn unary_ops() {
@@ -83,8 +83,7 @@ fn compose_and_fma() {
         let w = param(g, "w", &[3], &[2], -1.0, 1.0);
         let x = g.param(
             "x",
-            ParamSpec::matrix(&[], &[3])
-                .with_batch(&[2])
+            ParamSpec::new(Axes::new().batch(&[2]).input(&[]).output(&[3]))
                 .init(Init::Values(vec![0.3, -0.2, 0.5, 0.1, 0.7, -0.4])),
         );
         (vec![w.clone(), x.clone()], w.matmul(&x))
@@ -172,8 +171,7 @@ fn layout_ops() {
     check("batch_slice", |g| {
         let a = g.param(
             "a",
-            ParamSpec::matrix(&[], &[2])
-                .with_batch(&[3])
+            ParamSpec::new(Axes::new().batch(&[3]).input(&[]).output(&[2]))
                 .init(Init::Values(vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6])),
         );
         (vec![a.clone()], a.batch_slice(1))

@@ -10,17 +10,17 @@ use rocannl_tensor::nn::conv::{Conv2d, Conv2dConfig, Padding};
 use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig};
 use rocannl_tensor::nn::{self, Activation, Linear, LinearConfig, Mlp, MlpConfig, conv, loss};
-use rocannl_tensor::{Init, ParamSpec};
+use rocannl_tensor::{Axes, Init, ParamSpec};
 
 #[test]
 fn dense_and_mlp() {
     check("mlp", |g| {
-        let x = g.ndarray("x", &[3], &[], &[2], &spread(6, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[2]), &spread(6, -1.0, 1.0));
         let y = Mlp::new(g, "mlp", MlpConfig::new(&[4, 2]).with_act(Activation::Tanh)).apply(&x);
         (g.params(), y)
     });
     check("linear without bias", |g| {
-        let x = g.ndarray("x", &[3], &[], &[2], &spread(6, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[2]), &spread(6, -1.0, 1.0));
         let y = Linear::new(g, "proj", LinearConfig::new(4).with_bias(false)).apply(&x).tanh();
         (g.params(), y)
     });
@@ -35,17 +35,20 @@ fn softmax_and_losses() {
     check("cross_entropy", |g| {
         let logits = g.param(
             "logits",
-            ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
+            ParamSpec::new(Axes::new().batch(&[2]).output(&[3]))
+                .init(Init::Values(spread(6, -1.0, 1.0))),
         );
-        let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
+        let targets =
+            g.ndarray("t", Axes::new().batch(&[2]).output(&[3]), &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
         (vec![logits.clone()], loss::cross_entropy(&logits, &targets, loss::Reduction::Mean))
     });
     check("sparse_cross_entropy", |g| {
         let logits = g.param(
             "logits",
-            ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
+            ParamSpec::new(Axes::new().batch(&[2]).output(&[3]))
+                .init(Init::Values(spread(6, -1.0, 1.0))),
         );
-        let labels = g.ndarray("labels", &[2], &[], &[], &[2.0, 0.0]);
+        let labels = g.ndarray("labels", Axes::new().batch(&[2]), &[2.0, 0.0]);
         (vec![logits.clone()], loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::Mean))
     });
     check("mse", |g| {
@@ -62,9 +65,14 @@ fn softmax_and_losses() {
         check(&format!("cross_entropy_{reduction:?}"), |g| {
             let logits = g.param(
                 "logits",
-                ParamSpec::output(&[3]).with_batch(&[2]).init(Init::Values(spread(6, -1.0, 1.0))),
+                ParamSpec::new(Axes::new().batch(&[2]).output(&[3]))
+                    .init(Init::Values(spread(6, -1.0, 1.0))),
             );
-            let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5]);
+            let targets = g.ndarray(
+                "t",
+                Axes::new().batch(&[2]).output(&[3]),
+                &[0.0, 1.0, 0.0, 0.2, 0.3, 0.5],
+            );
             (vec![logits.clone()], loss::cross_entropy(&logits, &targets, reduction))
         });
         check(&format!("mse_{reduction:?}"), |g| {
@@ -85,8 +93,10 @@ fn loss_reductions_are_the_mean_sum_or_values_per_position() {
     use rocannl_tensor::Session;
     let g = rocannl_tensor::Graph::with_seed(0);
     // Two examples of three classes; the per-example losses by hand.
-    let logits = g.ndarray("logits", &[2], &[], &[3], &[1.0, 2.0, 3.0, 0.5, 0.5, -1.0]);
-    let targets = g.ndarray("t", &[2], &[], &[3], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    let logits =
+        g.ndarray("logits", Axes::new().batch(&[2]).output(&[3]), &[1.0, 2.0, 3.0, 0.5, 0.5, -1.0]);
+    let targets =
+        g.ndarray("t", Axes::new().batch(&[2]).output(&[3]), &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
     let lse = |v: [f64; 3]| v.iter().map(|x| x.exp()).sum::<f64>().ln();
     let per = [lse([1.0, 2.0, 3.0]) - 3.0, lse([0.5, 0.5, -1.0]) - 0.5];
     let mean = loss::cross_entropy(&logits, &targets, loss::Reduction::Mean);
@@ -109,13 +119,14 @@ fn layer_norm_and_embedding() {
     check("layer_norm", |g| {
         let x = g.param(
             "x",
-            ParamSpec::output(&[4]).with_batch(&[2]).init(Init::Values(spread(8, -1.0, 1.0))),
+            ParamSpec::new(Axes::new().batch(&[2]).output(&[4]))
+                .init(Init::Values(spread(8, -1.0, 1.0))),
         );
         let y = LayerNorm::new(g, "ln", LayerNormConfig::default()).apply(&x);
         (g.params(), y)
     });
     check("embedding", |g| {
-        let ids = g.ndarray("ids", &[3], &[], &[], &[0.0, 2.0, 0.0]);
+        let ids = g.ndarray("ids", Axes::new().batch(&[3]), &[0.0, 2.0, 0.0]);
         let e = Embedding::new(g, "emb", EmbeddingConfig::new(3, 2)).apply(&ids);
         (g.params(), e)
     });
@@ -125,17 +136,17 @@ fn layer_norm_and_embedding() {
 fn attention_and_transformer() {
     let cfg = AttentionConfig::new(2, 2);
     check("self_attention", |g| {
-        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[4]), &spread(12, -1.0, 1.0));
         let y = &x + &MultiHeadAttention::new(g, "att", cfg.clone()).apply(&x);
         (g.params(), y)
     });
     check("transformer_block", |g| {
-        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[4]), &spread(12, -1.0, 1.0));
         let block = TransformerBlockConfig::new(cfg.clone(), 6);
         (g.params(), TransformerBlock::new(g, "blk", block).apply(&x))
     });
     check("transformer_block_gelu_causal", |g| {
-        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[4]), &spread(12, -1.0, 1.0));
         let block = TransformerBlockConfig::new(cfg.clone().with_causal(true), 6)
             .with_act(Activation::GeluTanh);
         (g.params(), TransformerBlock::new(g, "blk", block).apply(&x))
@@ -145,7 +156,8 @@ fn attention_and_transformer() {
     check("causal_self_attention", |g| {
         let x = g.param(
             "x",
-            ParamSpec::output(&[4]).with_batch(&[2, 3]).init(Init::Values(spread(24, -1.0, 1.0))),
+            ParamSpec::new(Axes::new().batch(&[2, 3]).output(&[4]))
+                .init(Init::Values(spread(24, -1.0, 1.0))),
         );
         let y = &x + &MultiHeadAttention::new(g, "att", cfg.clone().with_causal(true)).apply(&x);
         (g.params(), y)
@@ -159,14 +171,14 @@ fn modules_share_their_params_across_applications() {
         norm::{RmsNorm, RmsNormConfig},
     };
     check("rms_norm", |g| {
-        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[4]), &spread(12, -1.0, 1.0));
         let n = RmsNorm::new(g, "rms", RmsNormConfig::default().with_eps(1e-5));
         (n.params(), Module::apply(&n, &x).pointmul(&x))
     });
     // One dense layer applied to two inputs: its gradient sums both uses.
     check("dense_applied_twice", |g| {
-        let a = g.ndarray("a", &[2], &[], &[3], &spread(6, -1.0, 1.0));
-        let b = g.ndarray("b", &[4], &[], &[3], &spread(12, -0.5, 0.5));
+        let a = g.ndarray("a", Axes::new().batch(&[2]).output(&[3]), &spread(6, -1.0, 1.0));
+        let b = g.ndarray("b", Axes::new().batch(&[4]).output(&[3]), &spread(12, -0.5, 0.5));
         let fc = Linear::new(g, "fc", LinearConfig::new(2));
         let y = &Module::apply(&fc, &a).tanh().sum_all() + &Module::apply(&fc, &b).sum_all();
         (fc.params(), y)
@@ -175,13 +187,13 @@ fn modules_share_their_params_across_applications() {
 
 #[test]
 fn causal_attention_looks_only_backwards() {
-    use rocannl_tensor::{Graph, Session};
+    use rocannl_tensor::{Axes, Graph, Session};
     // Changing the inputs at positions after s changes no output at s or before.
     let outputs = |tail: f64| {
         let g = Graph::with_seed(3);
         let mut v = spread(16, -1.0, 1.0);
         v[8..].iter_mut().for_each(|x| *x += tail); // positions 2 and 3
-        let x = g.ndarray("x", &[4], &[], &[4], &v);
+        let x = g.ndarray("x", Axes::new().batch(&[4]).output(&[4]), &v);
         // The residual fixes the output projection's width (4).
         let att = MultiHeadAttention::new(&g, "att", AttentionConfig::new(2, 2).with_causal(true));
         let y = &x + &att.apply(&x);
@@ -198,27 +210,33 @@ fn causal_attention_looks_only_backwards() {
 #[test]
 fn convolution_and_pooling() {
     check("conv2d_valid", |g| {
-        let x = g.ndarray("x", &[1], &[], &[4, 4, 2], &spread(32, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[4, 4, 2]), &spread(32, -1.0, 1.0));
         (g.params(), Conv2d::new(g, "c", Conv2dConfig::new((3, 3), 2)).apply(&x))
     });
     check("conv2d_same", |g| {
-        let x = g.ndarray("x", &[1], &[], &[4, 4, 1], &spread(16, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[4, 4, 1]), &spread(16, -1.0, 1.0));
         let same = Conv2dConfig::new((3, 3), 2).with_padding(Padding::Same);
         (g.params(), Conv2d::new(g, "c", same).apply(&x))
     });
     check("conv2d_strided", |g| {
-        let x = g.ndarray("x", &[1], &[], &[5, 5, 1], &spread(25, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[5, 5, 1]), &spread(25, -1.0, 1.0));
         let strided = Conv2dConfig::new((3, 3), 1).with_stride(2);
         (g.params(), Conv2d::new(g, "c", strided).apply(&x))
     });
     check("max_pool", |g| {
-        let x =
-            g.param("x", ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))));
+        let x = g.param(
+            "x",
+            ParamSpec::new(Axes::new().output(&[4, 4, 1]))
+                .init(Init::Values(spread(16, -1.0, 1.0))),
+        );
         (vec![x.clone()], conv::max_pool2d(&x, 2, 2))
     });
     check("avg_pool", |g| {
-        let x =
-            g.param("x", ParamSpec::output(&[4, 4, 1]).init(Init::Values(spread(16, -1.0, 1.0))));
+        let x = g.param(
+            "x",
+            ParamSpec::new(Axes::new().output(&[4, 4, 1]))
+                .init(Init::Values(spread(16, -1.0, 1.0))),
+        );
         (vec![x.clone()], conv::avg_pool2d(&x, 2, 2))
     });
     check("mean", |g| {
@@ -246,9 +264,7 @@ fn batch_norm() {
             let n: usize = batch.iter().chain(&output).product();
             let x = g.param(
                 "x",
-                ParamSpec::output(&output)
-                    .with_batch(&batch)
-                    .with_input(&[])
+                ParamSpec::new(Axes::new().batch(&batch).input(&[]).output(&output))
                     .init(Init::Values(spread(n, -2.0, 2.0))),
             );
             let y = BatchNorm::new(g, "bn", cfg.clone()).apply(&x);
@@ -259,9 +275,12 @@ fn batch_norm() {
 
 #[test]
 fn dropout_masks_scale_change_every_step_and_carry_the_gradient() {
-    use rocannl_tensor::{Graph, Optimizer, Session, Sgd};
+    use rocannl_tensor::{Axes, Graph, Optimizer, Session, Sgd};
     let g = Graph::with_seed(3);
-    let x = g.param("x", ParamSpec::output(&[200]).init(Init::Values(spread(200, 0.5, 1.5))));
+    let x = g.param(
+        "x",
+        ParamSpec::new(Axes::new().output(&[200])).init(Init::Values(spread(200, 0.5, 1.5))),
+    );
     let y = nn::dropout(&x, 0.25);
     let loss = y.sum_all();
     let mut s = Session::with_options(&g, common::opts()).unwrap();
@@ -302,9 +321,9 @@ fn block_dropout_acts_in_training_only() {
     use rocannl_tensor::nn::attention::{
         AttentionConfig, TransformerBlock, TransformerBlockConfig,
     };
-    use rocannl_tensor::{Graph, Mode, Session};
+    use rocannl_tensor::{Axes, Graph, Mode, Session};
     let g = Graph::with_seed(5);
-    let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+    let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[4]), &spread(12, -1.0, 1.0));
     let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 2), 6).with_dropout(0.5);
     let block = TransformerBlock::new(&g, "blk", cfg);
     let y = block.apply(&x);
@@ -332,10 +351,10 @@ fn block_dropout_acts_in_training_only() {
 #[test]
 fn dropout_rejects_probabilities_outside_0_1() {
     use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
-    use rocannl_tensor::{Error, Graph};
+    use rocannl_tensor::{Axes, Error, Graph};
     for p in [1.5, -0.5, f64::NAN, f64::INFINITY] {
         let g = Graph::new();
-        let x = g.data("x", &[4], &[], &[8]);
+        let x = g.data("x", Axes::new().batch(&[4]).output(&[8]));
         let _ = nn::dropout(&x, p);
         match g.finish() {
             Err(Error::Usage(m)) => {
@@ -344,7 +363,7 @@ fn dropout_rejects_probabilities_outside_0_1() {
             other => panic!("p = {p}: {other:?}"),
         }
         let g = Graph::new();
-        let x = g.data("x", &[2, 5], &[], &[8]);
+        let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[8]));
         let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 4), 16).with_dropout(p);
         let block = TransformerBlock::new(&g, "blk", cfg);
         let _ = block.apply(&x);
@@ -353,7 +372,7 @@ fn dropout_rejects_probabilities_outside_0_1() {
         let g = Graph::new();
         let cfg =
             GptConfig::new(5, 4, 8, 2, 1).with_ff(8).with_act(Activation::Relu).with_dropout(p);
-        let ids = g.data("ids", &[2, 4], &[], &[]);
+        let ids = g.data("ids", Axes::new().batch(&[2, 4]));
         let _ = Gpt::new(&g, "gpt", cfg).apply(&ids);
         assert!(matches!(g.finish(), Err(Error::Usage(_))), "GPT dropout {p}");
     }
@@ -364,12 +383,17 @@ fn dropout_rejects_probabilities_outside_0_1() {
 /// interpreter and on native code. At p = 0 dropout is the identity.
 #[test]
 fn dropout_of_one_zeroes_and_a_training_step_leaves_finite_params() {
-    use rocannl_tensor::{Adam, BackendKind, Graph, Optimizer, Prec, Session, SessionOptions};
+    use rocannl_tensor::{
+        Adam, Axes, BackendKind, Graph, Optimizer, Prec, Session, SessionOptions,
+    };
     let backends = BackendKind::available().into_iter().filter(|b| *b != BackendKind::Cuda);
     for backend in backends {
         let g = Graph::with_seed(7);
-        let x = g.ndarray("x", &[4], &[], &[3], &spread(12, -2.0, 2.0));
-        let w = g.param("w", ParamSpec::output(&[5]).init(Init::Values(spread(15, -1.0, 1.0))));
+        let x = g.ndarray("x", Axes::new().batch(&[4]).output(&[3]), &spread(12, -2.0, 2.0));
+        let w = g.param(
+            "w",
+            ParamSpec::new(Axes::new().output(&[5])).init(Init::Values(spread(15, -1.0, 1.0))),
+        );
         let y = nn::dropout(&w.matmul(&x), 1.0);
         let loss = loss::mse(&y, &g.number(1.0), loss::Reduction::Mean);
         assert!(nn::dropout(&x, 0.0).id() == x.id(), "p = 0 is the identity");

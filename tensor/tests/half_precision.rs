@@ -5,7 +5,9 @@
 
 use rocannl_tensor::nn::loss;
 use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
-use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions, Tensor};
+use rocannl_tensor::{
+    Axes, BackendKind, Graph, Init, ParamSpec, Prec, Session, SessionOptions, Tensor,
+};
 
 type Build = fn(&Graph, &Tensor) -> Tensor;
 
@@ -45,7 +47,11 @@ fn ops() -> Vec<(&'static str, Build)> {
         }),
         ("matmul", |g, x| {
             let v = [0.5, -1.0, 0.25, 2.0, 1.0, 0.5, -0.5, 0.75, -2.0, 0.125, 1.5, -0.25, 1.0, 0.0];
-            let w = g.ndarray("w", &[], &[4], &[4], &[v.as_slice(), &[0.5, 2.0]].concat());
+            let w = g.ndarray(
+                "w",
+                Axes::new().input(&[4]).output(&[4]),
+                &[v.as_slice(), &[0.5, 2.0]].concat(),
+            );
             w.matmul(x)
         }),
         ("einsum_outer_sum", |_, x| x.einsum("i;j => i", x)),
@@ -57,12 +63,12 @@ fn ops() -> Vec<(&'static str, Build)> {
         ("mse", |g, x| {
             loss::mse(
                 x,
-                &g.ndarray("t", &[], &[], &[4], &[0.5, 0.25, -0.5, 1.0]),
+                &g.ndarray("t", Axes::new().output(&[4]), &[0.5, 0.25, -0.5, 1.0]),
                 loss::Reduction::Mean,
             )
         }),
         ("cross_entropy", |g, x| {
-            let t = g.ndarray("t", &[], &[], &[4], &[0.0, 1.0, 0.0, 0.0]);
+            let t = g.ndarray("t", Axes::new().output(&[4]), &[0.0, 1.0, 0.0, 0.0]);
             loss::cross_entropy(x, &t, loss::Reduction::Mean)
         }),
     ]
@@ -84,9 +90,9 @@ fn run(
     backend: BackendKind,
 ) -> (Vec<f64>, Vec<f64>) {
     let g = Graph::with_seed(0);
-    let xp = g.param("x", ParamSpec::output(&[4]).init(Init::Values(x.to_vec())));
+    let xp = g.param("x", ParamSpec::new(Axes::new().output(&[4])).init(Init::Values(x.to_vec())));
     let y = op(&g, &xp);
-    let weights = g.ndarray("w", &[], &[], &[4], &[1.0, -2.0, 3.0, 0.5]);
+    let weights = g.ndarray("w", Axes::new().output(&[4]), &[1.0, -2.0, 3.0, 0.5]);
     let root = y.pointmul(&weights).sum_all();
     let opts = SessionOptions { backend, prec, master, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts).unwrap();
@@ -180,7 +186,11 @@ fn f16_norms_of_activations_past_256_normalize_to_plus_minus_one() {
     for master in [None, Some(Prec::F32)] {
         for rms in [false, true] {
             let g = Graph::with_seed(0);
-            let x = g.ndarray("x", &[1], &[], &[4], &[300.0, -300.0, 300.0, -300.0]);
+            let x = g.ndarray(
+                "x",
+                Axes::new().batch(&[1]).output(&[4]),
+                &[300.0, -300.0, 300.0, -300.0],
+            );
             let y = if rms {
                 RmsNorm::new(&g, "rms", RmsNormConfig::default()).apply(&x)
             } else {

@@ -8,8 +8,8 @@ use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
 use rocannl_tensor::nn::{Activation, loss};
 use rocannl_tensor::{
-    Adam, AdamW, BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Session, SessionOptions,
-    Sgd, Tensor,
+    Adam, AdamW, Axes, BackendKind, Error, Graph, Init, Optimizer, ParamSpec, Session,
+    SessionOptions, Sgd, Tensor,
 };
 
 fn interp() -> SessionOptions {
@@ -19,8 +19,9 @@ fn interp() -> SessionOptions {
 /// A one-parameter regression: the graph, its parameter and its loss.
 fn regression() -> (Graph, Tensor, Tensor) {
     let g = Graph::new();
-    let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![0.5, -0.5])));
-    let x = g.ndarray("x", &[3], &[], &[2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let w =
+        g.param("w", ParamSpec::new(Axes::new().output(&[2])).init(Init::Values(vec![0.5, -0.5])));
+    let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[2]), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let loss = loss::mse(&w.pointmul(&x), &g.number(1.0), loss::Reduction::Mean);
     (g, w, loss)
 }
@@ -89,7 +90,7 @@ fn normalization_eps_that_is_negative_infinite_or_nan_is_refused() {
     for eps in [-1e-5, f64::NAN, f64::INFINITY] {
         for rms in [false, true] {
             let g = Graph::new();
-            let x = g.ndarray("x", &[1], &[], &[2], &[3.0, 4.0]);
+            let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[2]), &[3.0, 4.0]);
             let _ = if rms {
                 RmsNorm::new(&g, "norm", RmsNormConfig::default().with_eps(eps)).apply(&x)
             } else {
@@ -100,7 +101,7 @@ fn normalization_eps_that_is_negative_infinite_or_nan_is_refused() {
         }
     }
     let g = Graph::new();
-    let x = g.ndarray("x", &[1], &[], &[2], &[3.0, 4.0]);
+    let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[2]), &[3.0, 4.0]);
     let _ = RmsNorm::new(&g, "norm", RmsNormConfig::default().with_eps(0.0)).apply(&x);
     g.finish().unwrap();
 }
@@ -109,7 +110,7 @@ fn normalization_eps_that_is_negative_infinite_or_nan_is_refused() {
 fn windows_and_strides_of_zero_are_refused_naming_the_layer() {
     for (kernel, stride) in [((0, 3), 1), ((3, 0), 1), ((3, 3), 0)] {
         let g = Graph::new();
-        let x = g.ndarray("x", &[1], &[], &[4, 4, 1], &[1.0; 16]);
+        let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[4, 4, 1]), &[1.0; 16]);
         let _ = Conv2d::new(&g, "c1", Conv2dConfig::new(kernel, 2).with_stride(stride)).apply(&x);
         let m = usage_message(g.finish());
         assert!(m.contains("conv2d 'c1'"), "{m}");
@@ -117,7 +118,7 @@ fn windows_and_strides_of_zero_are_refused_naming_the_layer() {
     for (k, stride) in [(0, 1), (2, 0)] {
         for avg in [false, true] {
             let g = Graph::new();
-            let x = g.ndarray("img", &[1], &[], &[4, 4, 1], &[1.0; 16]);
+            let x = g.ndarray("img", Axes::new().batch(&[1]).output(&[4, 4, 1]), &[1.0; 16]);
             let _ =
                 if avg { conv::avg_pool2d(&x, k, stride) } else { conv::max_pool2d(&x, k, stride) };
             let m = usage_message(g.finish());
@@ -130,7 +131,7 @@ fn windows_and_strides_of_zero_are_refused_naming_the_layer() {
 fn attention_without_heads_and_a_gpt_width_not_split_by_its_heads_are_refused() {
     for cfg in [AttentionConfig::new(0, 4), AttentionConfig::new(2, 0)] {
         let g = Graph::new();
-        let x = g.data("x", &[2, 5], &[], &[8]);
+        let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[8]));
         let y = MultiHeadAttention::new(&g, "att", cfg).apply(&x);
         let _ = &x + &y;
         let m = usage_message(g.finish());
@@ -139,7 +140,7 @@ fn attention_without_heads_and_a_gpt_width_not_split_by_its_heads_are_refused() 
     for heads in [0, 3] {
         let g = Graph::new();
         let cfg = GptConfig::new(5, 4, 8, heads, 1).with_ff(8).with_act(Activation::Relu);
-        let ids = g.data("ids", &[2, 4], &[], &[]);
+        let ids = g.data("ids", Axes::new().batch(&[2, 4]));
         let _ = Gpt::new(&g, "gpt", cfg).apply(&ids);
         let m = usage_message(g.finish());
         assert!(m.contains("GPT 'gpt'") && m.contains(&format!("{heads} heads")), "{m}");

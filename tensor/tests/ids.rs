@@ -3,7 +3,7 @@
 
 use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::loss;
-use rocannl_tensor::{BackendKind, Graph, Prec, Session, SessionOptions};
+use rocannl_tensor::{Axes, BackendKind, Graph, Prec, Session, SessionOptions};
 
 fn backends() -> Vec<BackendKind> {
     BackendKind::available().into_iter().filter(|b| *b != BackendKind::Cuda).collect()
@@ -16,9 +16,9 @@ fn model(
     vocab: usize,
 ) -> (rocannl_tensor::Tensor, [rocannl_tensor::Tensor; 2]) {
     let (x, y) = if as_ids {
-        (g.ids("x", &[4, 3], &[], &[]), g.ids("y", &[4, 3], &[], &[]))
+        (g.ids("x", Axes::new().batch(&[4, 3])), g.ids("y", Axes::new().batch(&[4, 3])))
     } else {
-        (g.data("x", &[4, 3], &[], &[]), g.data("y", &[4, 3], &[], &[]))
+        (g.data("x", Axes::new().batch(&[4, 3])), g.data("y", Axes::new().batch(&[4, 3])))
     };
     let logits = Embedding::new(g, "emb", EmbeddingConfig::new(vocab, vocab)).apply(&x);
     (loss::sparse_cross_entropy(&logits, &y, loss::Reduction::Mean), [x, y])
@@ -58,7 +58,7 @@ fn ids_stay_exact_in_half_precision_sessions() {
     for backend in backends() {
         for prec in [Prec::Bf16, Prec::F16] {
             let g = Graph::with_seed(1);
-            let x = g.ids("x", &[4, 3], &[], &[]);
+            let x = g.ids("x", Axes::new().batch(&[4, 3]));
             let emb = Embedding::new(&g, "emb", EmbeddingConfig::new(vocab, 4));
             let rows = emb.apply(&x);
             let opts = SessionOptions { backend, prec, ..SessionOptions::default() };
@@ -78,7 +78,7 @@ fn ids_stay_exact_in_half_precision_sessions() {
             }
             // Float-stored ids cannot hold this vocabulary, and the error says what to do.
             let g = Graph::with_seed(1);
-            let x = g.data("x", &[4, 3], &[], &[]);
+            let x = g.data("x", Axes::new().batch(&[4, 3]));
             let _ = Embedding::new(&g, "emb", EmbeddingConfig::new(vocab, 4)).apply(&x);
             let opts = SessionOptions { backend, prec, ..SessionOptions::default() };
             let mut s = Session::with_options(&g, opts).unwrap();
@@ -91,7 +91,7 @@ fn ids_stay_exact_in_half_precision_sessions() {
 #[test]
 fn writing_a_value_that_is_not_an_id_names_the_tensor() {
     let g = Graph::new();
-    let ids = g.ids("labels", &[3], &[], &[]);
+    let ids = g.ids("labels", Axes::new().batch(&[3]));
     let _ = ids.scale(1.0);
     let mut s = Session::new(&g).unwrap();
     for bad in [2.5, -1.0, f64::NAN, 5e9] {

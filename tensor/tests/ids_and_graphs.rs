@@ -6,7 +6,7 @@
 use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::loss;
 use rocannl_tensor::train::{Column, Loader};
-use rocannl_tensor::{Graph, Session};
+use rocannl_tensor::{Axes, Graph, Session};
 
 fn embedding_graph(
     ids_leaf: impl Fn(&Graph) -> rocannl_tensor::Tensor,
@@ -20,8 +20,8 @@ fn embedding_graph(
 #[test]
 fn writing_ids_beyond_an_embeddings_vocabulary_is_an_error() {
     for ids_leaf in
-        [(|g: &Graph| g.data("tokens", &[3], &[], &[])) as fn(&Graph) -> _, |g: &Graph| {
-            g.ids("tokens", &[3], &[], &[])
+        [(|g: &Graph| g.data("tokens", Axes::new().batch(&[3]))) as fn(&Graph) -> _, |g: &Graph| {
+            g.ids("tokens", Axes::new().batch(&[3]))
         }]
     {
         let (g, ids, e) = embedding_graph(ids_leaf);
@@ -44,7 +44,7 @@ fn writing_ids_beyond_an_embeddings_vocabulary_is_an_error() {
 
 #[test]
 fn write_ids_checks_the_vocabulary_of_the_embedding_not_only_the_callers_bound() {
-    let (g, ids, _e) = embedding_graph(|g| g.ids("tokens", &[2], &[], &[]));
+    let (g, ids, _e) = embedding_graph(|g| g.ids("tokens", Axes::new().batch(&[2])));
     let mut s = Session::new(&g).unwrap();
     s.write_ids(&ids, &[1, 4], 65).unwrap();
     let err = s.write_ids(&ids, &[1, 7], 65).unwrap_err().to_string();
@@ -53,7 +53,8 @@ fn write_ids_checks_the_vocabulary_of_the_embedding_not_only_the_callers_bound()
 
 #[test]
 fn constant_ids_out_of_range_are_an_error_when_the_session_prepares_them() {
-    let (g, _ids, e) = embedding_graph(|g| g.ndarray("tokens", &[2], &[], &[], &[1.0, 9.0]));
+    let (g, _ids, e) =
+        embedding_graph(|g| g.ndarray("tokens", Axes::new().batch(&[2]), &[1.0, 9.0]));
     let mut s = Session::new(&g).unwrap();
     let err = s.forward(&[&e]).unwrap_err().to_string();
     assert!(err.contains("'tokens'") && err.contains("9") && err.contains("position 1"), "{err}");
@@ -62,8 +63,8 @@ fn constant_ids_out_of_range_are_an_error_when_the_session_prepares_them() {
 #[test]
 fn labels_beyond_a_sparse_losss_classes_are_an_error() {
     let g = Graph::new();
-    let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0; 6]);
-    let labels = g.data("labels", &[2], &[], &[]);
+    let logits = g.ndarray("logits", Axes::new().batch(&[2]).output(&[3]), &[0.0; 6]);
+    let labels = g.data("labels", Axes::new().batch(&[2]));
     let l = loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::Mean);
     let mut s = Session::new(&g).unwrap();
     let r = s.forward(&[&l]).unwrap();
@@ -94,10 +95,10 @@ fn a_loader_checks_the_ids_it_loads_through_its_batches() {
 #[test]
 fn a_tensor_of_another_graph_is_refused_by_every_session_call() {
     let g1 = Graph::new();
-    let a = g1.data("a", &[], &[], &[2]);
+    let a = g1.data("a", Axes::new().output(&[2]));
     let y1 = a.relu();
     let g2 = Graph::new();
-    let b = g2.data("b", &[], &[], &[3]);
+    let b = g2.data("b", Axes::new().output(&[3]));
     let y2 = b.relu();
     let mut s = Session::new(&g1).unwrap();
     let r = s.forward(&[&y1]).unwrap();
@@ -123,8 +124,8 @@ fn a_tensor_of_another_graph_is_refused_by_every_session_call() {
 #[test]
 fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
     let g = Graph::with_seed(0);
-    let x = g.data("inputs", &[4], &[], &[3]);
-    let y = g.data("targets", &[4], &[], &[1]);
+    let x = g.data("inputs", Axes::new().batch(&[4]).output(&[3]));
+    let y = g.data("targets", Axes::new().batch(&[4]).output(&[1]));
     let w = g.param("w", rocannl_tensor::ParamSpec::default());
     let l = loss::mse(&w.matmul(&x), &y, loss::Reduction::Mean);
     let mut s = Session::new(&g).unwrap();
@@ -151,7 +152,7 @@ fn running_a_routine_on_data_never_written_is_an_error_naming_it() {
 #[test]
 fn writing_the_wrong_number_of_values_names_the_tensor() {
     let g = Graph::new();
-    let x = g.data("tokens", &[2, 8], &[], &[]);
+    let x = g.data("tokens", Axes::new().batch(&[2, 8]));
     let _ = x.relu();
     let mut s = Session::new(&g).unwrap();
     let err = s.write(&x, &[0.0; 15]).unwrap_err().to_string();
@@ -160,6 +161,6 @@ fn writing_the_wrong_number_of_values_names_the_tensor() {
 
 #[test]
 fn an_embeddings_result_is_named_after_its_table_and_ids() {
-    let (_g, _ids, e) = embedding_graph(|g| g.ids("tokens", &[3], &[], &[]));
+    let (_g, _ids, e) = embedding_graph(|g| g.ids("tokens", Axes::new().batch(&[3])));
     assert_eq!(e.label(), "wte.table[tokens]");
 }

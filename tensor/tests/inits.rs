@@ -2,12 +2,13 @@
 //! scheme, have the moments their formulas give (as `torch.nn.init` and `jax.nn.initializers`
 //! define them), on the interpreter and gccjit.
 
-use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Session, SessionOptions};
+use rocannl_tensor::{Axes, BackendKind, Graph, Init, ParamSpec, Session, SessionOptions};
 
 /// The mean and standard deviation of a `fan_in → fan_out` weight drawn with `init`.
 fn moments(init: Init, fan_in: usize, fan_out: usize, backend: BackendKind) -> (f64, f64) {
     let g = Graph::with_seed(3);
-    let w = g.param("w", ParamSpec::matrix(&[fan_in], &[fan_out]).init(init));
+    let w =
+        g.param("w", ParamSpec::new(Axes::new().input(&[fan_in]).output(&[fan_out])).init(init));
     let _ = w.relu();
     let opts = SessionOptions { backend, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts).unwrap();
@@ -54,7 +55,7 @@ fn a_gain_keeps_the_seed_and_scales_every_value() {
     for backend in backends() {
         let draw = |init: Init| {
             let g = Graph::with_seed(9);
-            let w = g.param("w", ParamSpec::matrix(&[8], &[4]).init(init));
+            let w = g.param("w", ParamSpec::new(Axes::new().input(&[8]).output(&[4])).init(init));
             let _ = w.relu();
             let opts = SessionOptions { backend, ..SessionOptions::default() };
             let mut s = Session::with_options(&g, opts).unwrap();

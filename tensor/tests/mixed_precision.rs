@@ -3,8 +3,8 @@
 
 use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::{
-    Adam, BackendKind, Graph, Init, LossScale, Optimizer, ParamSpec, Prec, Session, SessionOptions,
-    Sgd, StepOptions,
+    Adam, Axes, BackendKind, Graph, Init, LossScale, Optimizer, ParamSpec, Prec, Session,
+    SessionOptions, Sgd, StepOptions,
 };
 
 fn backends() -> Vec<BackendKind> {
@@ -19,8 +19,8 @@ fn options(backend: BackendKind, prec: Prec, master: Option<Prec>) -> SessionOpt
 fn regression(g: &Graph) -> (rocannl_tensor::Tensor, Vec<rocannl_tensor::Tensor>) {
     let xs: Vec<f64> = (0..64).map(|i| ((i * 37 % 23) as f64 - 11.0) / 9.0).collect();
     let ys: Vec<f64> = (0..16).map(|i| ((i * 5 % 7) as f64 - 3.0) / 4.0).collect();
-    let x = g.ndarray("x", &[16], &[], &[4], &xs);
-    let y = g.ndarray("y", &[16], &[], &[1], &ys);
+    let x = g.ndarray("x", Axes::new().batch(&[16]).output(&[4]), &xs);
+    let y = g.ndarray("y", Axes::new().batch(&[16]).output(&[1]), &ys);
     let out = Mlp::new(g, "mlp", MlpConfig::new(&[32, 1]).with_act(Activation::GeluTanh)).apply(&x);
     let l = loss::mse(&out, &y, loss::Reduction::Mean);
     (l, g.params())
@@ -75,7 +75,8 @@ fn loss_scaling_keeps_small_f16_gradients() {
     for backend in backends() {
         let run = |prec: Prec, master: Option<Prec>, scale: Option<LossScale>| {
             let g = Graph::with_seed(1);
-            let w = g.param("w", ParamSpec::output(&[4]).init(Init::Constant(1.0)));
+            let w =
+                g.param("w", ParamSpec::new(Axes::new().output(&[4])).init(Init::Constant(1.0)));
             // The loss is summed in f32, but the doubled weights are an f16 activation: the
             // gradient reaching them, 2⁻²⁷, is below f16's smallest number.
             let l = w.scale(2.0).sum_all().scale(2f64.powi(-27));
@@ -104,7 +105,10 @@ fn loss_scaling_keeps_small_f16_gradients() {
 fn loss_scaling_skips_overflowing_steps_and_adapts_the_scale() {
     for backend in backends() {
         let g = Graph::with_seed(1);
-        let w = g.param("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+        let w = g.param(
+            "w",
+            ParamSpec::new(Axes::new().output(&[3])).init(Init::Values(vec![1.0, 2.0, 3.0])),
+        );
         let l = w.pointmul(&w).sum_all();
         let mut s =
             Session::with_options(&g, options(backend, Prec::F16, Some(Prec::F32))).unwrap();
@@ -179,9 +183,12 @@ fn autocast_products_read_the_weights_rounded_to_the_half_precision() {
     for backend in backends() {
         for autocast in [true, false] {
             let g = Graph::with_seed(0);
-            let xs = g.ndarray("x", &[rows], &[], &[inputs], &x);
-            let wt = g
-                .param("w", ParamSpec::matrix(&[inputs], &[outputs]).init(Init::Values(w.clone())));
+            let xs = g.ndarray("x", Axes::new().batch(&[rows]).output(&[inputs]), &x);
+            let wt = g.param(
+                "w",
+                ParamSpec::new(Axes::new().input(&[inputs]).output(&[outputs]))
+                    .init(Init::Values(w.clone())),
+            );
             let y = &wt * &xs;
             let opts = SessionOptions { autocast, ..options(backend, Prec::Bf16, Some(Prec::F32)) };
             let mut s = Session::with_options(&g, opts).unwrap();
@@ -231,8 +238,8 @@ fn a_weight_shared_by_two_products_is_copied_once() {
     let run = |backend: BackendKind| {
         let g = Graph::with_seed(2);
         let xs: Vec<f64> = (0..32).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
-        let x = g.ndarray("x", &[4], &[], &[8], &xs);
-        let w = g.param("w", ParamSpec::matrix(&[8], &[8]));
+        let x = g.ndarray("x", Axes::new().batch(&[4]).output(&[8]), &xs);
+        let w = g.param("w", ParamSpec::new(Axes::new().input(&[8]).output(&[8])));
         let y = &w * &(&w * &x);
         let l = &y.pointmul(&y).sum_all() + &w.pointmul(&w).sum_all().scale(1e-2);
         let mut s =

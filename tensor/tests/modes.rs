@@ -6,7 +6,9 @@ use rocannl_tensor::nn::{
     self, Activation, BatchNorm, BatchNormConfig, Linear, LinearConfig, Module, loss,
 };
 use rocannl_tensor::optim::{Adam, Optimizer};
-use rocannl_tensor::{BackendKind, Error, Graph, Init, Mode, ParamSpec, Session, SessionOptions};
+use rocannl_tensor::{
+    Axes, BackendKind, Error, Graph, Init, Mode, ParamSpec, Session, SessionOptions,
+};
 
 fn backends() -> Vec<BackendKind> {
     let mut b = vec![BackendKind::Interp];
@@ -34,8 +36,8 @@ fn dataset(n: usize) -> (Vec<f64>, Vec<f64>) {
 fn a_batch_norm_model_trains_and_evaluates_with_the_running_statistics() {
     for backend in backends() {
         let g = Graph::new();
-        let x = g.data("x", &[16], &[], &[3]);
-        let t = g.data("t", &[16], &[], &[1]);
+        let x = g.data("x", Axes::new().batch(&[16]).output(&[3]));
+        let t = g.data("t", Axes::new().batch(&[16]).output(&[1]));
         let fc1 = Linear::new(&g, "fc1", LinearConfig::new(6));
         let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
         let fc2 = Linear::new(&g, "fc2", LinearConfig::new(1));
@@ -83,9 +85,12 @@ fn a_batch_norm_model_trains_and_evaluates_with_the_running_statistics() {
 fn only_train_mode_routines_that_read_the_data_update_buffers() {
     for backend in backends() {
         let g = Graph::new();
-        let x = g.data("x", &[2], &[], &[2]);
-        let other = g.data("other", &[], &[], &[2]);
-        let total = g.buffer("total", ParamSpec::vector(&[2]).init(Init::Values(vec![1.0, 2.0])));
+        let x = g.data("x", Axes::new().batch(&[2]).output(&[2]));
+        let other = g.data("other", Axes::new().output(&[2]));
+        let total = g.buffer(
+            "total",
+            ParamSpec::new(Axes::new().input(&[]).output(&[2])).init(Init::Values(vec![1.0, 2.0])),
+        );
         total.update_with(&(&total + &x.einsum("b|o => o", [])));
         let seen = &x + &total;
         let unrelated = other.scale(2.0);
@@ -118,7 +123,7 @@ fn dropout_is_the_identity_in_eval_mode_and_drops_in_train_mode() {
     for backend in backends() {
         let g = Graph::with_seed(11);
         let values: Vec<f64> = (0..400).map(|i| 1.0 + i as f64 / 400.0).collect();
-        let x = g.ndarray("x", &[], &[], &[400], &values);
+        let x = g.ndarray("x", Axes::new().output(&[400]), &values);
         let y = nn::dropout(&x, 0.5);
         let mut s = session(&g, backend);
         let eval = s.forward(&[&y]).unwrap();
@@ -141,7 +146,11 @@ fn dropout_is_the_identity_in_eval_mode_and_drops_in_train_mode() {
 #[test]
 fn checkpoints_save_and_load_buffers() {
     let g = Graph::new();
-    let x = g.ndarray("x", &[4], &[], &[2], &[1.0, 5.0, 2.0, 7.0, 4.0, 6.0, 9.0, 8.0]);
+    let x = g.ndarray(
+        "x",
+        Axes::new().batch(&[4]).output(&[2]),
+        &[1.0, 5.0, 2.0, 7.0, 4.0, 6.0, 9.0, 8.0],
+    );
     let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
     let y = bn.apply(&x);
     let mut s = Session::new(&g).unwrap();
@@ -160,7 +169,7 @@ fn checkpoints_save_and_load_buffers() {
     // The same block without running statistics has no buffers: the checkpoint has three
     // tensors too many.
     let g2 = Graph::new();
-    let x2 = g2.ndarray("x", &[4], &[], &[2], &[0.0; 8]);
+    let x2 = g2.ndarray("x", Axes::new().batch(&[4]).output(&[2]), &[0.0; 8]);
     let bn2 = BatchNorm::new(&g2, "bn", BatchNormConfig::default().with_track_running_stats(false));
     let y2 = bn2.apply(&x2);
     let mut s2 = Session::new(&g2).unwrap();
@@ -184,13 +193,13 @@ fn checkpoints_save_and_load_buffers() {
 #[test]
 fn buffer_and_batch_norm_misuse_are_usage_errors() {
     let g = Graph::new();
-    let w = g.param("w", ParamSpec::vector(&[2]));
+    let w = g.param("w", ParamSpec::new(Axes::new().input(&[]).output(&[2])));
     w.update_with(&w.scale(2.0));
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("'w'") && e.contains("buffers"), "{e}");
 
     let g = Graph::new();
-    let _ = g.param("bn.weight", ParamSpec::vector(&[2]));
+    let _ = g.param("bn.weight", ParamSpec::new(Axes::new().input(&[]).output(&[2])));
     let _ = BatchNorm::new(&g, "bn", BatchNormConfig::default());
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("'bn.weight'"), "{e}");
@@ -222,7 +231,7 @@ fn batch_norm_over_a_dynamic_batch_counts_the_current_rows() {
     for backend in backends() {
         let g = Graph::new();
         let batch = g.dynamic("batch", 6);
-        let x = g.data_dyn("x", &batch, &[], &[], &[2]);
+        let x = g.data("x", Axes::new().dynamic_batch(&batch).output(&[2]));
         let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
         let y = bn.apply(&x);
         let opts = SessionOptions {
@@ -258,7 +267,7 @@ fn batch_norm_in_f16_keeps_its_statistics_and_buffers_in_f32() {
     use rocannl_tensor::Prec;
     let values: Vec<f64> = (0..16).map(|i| 300.0 + ((i * 7) % 16) as f64 * 4.0).collect();
     let g = Graph::new();
-    let x = g.ndarray("x", &[16], &[], &[1], &values);
+    let x = g.ndarray("x", Axes::new().batch(&[16]).output(&[1]), &values);
     let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
     let y = bn.apply(&x);
     let opts =

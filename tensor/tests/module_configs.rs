@@ -14,7 +14,7 @@ use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
 use rocannl_tensor::nn::gpt::{Gpt, GptConfig};
 use rocannl_tensor::nn::norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
 use rocannl_tensor::nn::{Linear, LinearConfig, Mlp, MlpConfig, Module};
-use rocannl_tensor::{Graph, Init, Session, Tensor};
+use rocannl_tensor::{Axes, Graph, Init, Session, Tensor};
 
 fn labels(m: &impl Module) -> Vec<String> {
     m.params().iter().map(|p| p.label()).collect()
@@ -31,7 +31,7 @@ fn values(g: &Graph, tensors: &[&Tensor]) -> Vec<Vec<f64>> {
 #[test]
 fn a_bias_turned_off_leaves_no_bias_param() {
     let g = Graph::new();
-    let x = g.data("x", &[2, 3], &[], &[8]);
+    let x = g.data("x", Axes::new().batch(&[2, 3]).output(&[8]));
     let on = Linear::new(&g, "on", LinearConfig::new(4));
     let off = Linear::new(&g, "off", LinearConfig::new(4).with_bias(false));
     assert_eq!(labels(&on), ["on.w", "on.b"]);
@@ -102,7 +102,7 @@ fn assert_close(what: &str, got: &[f64], want: &[f64]) {
 fn norms_without_bias_or_affine_params_are_the_bare_normalization_times_the_gain() {
     let xs = [1.0, -2.0, 0.5, 4.0, 3.0, 3.5, -1.0, 0.0];
     let g = Graph::new();
-    let x = g.ndarray("x", &[2], &[], &[4], &xs);
+    let x = g.ndarray("x", Axes::new().batch(&[2]).output(&[4]), &xs);
     let eps = 1e-3;
     let bare = LayerNorm::new(
         &g,
@@ -125,7 +125,7 @@ fn norms_without_bias_or_affine_params_are_the_bare_normalization_times_the_gain
 #[test]
 fn inits_given_in_configs_are_the_ones_drawn() {
     let g = Graph::new();
-    let x = g.ndarray("x", &[1, 2], &[], &[2], &[0.1, 0.2, 0.3, 0.4]);
+    let x = g.ndarray("x", Axes::new().batch(&[1, 2]).output(&[2]), &[0.1, 0.2, 0.3, 0.4]);
     let fc = LinearConfig::new(2)
         .with_w_init(Init::Values(vec![1.0, 2.0, 3.0, 4.0]))
         .with_b_init(Init::Constant(0.5));
@@ -143,7 +143,7 @@ fn inits_given_in_configs_are_the_ones_drawn() {
         .with_bias_init(Init::Constant(-3.0));
     let ln = LayerNorm::new(&g, "ln", ln);
     let y = ln.apply(&(&fc.apply(&x) + &att.apply(&x)));
-    let _ = emb.apply(&g.ndarray("ids", &[1], &[], &[], &[2.0]));
+    let _ = emb.apply(&g.ndarray("ids", Axes::new().batch(&[1]), &[2.0]));
     let params = g.params();
     let refs: Vec<&Tensor> = std::iter::once(&y).chain(&params).collect();
     let v = values(&g, &refs);
@@ -178,7 +178,7 @@ fn a_gpt_init_reaches_every_weight_and_the_residual_rule_scales_two_per_block() 
         .with_init(Some(Init::Constant(0.5)))
         .with_residual_scaling(true);
     let gpt = Gpt::new(&g, "gpt", cfg);
-    let logits = gpt.apply(&g.data("ids", &[1, 4], &[], &[]));
+    let logits = gpt.apply(&g.data("ids", Axes::new().batch(&[1, 4])));
     g.finish().unwrap();
     assert_eq!(logits.dims().unwrap(), vec![1, 4, 5]);
     let params = gpt.params();
@@ -200,7 +200,7 @@ fn a_gpt_init_reaches_every_weight_and_the_residual_rule_scales_two_per_block() 
 #[test]
 fn decay_flags_given_in_configs_are_the_ones_read() {
     let g = Graph::new();
-    let x = g.data("x", &[2], &[], &[3]);
+    let x = g.data("x", Axes::new().batch(&[2]).output(&[3]));
     let fc = Linear::new(&g, "fc", LinearConfig::new(4).with_w_decay(false).with_b_decay(true));
     let emb = Embedding::new(&g, "emb", EmbeddingConfig::new(5, 4).with_table_decay(true));
     let ln = LayerNormConfig::default().with_gain_decay(true);
@@ -222,19 +222,19 @@ fn decay_flags_given_in_configs_are_the_ones_read() {
 fn the_new_switches_keep_gradients_right() {
     use common::{check, spread};
     check("attention with biases", |g| {
-        let x = g.ndarray("x", &[3], &[], &[4], &spread(12, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[4]), &spread(12, -1.0, 1.0));
         let cfg = AttentionConfig::new(2, 2).with_bias(true).with_b_init(Init::Constant(0.3));
         let y = &x + &MultiHeadAttention::new(g, "att", cfg).apply(&x);
         (g.params(), y)
     });
     check("layer norm without bias", |g| {
-        let x = g.ndarray("x", &[2], &[], &[4], &spread(8, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[2]).output(&[4]), &spread(8, -1.0, 1.0));
         let cfg = LayerNormConfig::default().with_bias(false).with_gain_init(Init::Constant(1.5));
         let ln = LayerNorm::new(g, "ln", cfg);
         (g.params(), ln.apply(&x).pointmul(&x))
     });
     check("conv without bias", |g| {
-        let x = g.ndarray("x", &[1], &[], &[4, 4, 2], &spread(32, -1.0, 1.0));
+        let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[4, 4, 2]), &spread(32, -1.0, 1.0));
         let conv = Conv2d::new(g, "c", Conv2dConfig::new((3, 3), 2).with_bias(false));
         (g.params(), conv.apply(&x))
     });

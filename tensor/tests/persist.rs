@@ -3,12 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
-use rocannl_tensor::{BackendKind, Graph, Init, ParamSpec, Session, SessionOptions};
+use rocannl_tensor::{Axes, BackendKind, Graph, Init, ParamSpec, Session, SessionOptions};
 
 /// A session whose one parameter has been initialized.
 fn session() -> Session {
     let g = Graph::new();
-    let w = g.param("w", ParamSpec::output(&[3]).init(Init::Values(vec![1.0, 2.0, 3.0])));
+    let w = g.param(
+        "w",
+        ParamSpec::new(Axes::new().output(&[3])).init(Init::Values(vec![1.0, 2.0, 3.0])),
+    );
     let y = w.scale(2.0);
     let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
     let mut s = Session::with_options(&g, opts).unwrap();

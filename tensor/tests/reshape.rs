@@ -5,7 +5,7 @@
 mod common;
 
 use rocannl_tensor::{
-    BackendKind, Graph, Init, ParamSpec, Prec, RowKind, Session, SessionOptions, Tensor, View,
+    Axes, BackendKind, Graph, Init, ParamSpec, Prec, RowKind, Session, SessionOptions, Tensor,
 };
 
 fn backends() -> Vec<BackendKind> {
@@ -130,9 +130,13 @@ fn close12(got: &[f64], want: &[f64], what: &str) {
 /// FlattenConsecutive(2) of `x` (batch 2, 4 positions | 3 channels), a linear layer without
 /// bias, tanh: `h`, and the params `x` and `w`.
 fn wavenet_stage(g: &Graph, flatten: impl Fn(&Tensor) -> Tensor) -> (Tensor, Tensor, Tensor) {
-    let x_spec = ParamSpec::matrix(&[], &[3]).with_batch(&[2, 4]).init(Init::Values(x_values()));
+    let x_spec = ParamSpec::new(Axes::new().batch(&[2, 4]).input(&[]).output(&[3]))
+        .init(Init::Values(x_values()));
     let x = g.param("x", x_spec);
-    let w = g.param("w", ParamSpec::matrix(&[6], &[5]).init(Init::Values(w_values())));
+    let w = g.param(
+        "w",
+        ParamSpec::new(Axes::new().input(&[6]).output(&[5])).init(Init::Values(w_values())),
+    );
     let h = w.matmul(&flatten(&x)).tanh();
     (x, w, h)
 }
@@ -142,7 +146,7 @@ fn flatten_consecutive_matches_pytorch_view_values_and_gradients() {
     for backend in backends() {
         let g = Graph::new();
         let (x, w, h) = wavenet_stage(&g, |x| {
-            x.reshape(&View::new().batch_partial(&[None, Some(2)]).output(&[6]))
+            x.reshape(&Axes::new().batch_partial(&[None, Some(2)]).output(&[6]))
         });
         let root = h.sin();
         let mut s = session(&g, backend);
@@ -162,11 +166,12 @@ fn the_einsum_split_with_a_two_position_weight_is_the_same_layer() {
     // (so `t = 2`), and its product with the split is the product with the flattened pairs.
     for backend in backends() {
         let g = Graph::new();
-        let x_spec =
-            ParamSpec::matrix(&[], &[3]).with_batch(&[2, 4]).init(Init::Values(x_values()));
+        let x_spec = ParamSpec::new(Axes::new().batch(&[2, 4]).input(&[]).output(&[3]))
+            .init(Init::Values(x_values()));
         let x = g.param("x", x_spec);
         let pairs = x.einsum("..b.., 2*t+k | c => ..b.., t | k, c", []);
-        let w_spec = ParamSpec::matrix(&[2, 3], &[5]).init(Init::Values(w_values()));
+        let w_spec =
+            ParamSpec::new(Axes::new().input(&[2, 3]).output(&[5])).init(Init::Values(w_values()));
         let w = g.param("w", w_spec);
         let h = w.matmul(&pairs).tanh();
         let root = h.sin();
@@ -207,9 +212,9 @@ fn an_einsum_merge_is_the_flatten_of_its_stride_and_kernel() {
 fn the_natural_flatten_consecutive_einsum_infers_its_pairs_from_the_weight() {
     // The building-blocks report: x of batch 32, 8 positions, 24 channels.
     let g = Graph::new();
-    let x = g.data("x", &[32, 8], &[], &[24]);
+    let x = g.data("x", Axes::new().batch(&[32, 8]).output(&[24]));
     let y = x.einsum("..b.., 2*t+k | c => ..b.., t | k, c", []);
-    let w = g.param("w", ParamSpec::matrix(&[2, 24], &[128]));
+    let w = g.param("w", ParamSpec::new(Axes::new().input(&[2, 24]).output(&[128])));
     let z = w.matmul(&y);
     g.set_strict(true);
     g.finish().unwrap();
@@ -222,7 +227,7 @@ fn the_natural_flatten_consecutive_einsum_infers_its_pairs_from_the_weight() {
 fn an_einsum_split_nothing_decides_warns_and_fails_under_strict() {
     let build = |strict: bool| {
         let g = Graph::new();
-        let x = g.data("x", &[], &[], &[8]);
+        let x = g.data("x", Axes::new().output(&[8]));
         let y = x.einsum("2*t+k => t, k", []);
         g.set_strict(strict);
         let r = g.finish();
@@ -243,9 +248,9 @@ fn an_einsum_split_nothing_decides_warns_and_fails_under_strict() {
 #[test]
 fn a_kernel_that_does_not_divide_the_positions_names_the_convolution() {
     let g = Graph::new();
-    let x = g.data("x", &[32, 8], &[], &[24]);
+    let x = g.data("x", Axes::new().batch(&[32, 8]).output(&[24]));
     let y = x.einsum("..b.., 2*t+k | c => ..b.., t | k, c", []);
-    let w = g.param("w", ParamSpec::matrix(&[3, 24], &[128]));
+    let w = g.param("w", ParamSpec::new(Axes::new().input(&[3, 24]).output(&[128])));
     let _z = w.matmul(&y);
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("convolution 2*t+k (stride 2, kernel k = 3)"), "{e}");
@@ -262,8 +267,8 @@ fn unflatten_and_flatten_split_heads_and_merge_them_back() {
     ];
     for backend in backends() {
         let g = Graph::new();
-        let x = g.data("x", &[4], &[], &[6]);
-        let scale = g.data("scale", &[], &[], &[2, 1]);
+        let x = g.data("x", Axes::new().batch(&[4]).output(&[6]));
+        let scale = g.data("scale", Axes::new().output(&[2, 1]));
         let heads = x.unflatten(RowKind::Output, -1, &[Some(2), None]);
         let y = heads.pointmul(&heads).pointmul(&scale).flatten(RowKind::Output, -2, 2);
         let mut s = session(&g, backend);
@@ -283,7 +288,7 @@ fn reshape_flatten_and_unflatten_gradients_match_finite_differences() {
         let a = param(g, "a", &[2], &[3, 2], -1.0, 1.0);
         let w = param(g, "w", &[3], &[2], -1.0, 1.0);
         // |2 -> 3,2 (memory order 3,2,2) seen as |4 -> 3.
-        let r = a.reshape(&View::new().input(&[4]).output(&[3]));
+        let r = a.reshape(&Axes::new().input(&[4]).output(&[3]));
         (vec![a, w.clone()], w.matmul(&r.tanh()))
     });
     check("flatten", |g| {
@@ -304,8 +309,8 @@ fn a_dynamic_batch_axis_is_kept_by_a_reshape() {
     for backend in backends() {
         let g = Graph::new();
         let b = g.dynamic("batch", 4);
-        let x = g.data_dyn("x", &b, &[4], &[], &[3]);
-        let y = x.reshape(&View::new().batch_partial(&[None, Some(2)]).output(&[6]));
+        let x = g.data("x", Axes::new().dynamic_batch(&b).batch(&[4]).output(&[3]));
+        let y = x.reshape(&Axes::new().batch_partial(&[None, Some(2)]).output(&[6]));
         let m = y.mean("n, t | c => t | c");
         let mut s = session(&g, backend);
         let fwd = s.forward(&[&m]).unwrap();
@@ -327,7 +332,7 @@ fn a_dynamic_batch_axis_is_kept_by_a_reshape() {
 fn merging_a_dynamic_batch_axis_is_an_error_naming_the_reshape() {
     let g = Graph::new();
     let b = g.dynamic("batch", 4);
-    let x = g.data_dyn("x", &b, &[4], &[], &[3]);
+    let x = g.data("x", Axes::new().dynamic_batch(&b).batch(&[4]).output(&[3]));
     let y = x.flatten(RowKind::Batch, 0, 2);
     let mut s = Session::new(&g).unwrap();
     let e = s.forward(&[&y]).expect_err("merging a dynamic axis").to_string();
@@ -337,16 +342,16 @@ fn merging_a_dynamic_batch_axis_is_an_error_naming_the_reshape() {
 #[test]
 fn a_regrouping_across_axis_boundaries_is_an_error_and_a_flat_axis_does_it() {
     let g = Graph::new();
-    let x = g.data("x", &[], &[], &[6, 4]);
-    let y = x.reshape(&View::new().output(&[4, 6]));
+    let x = g.data("x", Axes::new().output(&[6, 4]));
+    let y = x.reshape(&Axes::new().output(&[4, 6]));
     let mut s = Session::new(&g).unwrap();
     let e = s.forward(&[&y]).expect_err("6,4 as 4,6").to_string();
     assert!(e.contains("reshape 'reshape' of 'x' from |->6,4 to |->4,6"), "{e}");
     assert!(e.contains("reshape through one flat axis first"), "{e}");
 
     let g = Graph::new();
-    let x = g.data("x", &[], &[], &[6, 4]);
-    let y = x.reshape(&View::new().output(&[24])).reshape(&View::new().output(&[4, 6]));
+    let x = g.data("x", Axes::new().output(&[6, 4]));
+    let y = x.reshape(&Axes::new().output(&[24])).reshape(&Axes::new().output(&[4, 6]));
     let mut s = session(&g, BackendKind::Interp);
     let fwd = s.forward(&[&y]).unwrap();
     let v: Vec<f64> = (0..24).map(f64::from).collect();
@@ -358,18 +363,18 @@ fn a_regrouping_across_axis_boundaries_is_an_error_and_a_flat_axis_does_it() {
 #[test]
 fn sizes_that_do_not_divide_are_shape_errors_naming_the_reshape() {
     let g = Graph::new();
-    let x = g.data("x", &[], &[], &[10]);
-    let _y = x.reshape(&View::new().output_partial(&[Some(3), None]));
+    let x = g.data("x", Axes::new().output(&[10]));
+    let _y = x.reshape(&Axes::new().output_partial(&[Some(3), None]));
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("reshape"), "{e}");
     let g = Graph::new();
-    let x = g.data("x", &[], &[], &[10]);
+    let x = g.data("x", Axes::new().output(&[10]));
     let _y = x.flatten(RowKind::Output, -1, 2);
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("reshape") && e.contains("output row"), "{e}");
     // Like PyTorch's -1: one size at most is solved from the element count.
     let g = Graph::new();
-    let x = g.data("x", &[], &[], &[10]);
+    let x = g.data("x", Axes::new().output(&[10]));
     let _y = x.unflatten(RowKind::Output, 0, &[None, None]);
     let e = g.finish().unwrap_err().to_string();
     assert!(e.contains("unflatten: 2 sizes are left to inference"), "{e}");

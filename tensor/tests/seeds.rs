@@ -5,15 +5,15 @@
 
 use rocannl_tensor::optim::{Optimizer, Sgd};
 use rocannl_tensor::{
-    BackendKind, CompileOptions, Graph, ParamSpec, Prec, Session, SessionOptions, Tensor,
+    Axes, BackendKind, CompileOptions, Graph, ParamSpec, Prec, Session, SessionOptions, Tensor,
 };
 
 /// `loss = mean((w · (x + noise))²)` with `w` randomly initialized from the graph's seed and
 /// fresh noise from the generator.
 fn model(seed: u64) -> (Graph, Tensor, Tensor, Tensor) {
     let g = Graph::with_seed(seed);
-    let x = g.data("x", &[4], &[], &[3]);
-    let w = g.param("w", ParamSpec::output(&[5]));
+    let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
+    let w = g.param("w", ParamSpec::new(Axes::new().output(&[5])));
     let y = w.matmul(&(&x + &x.uniform_like(false)));
     let loss = y.pointmul(&y).mean_all();
     (g, x, w, loss)

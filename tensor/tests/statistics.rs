@@ -2,7 +2,7 @@
 //! `var(ddof=0)` and `var(ddof=1)`, PyTorch's `correction=0` and `1`), including over a dynamic
 //! batch, where only the current rows count.
 
-use rocannl_tensor::{BackendKind, Graph, Session, SessionOptions};
+use rocannl_tensor::{Axes, BackendKind, Graph, Session, SessionOptions};
 
 fn var(xs: &[f64], ddof: usize) -> f64 {
     let n = xs.len() as f64;
@@ -23,7 +23,7 @@ fn var_matches_the_formulas_along_rows_and_columns() {
     let values: Vec<f64> = (0..21).map(|i| ((i * 37 % 11) as f64 - 4.5) * 0.73).collect();
     for backend in backends() {
         let g = Graph::new();
-        let x = g.ndarray("x", &[3], &[], &[7], &values);
+        let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[7]), &values);
         let rows = [x.var("b|i => b|0", false), x.var("b|i => b|0", true)];
         let cols = [x.var("b|i => 0|i", false), x.var("b|i => 0|i", true)];
         let opts =
@@ -56,7 +56,7 @@ fn var_over_a_dynamic_batch_counts_the_current_rows() {
     for backend in backends() {
         let g = Graph::new();
         let batch = g.dynamic("batch", 10);
-        let x = g.data_dyn("x", &batch, &[], &[], &[]);
+        let x = g.data("x", Axes::new().dynamic_batch(&batch));
         let (biased, unbiased) = (x.var("b| => 0|", false), x.var("b| => 0|", true));
         let opts =
             SessionOptions { backend, prec: rocannl_tensor::Prec::F64, ..Default::default() };

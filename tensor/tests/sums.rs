@@ -3,7 +3,7 @@
 //! f32 sum gets wrong — 10⁶ × 0.1 (100958.34) and 2²⁵ ones (2²⁴) — give numpy's values, and the
 //! interpreter and gccjit give the same bits.
 
-use rocannl_tensor::{BackendKind, Graph, Prec, Session, SessionOptions};
+use rocannl_tensor::{Axes, BackendKind, Graph, Prec, Session, SessionOptions};
 
 fn backends() -> Vec<BackendKind> {
     let mut b = vec![BackendKind::Interp];
@@ -68,7 +68,7 @@ fn long_sums_give_the_interpreters_bits_on_gccjit() {
             .collect();
         let run = |backend| {
             let g = Graph::new();
-            let x = g.ndarray("x", &[3], &[], &[n], &values);
+            let x = g.ndarray("x", Axes::new().batch(&[3]).output(&[n]), &values);
             let rows = x.einsum("b|i => b|", []).named("rows");
             let cols = x.einsum("b|i => |i", []).named("cols");
             let all = x.mean_all();

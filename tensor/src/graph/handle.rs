@@ -18,9 +18,9 @@ use super::{Graph, Leaf, NodeInfo, Source, TensorId};
 /// notation `batch|input->output` ([`Tensor::shape_string`]) labels its rows.
 ///
 /// ```
-/// use rocannl_tensor::Graph;
+/// use rocannl_tensor::{Axes, Graph};
 /// let g = Graph::new();
-/// let x = g.data("x", &[4], &[2], &[3]); // batch 4, input 2, output 3
+/// let x = g.data("x", Axes::new().batch(&[4]).input(&[2]).output(&[3])); // batch 4, input 2, output 3
 /// let _ = x.scale(1.0);
 /// g.finish().unwrap();
 /// let r = x.rows().unwrap();
@@ -155,10 +155,10 @@ impl Tensor {
     /// after [`Graph::finish`].
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Axes, Graph};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[], &[], &[7]);
-    /// let k = g.data("k", &[], &[], &[3]);
+    /// let x = g.data("x", Axes::new().output(&[7]));
+    /// let k = g.data("k", Axes::new().output(&[3]));
     /// let y = x.einsum("o+k; k => o", &k);
     /// g.finish().unwrap();
     /// assert_eq!(y.captured("o"), Some(5));

@@ -8,6 +8,7 @@
 use rocannl_shape::inference::{RowDecl, ShapeDecl};
 use rocannl_shape::logic::{Logic, Terminal, TerminalData};
 
+use crate::axes::Axes;
 use crate::dynamic::DynDim;
 use crate::error::Error;
 use crate::init::Init;
@@ -41,26 +42,61 @@ impl Graph {
         self.tensor(id)
     }
 
-    /// Host-written data of known shape: `batch|input->output` sizes.
-    pub fn data(&self, label: &str, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
-        self.add_leaf(
-            label,
-            ShapeDecl::given(batch, input, output),
-            Leaf::Data(None),
-            TerminalData::Rows,
-        )
-    }
-
-    /// A size chosen each time a routine runs, from 1 to `max`: the batch size of
-    /// [`Graph::data_dyn`] tensors. Routines compiled once serve every size; the
-    /// [`crate::Session`] holds the current one ([`crate::Session::set_size`], initially
-    /// `max`). `max` must be at least 2.
+    /// Host-written data of known shape ([`Axes`]: a row not set has no axes; a leading
+    /// dynamic batch axis by [`Axes::dynamic_batch`]).
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Axes, Graph};
     /// let g = Graph::new();
-    /// let batch = g.dynamic("batch", 64);
-    /// assert_eq!((batch.name(), batch.max()), ("batch", 64));
+    /// let x = g.data("x", Axes::new().batch(&[4]).input(&[2]).output(&[3]));
+    /// g.finish().unwrap();
+    /// assert_eq!(x.shape_string(), "4|2->3");
+    /// ```
+    pub fn data(&self, label: &str, axes: Axes) -> Tensor {
+        let decl = self.known_axes(&axes, &format!("data '{label}'"), true);
+        let t = self.add_leaf(label, decl, Leaf::Data(None), TerminalData::Rows);
+        if let Some(d) = axes.dynamic() {
+            self.borrow_mut().dynamic.insert(t.id, d.clone());
+        }
+        t
+    }
+
+    /// The rows of a leaf whose sizes are all known (`what` names it in errors, recorded for
+    /// [`Graph::finish`]); a dynamic batch axis only where `dynamic` allows one.
+    fn known_axes(&self, axes: &Axes, what: &str, dynamic: bool) -> ShapeDecl {
+        if !dynamic && axes.dynamic().is_some() {
+            self.record(Error::usage(format!(
+                "{what}: only data and ids take a dynamic batch axis (Axes::dynamic_batch)"
+            )));
+        }
+        axes.known(what).unwrap_or_else(|message| {
+            self.record(Error::usage(message));
+            ShapeDecl::given(&[], &[], &[])
+        })
+    }
+
+    /// A size chosen each time a routine runs, from 1 to `max`: the first batch axis of data
+    /// and ids declared with [`Axes::dynamic_batch`], its size inferred at `max`. Routines
+    /// compiled once serve every size; the [`crate::Session`] holds the current one
+    /// ([`crate::Session::set_size`], initially `max`), and writing and reading such a tensor
+    /// take as many rows as the current size. `max` must be at least 2.
+    ///
+    /// ```
+    /// use rocannl_tensor::{Axes, Graph, ParamSpec, Session};
+    /// let g = Graph::new();
+    /// let batch = g.dynamic("batch", 32);
+    /// assert_eq!((batch.name(), batch.max()), ("batch", 32));
+    /// let x = g.data("x", Axes::new().dynamic_batch(&batch).output(&[3]));
+    /// let w = g.param("w", ParamSpec::new(Axes::new().output(&[2])));
+    /// let y = w.matmul(&x);
+    /// let mut s = Session::new(&g).unwrap();
+    /// let r = s.forward(&[&y]).unwrap();
+    /// for n in [32, 7, 1] {
+    ///     s.set_size(&batch, n).unwrap();
+    ///     s.write(&x, &vec![1.0; n * 3]).unwrap();
+    ///     s.run(&r).unwrap(); // one routine for every size
+    ///     assert_eq!(s.read(&y).unwrap().len(), n * 2);
+    /// }
     /// ```
     pub fn dynamic(&self, name: &str, max: usize) -> DynDim {
         let symbol = self.runtime_symbol();
@@ -75,41 +111,6 @@ impl Graph {
         d
     }
 
-    /// Host-written data whose first batch axis has the dynamic size `batch`, followed by
-    /// the fixed `more_batch`, `input` and `output` sizes. Shapes are inferred with the axis at
-    /// its maximum; writing and reading it take as many rows as the current size.
-    ///
-    /// ```
-    /// use rocannl_tensor::{Graph, ParamSpec, Session};
-    /// let g = Graph::new();
-    /// let batch = g.dynamic("batch", 32);
-    /// let x = g.data_dyn("x", &batch, &[], &[], &[3]);
-    /// let w = g.param("w", ParamSpec::output(&[2]));
-    /// let y = w.matmul(&x);
-    /// let mut s = Session::new(&g).unwrap();
-    /// let r = s.forward(&[&y]).unwrap();
-    /// for n in [32, 7, 1] {
-    ///     s.set_size(&batch, n).unwrap();
-    ///     s.write(&x, &vec![1.0; n * 3]).unwrap();
-    ///     s.run(&r).unwrap(); // one routine for every size
-    ///     assert_eq!(s.read(&y).unwrap().len(), n * 2);
-    /// }
-    /// ```
-    pub fn data_dyn(
-        &self,
-        label: &str,
-        batch: &DynDim,
-        more_batch: &[usize],
-        input: &[usize],
-        output: &[usize],
-    ) -> Tensor {
-        let rows: Vec<usize> =
-            std::iter::once(batch.max).chain(more_batch.iter().copied()).collect();
-        let t = self.data(label, &rows, input, output);
-        self.borrow_mut().dynamic.insert(t.id, batch.clone());
-        t
-    }
-
     /// Host-written ids (token ids, class labels) of known shape, stored as unsigned 32-bit
     /// integers whatever the session's precision: exact up to 2²⁴ (2³² in an f64 session),
     /// and written with [`crate::Session::write_ids`], which checks each id against its
@@ -117,9 +118,9 @@ impl Graph {
     /// loss's targets); they have no gradient.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Prec, Session, SessionOptions};
+    /// use rocannl_tensor::{Axes, Graph, Prec, Session, SessionOptions};
     /// let g = Graph::new();
-    /// let ids = g.ids("ids", &[3], &[], &[]);
+    /// let ids = g.ids("ids", Axes::new().batch(&[3]));
     /// let doubled = ids.scale(2.0);
     /// // Even in bf16, whose integers are exact only up to 256, ids stay exact.
     /// let opts = SessionOptions { prec: Prec::Bf16, ..Default::default() };
@@ -129,22 +130,8 @@ impl Graph {
     /// s.run(&r).unwrap();
     /// assert_eq!(s.read(&ids).unwrap(), vec![1000.0, 4.0, 70_000.0]);
     /// ```
-    pub fn ids(&self, label: &str, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
-        let t = self.data(label, batch, input, output);
-        self.borrow_mut().ids.insert(t.id);
-        t
-    }
-
-    /// [`Graph::ids`] with a dynamic leading batch axis, as [`Graph::data_dyn`].
-    pub fn ids_dyn(
-        &self,
-        label: &str,
-        batch: &DynDim,
-        more_batch: &[usize],
-        input: &[usize],
-        output: &[usize],
-    ) -> Tensor {
-        let t = self.data_dyn(label, batch, more_batch, input, output);
+    pub fn ids(&self, label: &str, axes: Axes) -> Tensor {
+        let t = self.data(label, axes);
         self.borrow_mut().ids.insert(t.id);
         t
     }
@@ -190,24 +177,28 @@ impl Graph {
     }
 
     /// Constant data with explicit values in memory order (batch, output, input).
-    pub fn ndarray(
-        &self,
-        label: &str,
-        batch: &[usize],
-        input: &[usize],
-        output: &[usize],
-        values: &[f64],
-    ) -> Tensor {
-        let n: usize = batch.iter().chain(input).chain(output).product();
-        let t = self.add_leaf(
-            label,
-            ShapeDecl::given(batch, input, output),
-            Leaf::Data(Some(values.to_vec())),
-            TerminalData::Rows,
-        );
+    ///
+    /// ```
+    /// use rocannl_tensor::{Axes, Graph};
+    /// let g = Graph::new();
+    /// let m = g.ndarray("m", Axes::new().input(&[2]).output(&[3]), &[1.0; 6]);
+    /// g.finish().unwrap();
+    /// assert_eq!(m.shape_string(), "|2->3");
+    /// ```
+    pub fn ndarray(&self, label: &str, axes: Axes, values: &[f64]) -> Tensor {
+        let what = format!("ndarray '{label}'");
+        let decl = self.known_axes(&axes, &what, false);
+        let n: usize = [&decl.batch, &decl.input, &decl.output]
+            .iter()
+            .map(|r| match r {
+                RowDecl::Given(d) => d.iter().product(),
+                _ => 1,
+            })
+            .product();
+        let t = self.add_leaf(label, decl, Leaf::Data(Some(values.to_vec())), TerminalData::Rows);
         if n != values.len() {
             self.record(Error::usage(format!(
-                "ndarray '{label}' has {} values but its shape holds {n}",
+                "{what} has {} values but its shape holds {n}",
                 values.len()
             )));
         }
@@ -216,7 +207,7 @@ impl Graph {
 
     /// A vector (one output axis) with these values.
     pub fn vector(&self, label: &str, values: &[f64]) -> Tensor {
-        self.ndarray(label, &[], &[], &[values.len()], values)
+        self.ndarray(label, Axes::new().output(&[values.len()]), values)
     }
 
     /// A scalar constant: no axes, broadcasts anywhere.
@@ -230,13 +221,9 @@ impl Graph {
     }
 
     /// A constant fill of a given shape.
-    pub fn constant(&self, x: f64, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
-        self.add_leaf(
-            &fmt_num(x),
-            ShapeDecl::given(batch, input, output),
-            Leaf::Constant(x),
-            TerminalData::Rows,
-        )
+    pub fn constant(&self, x: f64, axes: Axes) -> Tensor {
+        let decl = self.known_axes(&axes, &format!("constant {}", fmt_num(x)), false);
+        self.add_leaf(&fmt_num(x), decl, Leaf::Constant(x), TerminalData::Rows)
     }
 
     /// A constant fill whose shape is inferred from use (like a leaf that broadcasts to its
@@ -262,9 +249,9 @@ impl Graph {
     /// `keys.lt(&queries).not()` for the positions of the query and key axes.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, RowKind};
+    /// use rocannl_tensor::{Axes, Graph, RowKind};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[5], &[], &[3]);
+    /// let x = g.data("x", Axes::new().batch(&[5]).output(&[3]));
     /// let pos = g.positions(RowKind::Batch);
     /// let _y = &x + &pos;
     /// g.finish().unwrap();
@@ -283,13 +270,9 @@ impl Graph {
     }
 
     /// Each cell holds its row-major offset.
-    pub fn range_of_shape(&self, batch: &[usize], input: &[usize], output: &[usize]) -> Tensor {
-        self.add_leaf(
-            "range_of_shape",
-            ShapeDecl::given(batch, input, output),
-            Leaf::Iota,
-            TerminalData::Rows,
-        )
+    pub fn range_of_shape(&self, axes: Axes) -> Tensor {
+        let decl = self.known_axes(&axes, "range_of_shape", false);
+        self.add_leaf("range_of_shape", decl, Leaf::Iota, TerminalData::Rows)
     }
 
     /// A learnable parameter: the rows `spec` gives, the others inferred from use, and its
@@ -297,9 +280,9 @@ impl Graph {
     /// [`Init::default`]).
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Init, ParamSpec};
+    /// use rocannl_tensor::{Axes, Graph, Init, ParamSpec};
     /// let g = Graph::new();
-    /// let b = g.param("b", ParamSpec::output(&[16]).init(Init::Constant(0.0)));
+    /// let b = g.param("b", ParamSpec::new(Axes::new().output(&[16])).init(Init::Constant(0.0)));
     /// let w = g.param("w", ParamSpec::default()); // both rows inferred
     /// assert_eq!(b.label(), "b");
     /// ```
@@ -309,7 +292,7 @@ impl Graph {
     #[track_caller]
     pub fn param(&self, label: &str, spec: ParamSpec) -> Tensor {
         self.claim_name(label, "params", std::panic::Location::caller());
-        let decl = ShapeDecl { batch: spec.batch, input: spec.input, output: spec.output };
+        let decl = self.param_axes(&spec, &format!("param '{label}'"));
         let t = self.add_leaf(label, decl, Leaf::Param(spec.init), TerminalData::Rows);
         if !spec.weight_decay {
             self.borrow_mut().no_decay.insert(t.id);
@@ -337,24 +320,27 @@ impl Graph {
 
     /// A leaf added by another module of the crate (a buffer).
     pub(crate) fn add_leaf_given(&self, label: &str, spec: &ParamSpec, leaf: Leaf) -> Tensor {
-        let decl = ShapeDecl {
-            batch: spec.batch.clone(),
-            input: spec.input.clone(),
-            output: spec.output.clone(),
-        };
+        let decl = self.param_axes(spec, &format!("buffer '{label}'"));
         self.add_leaf(label, decl, leaf, TerminalData::Rows)
+    }
+
+    /// A param's (or buffer's) rows: a batch row not set is empty, the other rows inferred.
+    fn param_axes(&self, spec: &ParamSpec, what: &str) -> ShapeDecl {
+        if spec.axes.dynamic().is_some() {
+            self.record(Error::usage(format!(
+                "{what}: only data and ids take a dynamic batch axis (Axes::dynamic_batch)"
+            )));
+        }
+        spec.axes.declared([RowDecl::Given(vec![]), RowDecl::Inferred, RowDecl::Inferred])
     }
 }
 
-/// Which rows of a parameter are given (the others are inferred) and how it is initialized.
+/// A parameter's rows ([`Axes`]: a batch row not set is empty, the other rows not set are
+/// inferred from use), its initialization and whether weight decay applies.
 #[derive(Clone, Debug)]
 pub struct ParamSpec {
-    /// Batch axes (default: none).
-    pub batch: RowDecl,
-    /// Input axes (default: inferred).
-    pub input: RowDecl,
-    /// Output axes (default: inferred).
-    pub output: RowDecl,
+    /// The rows given (default: none, so input and output are inferred).
+    pub axes: Axes,
     /// Initialization.
     pub init: Init,
     /// Whether the optimizer's weight decay applies (default: yes) under the default
@@ -366,68 +352,31 @@ pub struct ParamSpec {
 
 impl Default for ParamSpec {
     fn default() -> Self {
-        ParamSpec {
-            batch: RowDecl::Given(vec![]),
-            input: RowDecl::Inferred,
-            output: RowDecl::Inferred,
-            init: Init::default(),
-            weight_decay: true,
-        }
+        ParamSpec { axes: Axes::new(), init: Init::default(), weight_decay: true }
     }
 }
 
 impl ParamSpec {
-    /// Only the output row given.
-    pub fn output(dims: &[usize]) -> ParamSpec {
-        ParamSpec { output: RowDecl::Given(dims.to_vec()), ..ParamSpec::default() }
-    }
-
-    /// A vector: no input axes, these output axes (biases, gains).
+    /// A param of these rows (a batch row not set is empty, the other rows not set are
+    /// inferred from use), [`Init::default`] and weight decay on.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, ParamSpec};
+    /// use rocannl_tensor::{Axes, Graph, ParamSpec};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[4], &[], &[3]);
-    /// let b = g.param("b", ParamSpec::vector(&[3]));
+    /// let x = g.data("x", Axes::new().batch(&[4]).output(&[3]));
+    /// let b = g.param("b", ParamSpec::new(Axes::new().input(&[]).output(&[3]))); // a bias
     /// let _y = &x + &b;
     /// g.finish().unwrap();
     /// assert_eq!(b.shape_string(), "|->3");
     /// assert!(g.warnings().is_empty());
     /// ```
-    pub fn vector(dims: &[usize]) -> ParamSpec {
-        ParamSpec::output(dims).with_input(&[])
-    }
-
-    /// Input and output rows given.
-    pub fn matrix(input: &[usize], output: &[usize]) -> ParamSpec {
-        ParamSpec {
-            input: RowDecl::Given(input.to_vec()),
-            output: RowDecl::Given(output.to_vec()),
-            ..ParamSpec::default()
-        }
+    pub fn new(axes: Axes) -> ParamSpec {
+        ParamSpec { axes, ..ParamSpec::default() }
     }
 
     /// Exempts the param from the optimizer's weight decay (biases, norm gains, embeddings).
     pub fn no_decay(mut self) -> ParamSpec {
         self.weight_decay = false;
-        self
-    }
-
-    /// Sets the input row.
-    pub fn with_input(mut self, dims: &[usize]) -> ParamSpec {
-        self.input = RowDecl::Given(dims.to_vec());
-        self
-    }
-
-    /// Sets the input row's number of axes, with some sizes inferred (`None`).
-    pub fn with_input_partial(mut self, dims: &[Option<usize>]) -> ParamSpec {
-        self.input = RowDecl::Partial(dims.to_vec());
-        self
-    }
-
-    /// Sets the batch row.
-    pub fn with_batch(mut self, dims: &[usize]) -> ParamSpec {
-        self.batch = RowDecl::Given(dims.to_vec());
         self
     }
 

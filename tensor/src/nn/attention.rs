@@ -6,6 +6,7 @@
 //! that softmax and the weighted sum reduce over it. The output projection's width is inferred
 //! from the residual connection.
 
+use crate::Axes;
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
@@ -77,9 +78,9 @@ setters!(AttentionConfig {
 /// row); the output projection's width is inferred from use (a residual connection fixes it).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Init, nn::attention::{AttentionConfig, MultiHeadAttention}};
+/// use rocannl_tensor::{Axes, Graph, Init, nn::attention::{AttentionConfig, MultiHeadAttention}};
 /// let g = Graph::new();
-/// let x = g.data("x", &[2, 5], &[], &[8]);
+/// let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[8]));
 /// let cfg = AttentionConfig::new(2, 4)
 ///     .with_causal(true)
 ///     .with_bias(true)
@@ -125,7 +126,10 @@ impl MultiHeadAttention {
         }
         let heads = [cfg.heads, cfg.head_dim];
         let decays = |spec: ParamSpec, decay: bool| ParamSpec { weight_decay: decay, ..spec };
-        let proj = decays(ParamSpec::output(&heads).init(cfg.w_init.clone()), cfg.w_decay);
+        let proj = decays(
+            ParamSpec::new(Axes::new().output(&heads)).init(cfg.w_init.clone()),
+            cfg.w_decay,
+        );
         // Each param made here (not in a closure), so that a duplicate name is reported at
         // the caller's line.
         let wq = g.param(&format!("{name}.wq"), proj.clone());
@@ -135,11 +139,14 @@ impl MultiHeadAttention {
         let wo = g.param(&format!("{name}.wo"), out);
         let (mut bq, mut bk, mut bv, mut bo) = (None, None, None, None);
         if cfg.bias {
-            let b = decays(ParamSpec::vector(&heads).init(cfg.b_init.clone()), cfg.b_decay);
+            let b = decays(
+                ParamSpec::new(Axes::new().input(&[]).output(&heads)).init(cfg.b_init.clone()),
+                cfg.b_decay,
+            );
             bq = Some(g.param(&format!("{name}.bq"), b.clone()));
             bk = Some(g.param(&format!("{name}.bk"), b.clone()));
             bv = Some(g.param(&format!("{name}.bv"), b));
-            let b = ParamSpec::default().with_input(&[]).init(cfg.b_init.clone());
+            let b = ParamSpec::new(Axes::new().input(&[])).init(cfg.b_init.clone());
             bo = Some(g.param(&format!("{name}.bo"), decays(b, cfg.b_decay)));
         }
         MultiHeadAttention { wq, wk, wv, wo, bq, bk, bv, bo, cfg }
@@ -177,9 +184,9 @@ fn with_bias(y: Tensor, b: &Option<Tensor>) -> Tensor {
 /// sequence length is given.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Session, nn::attention::causal_mask};
+/// use rocannl_tensor::{Axes, Graph, Session, nn::attention::causal_mask};
 /// let g = Graph::new();
-/// let scores = g.ndarray("scores", &[3], &[3], &[1], &[0.0; 9]);
+/// let scores = g.ndarray("scores", Axes::new().batch(&[3]).input(&[3]).output(&[1]), &[0.0; 9]);
 /// let probs = causal_mask(&scores).softmax("... s | t -> h => ... s | 0 -> h");
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&probs]).unwrap();
@@ -244,11 +251,11 @@ setters!(TransformerBlockConfig {
 /// `name.ff2`. The width is inferred from the first input.
 ///
 /// ```
-/// use rocannl_tensor::Graph;
+/// use rocannl_tensor::{Axes, Graph};
 /// use rocannl_tensor::nn::Activation;
 /// use rocannl_tensor::nn::attention::{AttentionConfig, TransformerBlock, TransformerBlockConfig};
 /// let g = Graph::new();
-/// let x = g.data("x", &[2, 5], &[], &[8]);
+/// let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[8]));
 /// let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 4).with_causal(true), 32)
 ///     .with_act(Activation::Gelu);
 /// let block = TransformerBlock::new(&g, "blk", cfg);
@@ -294,12 +301,12 @@ impl TransformerBlock {
     /// mode (a fresh mask every step, see [`super::dropout`]) and none in eval mode.
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Axes, Graph};
     /// use rocannl_tensor::nn::attention::{
     ///     AttentionConfig, TransformerBlock, TransformerBlockConfig,
     /// };
     /// let g = Graph::new();
-    /// let x = g.data("x", &[2, 5], &[], &[8]);
+    /// let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[8]));
     /// let cfg = TransformerBlockConfig::new(AttentionConfig::new(2, 4), 16).with_dropout(0.1);
     /// let block = TransformerBlock::new(&g, "blk", cfg);
     /// let y = block.apply(&x); // dropout in training steps, none in `Session::forward`

@@ -13,9 +13,10 @@
 //! ([`BatchNormAxes::Features`]), and `BatchNorm2d` on images `... | h, w, c` keeps only the
 //! channels ([`BatchNormAxes::Channels`]).
 
+use crate::Axes;
+use crate::Error;
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
-use crate::{Error, RowDecl};
 
 /// Which axes hold the features a [`BatchNorm`] normalizes separately (every other axis is
 /// reduced by its statistics).
@@ -41,11 +42,12 @@ impl BatchNormAxes {
         }
     }
 
-    /// The output row of the params and buffers: the features, their sizes inferred.
-    fn row(self) -> RowDecl {
+    /// The rows of the params and buffers: no input axes, the features as the output row,
+    /// their sizes inferred.
+    fn axes(self) -> Axes {
         match self {
-            BatchNormAxes::Features => RowDecl::Inferred,
-            BatchNormAxes::Channels => RowDecl::Partial(vec![None]),
+            BatchNormAxes::Features => Axes::new().input(&[]),
+            BatchNormAxes::Channels => Axes::new().input(&[]).output_partial(&[None]),
         }
     }
 }
@@ -172,9 +174,9 @@ pub struct RunningStats {
 ///
 /// ```
 /// use rocannl_tensor::nn::{BatchNorm, BatchNormConfig, Module};
-/// use rocannl_tensor::{Graph, Session, optim::Optimizer, Sgd};
+/// use rocannl_tensor::{Axes, Graph, Session, Sgd, optim::Optimizer};
 /// let g = Graph::new();
-/// let x = g.data("x", &[4], &[], &[2]); // 4 examples, 2 features
+/// let x = g.data("x", Axes::new().batch(&[4]).output(&[2])); // 4 examples, 2 features
 /// let bn = BatchNorm::new(&g, "bn", BatchNormConfig::default());
 /// let y = bn.apply(&x);
 /// let loss = y.pointmul(&y).sum_all();
@@ -216,10 +218,7 @@ impl BatchNorm {
         if let Some(message) = cfg.check(name) {
             g.record(Error::usage(message));
         }
-        let spec = |init: &Init| ParamSpec {
-            output: cfg.axes.row(),
-            ..ParamSpec::default().with_input(&[]).init(init.clone()).no_decay()
-        };
+        let spec = |init: &Init| ParamSpec::new(cfg.axes.axes()).init(init.clone()).no_decay();
         let (weight, bias) = if cfg.affine {
             let weight = g.param(&format!("{name}.weight"), spec(&cfg.weight_init));
             let bias = g.param(&format!("{name}.bias"), spec(&cfg.bias_init));
@@ -232,7 +231,7 @@ impl BatchNorm {
             var: g.buffer(&format!("{name}.running_var"), spec(&Init::Constant(1.0))),
             batches: g.buffer(
                 &format!("{name}.num_batches_tracked"),
-                ParamSpec::vector(&[]).init(Init::Constant(0.0)),
+                ParamSpec::new(Axes::new().input(&[]).output(&[])).init(Init::Constant(0.0)),
             ),
         });
         BatchNorm { weight, bias, running, cfg, name: name.to_string() }

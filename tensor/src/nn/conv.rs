@@ -7,6 +7,7 @@
 //! max-plus (tropical) einsum against a zero window; average pooling an einsum against a
 //! constant window.
 
+use crate::Axes;
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
@@ -105,9 +106,9 @@ setters!(Conv2dConfig {
 /// `kh, kw, channels` (a 1-wide window axis is left out).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, nn::conv::{Conv2d, Conv2dConfig, Padding}};
+/// use rocannl_tensor::{Axes, Graph, nn::conv::{Conv2d, Conv2dConfig, Padding}};
 /// let g = Graph::new();
-/// let x = g.data("x", &[4], &[], &[8, 8, 3]);
+/// let x = g.data("x", Axes::new().batch(&[4]).output(&[8, 8, 3]));
 /// let valid = Conv2d::new(&g, "c1", Conv2dConfig::new((3, 3), 6));
 /// let same = Conv2dConfig::new((3, 3), 6).with_padding(Padding::Same).with_bias(false);
 /// let same = Conv2d::new(&g, "c2", same);
@@ -151,13 +152,13 @@ impl Conv2d {
             &format!("{name}.kernel"),
             ParamSpec {
                 weight_decay: cfg.kernel_decay,
-                ..ParamSpec::output(&[cfg.out_channels])
-                    .with_input_partial(&window)
+                ..ParamSpec::new(Axes::new().input_partial(&window).output(&[cfg.out_channels]))
                     .init(cfg.kernel_init)
             },
         );
         let b = if cfg.bias {
-            let spec = ParamSpec::vector(&[cfg.out_channels]).init(cfg.b_init);
+            let spec =
+                ParamSpec::new(Axes::new().input(&[]).output(&[cfg.out_channels])).init(cfg.b_init);
             let spec = ParamSpec { weight_decay: cfg.b_decay, ..spec };
             Some(g.param(&format!("{name}.b"), spec))
         } else {
@@ -201,7 +202,7 @@ fn check_pool(g: &Graph, what: &str, x: &Tensor, k: usize, stride: usize) {
 pub fn max_pool2d(x: &Tensor, k: usize, stride: usize) -> Tensor {
     let g = x.graph();
     check_pool(g, "max_pool2d", x, k, stride);
-    let window = g.constant(0.0, &[], &[], &[k, k]);
+    let window = g.constant(0.0, Axes::new().output(&[k, k]));
     x.tropical(&pool_spec(stride), &window)
 }
 
@@ -210,7 +211,7 @@ pub fn max_pool2d(x: &Tensor, k: usize, stride: usize) -> Tensor {
 pub fn avg_pool2d(x: &Tensor, k: usize, stride: usize) -> Tensor {
     let g = x.graph();
     check_pool(g, "avg_pool2d", x, k, stride);
-    let window = g.constant(1.0 / (k * k).max(1) as f64, &[], &[], &[k, k]);
+    let window = g.constant(1.0 / (k * k).max(1) as f64, Axes::new().output(&[k, k]));
     x.einsum(&pool_spec(stride), &window)
 }
 

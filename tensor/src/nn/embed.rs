@@ -1,6 +1,7 @@
 //! Embeddings: a table lookup written as a one-hot product, so its gradient is the usual
 //! compose gradient; the same table read the other way is a tied output layer.
 
+use crate::Axes;
 use crate::graph::{Graph, IdCount, ParamSpec, Tensor};
 use crate::init::Init;
 
@@ -42,9 +43,9 @@ setters!(EmbeddingConfig {
 /// as a language model's output layer ([`Embedding::attend`], weight tying).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Init, nn::embed::{Embedding, EmbeddingConfig}};
+/// use rocannl_tensor::{Axes, Graph, Init, nn::embed::{Embedding, EmbeddingConfig}};
 /// let g = Graph::new();
-/// let ids = g.ndarray("ids", &[3], &[], &[], &[0.0, 2.0, 1.0]);
+/// let ids = g.ndarray("ids", Axes::new().batch(&[3]), &[0.0, 2.0, 1.0]);
 /// let cfg = EmbeddingConfig::new(5, 4).with_table_init(Init::Normal { mean: 0.0, std: 0.02 });
 /// let emb = Embedding::new(&g, "emb", cfg);
 /// let e = emb.apply(&ids);
@@ -68,7 +69,8 @@ impl Embedding {
             &format!("{name}.table"),
             ParamSpec {
                 weight_decay: cfg.table_decay,
-                ..ParamSpec::matrix(&[cfg.vocab], &[cfg.dim]).init(cfg.table_init)
+                ..ParamSpec::new(Axes::new().input(&[cfg.vocab]).output(&[cfg.dim]))
+                    .init(cfg.table_init)
             },
         );
         Embedding { table, vocab: cfg.vocab }
@@ -96,10 +98,10 @@ impl Embedding {
     /// and this one.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, nn::{Module, embed::{Embedding, EmbeddingConfig}}};
+    /// use rocannl_tensor::{Axes, Graph, nn::{Module, embed::{Embedding, EmbeddingConfig}}};
     /// let g = Graph::new();
     /// let wte = Embedding::new(&g, "wte", EmbeddingConfig::new(10, 4));
-    /// let ids = g.data("ids", &[2, 3], &[], &[]);
+    /// let ids = g.data("ids", Axes::new().batch(&[2, 3]));
     /// let h = wte.apply(&ids).tanh(); // … the model's blocks …
     /// let logits = wte.attend(&h); // the head reads the same table
     /// g.finish().unwrap();

@@ -6,6 +6,7 @@
 //! switches give GPT-2's and nanoGPT's (no biases, a head tied to the token table, every weight
 //! drawn from N(0, 0.02) with the residual projections scaled by `1/√(2·layers)`).
 
+use crate::Axes;
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
@@ -139,10 +140,10 @@ setters!(GptConfig {
 ///
 /// ```
 /// use rocannl_tensor::nn::{Module, gpt::{Gpt, GptConfig}};
-/// use rocannl_tensor::Graph;
+/// use rocannl_tensor::{Axes, Graph};
 /// let g = Graph::new();
 /// let gpt = Gpt::new(&g, "gpt", GptConfig::new(27, 16, 64, 4, 2));
-/// let ids = g.data("ids", &[32, 16], &[], &[]);
+/// let ids = g.data("ids", Axes::new().batch(&[32, 16]));
 /// let logits = gpt.apply(&ids);
 /// g.finish().unwrap();
 /// assert_eq!(logits.dims().unwrap(), vec![32, 16, 27]);
@@ -156,7 +157,7 @@ setters!(GptConfig {
 ///
 /// ```
 /// use rocannl_tensor::nn::{Activation, Module, gpt::{Gpt, GptConfig}};
-/// use rocannl_tensor::{DecayPolicy, Graph, Init};
+/// use rocannl_tensor::{Axes, DecayPolicy, Graph, Init};
 /// let g = Graph::new();
 /// let cfg = GptConfig::new(65, 32, 48, 4, 3)
 ///     .with_act(Activation::Gelu)
@@ -166,7 +167,7 @@ setters!(GptConfig {
 ///     .with_residual_scaling(true);
 /// let gpt = Gpt::new(&g, "gpt", cfg);
 /// g.set_decay_policy(DecayPolicy::AllMatricesAndTables);
-/// let logits = gpt.apply(&g.data("ids", &[8, 32], &[], &[]));
+/// let logits = gpt.apply(&g.data("ids", Axes::new().batch(&[8, 32])));
 /// g.finish().unwrap();
 /// assert_eq!(logits.dims().unwrap(), vec![8, 32, 65]);
 /// assert!(gpt.head.is_none()); // the logits read gpt.tok.table
@@ -209,9 +210,7 @@ impl Gpt {
         let tok = Embedding::new(g, &format!("{name}.tok"), tok);
         let pos = g.param(
             &format!("{name}.pos"),
-            ParamSpec::output(&[cfg.width])
-                .with_batch(&[cfg.context])
-                .with_input(&[])
+            ParamSpec::new(Axes::new().batch(&[cfg.context]).input(&[]).output(&[cfg.width]))
                 .init(table_init)
                 .no_decay(),
         );

@@ -6,6 +6,7 @@
 //! input's output axes contract); its output width is given, or inferred from use (a residual
 //! connection fixes it).
 
+use crate::Axes;
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
@@ -64,9 +65,9 @@ setters!(LinearConfig {
 /// params.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Init, nn::{Linear, LinearConfig, Module}};
+/// use rocannl_tensor::{Axes, Graph, Init, nn::{Linear, LinearConfig, Module}};
 /// let g = Graph::new();
-/// let x = g.data("x", &[8], &[], &[5]);
+/// let x = g.data("x", Axes::new().batch(&[8]).output(&[5]));
 /// let fc = Linear::new(&g, "fc", LinearConfig::new(3)); // PyTorch's nn.Linear(5, 3)
 /// let proj = Linear::new(
 ///     &g,
@@ -94,8 +95,11 @@ impl Linear {
     #[track_caller]
     pub fn new(g: &Graph, name: &str, cfg: LinearConfig) -> Linear {
         let (w_spec, b_spec) = match cfg.out {
-            Some(out) => (ParamSpec::output(&[out]), ParamSpec::vector(&[out])),
-            None => (ParamSpec::default(), ParamSpec::default().with_input(&[])),
+            Some(out) => (
+                ParamSpec::new(Axes::new().output(&[out])),
+                ParamSpec::new(Axes::new().input(&[]).output(&[out])),
+            ),
+            None => (ParamSpec::default(), ParamSpec::new(Axes::new().input(&[]))),
         };
         let w = g.param(
             &format!("{name}.w"),
@@ -160,10 +164,10 @@ setters!(MlpConfig {
 /// activation between them (none after the last).
 ///
 /// ```
-/// use rocannl_tensor::Graph;
+/// use rocannl_tensor::{Axes, Graph};
 /// use rocannl_tensor::nn::{Activation, LinearConfig, Mlp, MlpConfig};
 /// let g = Graph::new();
-/// let x = g.data("x", &[32], &[], &[2]);
+/// let x = g.data("x", Axes::new().batch(&[32]).output(&[2]));
 /// let cfg = MlpConfig::new(&[16, 16, 1])
 ///     .with_act(Activation::Tanh)
 ///     .with_layer(LinearConfig::default().with_bias(false));

@@ -70,10 +70,10 @@ impl Reduction {
 /// [`Reduction::None`], one value per position.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Session, nn};
+/// use rocannl_tensor::{Axes, Graph, Session, nn};
 /// let g = Graph::new();
-/// let logits = g.ndarray("logits", &[2], &[], &[2], &[0.0, 0.0, 0.0, 1e9]);
-/// let target = g.ndarray("t", &[2], &[], &[2], &[1.0, 0.0, 0.0, 1.0]);
+/// let logits = g.ndarray("logits", Axes::new().batch(&[2]).output(&[2]), &[0.0, 0.0, 0.0, 1e9]);
+/// let target = g.ndarray("t", Axes::new().batch(&[2]).output(&[2]), &[1.0, 0.0, 0.0, 1.0]);
 /// let loss = nn::loss::cross_entropy(&logits, &target, nn::loss::Reduction::Mean);
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&loss]).unwrap();
@@ -105,10 +105,10 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, reduction: Reduction) ->
 /// size inferred from the logits.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Session, nn::loss};
+/// use rocannl_tensor::{Axes, Graph, Session, nn::loss};
 /// let g = Graph::new();
-/// let logits = g.ndarray("logits", &[2], &[], &[3], &[0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
-/// let labels = g.data("labels", &[2], &[], &[]);
+/// let logits = g.ndarray("logits", Axes::new().batch(&[2]).output(&[3]), &[0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
+/// let labels = g.data("labels", Axes::new().batch(&[2]));
 /// let l = loss::sparse_cross_entropy(&logits, &labels, loss::Reduction::None);
 /// let mut s = Session::new(&g).unwrap();
 /// s.write_ids(&labels, &[1, 0], 3).unwrap();

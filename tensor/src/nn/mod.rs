@@ -77,15 +77,15 @@ impl Activation {
 /// so is the gradient (no `0 · ∞`).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, nn};
+/// use rocannl_tensor::{Axes, Graph, nn};
 /// let g = Graph::new();
-/// let x = g.data("x", &[4], &[], &[8]);
+/// let x = g.data("x", Axes::new().batch(&[4]).output(&[8]));
 /// let y = nn::dropout(&x, 0.5);
 /// g.finish().unwrap();
 /// assert_eq!(y.dims().unwrap(), vec![4, 8]);
 ///
 /// let bad = Graph::new();
-/// let x = bad.data("x", &[4], &[], &[8]);
+/// let x = bad.data("x", Axes::new().batch(&[4]).output(&[8]));
 /// let _ = nn::dropout(&x, 1.5);
 /// let e = bad.finish().unwrap_err().to_string();
 /// assert!(e.contains("'x'") && e.contains("1.5"), "{e}");

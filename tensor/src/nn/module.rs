@@ -23,12 +23,12 @@ use super::norm::{LayerNorm, RmsNorm};
 /// A block that owns its params: built once, applied any number of times.
 ///
 /// ```
-/// use rocannl_tensor::Graph;
+/// use rocannl_tensor::{Axes, Graph};
 /// use rocannl_tensor::nn::{Mlp, MlpConfig, Module};
 /// let g = Graph::new();
 /// let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[8, 2]));
-/// let train = g.data("train", &[32], &[], &[5]);
-/// let eval = g.data("eval", &[7], &[], &[5]);
+/// let train = g.data("train", Axes::new().batch(&[32]).output(&[5]));
+/// let eval = g.data("eval", Axes::new().batch(&[7]).output(&[5]));
 /// let (a, b) = (Module::apply(&mlp, &train), Module::apply(&mlp, &eval)); // the same weights
 /// g.finish().unwrap();
 /// assert_eq!((a.dims().unwrap(), b.dims().unwrap()), (vec![32, 2], vec![7, 2]));

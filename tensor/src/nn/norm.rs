@@ -4,6 +4,7 @@
 //! bias parameters take their shape from use (the features), so nothing needs the width. Their
 //! presence (`bias`, `elementwise_affine`), inits and decay are options of the configs.
 
+use crate::Axes;
 use crate::graph::{Graph, ParamSpec, Tensor};
 use crate::init::Init;
 
@@ -67,9 +68,9 @@ setters!(LayerNormConfig {
 /// `… * gain`, without `elementwise_affine` the bare normalization.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Session, nn::norm::{LayerNorm, LayerNormConfig}};
+/// use rocannl_tensor::{Axes, Graph, Session, nn::norm::{LayerNorm, LayerNormConfig}};
 /// let g = Graph::new();
-/// let x = g.ndarray("x", &[1], &[], &[4], &[1.0, 2.0, 3.0, 4.0]);
+/// let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[4]), &[1.0, 2.0, 3.0, 4.0]);
 /// let ln = LayerNorm::new(&g, "ln", LayerNormConfig::default());
 /// let bare = LayerNormConfig::default().with_elementwise_affine(false);
 /// let bare = LayerNorm::new(&g, "bare", bare);
@@ -129,7 +130,7 @@ impl LayerNorm {
 
 /// A per-feature param (no input axes, the output axes inferred from use).
 fn vector(init: Init, decays: bool) -> ParamSpec {
-    ParamSpec { weight_decay: decays, ..ParamSpec::default().with_input(&[]).init(init) }
+    ParamSpec { weight_decay: decays, ..ParamSpec::new(Axes::new().input(&[])).init(init) }
 }
 
 /// `normed * gain + bias`, each part when present.
@@ -179,9 +180,9 @@ setters!(RmsNormConfig {
 /// no bias).
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Session, nn::norm::{RmsNorm, RmsNormConfig}};
+/// use rocannl_tensor::{Axes, Graph, Session, nn::norm::{RmsNorm, RmsNormConfig}};
 /// let g = Graph::new();
-/// let x = g.ndarray("x", &[1], &[], &[2], &[3.0, 4.0]);
+/// let x = g.ndarray("x", Axes::new().batch(&[1]).output(&[2]), &[3.0, 4.0]);
 /// let y = RmsNorm::new(&g, "rms", RmsNormConfig::default().with_eps(0.0)).apply(&x);
 /// let mut s = Session::new(&g).unwrap();
 /// let r = s.forward(&[&y]).unwrap();

@@ -244,11 +244,11 @@ impl Tensor {
     /// permutes, sums, takes diagonals, selects or places).
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Axes, Graph};
     /// let g = Graph::new();
-    /// let a = g.data("a", &[], &[], &[2, 3]);
-    /// let b = g.data("b", &[], &[], &[3, 4]);
-    /// let v = g.data("v", &[], &[], &[3]);
+    /// let a = g.data("a", Axes::new().output(&[2, 3]));
+    /// let b = g.data("b", Axes::new().output(&[3, 4]));
+    /// let v = g.data("v", Axes::new().output(&[3]));
     /// let ab = a.einsum("ij; jk => ik", &b);
     /// let avb = a.einsum("ij; j; jk => ik", [&v, &b]);
     /// let sums = a.einsum("ij => i", []);
@@ -265,9 +265,9 @@ impl Tensor {
     /// summing: OCANNL's `++` divided by the count).
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session};
+    /// use rocannl_tensor::{Axes, Graph, Session};
     /// let g = Graph::new();
-    /// let x = g.ndarray("x", &[2], &[], &[2], &[1.0, 3.0, 2.0, 6.0]);
+    /// let x = g.ndarray("x", Axes::new().batch(&[2]).output(&[2]), &[1.0, 3.0, 2.0, 6.0]);
     /// let m = x.mean("b|i => b|0");
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&m]).unwrap();
@@ -286,9 +286,9 @@ impl Tensor {
     /// current rows.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session};
+    /// use rocannl_tensor::{Axes, Graph, Session};
     /// let g = Graph::new();
-    /// let x = g.ndarray("x", &[2], &[], &[4], &[1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 8.0]);
+    /// let x = g.ndarray("x", Axes::new().batch(&[2]).output(&[4]), &[1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 8.0]);
     /// let biased = x.var("b|i => b|0", false);
     /// let unbiased = x.var("b|i => b|0", true);
     /// let mut s = Session::new(&g).unwrap();

@@ -154,10 +154,10 @@ impl Tensor {
     /// Concatenates `self` and `others` along the axes the spec joins with `^`.
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Axes, Graph};
     /// let g = Graph::new();
-    /// let a = g.data("a", &[], &[], &[2, 3]);
-    /// let b = g.data("b", &[], &[], &[2, 4]);
+    /// let a = g.data("a", Axes::new().output(&[2, 3]));
+    /// let b = g.data("b", Axes::new().output(&[2, 4]));
     /// let c = a.concat("i, p; i, q => i, p^q", &[&b]);
     /// g.finish().unwrap();
     /// assert_eq!(c.dims().unwrap(), vec![2, 7]);

@@ -246,10 +246,10 @@ impl Tensor {
     /// predictions with targets cell for cell.
     ///
     /// ```
-    /// use rocannl_tensor::Graph;
+    /// use rocannl_tensor::{Axes, Graph};
     /// let g = Graph::new();
-    /// let pred = g.data("pred", &[4, 1], &[], &[]);
-    /// let target = g.data("target", &[4], &[], &[]);
+    /// let pred = g.data("pred", Axes::new().batch(&[4, 1]));
+    /// let target = g.data("target", Axes::new().batch(&[4]));
     /// let _ = (&pred.same_shape_as(&target) - &target);
     /// let err = g.finish().unwrap_err().to_string();
     /// assert!(err.contains("pred") && err.contains("target"), "{err}");
@@ -346,9 +346,9 @@ impl Tensor {
     /// GELU, exact: `x·(1 + erf(x/√2))/2` (PyTorch's `gelu`).
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session};
+    /// use rocannl_tensor::{Axes, Graph, Session};
     /// let g = Graph::new();
-    /// let x = g.ndarray("x", &[], &[], &[3], &[-1.0, 0.0, 1.0]);
+    /// let x = g.ndarray("x", Axes::new().output(&[3]), &[-1.0, 0.0, 1.0]);
     /// let y = x.gelu();
     /// let mut s = Session::new(&g).unwrap();
     /// let r = s.forward(&[&y]).unwrap();

@@ -4,14 +4,14 @@
 //! ([`crate::Rows::dims`], [`Tensor::dims`]). A reshape keeps that order of cells and regroups
 //! the axes, like PyTorch's `view`/`reshape` of a contiguous tensor whose dimensions are listed
 //! in that order: cell `k` of the argument (counting in memory order) is cell `k` of the
-//! result. Since shapes here have three rows, the target is given per row ([`View`]); a row
+//! result. Since shapes here have three rows, the target is given per row ([`Axes`]); a row
 //! the view does not mention is kept. [`Tensor::flatten`] merges consecutive axes of one row
 //! and [`Tensor::unflatten`] splits one, without the rest of the row being known.
 //!
 //! Sizes left to inference are solved from the number of elements (the seed's `Total_elems`
 //! row constraint, see [`rocannl_shape::reshape`]), the way PyTorch solves a `-1`. The
 //! gradient of a reshape is the reshape back: the gradient cell `k` of the argument is the
-//! result's gradient cell `k`. A dynamic batch axis ([`crate::Graph::data_dyn`]) may be kept
+//! result's gradient cell `k`. A dynamic batch axis ([`crate::Axes::dynamic_batch`]) may be kept
 //! as the first axis; merging it with other axes is an error naming the reshape.
 //!
 //! Reshapes are indexed by loops over the common refinement of both shapes, so they merge and
@@ -27,6 +27,7 @@ use rocannl_shape::reshape::{ReshapeRows, RowReshape};
 use rocannl_shape::row::Kind;
 use rocannl_shape::var::ShapeId;
 
+use crate::axes::Axes;
 use crate::error::Error;
 use crate::graph::Tensor;
 use crate::op::{G, Op, OpCtx, x};
@@ -49,67 +50,6 @@ impl Op for Reshape {
         // Each cell of the result is one cell of the argument: the gradient goes back the same
         // way (the reshape back).
         cx.grad(0, &G).into_iter().collect()
-    }
-}
-
-/// The target of [`Tensor::reshape`]: the result's rows, each given or kept. One size given as
-/// `None` is inferred from the number of elements (PyTorch's `-1`); the rows given hold as many
-/// elements together as the same rows of the argument.
-///
-/// ```
-/// use rocannl_tensor::{Graph, View};
-/// let g = Graph::new();
-/// let x = g.data("x", &[2], &[], &[3, 4]); // batch 2, output 3, 4
-/// let y = x.reshape(&View::new().output(&[12]));
-/// let z = x.reshape(&View::new().output_partial(&[Some(6), None]));
-/// g.finish().unwrap();
-/// assert_eq!(y.shape_string(), "2|->12");
-/// assert_eq!(z.shape_string(), "2|->6,2");
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct View {
-    rows: [Option<Vec<Option<usize>>>; 3],
-}
-
-impl View {
-    /// Every row kept (the identity).
-    pub fn new() -> View {
-        View::default()
-    }
-
-    fn set(mut self, kind: Kind, dims: Vec<Option<usize>>) -> View {
-        self.rows[kind_index(kind)] = Some(dims);
-        self
-    }
-
-    /// The result's batch row.
-    pub fn batch(self, dims: &[usize]) -> View {
-        self.set(Kind::Batch, dims.iter().copied().map(Some).collect())
-    }
-
-    /// The result's batch row, with `None` sizes inferred.
-    pub fn batch_partial(self, dims: &[Option<usize>]) -> View {
-        self.set(Kind::Batch, dims.to_vec())
-    }
-
-    /// The result's input row.
-    pub fn input(self, dims: &[usize]) -> View {
-        self.set(Kind::Input, dims.iter().copied().map(Some).collect())
-    }
-
-    /// The result's input row, with `None` sizes inferred.
-    pub fn input_partial(self, dims: &[Option<usize>]) -> View {
-        self.set(Kind::Input, dims.to_vec())
-    }
-
-    /// The result's output row.
-    pub fn output(self, dims: &[usize]) -> View {
-        self.set(Kind::Output, dims.iter().copied().map(Some).collect())
-    }
-
-    /// The result's output row, with `None` sizes inferred.
-    pub fn output_partial(self, dims: &[Option<usize>]) -> View {
-        self.set(Kind::Output, dims.to_vec())
     }
 }
 
@@ -136,10 +76,10 @@ impl Tensor {
     /// `2*C` (`x.view(B, T // 2, C * 2)`), with the batch size inferred:
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session, View};
+    /// use rocannl_tensor::{Axes, Graph, Session};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[1, 4], &[], &[2]); // batch 1, 4 positions; 2 channels
-    /// let y = x.reshape(&View::new().batch_partial(&[None, Some(2)]).output(&[4]));
+    /// let x = g.data("x", Axes::new().batch(&[1, 4]).output(&[2])); // batch 1, 4 positions; 2 channels
+    /// let y = x.reshape(&Axes::new().batch_partial(&[None, Some(2)]).output(&[4]));
     /// let mut s = Session::new(&g).unwrap();
     /// let fwd = s.forward(&[&y]).unwrap();
     /// s.write(&x, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]).unwrap();
@@ -147,31 +87,19 @@ impl Tensor {
     /// assert_eq!(y.shape_string(), "1,2|->4");
     /// assert_eq!(s.read(&y).unwrap(), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
     /// ```
-    pub fn reshape(&self, view: &View) -> Tensor {
-        let open = view.rows.iter().flatten().flatten().filter(|d| d.is_none()).count();
+    pub fn reshape(&self, view: &Axes) -> Tensor {
+        if view.dynamic().is_some() {
+            return self.refuse("reshape: a dynamic batch axis is for data and ids".to_string());
+        }
+        let open = view.open_sizes();
         if open > 1 {
             return self.refuse(format!(
                 "reshape: {open} sizes are left to inference (None); at most one can be solved \
                  from the number of elements"
             ));
         }
-        let decl_of = |r: &Option<Vec<Option<usize>>>| match r {
-            None => RowDecl::Inferred,
-            Some(d) if d.iter().all(Option::is_some) => {
-                RowDecl::Given(d.iter().map(|x| x.unwrap_or(0)).collect())
-            }
-            Some(d) => RowDecl::Partial(d.clone()),
-        };
-        let decl = ShapeDecl {
-            batch: decl_of(&view.rows[0]),
-            input: decl_of(&view.rows[1]),
-            output: decl_of(&view.rows[2]),
-        };
-        let change = |r: &Option<Vec<Option<usize>>>| match r {
-            None => RowReshape::Keep,
-            Some(_) => RowReshape::Free,
-        };
-        let rows = [change(&view.rows[0]), change(&view.rows[1]), change(&view.rows[2])];
+        let decl = view.declared([RowDecl::Inferred, RowDecl::Inferred, RowDecl::Inferred]);
+        let rows = view.is_set().map(|set| if set { RowReshape::Free } else { RowReshape::Keep });
         self.graph.add_op_shaped(Rc::new(Reshape(rows)), &[self], &decl)
     }
 
@@ -186,9 +114,9 @@ impl Tensor {
     /// `x.flatten(start, end)` within one row; the rest of the row need not be known.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, RowKind};
+    /// use rocannl_tensor::{Axes, Graph, RowKind};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[2], &[], &[3, 4, 5]);
+    /// let x = g.data("x", Axes::new().batch(&[2]).output(&[3, 4, 5]));
     /// let last_two = x.flatten(RowKind::Output, -2, 2);
     /// let first_two = x.flatten(RowKind::Output, 0, 2);
     /// g.finish().unwrap();
@@ -205,9 +133,9 @@ impl Tensor {
     /// `x.unflatten(dim, sizes)` (e.g. a model dimension into heads and head size).
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, RowKind};
+    /// use rocannl_tensor::{Axes, Graph, RowKind};
     /// let g = Graph::new();
-    /// let x = g.data("x", &[2], &[], &[12]);
+    /// let x = g.data("x", Axes::new().batch(&[2]).output(&[12]));
     /// let heads = x.unflatten(RowKind::Output, -1, &[Some(4), None]);
     /// g.finish().unwrap();
     /// assert_eq!(heads.shape_string(), "2|->4,3");

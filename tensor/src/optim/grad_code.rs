@@ -71,10 +71,10 @@ impl StepOptions {
 /// number is read on the host.
 ///
 /// ```
-/// use rocannl_tensor::{Graph, Init, LossScale, ParamSpec, Prec, Session, SessionOptions};
+/// use rocannl_tensor::{Axes, Graph, Init, LossScale, ParamSpec, Prec, Session, SessionOptions};
 /// use rocannl_tensor::optim::{Optimizer, Sgd, StepOptions};
 /// let g = Graph::new();
-/// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+/// let w = g.param("w", ParamSpec::new(Axes::new().output(&[2])).init(Init::Values(vec![3.0, 4.0])));
 /// let loss = w.pointmul(&w).sum_all();
 /// // f16 activations, f32 master weights, the loss scaled by 2^15 at first.
 /// let opts = SessionOptions { prec: Prec::F16, master: Some(Prec::F32), ..Default::default() };

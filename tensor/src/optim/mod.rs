@@ -387,9 +387,9 @@ impl Session {
     /// for neither).
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session, ParamSpec, Init, optim::Optimizer};
+    /// use rocannl_tensor::{Axes, Graph, Init, ParamSpec, Session, optim::Optimizer};
     /// let g = Graph::new();
-    /// let w = g.param("w", ParamSpec::output(&[1]).init(Init::Constant(3.0)));
+    /// let w = g.param("w", ParamSpec::new(Axes::new().output(&[1])).init(Init::Constant(3.0)));
     /// let loss = w.pointmul(&w); // minimize w^2
     /// let mut s = Session::new(&g).unwrap();
     /// let mut step = s.train_step(&loss, &Optimizer::Sgd(Default::default()), &[], &Default::default()).unwrap();
@@ -401,9 +401,9 @@ impl Session {
     ///
     /// ```
     /// use rocannl_tensor::optim::{Optimizer, StepOptions};
-    /// use rocannl_tensor::{Graph, Init, ParamSpec, Session};
+    /// use rocannl_tensor::{Axes, Graph, Init, ParamSpec, Session};
     /// let g = Graph::new();
-    /// let w = g.param("w", ParamSpec::output(&[2]).init(Init::Values(vec![3.0, 4.0])));
+    /// let w = g.param("w", ParamSpec::new(Axes::new().output(&[2])).init(Init::Values(vec![3.0, 4.0])));
     /// let loss = w.pointmul(&w).sum_all().scale(0.5); // its gradient is w: norm 5
     /// let mut s = Session::new(&g).unwrap();
     /// let clip = StepOptions { clip_grad_norm: Some(1.0), ..StepOptions::default() };

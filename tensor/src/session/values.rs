@@ -66,7 +66,7 @@ impl Session {
     }
 
     /// Writes host values (in memory order) into a data or parameter tensor.
-    /// A tensor with a dynamic axis ([`crate::Graph::data_dyn`]) takes the cells of its
+    /// A tensor with a dynamic axis ([`crate::Axes::dynamic_batch`]) takes the cells of its
     /// current size ([`Session::set_size`]).
     pub fn write(&mut self, t: &Tensor, values: &[f64]) -> Result<()> {
         self.own(t)?;
@@ -108,9 +108,9 @@ impl Session {
     /// it is an error too.
     ///
     /// ```
-    /// use rocannl_tensor::{Graph, Session};
+    /// use rocannl_tensor::{Axes, Graph, Session};
     /// let g = Graph::new();
-    /// let ids = g.data("ids", &[3], &[], &[]);
+    /// let ids = g.data("ids", Axes::new().batch(&[3]));
     /// let _ = ids.scale(1.0);
     /// let mut s = Session::new(&g).unwrap();
     /// s.write_ids(&ids, &[0, 4, 2], 5).unwrap();

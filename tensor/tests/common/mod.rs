@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use rocannl_tensor::{
-    BackendKind, Graph, Init, Mode, ParamSpec, Prec, Session, SessionOptions, Tensor,
+    Axes, BackendKind, Graph, Init, Mode, ParamSpec, Prec, Session, SessionOptions, Tensor,
 };
 
 pub fn opts() -> SessionOptions {
@@ -22,7 +22,11 @@ pub fn spread(n: usize, lo: f64, hi: f64) -> Vec<f64> {
 /// A parameter with given rows and deterministic values in `[lo, hi]`.
 pub fn param(g: &Graph, name: &str, input: &[usize], output: &[usize], lo: f64, hi: f64) -> Tensor {
     let n: usize = input.iter().chain(output).product();
-    g.param(name, ParamSpec::matrix(input, output).init(Init::Values(spread(n, lo, hi))))
+    g.param(
+        name,
+        ParamSpec::new(Axes::new().input(input).output(output))
+            .init(Init::Values(spread(n, lo, hi))),
+    )
 }
 
 /// Compares backprop with central differences for every cell of every listed parameter, on

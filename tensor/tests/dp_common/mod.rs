@@ -7,7 +7,7 @@ use std::ops::Range;
 use rocannl_tensor::nn::{Activation, Mlp, MlpConfig, loss};
 use rocannl_tensor::optim::{Optimizer, Sgd, StepOptions};
 use rocannl_tensor::parallel::Group;
-use rocannl_tensor::{Error, Graph, Prec, Session, SessionOptions};
+use rocannl_tensor::{Axes, Error, Graph, Prec, Session, SessionOptions};
 
 /// Features and targets of example `i` (5 and 2 values).
 pub fn example(i: usize) -> (Vec<f64>, Vec<f64>) {
@@ -64,8 +64,14 @@ pub fn train(case: &Case, group: Option<Group>, seed: u64) -> Result<Outcome, Er
     let g = Graph::with_seed(seed);
     let dynamic = case.dynamic.then(|| g.dynamic("batch", case.batch));
     let (x, y) = match &dynamic {
-        Some(b) => (g.data_dyn("x", b, &[], &[], &[5]), g.data_dyn("y", b, &[], &[], &[2])),
-        None => (g.data("x", &[n], &[], &[5]), g.data("y", &[n], &[], &[2])),
+        Some(b) => (
+            g.data("x", Axes::new().dynamic_batch(b).output(&[5])),
+            g.data("y", Axes::new().dynamic_batch(b).output(&[2])),
+        ),
+        None => (
+            g.data("x", Axes::new().batch(&[n]).output(&[5])),
+            g.data("y", Axes::new().batch(&[n]).output(&[2])),
+        ),
     };
     let mlp = Mlp::new(&g, "mlp", MlpConfig::new(&[16, 2]).with_act(Activation::Tanh));
     let err = loss::mse(&mlp.apply(&x), &y, loss::Reduction::Mean);
