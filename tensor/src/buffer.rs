@@ -19,24 +19,8 @@
 //! checkpoints under their names ([`crate::Session::save_params`]) and loaded with them. They
 //! are stored in the params' precision ([`crate::Session::master_prec`]).
 
-use rustc_hash::FxHashSet;
-
-use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
-
-use crate::error::{Error, Result};
-use crate::graph::{Graph, Leaf, ParamSpec, Source, Tensor, TensorId};
-use crate::mode::Mode;
-use crate::session::Session;
-
-/// An update recorded by [`Tensor::update_with`]: `buffer := value` at the end of train-mode
-/// routines.
-#[derive(Clone, Debug)]
-pub(crate) struct Update {
-    /// The buffer written.
-    pub buffer: TensorId,
-    /// Its new value.
-    pub value: TensorId,
-}
+use crate::error::Error;
+use crate::graph::{Graph, Leaf, ParamSpec, Source, Tensor, TensorId, Update};
 
 impl Graph {
     /// A buffer: state that routines compiled in train mode update in place
@@ -120,50 +104,5 @@ impl Tensor {
         // Running statistics stay in f32 in a half-precision session.
         let value = value.clone().kept_in_f32();
         self.graph.borrow_mut().updates.push(Update { buffer: self.id, value: value.id });
-    }
-}
-
-impl Session {
-    /// The updates a routine of `mode` whose forward pass computes `order` performs: none in
-    /// eval mode; in train mode, those whose value reads only data tensors the routine reads.
-    pub(crate) fn performed_updates(&self, mode: Mode, order: &[TensorId]) -> Vec<Update> {
-        if mode == Mode::Eval {
-            return vec![];
-        }
-        let computed: FxHashSet<TensorId> = order.iter().copied().collect();
-        let updates = self.graph().borrow().updates.clone();
-        updates
-            .into_iter()
-            .filter(|u| {
-                self.topo_in(&[u.value], Some(Mode::Train)).into_iter().all(|t| {
-                    computed.contains(&t)
-                        || !matches!(
-                            self.graph().tensor(t).info().source,
-                            Source::Leaf(Leaf::Data(_))
-                        )
-                })
-            })
-            .collect()
-    }
-
-    /// The copies `buffer := value` of `updates`, in order.
-    pub(crate) fn buffer_update_code(&mut self, updates: &[Update]) -> Result<Vec<Asgn>> {
-        let mut code = Vec::new();
-        for u in updates {
-            let (buffer, value) = (self.graph().tensor(u.buffer), self.graph().tensor(u.value));
-            let (dims, value_dims) = (buffer.dims()?, value.dims()?);
-            if dims != value_dims {
-                return Err(Error::usage(format!(
-                    "the buffer '{}' has dims {dims:?}, but its update '{}' has dims \
-                     {value_dims:?}",
-                    buffer.label(),
-                    value.label()
-                )));
-            }
-            let (b, v) = (self.node(&buffer), self.node(&value));
-            code.push(Asgn::Comment(format!("update of the buffer '{}'", buffer.label())));
-            code.push(self.update(b, vec![(v, false)], ScalarExpr::Arg(0), &dims));
-        }
-        Ok(code)
     }
 }

@@ -13,38 +13,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};
 
-/// The rule that picks the params the optimizer's weight decay applies to.
-///
-/// ```
-/// use rocannl_tensor::{Axes, DecayPolicy, Graph, nn::{Linear, LinearConfig}};
-/// use rocannl_tensor::nn::embed::{Embedding, EmbeddingConfig};
-/// let g = Graph::new();
-/// let emb = Embedding::new(&g, "wte", EmbeddingConfig::new(10, 4));
-/// let fc = Linear::new(&g, "fc", LinearConfig::new(3));
-/// let _ = fc.apply(&emb.apply(&g.data("ids", Axes::new().batch(&[2]))));
-/// g.finish().unwrap();
-/// // By default, each param's flag: tables and biases are exempt.
-/// assert!(!g.decays(&emb.table).unwrap() && g.decays(&fc.w).unwrap());
-/// // nanoGPT's rule: every param with at least two axes, tables included; no vector.
-/// g.set_decay_policy(DecayPolicy::AllMatricesAndTables);
-/// assert!(g.decays(&emb.table).unwrap() && g.decays(&fc.w).unwrap());
-/// assert!(!g.decays(fc.b.as_ref().unwrap()).unwrap());
-/// // One param's decision, after construction, wins over the policy.
-/// g.set_decay(&emb.table, false);
-/// assert!(!g.decays(&emb.table).unwrap());
-/// ```
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum DecayPolicy {
-    /// Each param's own flag, set when it was built ([`crate::ParamSpec::weight_decay`]; the
-    /// [`crate::nn`] blocks exempt biases, norm gains and embedding tables by default).
-    #[default]
-    PerParam,
-    /// Every param with two or more axes decays (weight matrices, attention projections,
-    /// convolution kernels, embedding and position tables), every other one does not (biases,
-    /// norm gains, scalars): nanoGPT's `p.dim() >= 2` rule. The axes are counted once shapes
-    /// are inferred, over the batch, input and output rows together.
-    AllMatricesAndTables,
-}
+pub use crate::graph::DecayPolicy;
 
 impl Graph {
     /// Sets the rule for the params without a decision of their own ([`Graph::set_decay`]).

@@ -28,9 +28,12 @@ use crate::op::Op;
 
 mod handle;
 mod leaves;
+mod state;
 
 pub use handle::{Rows, Tensor};
 pub use leaves::ParamSpec;
+pub use state::{DecayPolicy, Warnings};
+pub(crate) use state::{Update, WarningState};
 
 /// A tensor's index in its graph.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -116,7 +119,7 @@ pub(crate) struct GraphInner {
     /// Params exempt from weight decay ([`ParamSpec::no_decay`]).
     pub no_decay: rustc_hash::FxHashSet<TensorId>,
     /// Which params the optimizer's weight decay applies to ([`Graph::set_decay_policy`]).
-    pub decay_policy: crate::decay::DecayPolicy,
+    pub decay_policy: DecayPolicy,
     /// Per-param decay set after construction ([`Graph::set_decay`]); wins over the policy.
     pub decay_set: FxHashMap<TensorId, bool>,
     /// Data tensors whose first axis has a dynamic size ([`crate::Axes::dynamic_batch`]).
@@ -135,9 +138,9 @@ pub(crate) struct GraphInner {
     /// How many library calls ([`Graph::within`]) are open; the outermost names the steps.
     pub within_depth: usize,
     /// The updates of buffers, in the order they were recorded ([`crate::buffer`]).
-    pub updates: Vec<crate::buffer::Update>,
+    pub updates: Vec<Update>,
     /// What [`Graph::finish`] does with warnings, and those it has printed.
-    pub warnings: crate::lints::WarningState,
+    pub warnings: WarningState,
 }
 
 /// A graph of tensors: the unit of shape inference and compilation.

@@ -43,9 +43,9 @@ pub use axes::Axes;
 pub use decay::DecayPolicy;
 pub use dynamic::DynDim;
 pub use error::{Error, Result};
+pub use graph::Warnings;
 pub use graph::{Graph, ParamSpec, Rows, Tensor, TensorId};
 pub use init::Init;
-pub use lints::Warnings;
 pub use mode::Mode;
 pub use ops::contract::Operands;
 pub use optim::{Adam, AdamW, LossScale, Optimizer, Sgd, StepOptions, TrainStep};
@@ -61,7 +61,6 @@ pub use rocannl_arrayjit::low_level::{
 /// Compiler settings ([`SessionOptions::compile`]) and the compile cache's mode, re-exported so
 /// that a session can be configured from this crate alone.
 pub use rocannl_arrayjit::{BackendKind, CacheMode, CompileOptions, NdArray, Prec};
-pub use rocannl_shape::RowDecl;
 /// The three rows of a shape (batch, input, output), naming the row a [`Tensor::flatten`],
 /// [`Tensor::unflatten`] or [`Graph::positions`] works in.
 pub use rocannl_shape::row::Kind as RowKind;

@@ -14,42 +14,8 @@
 //! new one to standard error by default, as Python's `warnings` module does; a program can
 //! collect them silently instead, or deny them, making them errors (for tests and CI).
 
-use rustc_hash::FxHashSet;
-
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Leaf, Rows, Source, Tensor};
-
-/// What [`Graph::finish`] does with the graph's [`Graph::warnings`] (set by
-/// [`Graph::set_warnings`]).
-///
-/// ```
-/// use rocannl_tensor::{Axes, Graph, ParamSpec, Warnings};
-/// let g = Graph::new();
-/// g.set_warnings(Warnings::Deny);
-/// let x = g.data("x", Axes::new().batch(&[2, 5]).output(&[3]));
-/// // A position table declared like a token table: an input axis of 5 the data lacks.
-/// let pos = g.param("pos", ParamSpec::new(Axes::new().input(&[5]).output(&[3])));
-/// let _y = &x + &pos;
-/// let e = g.finish().unwrap_err().to_string();
-/// assert!(e.contains("'pos'"), "{e}");
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Warnings {
-    /// Print each warning to standard error the first time `finish` meets it (the default).
-    #[default]
-    Print,
-    /// Print nothing: [`Graph::warnings`] returns them.
-    Collect,
-    /// `finish` fails with [`Error::Warnings`] while there is any.
-    Deny,
-}
-
-/// A graph's warning policy and the warnings already printed.
-#[derive(Debug, Default)]
-pub(crate) struct WarningState {
-    policy: Warnings,
-    printed: FxHashSet<String>,
-}
+use crate::graph::{Graph, Leaf, Rows, Source, Tensor, Warnings};
 
 impl Graph {
     /// Sets what [`Graph::finish`] does with warnings ([`Warnings`]).

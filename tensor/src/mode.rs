@@ -16,15 +16,12 @@
 
 use std::rc::Rc;
 
-use crate::routine::Routine;
 use rocannl_arrayjit::assignments::Asgn;
 use rocannl_shape::logic::Logic;
 use rocannl_shape::var::ShapeId;
 
-use crate::error::Result;
 use crate::graph::Tensor;
 use crate::op::{G, Op, OpCtx, x};
-use crate::session::{Plan, Session};
 
 /// Which behaviour a routine computes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -90,30 +87,5 @@ impl Tensor {
     /// ```
     pub fn by_mode(train: &Tensor, eval: &Tensor) -> Tensor {
         train.graph.add_op(Rc::new(ByMode), &[train, eval])
-    }
-}
-
-impl Session {
-    /// Compiles the forward pass computing `outputs` in `mode`. In [`Mode::Train`] it computes
-    /// what a training step's forward pass computes (dropout's masks, batch statistics) and
-    /// updates the buffers as a training step does.
-    ///
-    /// ```
-    /// use rocannl_tensor::{Graph, Mode, Session, nn};
-    /// let g = Graph::new();
-    /// let x = g.vector("x", &[1.0; 1000]);
-    /// let y = nn::dropout(&x, 0.5);
-    /// let mut s = Session::new(&g).unwrap();
-    /// let eval = s.forward(&[&y]).unwrap();
-    /// s.run(&eval).unwrap();
-    /// assert!(s.read(&y).unwrap().iter().all(|v| *v == 1.0)); // the identity
-    /// let train = s.forward_in(Mode::Train, &[&y]).unwrap();
-    /// s.run(&train).unwrap(); // a fresh mask on every run
-    /// let kept = s.read(&y).unwrap().iter().filter(|v| **v == 2.0).count();
-    /// assert!(400 < kept && kept < 600, "{kept}"); // the others are 0
-    /// ```
-    pub fn forward_in(&mut self, mode: Mode, outputs: &[&Tensor]) -> Result<Routine> {
-        let outputs = outputs.iter().map(|t| (*t).clone()).collect();
-        self.compile("forward", &Plan { outputs, mode, ..Plan::default() })
     }
 }

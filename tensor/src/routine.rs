@@ -7,11 +7,6 @@
 //! batch — so this handle keeps them private and shows only what a user reads: the name, the
 //! generated code and how long compiling took.
 
-use rocannl_arrayjit::indexing::Symbol;
-
-use crate::error::Result;
-use crate::session::Session;
-
 /// A compiled routine of a [`Session`](crate::Session): run it with
 /// [`Session::run`](crate::Session::run).
 ///
@@ -64,38 +59,5 @@ impl Routine {
     /// Floating-point operations of one run.
     pub fn flops(&self) -> u64 {
         self.inner.report().flops
-    }
-}
-
-impl Session {
-    /// Runs a routine. The session binds what the routine leaves open: each dynamic size to
-    /// its current value ([`Session::set_size`]), a [`crate::train::Loader`]'s batch to the one
-    /// last chosen with [`crate::train::Loader::set_batch`], and the graph's step counter (which
-    /// salts dropout's masks) to a fresh number on every run of a routine that reads it.
-    pub fn run(&mut self, r: &Routine) -> Result<()> {
-        self.run_compiled(&r.inner, None)
-    }
-
-    /// Runs a compiler routine with everything bound ([`Session::run`]); `step` is the step
-    /// counter's value, a fresh one when `None`.
-    pub(crate) fn run_compiled(
-        &mut self,
-        r: &rocannl_arrayjit::Routine,
-        step: Option<i64>,
-    ) -> Result<()> {
-        self.check_written(r)?;
-        let mut all: Vec<(Symbol, i64)> = self.bound.iter().map(|(s, v)| (*s, *v)).collect();
-        if let Some(sym) = self.graph().existing_step_symbol()
-            && r.runtime_symbols().contains(&sym)
-        {
-            let n = step.unwrap_or_else(|| {
-                self.runs += 1;
-                self.runs as i64
-            });
-            all.push((sym, n));
-        }
-        let all = self.with_sizes(&all);
-        self.ctx.run(r, &all)?;
-        Ok(())
     }
 }

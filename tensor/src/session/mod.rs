@@ -29,6 +29,8 @@ use crate::init::{InitTarget, derive_seed, init_code};
 use crate::mode::Mode;
 use crate::op::OpCtx;
 
+mod buffer_code;
+mod run;
 mod values;
 
 /// How a session compiles.
