@@ -220,10 +220,12 @@ struct Args {
     steps: usize,
     warmup: usize,
     data_parallel: bool,
+    debug_dir: Option<std::path::PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
-    let mut a = Args { model: None, list: false, steps: 50, warmup: 5, data_parallel: false };
+    let mut a =
+        Args { model: None, list: false, steps: 50, warmup: 5, data_parallel: false, debug_dir: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -233,10 +235,11 @@ fn args() -> Result<Args, String> {
             "--steps" => a.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--warmup" => a.warmup = value()?.parse().map_err(|e| format!("--warmup: {e}"))?,
             "--data-parallel" => a.data_parallel = true,
+            "--debug-dir" => a.debug_dir = Some(value()?.into()),
             other => {
                 return Err(format!(
                     "unknown flag {other} (--list, --model M, --steps N, --warmup W, \
-                     --data-parallel)"
+                     --data-parallel, --debug-dir DIR)"
                 ));
             }
         }
@@ -260,7 +263,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let p = problem(&cfg, &name).ok_or(format!("no model named {name}; --list lists them"))?;
     let (root, ranks) = group.as_ref().map_or((true, 1), |g| (g.is_root(), g.size()));
-    let opts = SessionOptions { data_parallel: group, ..SessionOptions::default() };
+    let mut opts = SessionOptions { data_parallel: group, ..SessionOptions::default() };
+    // Each routine's assignments, loop IR and generated source, for reading a profile.
+    opts.compile.debug_dir = a.debug_dir.clone();
     let mut s = Session::with_options(&p.g, opts)?;
     // After inference: the params' shapes come from their use.
     let params: usize = p.g.params().iter().map(|t| t.num_elements().unwrap_or(0)).sum();
