@@ -7,7 +7,7 @@ use rustc_hash::FxHashSet;
 
 use super::TensorId;
 
-/// An update recorded by [`Tensor::update_with`]: `buffer := value` at the end of train-mode
+/// An update recorded by [`crate::Tensor::update_with`]: `buffer := value` at the end of train-mode
 /// routines.
 #[derive(Clone, Debug)]
 pub(crate) struct Update {
@@ -50,8 +50,8 @@ pub enum DecayPolicy {
     AllMatricesAndTables,
 }
 
-/// What [`Graph::finish`] does with the graph's [`Graph::warnings`] (set by
-/// [`Graph::set_warnings`]).
+/// What [`crate::Graph::finish`] does with the graph's [`crate::Graph::warnings`] (set by
+/// [`crate::Graph::set_warnings`]).
 ///
 /// ```
 /// use rocannl_tensor::{Axes, Graph, ParamSpec, Warnings};
@@ -69,9 +69,9 @@ pub enum Warnings {
     /// Print each warning to standard error the first time `finish` meets it (the default).
     #[default]
     Print,
-    /// Print nothing: [`Graph::warnings`] returns them.
+    /// Print nothing: [`crate::Graph::warnings`] returns them.
     Collect,
-    /// `finish` fails with [`Error::Warnings`] while there is any.
+    /// `finish` fails with [`crate::Error::Warnings`] while there is any.
     Deny,
 }
 
