@@ -224,8 +224,14 @@ struct Args {
 }
 
 fn args() -> Result<Args, String> {
-    let mut a =
-        Args { model: None, list: false, steps: 50, warmup: 5, data_parallel: false, debug_dir: None };
+    let mut a = Args {
+        model: None,
+        list: false,
+        steps: 50,
+        warmup: 5,
+        data_parallel: false,
+        debug_dir: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
