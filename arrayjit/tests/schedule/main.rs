@@ -9,6 +9,7 @@ mod common;
 mod map_calls;
 mod products;
 mod snapshots;
+mod transpose;
 
 use std::sync::Arc;
 

@@ -278,14 +278,14 @@ fn place_call(
         }
     };
     let (bf, af) = (outside(prog, fills.b), outside(prog, fills.a));
-    let mut out: Vec<Stmt> = bf.iter().flat_map(|f| f.stmts(prog, None)).collect();
+    let mut out: Vec<Stmt> = bf.iter().flat_map(|f| f.whole(prog)).collect();
     let mut body = vec![];
     match (&af, blocks) {
         (Some(f), Some(bl)) if f.rows_only(m, k) => {
             let (v, per) = call.rows.unwrap_or((bl.var, m.axis.extent));
             body.extend(f.stmts(prog, Some((v, per, m.vars[0], m.axis.extent))));
         }
-        (Some(f), _) => out.extend(f.stmts(prog, None)),
+        (Some(f), _) => out.extend(f.whole(prog)),
         (None, _) => {}
     }
     body.extend(super::wrap(batch, vec![Stmt::Gemm(Box::new(call))]));
@@ -411,6 +411,16 @@ impl Fill {
             && self.used.first().is_some_and(|l| l.var == m.vars[0])
             && self.used.iter().filter(|l| l.var == m.vars[0]).count() == 1
             && self.used.iter().all(|l| l.var == m.vars[0] || k.vars.contains(&l.var))
+    }
+
+    /// The statements filling every cell of the buffer, in tiles when the buffer is the
+    /// operand transposed ([`super::transpose`]).
+    fn whole(&self, prog: &mut Program) -> Vec<Stmt> {
+        let fill = self.stmts(prog, None);
+        match fill.as_slice() {
+            [nest] => super::transpose::tile(prog, nest).unwrap_or(fill),
+            _ => fill,
+        }
     }
 
     /// The statements filling the buffer: every cell (fresh parallel loops over the used

@@ -28,7 +28,9 @@
 //!   small per-thread array, so it vectorizes without reassociating the compiler's floats.
 //!
 //! Nests neither kernel fits are left as lowered, except that a short reduction over many cells
-//! computes 8 of its cells side by side, each in its own order (`interleave`). `Nest` is the
+//! computes 8 of its cells side by side, each in its own order (`interleave`), and a pointwise
+//! transposition runs in cache-sized tiles (`transpose`, also applied to the product's operand
+//! buffers). `Nest` is the
 //! recognized form both kernels start from. A long sum of plain reads that lowering made
 //! accumulate in an f64 local is first given an f64 copy of its result to accumulate in
 //! (`widened`), so that the kernels take it in its order.
@@ -41,6 +43,7 @@ mod interleave;
 mod map;
 mod pack;
 mod rounded;
+mod transpose;
 mod widened;
 mod zeroed;
 
@@ -221,9 +224,10 @@ fn schedule_one(
 }
 
 /// A nest no kernel takes, as generated code: a short reduction over many cells with its cells
-/// interleaved ([`interleave`]), anything else as it is.
+/// interleaved ([`interleave`]), a pointwise transposition in tiles ([`transpose`]), anything
+/// else as it is.
 fn as_generated(prog: &mut Program, s: Stmt) -> Vec<Stmt> {
-    interleave::rewrite(prog, &s).unwrap_or_else(|| vec![s])
+    interleave::rewrite(prog, &s).or_else(|| transpose::tile(prog, &s)).unwrap_or_else(|| vec![s])
 }
 
 /// A nest whose result is stored in half precision (bf16, f16) accumulates in f32, as lowered
