@@ -233,8 +233,8 @@ fn gccjit_special_functions_compute_the_interpreters_bits() {
         1e-45,
         3e38,
         // Near multiples of π/2, the hardest argument reductions among them.
-        0.785_398_16,
-        1.570_796_4,
+        std::f64::consts::FRAC_PI_4,
+        std::f64::consts::FRAC_PI_2,
         252.898_21,
         2.199_938_5e10,
         7.729_179e28,
