@@ -2,22 +2,24 @@
 //! `r` for `sin(r·π/2)` or `cos(r·π/2)` chosen and signed by `n mod 4`.
 //!
 //! The reduction is exact enough for every `f32`, up to 3.4·10³⁸, without a table. `x` has 24
-//! significant bits, so `x = m·2ᵏ` with `m` an integer below 2²⁴. 2/π is split into pieces
-//! `cᵢ` of 26 bits each ([`TWO_OVER_PI`], 208 bits in all), and every product `pᵢ = x·cᵢ`
-//! (50 bits) is exact in `f64`. A piece whose product is a multiple of 4 (`|x| ≥ 2^(26i + 51)`:
-//! the lowest bit of `pᵢ` weighs at least 4) adds a whole number of turns and is dropped; every
-//! product kept is below 2⁵¹, where adding and subtracting 1.5·2⁵² rounds it to an integer
-//! exactly. The products are summed in `f64` in order, as an integer part `N` (exact: below
-//! 2⁵²) and a fraction `S`, `|S| ≤ 1/2`: for each piece `q = pᵢ - round(pᵢ)`, then
-//! `S + q` and its nearest integer moved into `N`. Let `j` be the first piece with a
-//! fraction. The sums with pieces `j` and `j + 1` are exact (`S`'s lowest bit weighs at least
-//! 2⁻²⁶ and `q`'s 2⁻⁵², and `|S + q| ≤ 1`), and every product from `j + 2` on (from piece 1 on
-//! when `|x| < 2²³`) is below 1/8 and has the sign of `x`: its sum with `S` stays within 5/8
-//! and is rounded only as much as its own size, never near a nonzero integer. So the final
-//! `r` carries an error of about 2⁻⁵³ of itself plus what the pieces beyond the eighth would
-//! have added (`|x|·2⁻²⁰⁸ < 2⁻⁸⁰`), while no `f32` has its `x·2/π` closer than 2⁻²⁹·⁸⁶ to a
-//! nonzero integer (the closest is `16367173·2⁷²`, found by trying every significand in every
-//! binade).
+//! significant bits, so `x = m·2ᵏ` with `m` an integer below 2²⁴. 2/π is split into pieces `cᵢ` of
+//! 26 bits each ([`TWO_OVER_PI`], 208 bits in all), and every product `pᵢ = x·cᵢ` (50 bits) is
+//! exact in `f64`. A piece whose product is a multiple of 4 (`|x| ≥ 2^(26i + 51)`: the lowest bit
+//! of `pᵢ` weighs at least 4) adds a whole number of turns and is dropped (a comparison of `x²`,
+//! exact, with the bound's square); every product kept is below 2⁵¹, where adding and subtracting
+//! 1.5·2⁵² rounds it to an integer exactly. The products are summed in `f64` in order, as an
+//! integer part `N` (exact: below 2⁵²) and a fraction `S`: for each piece the integer `w` nearest
+//! the rounded `S + pᵢ` goes into `N`, and `S` becomes `S + (pᵢ - w)`. Let `j` be the first piece
+//! with a fraction; `S` is 0 until then, and `|S| ≤ 1/2` after it (its product is below 2⁵¹, so `w`
+//! is its nearest integer). Piece `j + 1`'s product is below 2²⁴ and its lowest bit weighs at least
+//! 2⁻⁵² (when `|x| ≥ 2²³`), so `S + pᵢ` is within 2⁻²⁹ of its rounding, and `pᵢ - w` and the new
+//! `S` (within 1/2 + 2⁻²⁹) are exact. Every product from `j + 2` on (from piece 1 on when
+//! `|x| < 2²³`) is below 1/8 and has the sign of `x`: its sum with `S` stays within 5/8 and is
+//! rounded only as much as its own size, and where an integer is taken out (`w = ±1`) the new `S`
+//! is at least 3/8 away from 0, never a cancellation. So the final `r` carries an error of about
+//! 2⁻⁵³ of itself plus what the pieces beyond the eighth would have added (`|x|·2⁻²⁰⁸ < 2⁻⁸⁰`),
+//! while no `f32` has its `x·2/π` closer than 2⁻²⁹·⁸⁶ to a nonzero integer (the closest is
+//! `16367173·2⁷²`, found by trying every significand in every binade).
 //!
 //! The polynomials are evaluated in `f64` too, and their value rounded to `f32` once: the
 //! result is about correctly rounded. Every step is an operation of the vector units (the
@@ -27,7 +29,7 @@
 //! Special values follow C: `sin(±0) = ±0`, `cos(±0) = 1`, `nan` for `±inf` and `nan`;
 //! subnormal inputs give `sin x = x` (correctly rounded) and `cos x = 1`.
 
-use super::{Emit, MAGNITUDE, ROUNDER, horner_d, rounded_int};
+use super::{Emit, ROUNDER, horner_d, rounded_int};
 
 /// The largest error of [`sin_f32`] in units in the last place, over every `f32` input
 /// (0.50007, at 3.1585805e33: the final rounding and little more).
@@ -95,15 +97,11 @@ fn round_d<E: Emit>(e: &mut E, v: E::D) -> E::D {
 
 /// `x·2/π` as `n mod 4` (a word, two's complement) and `r` in `[-1/2, 1/2]`.
 fn reduce<E: Emit>(e: &mut E, x: E::F) -> (E::U, E::D) {
-    let x = e.keep(x);
-    let bits = e.to_bits(x.clone());
-    let mask = e.u(MAGNITUDE);
-    let magnitude = e.and(bits, mask);
-    let ax = e.bits_to_f32(magnitude);
-    let ax = e.widen(ax);
-    let ax = e.keep_d(ax);
     let x = e.widen(x);
     let x = e.keep_d(x);
+    // x² is exact (48 bits): comparing it with a threshold's square compares |x| with it.
+    let x2 = e.dmul(x.clone(), x.clone());
+    let x2 = e.keep_d(x2);
     let mut n: Option<E::D> = None;
     let mut s: Option<E::D> = None;
     for (i, &c) in TWO_OVER_PI.iter().enumerate() {
@@ -116,24 +114,30 @@ fn reduce<E: Emit>(e: &mut E, x: E::F) -> (E::U, E::D) {
         }
         let mut p = e.dmul(x.clone(), c);
         if let Some(&from) = DROP_FROM.get(i) {
-            let from = e.d(from);
+            let from = e.d(from * from);
             let zero = e.d(0.0);
-            p = e.dlt_select(ax.clone(), from, p, zero);
+            p = e.dlt_select(x2.clone(), from, p, zero);
         }
         let p = e.keep_d(p);
-        let whole = round_d(e, p.clone());
-        let whole = e.keep_d(whole);
-        let q = e.dsub(p, whole.clone());
         let (sum, total) = match (s.take(), n.take()) {
-            (Some(s), Some(n)) => (e.dadd(s, q), e.dadd(n, whole)),
-            _ => (q, whole),
+            (Some(s), Some(n)) => {
+                // The integer nearest `S + p` (or next to it: `S + p` is rounded) into `N`,
+                // `S + (p - w)` exact whenever it must be (see above).
+                let s = e.keep_d(s);
+                let t = e.dadd(s.clone(), p.clone());
+                let w = round_d(e, t);
+                let w = e.keep_d(w);
+                let q = e.dsub(p, w.clone());
+                (e.dadd(s, q), e.dadd(n, w))
+            }
+            _ => {
+                let w = round_d(e, p.clone());
+                let w = e.keep_d(w);
+                (e.dsub(p, w.clone()), w)
+            }
         };
-        let sum = e.keep_d(sum);
-        let carry = round_d(e, sum.clone());
-        let carry = e.keep_d(carry);
-        let sum = e.dsub(sum, carry.clone());
-        s = Some(e.keep_d(sum));
-        n = Some(e.dadd(total, carry));
+        s = Some(sum);
+        n = Some(total);
     }
     let (s, n) = (s.expect("pieces"), n.expect("pieces"));
     let s = e.keep_d(s);
