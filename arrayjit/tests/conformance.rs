@@ -199,8 +199,8 @@ fn assert_gccjit_gives_the_interpreters_bits(case: &Case, xs: &[f64]) {
     }
 }
 
-/// The special functions (`exp`, `exp2`, `log`, `log2`, `tanh`, `erf`, and `sigmoid`, which
-/// calls `exp`) in compiled, vectorized loops compute the interpreter's bits
+/// The special functions (`exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tanh`, `erf`, and
+/// `sigmoid`, which calls `exp`) in compiled, vectorized loops compute the interpreter's bits
 /// (`rocannl_arrayjit::math`): over the whole range of inputs, special values, subnormals,
 /// overflow and vector tails included, at `-O3` and `-O0`, in every precision computed in
 /// `f32`.
@@ -232,6 +232,14 @@ fn gccjit_special_functions_compute_the_interpreters_bits() {
         128.0,
         1e-45,
         3e38,
+        // Near multiples of π/2, the hardest argument reductions among them.
+        std::f64::consts::FRAC_PI_4,
+        std::f64::consts::FRAC_PI_2,
+        252.898_21,
+        2.199_938_5e10,
+        7.729_179e28,
+        1e30,
+        3.4e38,
     ];
     // Every magnitude from 2^-140 to 2^127, both signs, with varied significands.
     xs.extend((0..4084).map(|i| {
@@ -245,7 +253,17 @@ fn gccjit_special_functions_compute_the_interpreters_bits() {
         let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
         sign * 2f64.powf(e) * (1.0 + rocannl_arrayjit::ops::uniform(10, i as u64))
     }));
-    let ops = [UnOp::Exp, UnOp::Exp2, UnOp::Log, UnOp::Log2, UnOp::Tanh, UnOp::Erf, UnOp::Sigmoid];
+    let ops = [
+        UnOp::Exp,
+        UnOp::Exp2,
+        UnOp::Log,
+        UnOp::Log2,
+        UnOp::Sin,
+        UnOp::Cos,
+        UnOp::Tanh,
+        UnOp::Erf,
+        UnOp::Sigmoid,
+    ];
     for prec in [Prec::F32, Prec::Bf16, Prec::F16] {
         for op in ops {
             let case = unop_case_on(op, prec, xs.clone());

@@ -128,11 +128,15 @@ pub enum Function {
     Erf,
     /// [`super::pow`], of two arguments.
     Pow,
+    /// [`super::sin`].
+    Sin,
+    /// [`super::cos`].
+    Cos,
 }
 
 impl Function {
     /// Every function.
-    pub const ALL: [Function; 7] = [
+    pub const ALL: [Function; 9] = [
         Function::Exp,
         Function::Exp2,
         Function::Log,
@@ -140,6 +144,8 @@ impl Function {
         Function::Tanh,
         Function::Erf,
         Function::Pow,
+        Function::Sin,
+        Function::Cos,
     ];
 
     /// The function's name, as its C library counterpart's (`exp`, `pow`, ...).
@@ -152,6 +158,8 @@ impl Function {
             Function::Tanh => "tanh",
             Function::Erf => "erf",
             Function::Pow => "pow",
+            Function::Sin => "sin",
+            Function::Cos => "cos",
         }
     }
 
@@ -186,6 +194,8 @@ impl Function {
             Function::Tanh => super::tanh(e, x),
             Function::Erf => super::erf(e, x),
             Function::Pow => super::pow(e, x, args[1].clone()),
+            Function::Sin => super::sin(e, x),
+            Function::Cos => super::cos(e, x),
         }
     }
 }

@@ -1,12 +1,12 @@
 //! The `f32` special functions, written once and run by every backend, so that compiled loops
 //! vectorize and still compute the interpreter's bits.
 //!
-//! The C library's `expf`, `tanhf`, `logf`, `erff`, `powf`… are scalar calls: GCC cannot
+//! The C library's `expf`, `tanhf`, `logf`, `erff`, `powf`, `sinf`… are scalar calls: GCC cannot
 //! vectorize a loop that makes them, and a transformer's GELU and softmax spent a third of a
 //! training step in them (`tanhf` goes through `expm1f`, exact GELU through `erff`). Here each
 //! function is a short, branch-free sequence of additions, products, fused multiply-adds,
 //! comparisons and bit operations, written once against the [`Emit`] trait:
-//! - the interpreter evaluates it on scalars ([`exp_f32`], [`log_f32`], [`pow_f32`]…);
+//! - the interpreter evaluates it on scalars ([`exp_f32`], [`log_f32`], [`sin_f32`]…);
 //! - gccjit emits the same operations inline into the loop body, where the vectorizer turns
 //!   them into vector instructions;
 //! - the C-family renderer prints them as helper functions ([`c_function`]), for CUDA and for
@@ -24,16 +24,19 @@
 //! | `log2` | `log.rs` | [`LOG2_MAX_ULPS`] |
 //! | `erf` | `erf.rs` | [`ERF_MAX_ULPS`] |
 //! | `pow` | `pow.rs` | [`POW_MAX_ULPS`] (over samples: two inputs) |
+//! | `sin` | `trig.rs` | [`SIN_MAX_ULPS`] |
+//! | `cos` | `trig.rs` | [`COS_MAX_ULPS`] |
 //!
 //! Each is checked against an `f64` reference over every `f32` input (the
 //! `exhaustive_accuracy` tests, ignored by default; a sample of a million inputs runs with the
 //! unit tests), and its special values (±0, ±inf, nan, subnormals) follow C99. `pow` computes
 //! `y·log2|x|` and its power of two in `f64` arithmetic (still vectorizable): the product needs
-//! more precision than `f32` carries.
+//! more precision than `f32` carries. So do `sin` and `cos`, whose argument reduction is exact
+//! enough for every `f32` up to 3.4·10³⁸ without a table of 2/π's bits: the input times each
+//! of eight 26-bit pieces of 2/π is exact in `f64`, and the pieces whose product is a whole
+//! number of turns are dropped by a comparison.
 //!
-//! `sin` and `cos` stay the C library's calls (an argument reduction exact for every `f32`
-//! needs the bits of 2/π picked by the input's exponent, a table this form does not have), as
-//! does every function in `f64`.
+//! Every function in `f64` stays the C library's.
 
 mod c_text;
 #[cfg(test)]
@@ -42,6 +45,7 @@ mod erf;
 mod exp;
 mod log;
 mod pow;
+mod trig;
 
 pub use c_text::{Function, c_function};
 pub use erf::{ERF_MAX_ULPS, erf, erf_f32};
@@ -50,6 +54,7 @@ pub use exp::{
 };
 pub use log::{LOG_MAX_ULPS, LOG2_MAX_ULPS, log, log_f32, log2, log2_f32};
 pub use pow::{POW_MAX_ULPS, pow, pow_f32};
+pub use trig::{COS_MAX_ULPS, SIN_MAX_ULPS, cos, cos_f32, sin, sin_f32};
 
 /// The operations the functions are written in. `F` is an `f32` value, `U` a 32-bit word, `D`
 /// an `f64` value. A value used more than once goes through [`Emit::keep`] (or

@@ -106,8 +106,8 @@ impl UnOp {
             UnOp::Log2 => ("log2", Math(Function::Log2), 10),
             UnOp::Sqrt => ("sqrt", Libm(lowering::Libm::Builtin("sqrt")), 4),
             UnOp::Recip => ("recip", Recip, 4),
-            UnOp::Sin => ("sin", Libm(lowering::Libm::Builtin("sin")), 10),
-            UnOp::Cos => ("cos", Libm(lowering::Libm::Builtin("cos")), 10),
+            UnOp::Sin => ("sin", Math(Function::Sin), 10),
+            UnOp::Cos => ("cos", Math(Function::Cos), 10),
             UnOp::Tanh => ("tanh", Math(Function::Tanh), 12),
             UnOp::Erf => ("erf", Math(Function::Erf), 12),
             UnOp::Sigmoid => ("sigmoid", Helper(lowering::Helper::Sigmoid), 12),
@@ -135,8 +135,8 @@ impl UnOp {
     }
 
     /// The operation computed in `f32`, as compiled `f32` code computes it (the same formula,
-    /// every step rounded to `f32`; `exp`, `log`, `exp2`, `log2`, `tanh` and `erf` from
-    /// [`crate::math`], `sqrt` correctly rounded, `sin` and `cos` the C library's).
+    /// every step rounded to `f32`; `exp`, `log`, `exp2`, `log2`, `sin`, `cos`, `tanh` and
+    /// `erf` from [`crate::math`], `sqrt` correctly rounded).
     ///
     /// ```
     /// use rocannl_arrayjit::ops::UnOp;

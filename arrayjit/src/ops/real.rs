@@ -5,7 +5,7 @@
 //! what that definition needs from a number type.
 
 /// The arithmetic the op table is defined with, in `f64` (the reference semantics) and `f32`
-/// (what compiled `f32` code computes: the same formulas, the C library's `f32` functions).
+/// (what compiled `f32` code computes: the same formulas, the special functions of `crate::math`).
 pub(crate) trait Real:
     Copy
     + PartialOrd
@@ -37,7 +37,18 @@ pub(crate) trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $exp:path, $ln:path, $exp2:path, $log2:path, $tanh:path, $erf:path, $pow:path) => {
+    (
+        $t:ty,
+        $exp:path,
+        $ln:path,
+        $exp2:path,
+        $log2:path,
+        $sin:path,
+        $cos:path,
+        $tanh:path,
+        $erf:path,
+        $pow:path
+    ) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -67,11 +78,11 @@ macro_rules! real {
             }
             #[inline(always)]
             fn sin(self) -> Self {
-                <$t>::sin(self)
+                $sin(self)
             }
             #[inline(always)]
             fn cos(self) -> Self {
-                <$t>::cos(self)
+                $cos(self)
             }
             #[inline(always)]
             fn tanh(self) -> Self {
@@ -101,7 +112,7 @@ macro_rules! real {
     };
 }
 
-// `f32` `exp`, `log`, `exp2`, `log2`, `tanh`, `erf` and `pow` are this crate's
+// `f32` `exp`, `log`, `exp2`, `log2`, `sin`, `cos`, `tanh`, `erf` and `pow` are this crate's
 // (`crate::math`), which every backend computes bit for bit; `f64` keeps the C library's.
 real!(
     f32,
@@ -109,11 +120,24 @@ real!(
     crate::math::log_f32,
     crate::math::exp2_f32,
     crate::math::log2_f32,
+    crate::math::sin_f32,
+    crate::math::cos_f32,
     crate::math::tanh_f32,
     crate::math::erf_f32,
     crate::math::pow_f32
 );
-real!(f64, f64::exp, f64::ln, f64::exp2, f64::log2, f64::tanh, c_erf, f64::powf);
+real!(
+    f64,
+    f64::exp,
+    f64::ln,
+    f64::exp2,
+    f64::log2,
+    f64::sin,
+    f64::cos,
+    f64::tanh,
+    c_erf,
+    f64::powf
+);
 
 // The error function of the C library, the one compiled `f64` code calls: Rust's own is not
 // stable, and computing exactly what the native backends compute is the interpreter's job.
