@@ -16,6 +16,7 @@ use rocannl_arrayjit::assignments::{Asgn, ScalarExpr};
 use rocannl_arrayjit::indexing::{AxisIndex, Projections, Symbol};
 use rocannl_arrayjit::ops::{BinOp, UnOp};
 use rocannl_arrayjit::tnode::NodeId;
+use rustc_hash::FxHashSet;
 
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
@@ -268,6 +269,25 @@ fn b(op: BinOp, x: ScalarExpr, y: ScalarExpr) -> ScalarExpr {
     ScalarExpr::bin(op, x, y)
 }
 
+/// A training step's code before it is compiled.
+struct StepCode {
+    /// The forward pass and backpropagation (with loss scaling's code).
+    forward_backward: Vec<Asgn>,
+    /// Clipping and the optimizer's update of every param.
+    update: Vec<Asgn>,
+    /// The buffers' updates.
+    buffer_updates: Vec<Asgn>,
+}
+
+/// The plan of a training step: `outputs` and the loss kept, backpropagation from the loss in
+/// train mode, and (`split`) the trained params' gradients kept for the update's routine.
+fn step_plan(loss: &Tensor, outputs: &[&Tensor], trained: &[&Tensor], split: bool) -> Plan {
+    let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
+    outs.push(loss.clone());
+    let grads = if split { trained.iter().map(|p| (*p).clone()).collect() } else { vec![] };
+    Plan { outputs: outs, backprop_from: Some(loss.clone()), grads, mode: Mode::Train }
+}
+
 /// The gradient (argument 1) with an L2 penalty `wd · p` (argument 0) when `wd` is not 0.
 fn grad_with_l2(wd: f64) -> ScalarExpr {
     if wd == 0.0 { a(1) } else { b(BinOp::Add, a(1), b(BinOp::Mul, k(wd), a(0))) }
@@ -420,27 +440,12 @@ impl Session {
         outputs: &[&Tensor],
         options: &StepOptions,
     ) -> Result<TrainStep> {
-        for t in std::iter::once(loss).chain(outputs.iter().copied()) {
-            self.own(t)?;
-        }
-        opt.check()?;
-        options.check()?;
-        let params = self.graph().params();
-        if params.is_empty() {
-            return Err(Error::usage("the graph has no parameters to train"));
-        }
+        let params = self.step_params(loss, opt, outputs, options)?;
         let trained: Vec<&Tensor> = params.iter().filter(|p| p.info().differentiable).collect();
-        let mut outs: Vec<Tensor> = outputs.iter().map(|t| (*t).clone()).collect();
-        outs.push(loss.clone());
         // Under loss scaling and data parallelism the step runs as two routines, and the
         // gradients outlive the first.
         let split = options.loss_scale.is_some() || self.group().is_some();
-        let grads: Vec<Tensor> = match split {
-            true => trained.iter().map(|p| (*p).clone()).collect(),
-            false => vec![],
-        };
-        let plan =
-            Plan { outputs: outs, backprop_from: Some(loss.clone()), grads, mode: Mode::Train };
+        let plan = step_plan(loss, outputs, &trained, split);
         let PlanCode { mut code, buffer_updates, kept } = self.plan_code(&plan)?;
         let scalars = [
             self.extra_node("lr", &[], true),
@@ -461,18 +466,8 @@ impl Session {
         }
         let mut visible = self.visible_nodes(&plan);
         visible.extend(kept);
-        let (routine, update) = if split {
-            // The forward pass runs whether or not the update is skipped: so do the buffers'
-            // updates (as PyTorch's running statistics under a `GradScaler`).
-            code.extend(buffer_updates);
-            let grads = self.compile_code("train_step", Asgn::Seq(code), &visible)?;
-            let update = self.compile_code("train_update", Asgn::Seq(update), &visible)?;
-            (grads, Some(update))
-        } else {
-            code.extend(update);
-            code.extend(buffer_updates);
-            (self.compile_code("train_step", Asgn::Seq(code), &visible)?, None)
-        };
+        let parts = StepCode { forward_backward: code, update, buffer_updates };
+        let (routine, update) = self.compile_step(parts, &visible, split)?;
         let scaler = scaling.map(|(cfg, [scale_node, inverse_node, check_node])| Scaler {
             scale: cfg.init,
             cfg,
@@ -500,6 +495,47 @@ impl Session {
             steps: 0,
             loss: loss.clone(),
         })
+    }
+
+    /// Checks a training step's arguments; the graph's params.
+    fn step_params(
+        &mut self,
+        loss: &Tensor,
+        opt: &Optimizer,
+        outputs: &[&Tensor],
+        options: &StepOptions,
+    ) -> Result<Vec<Tensor>> {
+        for t in std::iter::once(loss).chain(outputs.iter().copied()) {
+            self.own(t)?;
+        }
+        opt.check()?;
+        options.check()?;
+        let params = self.graph().params();
+        if params.is_empty() {
+            return Err(Error::usage("the graph has no parameters to train"));
+        }
+        Ok(params)
+    }
+
+    /// The step as one routine, or (`split`) as the gradients' routine and the update's. The
+    /// buffers' updates follow the forward pass's routine: under a split they run whether or
+    /// not the update is skipped (as PyTorch's running statistics under a `GradScaler`).
+    fn compile_step(
+        &mut self,
+        parts: StepCode,
+        visible: &FxHashSet<NodeId>,
+        split: bool,
+    ) -> Result<(Routine, Option<Routine>)> {
+        let StepCode { mut forward_backward, update, buffer_updates } = parts;
+        if split {
+            forward_backward.extend(buffer_updates);
+            let grads = self.compile_code("train_step", Asgn::Seq(forward_backward), visible)?;
+            let update = self.compile_code("train_update", Asgn::Seq(update), visible)?;
+            return Ok((grads, Some(update)));
+        }
+        forward_backward.extend(update);
+        forward_backward.extend(buffer_updates);
+        Ok((self.compile_code("train_step", Asgn::Seq(forward_backward), visible)?, None))
     }
 
     /// The global gradient norm of the last step, before clipping, when the step clips
