@@ -127,7 +127,9 @@ fn eviction_removes_only_its_own_stale_temporary_files() {
     }
     age(&stale, 7200);
     age(&odd, 7200);
-    stored(&cache, &key("second"), b"entry");
+    // The next process's first store scans the folder.
+    let next = open(tmp.path());
+    stored(&next, &key("second"), b"entry");
     assert!(!stale.exists(), "a stale temporary file of the cache's is removed");
     assert!(fresh.exists(), "a temporary file being written is not");
     assert!(odd.exists(), "nor a file of another pattern");

@@ -143,6 +143,11 @@ impl EntryKind {
 pub struct Cache {
     dir: PathBuf,
     max_bytes: u64,
+    /// The bytes of entries the folder held at the last scan plus those stored through this
+    /// handle (and its clones) since; `None` before the first scan. A store scans the folder
+    /// only when this may exceed the cap: a scan reads the metadata of every file, which in a
+    /// folder of tens of thousands of entries costs more than the store.
+    known_bytes: std::sync::Arc<std::sync::Mutex<Option<u64>>>,
 }
 
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -190,7 +195,12 @@ impl Cache {
                 }
             }
         };
-        Some(Cache { dir, max_bytes })
+        Some(Cache::at(dir, max_bytes))
+    }
+
+    /// The cache in folder `dir` with the size cap `max_bytes`, not yet scanned.
+    fn at(dir: PathBuf, max_bytes: u64) -> Cache {
+        Cache { dir, max_bytes, known_bytes: Default::default() }
     }
 
     /// The same cache with another size cap.
@@ -324,7 +334,7 @@ impl Cache {
         let name = format!("{key}.{}", kind.extension());
         match self.write_entry(&dir, key, &name, bytes) {
             Ok(()) => {
-                evict::evict(&dir, self.max_bytes);
+                self.keep_within_cap(&dir, bytes.len() as u64);
                 Some(dir.join(name))
             }
             Err(e) => {
@@ -332,6 +342,19 @@ impl Cache {
                 None
             }
         }
+    }
+
+    /// Evicts beyond the cap after a store of `stored` bytes, scanning the folder on the first
+    /// store and then only when the last scan's total and the bytes stored since exceed the
+    /// cap. Entries other processes store are counted at the next scan (of any process), so
+    /// the folder may pass the cap by what they stored meanwhile, as with concurrent stores
+    /// before.
+    fn keep_within_cap(&self, dir: &Path, stored: u64) {
+        let mut known = self.known_bytes.lock().unwrap_or_else(|e| e.into_inner());
+        *known = Some(match *known {
+            Some(total) if total.saturating_add(stored) <= self.max_bytes => total + stored,
+            _ => evict::evict(dir, self.max_bytes),
+        });
     }
 
     /// The digest first: an entry in place always has its digest (or a newer one, which a
@@ -372,7 +395,7 @@ mod tests {
 
     fn cache(max_bytes: u64) -> (tempfile::TempDir, Cache) {
         let dir = tempfile::tempdir_in(crate::env::temp_dir()).expect("a folder");
-        let cache = Cache { dir: dir.path().join("cache"), max_bytes };
+        let cache = Cache::at(dir.path().join("cache"), max_bytes);
         (dir, cache)
     }
 
@@ -427,13 +450,41 @@ mod tests {
         assert!(cache.lookup(&b).is_some() && cache.lookup(&c).is_some());
     }
 
+    /// Stores under the cap do not scan the folder again: an entry another process left there
+    /// is counted (and evicted if need be) at the first store, then at the store that may take
+    /// the folder past the cap, not at every store.
+    #[test]
+    fn the_folder_is_scanned_first_and_when_the_cap_may_be_passed() {
+        let (_tmp, cache) = cache(35);
+        let (old, a, b, c) = (key("old"), key("a"), key("b"), key("c"));
+        // Another process's entry, older than this one's.
+        let other = cache.clone().with_max_bytes(u64::MAX);
+        let path = put(&other, &old, &[9; 10]);
+        let t0 = SystemTime::now() - std::time::Duration::from_secs(100);
+        let aged = std::fs::File::options().append(true).open(&path);
+        aged.and_then(|f| f.set_modified(t0)).expect("age");
+        // A fresh handle scans at its first store: 20 bytes, within the cap.
+        let fresh = Cache::at(cache.dir.clone(), 35);
+        put(&fresh, &a, &[1; 10]);
+        assert_eq!(*fresh.known_bytes.lock().unwrap(), Some(20));
+        // 30 bytes: counted, no scan needed.
+        put(&fresh, &b, &[2; 10]);
+        assert_eq!(*fresh.known_bytes.lock().unwrap(), Some(30));
+        assert!(path.exists(), "30 bytes: within the cap");
+        // 40 bytes would pass the cap: the scan evicts the oldest entry, the other process's.
+        put(&fresh, &c, &[3; 10]);
+        assert_eq!(*fresh.known_bytes.lock().unwrap(), Some(30));
+        assert!(!path.exists());
+        assert!([&a, &b, &c].iter().all(|k| fresh.lookup(k).is_some()));
+    }
+
     #[test]
     fn an_unwritable_folder_is_no_error() {
         // A file where the folder should be: nothing can be created inside it.
         let (tmp, _) = cache(DEFAULT_MAX_BYTES);
         let blocker = tmp.path().join("blocked");
         std::fs::write(&blocker, b"not a folder").expect("file");
-        let cache = Cache { dir: blocker.join("inner"), max_bytes: DEFAULT_MAX_BYTES };
+        let cache = Cache::at(blocker.join("inner"), DEFAULT_MAX_BYTES);
         assert_eq!(cache.store_bytes(&key("k"), b"code", EntryKind::Ptx), None);
         assert_eq!(cache.lookup(&key("k")), None);
         assert_eq!(cache.lookup_step(&key("k")), None);
