@@ -13,6 +13,7 @@
 use rocannl_shape::inference::{RowDecl, ShapeDecl};
 
 use crate::dynamic::DynDim;
+use crate::graph::Rows;
 
 /// A declaration of a tensor's rows; see the module docs for what a row not set means.
 ///
@@ -104,7 +105,7 @@ impl Axes {
 
     /// The rows of data, ids or constants: a row not set has no axes, and every size must be
     /// given (else the message says which row of `what` lacks one).
-    pub(crate) fn known(&self, what: &str) -> Result<ShapeDecl, String> {
+    pub(crate) fn known(&self, what: &str) -> Result<Rows, String> {
         let mut rows: [Vec<usize>; 3] = Default::default();
         for (i, row) in self.rows.iter().enumerate() {
             let dims = row.as_deref().unwrap_or(&[]);
@@ -116,7 +117,7 @@ impl Axes {
             rows[BATCH].insert(0, d.max);
         }
         let [batch, input, output] = rows;
-        Ok(ShapeDecl::given(&batch, &input, &output))
+        Ok(Rows { batch, input, output })
     }
 
     /// The rows as a param or a reshape declares them: a row not set is `unset` (a param's
@@ -141,7 +142,7 @@ mod tests {
     #[test]
     fn rows_not_set_are_empty_for_known_shapes_and_as_asked_otherwise() {
         let a = Axes::new().batch(&[4]).output(&[3]);
-        assert_eq!(a.known("x").unwrap(), ShapeDecl::given(&[4], &[], &[3]));
+        assert_eq!(a.known("x").unwrap(), Rows { batch: vec![4], input: vec![], output: vec![3] });
         let inferred = [RowDecl::Given(vec![]), RowDecl::Inferred, RowDecl::Inferred];
         let d = a.declared(inferred);
         assert_eq!(d.input, RowDecl::Inferred);
@@ -150,5 +151,25 @@ mod tests {
         assert!(p.known("data 'x'").unwrap_err().contains("data 'x': its input row"));
         assert_eq!(p.open_sizes(), 1);
         assert_eq!(p.is_set(), [false, true, false]);
+    }
+
+    /// What only data and ids take, and what data cannot leave open, are usage errors naming
+    /// the tensor.
+    #[test]
+    fn misplaced_declarations_are_errors_naming_the_tensor() {
+        use crate::{Graph, ParamSpec};
+        let g = Graph::new();
+        let batch = g.dynamic("batch", 8);
+        let _ = g.param("w", ParamSpec::new(Axes::new().dynamic_batch(&batch)));
+        let e = g.finish().unwrap_err().to_string();
+        assert!(e.contains("param 'w'") && e.contains("dynamic batch axis"), "{e}");
+        let g = Graph::new();
+        let _ = g.data("x", Axes::new().output_partial(&[None]));
+        let e = g.finish().unwrap_err().to_string();
+        assert!(e.contains("data 'x'") && e.contains("output row"), "{e}");
+        let g = Graph::new();
+        let x = g.data("x", Axes::new().output(&[4]));
+        let _ = x.reshape(&Axes::new().dynamic_batch(&g.dynamic("b", 4)));
+        assert!(g.finish().unwrap_err().to_string().contains("reshape"));
     }
 }

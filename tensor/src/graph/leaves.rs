@@ -13,7 +13,7 @@ use crate::dynamic::DynDim;
 use crate::error::Error;
 use crate::init::Init;
 
-use super::{Graph, IdCount, IdUse, Leaf, NodeInfo, Source, Tensor, TensorId};
+use super::{Graph, IdCount, IdUse, Leaf, NodeInfo, Rows, Source, Tensor, TensorId};
 
 impl Graph {
     fn add_leaf(&self, label: &str, decl: ShapeDecl, leaf: Leaf, data: TerminalData) -> Tensor {
@@ -53,7 +53,7 @@ impl Graph {
     /// assert_eq!(x.shape_string(), "4|2->3");
     /// ```
     pub fn data(&self, label: &str, axes: Axes) -> Tensor {
-        let decl = self.known_axes(&axes, &format!("data '{label}'"), true);
+        let decl = given(&self.known_axes(&axes, &format!("data '{label}'"), true));
         let t = self.add_leaf(label, decl, Leaf::Data(None), TerminalData::Rows);
         if let Some(d) = axes.dynamic() {
             self.borrow_mut().dynamic.insert(t.id, d.clone());
@@ -63,7 +63,7 @@ impl Graph {
 
     /// The rows of a leaf whose sizes are all known (`what` names it in errors, recorded for
     /// [`Graph::finish`]); a dynamic batch axis only where `dynamic` allows one.
-    fn known_axes(&self, axes: &Axes, what: &str, dynamic: bool) -> ShapeDecl {
+    fn known_axes(&self, axes: &Axes, what: &str, dynamic: bool) -> Rows {
         if !dynamic && axes.dynamic().is_some() {
             self.record(Error::usage(format!(
                 "{what}: only data and ids take a dynamic batch axis (Axes::dynamic_batch)"
@@ -71,7 +71,7 @@ impl Graph {
         }
         axes.known(what).unwrap_or_else(|message| {
             self.record(Error::usage(message));
-            ShapeDecl::given(&[], &[], &[])
+            Rows { batch: vec![], input: vec![], output: vec![] }
         })
     }
 
@@ -187,15 +187,14 @@ impl Graph {
     /// ```
     pub fn ndarray(&self, label: &str, axes: Axes, values: &[f64]) -> Tensor {
         let what = format!("ndarray '{label}'");
-        let decl = self.known_axes(&axes, &what, false);
-        let n: usize = [&decl.batch, &decl.input, &decl.output]
-            .iter()
-            .map(|r| match r {
-                RowDecl::Given(d) => d.iter().product(),
-                _ => 1,
-            })
-            .product();
-        let t = self.add_leaf(label, decl, Leaf::Data(Some(values.to_vec())), TerminalData::Rows);
+        let rows = self.known_axes(&axes, &what, false);
+        let n = rows.cells();
+        let t = self.add_leaf(
+            label,
+            given(&rows),
+            Leaf::Data(Some(values.to_vec())),
+            TerminalData::Rows,
+        );
         if n != values.len() {
             self.record(Error::usage(format!(
                 "{what} has {} values but its shape holds {n}",
@@ -222,7 +221,7 @@ impl Graph {
 
     /// A constant fill of a given shape.
     pub fn constant(&self, x: f64, axes: Axes) -> Tensor {
-        let decl = self.known_axes(&axes, &format!("constant {}", fmt_num(x)), false);
+        let decl = given(&self.known_axes(&axes, &format!("constant {}", fmt_num(x)), false));
         self.add_leaf(&fmt_num(x), decl, Leaf::Constant(x), TerminalData::Rows)
     }
 
@@ -271,7 +270,7 @@ impl Graph {
 
     /// Each cell holds its row-major offset.
     pub fn range_of_shape(&self, axes: Axes) -> Tensor {
-        let decl = self.known_axes(&axes, "range_of_shape", false);
+        let decl = given(&self.known_axes(&axes, "range_of_shape", false));
         self.add_leaf("range_of_shape", decl, Leaf::Iota, TerminalData::Rows)
     }
 
@@ -385,6 +384,11 @@ impl ParamSpec {
         self.init = init;
         self
     }
+}
+
+/// The declaration of rows whose sizes are all known.
+fn given(rows: &Rows) -> ShapeDecl {
+    ShapeDecl::given(&rows.batch, &rows.input, &rows.output)
 }
 
 fn fmt_num(x: f64) -> String {

@@ -153,43 +153,45 @@ impl Session {
         self.write(t, &arr.to_f64_vec())
     }
 
+    /// The buffer holding `t`'s values in this session.
+    fn computed(&self, t: &Tensor) -> Result<NodeId> {
+        self.own(t)?;
+        let n = self.value.get(&t.id).copied();
+        n.ok_or_else(|| Error::usage(format!("'{}' was not computed by this session", t.label())))
+    }
+
+    /// The buffer holding `t`'s gradient in this session.
+    fn gradient(&self, t: &Tensor) -> Result<NodeId> {
+        self.own(t)?;
+        let n = self.grad.get(&t.id).copied();
+        n.ok_or_else(|| Error::usage(format!("'{}' has no gradient in this session", t.label())))
+    }
+
     /// Reads a tensor's values in memory order (batch, output, input); a dynamic axis has its
     /// current size — the one set last with [`Session::set_size`], so read a batch's results
     /// before setting the next batch's size.
     pub fn read(&self, t: &Tensor) -> Result<Vec<f64>> {
-        self.own(t)?;
-        let n = self.value.get(&t.id).ok_or_else(|| {
-            Error::usage(format!("'{}' was not computed by this session", t.label()))
-        })?;
-        self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
+        let n = self.computed(t)?;
+        self.trim_dynamic(t.id, self.ctx.read(n)?.to_f64_vec())
     }
 
     /// Reads a tensor's values in the session's precision, without converting them (a copy of
     /// the buffer, allocated fallibly).
     pub fn read_array(&self, t: &Tensor) -> Result<NdArray> {
-        self.own(t)?;
-        let n = self.value.get(&t.id).ok_or_else(|| {
-            Error::usage(format!("'{}' was not computed by this session", t.label()))
-        })?;
-        self.trim_dynamic_array(t.id, self.ctx.read(*n)?)
+        let n = self.computed(t)?;
+        self.trim_dynamic_array(t.id, self.ctx.read(n)?)
     }
 
     /// Reads a tensor's gradient in the session's precision, without converting it.
     pub fn read_grad_array(&self, t: &Tensor) -> Result<NdArray> {
-        self.own(t)?;
-        let n = self.grad.get(&t.id).ok_or_else(|| {
-            Error::usage(format!("'{}' has no gradient in this session", t.label()))
-        })?;
-        self.trim_dynamic_array(t.id, self.ctx.read(*n)?)
+        let n = self.gradient(t)?;
+        self.trim_dynamic_array(t.id, self.ctx.read(n)?)
     }
 
     /// Reads a tensor's gradient (after a routine that backpropagates and keeps it).
     pub fn read_grad(&self, t: &Tensor) -> Result<Vec<f64>> {
-        self.own(t)?;
-        let n = self.grad.get(&t.id).ok_or_else(|| {
-            Error::usage(format!("'{}' has no gradient in this session", t.label()))
-        })?;
-        self.trim_dynamic(t.id, self.ctx.read(*n)?.to_f64_vec())
+        let n = self.gradient(t)?;
+        self.trim_dynamic(t.id, self.ctx.read(n)?.to_f64_vec())
     }
 
     pub(crate) fn write_extra(&mut self, n: NodeId, values: &[f64]) -> Result<()> {

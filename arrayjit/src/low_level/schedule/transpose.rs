@@ -21,7 +21,9 @@
 //!
 //! Every cell is still computed by the same operations on the same values, only in another
 //! order, so the bits are the nest's. Conditions: a single store under the loops, no guards,
-//! no dynamic limit; the result is read (if at all) at the cell written; both loops are
+//! no dynamic limit; every loop indexes an axis of the result of its own (each iteration
+//! writes its own cell: a cell written by several iterations, an accumulation, would see them
+//! in another order); the result is read (if at all) at the cell written; both loops are
 //! multiples of `T` long; the nest is not small ([`MIN_CELLS`]).
 
 use super::interleave::loops_of;
@@ -47,6 +49,15 @@ pub(crate) fn tile(prog: &mut Program, s: &Stmt) -> Option<Vec<Stmt>> {
     if loops.iter().map(|l| l.extent).product::<usize>() < MIN_CELLS
         || flat_stride(prog, *node, idx, inner.var) != 1
     {
+        return None;
+    }
+    // Each iteration writes its own cell (every loop alone indexes one axis of it): a cell
+    // written by several iterations would see them in another order once tiled.
+    let own_axis = |l: &Loop| {
+        idx.iter().filter(|i| i.uses(l.var)).count() == 1
+            && idx.iter().any(|i| i.as_var() == Some(l.var))
+    };
+    if !loops.iter().all(own_axis) {
         return None;
     }
     let read = reads(value);
