@@ -126,6 +126,7 @@ fn map_group(c: &mut Criterion) {
 /// The f32 products, then the bf16 ones.
 fn bench(c: &mut Criterion) {
     gemm_f32_group(c);
+    gemm_suite_group(c);
     gemm_bf16_group(c);
 }
 
@@ -175,6 +176,59 @@ fn gemm_f32_group(c: &mut Criterion) {
                 });
             }
         }
+    }
+    group.finish();
+}
+
+/// The model suite's products (`benches/suite/models.json`), one thread, the host's best
+/// instruction set: `(name, m, k, n, layout)`. A GPT of width `d`, `r = batch × context` rows
+/// and MLP width `4d` has the forward products `r × d × {d, 4d}` and `r × 4d × d` (`nn`), their
+/// input gradients (`nt`: `r × n × k`) and weight gradients (`tn`: `k × r × n`).
+const SUITE_PRODUCTS: &[(&str, usize, usize, usize, &str)] = &[
+    ("w128_c64_proj", 768, 128, 128, "nn"),
+    ("w128_c64_ff1", 768, 128, 512, "nn"),
+    ("w128_c64_ff2", 768, 512, 128, "nn"),
+    ("w128_c64_ff1_dx", 768, 512, 128, "nt"),
+    ("w128_c64_ff1_dw", 128, 768, 512, "tn"),
+    ("w128_c64_ff2_dw", 512, 768, 128, "tn"),
+    ("w64_c16_ff1", 512, 64, 256, "nn"),
+    ("w192_c32_ff1", 1024, 192, 768, "nn"),
+    ("w192_c32_ff2_dx", 1024, 192, 768, "nt"),
+    ("w384_c128_ff1", 1024, 384, 1536, "nn"),
+    ("w384_c128_ff2_dw", 1536, 1024, 384, "tn"),
+    ("w128_c256_proj", 2048, 128, 128, "nn"),
+];
+
+/// `gemm_suite/<name>`: the suite's product shapes ([`SUITE_PRODUCTS`]), fused, one thread.
+fn gemm_suite_group(c: &mut Criterion) {
+    let mut group = c.benchmark_group("gemm_suite");
+    group.sample_size(20);
+    let isa = Isa::host();
+    for &(name, m, k, n, layout) in SUITE_PRODUCTS {
+        let a: Vec<f32> = (0..m * k).map(|x| ((x % 17) as f32 - 8.0) / 8.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|x| ((x % 13) as f32 - 6.0) / 8.0).collect();
+        let mut out = vec![0f32; m * n];
+        let ((rsa, csa), (rsb, csb)) = match layout {
+            "nn" => ((k as isize, 1), (n as isize, 1)),
+            "tn" => ((1, m as isize), (n as isize, 1)),
+            _ => ((k as isize, 1), (1, k as isize)),
+        };
+        group.throughput(Throughput::Elements(2 * (m * k * n) as u64));
+        group.bench_function(BenchmarkId::new(isa.name(), name), |bench| {
+            bench.iter(|| {
+                let g = Gemm {
+                    accumulate: false,
+                    fused: true,
+                    rsa,
+                    csa,
+                    rsb,
+                    csb,
+                    ..Gemm::row_major(m, k, n, a.as_ptr(), b.as_ptr(), out.as_mut_ptr())
+                };
+                // SAFETY: `A` is m×k, `B` k×n and `C` m×n with the strides above.
+                unsafe { gemm(&g, isa) }
+            })
+        });
     }
     group.finish();
 }

@@ -428,3 +428,72 @@ fn a_huge_sum_is_split_where_inlining_would_pass_the_cost_cap() {
     let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
     assert_close("sum", &got, &want, 1e-4);
 }
+
+/// Backpropagation's shape: both gradients zeroed up front, each summed onto once much later
+/// and read once. The first sum reads `+0` instead of its gradient and the fill goes, so the
+/// gradient is one pointwise definition (`0 + x`, which simplification makes `x` as it does
+/// every `x + 0`) and is inlined into its reader; `g2`, read between its fill and its sum,
+/// keeps both. Every backend gives the interpreter's bits.
+#[test]
+fn zero_fill_folds_into_the_first_sum() {
+    use rocannl_arrayjit::assignments::FetchOp;
+    let n = 16;
+    let mut nodes = NodeTable::default();
+    let x = host(&mut nodes, "x", &[n], Prec::F32);
+    let g1 = nodes.add("g1", &[n], Prec::F32, MemoryMode::Virtual);
+    let g2 = nodes.add("g2", &[n], Prec::F32, MemoryMode::Virtual);
+    let y1 = host(&mut nodes, "y1", &[n], Prec::F32);
+    let y2 = host(&mut nodes, "y2", &[n], Prec::F32);
+    let mut g = SymbolGen::default();
+    let mut p = || Projections::identity(&[n], 1, &mut g);
+    let zero = |lhs| Asgn::Fetch { lhs, fetch: FetchOp::Constant(0.0) };
+    let twice = ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(0), ScalarExpr::Const(2.0));
+    let asgn = Asgn::Seq(vec![
+        zero(g1),
+        zero(g2),
+        accum(y2, None, vec![g2], ScalarExpr::Arg(0), p(), false),
+        accum(g1, Some(BinOp::Add), vec![x], ScalarExpr::Arg(0), p(), false),
+        accum(g2, Some(BinOp::Add), vec![x], ScalarExpr::Arg(0), p(), false),
+        accum(y1, None, vec![g1], twice.clone(), p(), false),
+        accum(y2, Some(BinOp::Add), vec![g2], twice, p(), false),
+    ]);
+    let prog = compile_program("grads", &asgn, &nodes, &CompileOptions::default()).unwrap();
+    assert!(prog.virtual_nodes.contains(&g1), "{prog}");
+    assert!(!prog.virtual_nodes.contains(&g2), "{prog}");
+    expect![[r#"
+        for v1 in 0..16 par {
+          n2[v1] := 0
+        }
+        for v2 in 0..16 par {
+          n4[v2] := n2[v2]
+        }
+        for v4 in 0..16 par {
+          n2[v4] := add(n2[v4], n0[v4])
+        }
+        for v5 in 0..16 par {
+          n3[v5] := mul(n0[v5], 2)
+        }
+        for v6 in 0..16 par {
+          n4[v6] := fma(n2[v6], 2, n4[v6])
+        }
+    "#]]
+    .assert_eq(&prog.to_string());
+    let mut xs = data(n, 7, -1.0, 1.0);
+    xs.iter_mut().step_by(3).for_each(|v| *v = -0.0);
+    let run = |kind| {
+        let mut ctx = Context::new(kind, CompileOptions::default()).unwrap();
+        let r = ctx.compile("grads", &asgn, &nodes).unwrap();
+        ctx.write(x, &NdArray::from_f64(Prec::F32, &[n], &xs).unwrap()).unwrap();
+        ctx.run(&r, &[]).unwrap();
+        let bits = |y| -> Vec<u32> {
+            ctx.read(y).unwrap().to_f64_vec().iter().map(|&v| (v as f32).to_bits()).collect()
+        };
+        (bits(y1), bits(y2))
+    };
+    let want = run(BackendKind::Interp);
+    let twice: Vec<f32> = xs.iter().map(|&v| v as f32 * 2.0).collect();
+    assert_eq!(want.0.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>(), twice);
+    for kind in BackendKind::available().into_iter().filter(|k| *k != BackendKind::Cuda) {
+        assert_eq!(run(kind), want, "{kind:?}");
+    }
+}

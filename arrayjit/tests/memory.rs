@@ -200,7 +200,8 @@ fn the_memory_limit_counts_the_peak_of_intermediates_not_their_sum() {
 #[test]
 fn a_gradient_zeroed_up_front_is_live_only_from_its_first_use() {
     // Backpropagation zeroes every gradient first; the fills move down to their first use, so
-    // the two gradients below take turns in one slot.
+    // the two gradients below take turns in one slot. (Their first updates are maxima: a sum
+    // onto a fill reads +0 instead, and the fill goes, `zero_fill_folds_into_the_first_sum`.)
     let n = 16;
     let mut nodes = NodeTable::default();
     let x = host(&mut nodes, "x", &[n], Prec::F32);
@@ -214,9 +215,9 @@ fn a_gradient_zeroed_up_front_is_live_only_from_its_first_use() {
     let asgn = Asgn::Seq(vec![
         zero(g1),
         zero(g2),
-        accum(g1, Some(BinOp::Add), vec![x], ScalarExpr::Arg(0), p(), false),
+        accum(g1, Some(BinOp::Max), vec![x], ScalarExpr::Arg(0), p(), false),
         accum(y1, None, vec![g1], scale(0, 1.0, 1.0), p(), false),
-        accum(g2, Some(BinOp::Add), vec![x], scale(0, 2.0, 0.0), p(), false),
+        accum(g2, Some(BinOp::Max), vec![x], scale(0, 2.0, 0.0), p(), false),
         accum(y2, None, vec![g2], scale(0, 1.0, 1.0), p(), false),
     ]);
     let xs = data(n, 4, -1.0, 1.0);
@@ -232,8 +233,9 @@ fn a_gradient_zeroed_up_front_is_live_only_from_its_first_use() {
         ctx.write(x, &NdArray::from_f64(Prec::F32, &[n], &xs).unwrap()).unwrap();
         for _ in 0..2 {
             ctx.run(&r, &[]).unwrap();
-            let want1: Vec<f64> = xs.iter().map(|&v| (v as f32 + 1.0) as f64).collect();
-            let want2: Vec<f64> = xs.iter().map(|&v| (v as f32 * 2.0 + 1.0) as f64).collect();
+            let want1: Vec<f64> = xs.iter().map(|&v| ((v as f32).max(0.0) + 1.0) as f64).collect();
+            let want2: Vec<f64> =
+                xs.iter().map(|&v| ((v as f32 * 2.0).max(0.0) + 1.0) as f64).collect();
             assert_close("y1", &ctx.read(y1).unwrap().to_f64_vec(), &want1, 0.0);
             assert_close("y2", &ctx.read(y2).unwrap().to_f64_vec(), &want2, 0.0);
         }

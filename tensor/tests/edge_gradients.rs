@@ -51,3 +51,31 @@ fn pow_gradients_at_a_zero_exponent_and_a_zero_base_are_zero_not_nan() {
         }
     }
 }
+
+/// A softmax's maximum is detached: backpropagation gives it no gradient code, so no pass adds
+/// `0 · (x = max)` over the scores (an `eq` in the routine), and the gradient is as before:
+/// `p ⊙ (w − Σ w ⊙ p)` for the loss `Σ w ⊙ p`, against an f64 reference.
+#[test]
+fn a_detached_maximum_gets_no_gradient_code() {
+    let xs = [0.5, -1.0, 2.0, 0.25, 3.0, -0.5];
+    let w = [1.0, -2.0, 0.5, 3.0, -1.0, 0.25];
+    let g = Graph::new();
+    let x = g.param("x", ParamSpec::new(Axes::new().output(&[6])).init(Init::Values(xs.to_vec())));
+    let weights = g.ndarray("w", Axes::new().output(&[6]), &w);
+    let p = x.softmax_classes();
+    let loss = p.pointmul(&weights).sum_all();
+    let opts = SessionOptions { backend: BackendKind::Interp, ..SessionOptions::default() };
+    let mut s = Session::with_options(&g, opts).unwrap();
+    let r = s.backprop(&loss, &[]).unwrap();
+    assert!(!r.code().contains("eq("), "{}", r.code());
+    s.run(&r).unwrap();
+    let dx = s.read_grad(&x).unwrap();
+    let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+    let p: Vec<f64> = xs.iter().map(|v| (v - m).exp() / sum).collect();
+    let wp: f64 = p.iter().zip(&w).map(|(p, w)| p * w).sum();
+    for j in 0..6 {
+        let want = p[j] * (w[j] - wp);
+        assert!((dx[j] - want).abs() < 1e-6, "{j}: {dx:?}");
+    }
+}

@@ -504,8 +504,11 @@ fn an_accumulation_onto_a_zeroed_tensor_reads_zero() {
                 };
                 let text = scheduled(&case);
                 // The fill goes, or stays guarded for the rows past the dynamic size.
+                let fills = text.lines().any(|l| {
+                    l.trim_start().starts_with(&format!("{g}[")) && l.trim_end().ends_with(":= 0")
+                });
                 let folded = match rows {
-                    None => text.contains("the next accumulation reads +0"),
+                    None => !fills,
                     Some(_) => text.contains("if "),
                 };
                 assert_eq!(folded, !read_between, "{}:\n{text}", case.name);

@@ -500,8 +500,12 @@ impl Session {
         if !diff.contains(&root) {
             return Ok(code);
         }
+        let live = self.reaching(root, &diff);
         for &t in diff.iter().rev() {
             let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
+            if !live.contains(&t) {
+                continue;
+            }
             if let Source::Op { op, .. } = source {
                 let cx = self.op_ctx(t, true, mode)?;
                 // The forward code of the same routine made every copy the gradients read.
@@ -522,6 +526,25 @@ impl Session {
             }
         }
         Ok(code)
+    }
+
+    /// The tensors of `diff` (differentiable, in forward order) whose gradient `root`'s reaches:
+    /// `root` and, going back, every differentiable argument of a tensor it reaches. A tensor
+    /// read only through a detached one (a softmax's maximum) gets no gradient code: its
+    /// gradient stays 0, and its backward pass would only add `0 · ∂` over its inputs.
+    fn reaching(&self, root: TensorId, diff: &[TensorId]) -> FxHashSet<TensorId> {
+        let graph = self.graph.borrow();
+        let mut live = FxHashSet::default();
+        live.insert(root);
+        for &t in diff.iter().rev() {
+            if !live.contains(&t) {
+                continue;
+            }
+            if let Source::Op { args, .. } = &graph.nodes[t.0 as usize].source {
+                live.extend(args.iter().filter(|a| graph.nodes[a.0 as usize].differentiable));
+            }
+        }
+        live
     }
 
     /// The node table for compiling `asgn`, with memory modes.

@@ -48,6 +48,7 @@ mod widened;
 mod zeroed;
 
 pub use gemm::{MIN_GEMM_STEPS, MIN_PAIR_DEPTH};
+pub use zeroed::fold_zero_fills;
 
 use super::{Expr, Guard, Index, Limit, LocalId, Program, Stmt, Var};
 use crate::ops::{BinOp, Prec, TernOp};
@@ -320,22 +321,10 @@ fn zero_fill_before(
     idx: &[Index],
     loops: &[Loop],
 ) -> Option<(usize, Option<PastLimit>)> {
-    let dims = &prog.nodes.get(&node)?.dims;
-    if !covers_every_cell(idx, loops, dims) {
-        return None;
-    }
-    let limited: Vec<&Loop> = loops.iter().filter(|l| l.limit.is_some()).collect();
-    let past = match limited.as_slice() {
-        [] => None,
-        [l] if l.limit.is_some_and(|lim| lim.per == 1) => {
-            let axis = idx.iter().position(|i| i.as_var() == Some(l.var))?;
-            Some(PastLimit { axis, size: l.limit?.size, extent: l.extent })
-        }
-        _ => return None,
-    };
+    let past = store_covers(prog, node, idx, loops)?;
     let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
     for i in (start..out.len()).rev() {
-        if is_zero_fill(&out[i], node, dims) {
+        if is_zero_fill(&out[i], node, &prog.nodes.get(&node)?.dims) {
             return Some((i, past));
         }
         if super::nodes_of(std::slice::from_ref(&out[i])).contains(&node) {
@@ -343,6 +332,30 @@ fn zero_fill_before(
         }
     }
     None
+}
+
+/// Whether a store into `node` at `idx` inside `loops` reaches every cell once, up to one
+/// loop's dynamic size of whole rows: `Some(None)` for every cell, `Some(Some(p))` when the
+/// cells past `p` are left out, `None` otherwise.
+fn store_covers(
+    prog: &Program,
+    node: NodeId,
+    idx: &[Index],
+    loops: &[Loop],
+) -> Option<Option<PastLimit>> {
+    let dims = &prog.nodes.get(&node)?.dims;
+    if !covers_every_cell(idx, loops, dims) {
+        return None;
+    }
+    let limited: Vec<&Loop> = loops.iter().filter(|l| l.limit.is_some()).collect();
+    match limited.as_slice() {
+        [] => Some(None),
+        [l] if l.limit.is_some_and(|lim| lim.per == 1) => {
+            let axis = idx.iter().position(|i| i.as_var() == Some(l.var))?;
+            Some(Some(PastLimit { axis, size: l.limit?.size, extent: l.extent }))
+        }
+        _ => None,
+    }
 }
 
 /// The fill restricted to the cells past the limit: guarded by `size <= v` for the variable

@@ -12,10 +12,90 @@
 //! not dropped: it turns `-0` into `+0` as the read zeros did) — and the fill becomes a comment.
 //! When the nest covers a dynamic number of rows (one loop with a limit), the fill stays for
 //! the rows past it, guarded, as for a sum onto zeros ([`super::zeroed_before`]).
+//!
+//! The fold runs for every backend before virtualization ([`fold_zero_fills`], called by
+//! [`crate::low_level::optimize`]), with the fill anywhere earlier (backpropagation zeroes
+//! every gradient up front): a gradient that had a fill and one contribution is then defined
+//! by one pointwise statement, which virtualization can inline into its reader. In a causal
+//! attention's backward pass the gradients of the exponential, the shift, the mask and the
+//! scale, each a pass over the whole score tensor, collapse into one nest that way. There,
+//! simplification then drops the `0 +` as it drops every `x + 0` ([`crate::low_level::simplify`]
+//! keeps no sign of zero), so the gradient of a `-0` contribution is `-0`, as PyTorch's is (it
+//! assigns a gradient's first contribution); every backend runs the same program and gives
+//! the same bits. Only tensors of the program's widest precision are folded there: inlining a
+//! half-precision gradient would skip its rounding (a gradient that underflows in f16 must
+//! still underflow). The CPU schedule folds again, after simplification, what its own rewrites
+//! expose, and there the `+ 0` stays.
 
-use super::{Loop, past_the_limit, zero_fill_before};
+use rustc_hash::FxHashMap;
+
+use crate::ops::Prec;
+
+use super::{Loop, is_zero_fill, past_the_limit, store_covers, zero_fill_before};
 use crate::low_level::{Expr, Index, Program, Stmt};
 use crate::tnode::NodeId;
+
+/// Folds every top-level accumulation onto a fill made earlier, however far back, when no
+/// statement in between touches the tensor (see the module documentation). Backpropagation
+/// zeroes every gradient up front, long before its first contribution.
+pub fn fold_zero_fills(prog: &mut Program) {
+    // Inlining a tensor skips its rounding to its own precision: only tensors as wide as the
+    // widest of the program are folded here, where virtualization may inline them next.
+    let floats = || prog.nodes.values().map(|n| n.prec).filter(|p| *p != Prec::U32);
+    let Some(widest) = floats().max() else { return };
+    let body = std::mem::take(&mut prog.body);
+    let mut out: Vec<Stmt> = Vec::with_capacity(body.len());
+    // Per tensor, its last zero fill in `out`, when nothing has touched the tensor since.
+    let mut filled: FxHashMap<NodeId, usize> = FxHashMap::default();
+    for s in body {
+        let s = match pointwise_update(&s) {
+            Some((loops, node, idx)) if prog.nodes[&node].prec == widest => {
+                match filled.get(&node).copied() {
+                    Some(i) if is_zero_fill(&out[i], node, &prog.nodes[&node].dims) => {
+                        match store_covers(prog, node, &idx, &loops) {
+                            Some(past) => {
+                                out[i] = match past {
+                                    None => Stmt::Comment(FOLDED.into()),
+                                    Some(p) => past_the_limit(&out[i], p),
+                                };
+                                super::reads_as_const(s, node, 0.0)
+                            }
+                            None => s,
+                        }
+                    }
+                    _ => s,
+                }
+            }
+            _ => s,
+        };
+        for n in crate::low_level::nodes_of(std::slice::from_ref(&s)) {
+            filled.remove(&n);
+        }
+        if let Some(n) = zero_fill_of(prog, &s) {
+            filled.insert(n, out.len());
+        }
+        out.push(s);
+    }
+    out.retain(|s| !matches!(s, Stmt::Comment(c) if c == FOLDED));
+    prog.body = out;
+}
+
+/// The tensor `s` sets wholly to `+0`, if that is all it does.
+fn zero_fill_of(prog: &Program, s: &Stmt) -> Option<NodeId> {
+    let mut cur = s;
+    while let Stmt::For { body, .. } = cur {
+        match body.as_slice() {
+            [b] => cur = b,
+            _ => return None,
+        }
+    }
+    let Stmt::Set { node, .. } = cur else { return None };
+    let dims = &prog.nodes.get(node)?.dims;
+    is_zero_fill(s, *node, dims).then_some(*node)
+}
+
+/// The comment a folded fill leaves in the CPU schedule's output.
+const FOLDED: &str = "zero fill: the next accumulation reads +0 instead";
 
 /// `s` with its read of the tensor it accumulates onto replaced by `+0` when a fill among
 /// `out` allows it (see the module documentation); the fill in `out` is then dropped or kept
@@ -24,7 +104,7 @@ pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
     let Some((loops, node, idx)) = pointwise_update(&s) else { return s };
     let Some((i, past)) = zero_fill_before(prog, out, node, &idx, &loops) else { return s };
     out[i] = match past {
-        None => Stmt::Comment("zero fill: the next accumulation reads +0 instead".into()),
+        None => Stmt::Comment(FOLDED.into()),
         Some(p) => past_the_limit(&out[i], p),
     };
     super::reads_as_const(s, node, 0.0)
