@@ -4,6 +4,10 @@
 //! row-major), `tn` (`Aᵀ·B`, a weight gradient's layout) and `nt` (`A·Bᵀ`, an input
 //! gradient's). Criterion's "elem/s" read as FLOP/s (2n³ per call).
 //!
+//! `gemm_suite/<isa>/<name>`: the model suite's product shapes (`SUITE_PRODUCTS`: a GPT's
+//! projections, MLP layers and their gradients at widths 64–384), one thread, the host's best
+//! instruction set, to compare with the FMA probe (`../shared/anchors/perf/fma_peak.c`).
+//!
 //! `gemm_bf16/<path>/<n>`: the same with bf16 factors into f32 (`kernels::bf16`), on the host's
 //! bf16 dot products (`native`, where it has them) and on the portable pairwise reference, a
 //! projection (`native/projection_512x64x256`) and a weight's gradient
