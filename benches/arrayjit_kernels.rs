@@ -134,6 +134,25 @@ fn bench(c: &mut Criterion) {
     gemm_bf16_group(c);
 }
 
+/// The fused product `C = A·B` of `(m, k, n)` over the slices, in a layout: `nn` (both
+/// row-major), `tn` (`A` stored transposed, a weight gradient's) or `nt` (`B` stored
+/// transposed, an input gradient's).
+fn product(
+    (m, k, n): (usize, usize, usize),
+    layout: &str,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) -> Gemm<f32> {
+    let ((rsa, csa), (rsb, csb)) = match layout {
+        "nn" => ((k as isize, 1), (n as isize, 1)),
+        "tn" => ((1, m as isize), (n as isize, 1)),
+        _ => ((k as isize, 1), (1, k as isize)),
+    };
+    let row_major = Gemm::row_major(m, k, n, a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    Gemm { rsa, csa, rsb, csb, fused: true, ..row_major }
+}
+
 /// `gemm_f32/<isa>/<layout>/<n>`: square f32 products per instruction set and layout.
 fn gemm_f32_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("gemm_f32");
@@ -147,34 +166,12 @@ fn gemm_f32_group(c: &mut Criterion) {
             let b: Vec<f32> = (0..n * n).map(|x| ((x % 13) as f32 - 6.0) / 8.0).collect();
             let mut out = vec![0f32; n * n];
             for layout in ["nn", "tn", "nt"] {
-                let s = n as isize;
-                let ((rsa, csa), (rsb, csb)) = match layout {
-                    "nn" => ((s, 1), (s, 1)),
-                    "tn" => ((1, s), (s, 1)),
-                    _ => ((s, 1), (1, s)),
-                };
                 group.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
                 let id = BenchmarkId::new(format!("{}/{layout}", isa.name()), n);
                 group.bench_function(id, |bench| {
                     bench.iter(|| {
-                        let g = Gemm {
-                            m: n,
-                            n,
-                            k: n,
-                            a: a.as_ptr(),
-                            rsa,
-                            csa,
-                            b: b.as_ptr(),
-                            rsb,
-                            csb,
-                            c: out.as_mut_ptr(),
-                            rsc: s,
-                            csc: 1,
-                            accumulate: false,
-                            fused: true,
-                            epilogue: None,
-                        };
-                        // SAFETY: every operand is n×n with the strides above.
+                        let g = product((n, n, n), layout, &a, &b, &mut out);
+                        // SAFETY: every operand is n×n, with the layout's strides.
                         unsafe { gemm(&g, isa) }
                     })
                 });
@@ -212,24 +209,11 @@ fn gemm_suite_group(c: &mut Criterion) {
         let a: Vec<f32> = (0..m * k).map(|x| ((x % 17) as f32 - 8.0) / 8.0).collect();
         let b: Vec<f32> = (0..k * n).map(|x| ((x % 13) as f32 - 6.0) / 8.0).collect();
         let mut out = vec![0f32; m * n];
-        let ((rsa, csa), (rsb, csb)) = match layout {
-            "nn" => ((k as isize, 1), (n as isize, 1)),
-            "tn" => ((1, m as isize), (n as isize, 1)),
-            _ => ((k as isize, 1), (1, k as isize)),
-        };
         group.throughput(Throughput::Elements(2 * (m * k * n) as u64));
         group.bench_function(BenchmarkId::new(isa.name(), name), |bench| {
             bench.iter(|| {
-                let g = Gemm {
-                    accumulate: false,
-                    fused: true,
-                    rsa,
-                    csa,
-                    rsb,
-                    csb,
-                    ..Gemm::row_major(m, k, n, a.as_ptr(), b.as_ptr(), out.as_mut_ptr())
-                };
-                // SAFETY: `A` is m×k, `B` k×n and `C` m×n with the strides above.
+                let g = product((m, k, n), layout, &a, &b, &mut out);
+                // SAFETY: `A` is m×k, `B` k×n and `C` m×n, with the layout's strides.
                 unsafe { gemm(&g, isa) }
             })
         });

@@ -27,11 +27,11 @@ pub fn optimize(prog: &mut Program, opts: &OptimizeOptions) -> Result<(), Error>
     let check =
         |prog: &Program, pass| if opts.verify { super::verify::verify(prog, pass) } else { Ok(()) };
     check(prog, "lower")?;
-    // Visit counting (`trace`) feeds the next two passes; they recount after each change.
-    // An accumulation onto a tensor zeroed just before it reads +0 instead, so a gradient
-    // with one contribution is one pointwise definition, which the next pass may inline.
+    // An accumulation onto a tensor zeroed earlier reads +0 instead, so a gradient with one
+    // contribution is one pointwise definition, which the next pass may inline.
     super::schedule::fold_zero_fills(prog);
     check(prog, "zero fills")?;
+    // Visit counting (`trace`) feeds the next two passes; they recount after each change.
     if opts.virtualize {
         // Inline intermediates computed once and read once, or cheap, into their consumers.
         super::virtualize::inline_virtual_nodes(prog);

@@ -324,7 +324,7 @@ fn zero_fill_before(
     let past = store_covers(prog, node, idx, loops)?;
     let start = out.len().saturating_sub(MAX_FILL_DISTANCE);
     for i in (start..out.len()).rev() {
-        if is_zero_fill(&out[i], node, &prog.nodes.get(&node)?.dims) {
+        if zero_fill_of(prog, &out[i]) == Some(node) {
             return Some((i, past));
         }
         if super::nodes_of(std::slice::from_ref(&out[i])).contains(&node) {
@@ -388,8 +388,10 @@ fn past_the_limit(fill: &Stmt, p: PastLimit) -> Stmt {
     wrap(fill, v, &guard)
 }
 
-/// Whether `s` sets every cell of `node` (of `dims`) to `+0`.
-fn is_zero_fill(s: &Stmt, node: NodeId, dims: &[usize]) -> bool {
+/// The tensor `s` sets wholly to `+0`, if that is all it does: one store of the constant under
+/// loops only, each loop indexing exactly one axis over its whole extent (an axis of one cell
+/// may be 0).
+pub(crate) fn zero_fill_of(prog: &Program, s: &Stmt) -> Option<NodeId> {
     let mut loops: Vec<(Var, usize)> = Vec::new();
     let mut cur = s;
     loop {
@@ -398,9 +400,9 @@ fn is_zero_fill(s: &Stmt, node: NodeId, dims: &[usize]) -> bool {
                 loops.push((*var, *extent));
                 cur = &body[0];
             }
-            Stmt::Set { node: n, idx, value: Expr::Const(c) } => {
-                let cells = *n == node
-                    && c.to_bits() == 0
+            Stmt::Set { node, idx, value: Expr::Const(c) } => {
+                let dims = &prog.nodes.get(node)?.dims;
+                let cells = c.to_bits() == 0
                     && idx.len() == dims.len()
                     && idx.iter().zip(dims).all(|(i, &d)| {
                         d == 1 && i.terms.is_empty() && i.offset == 0
@@ -410,9 +412,9 @@ fn is_zero_fill(s: &Stmt, node: NodeId, dims: &[usize]) -> bool {
                 let once = loops
                     .iter()
                     .all(|(v, _)| idx.iter().filter(|i| i.as_var() == Some(*v)).count() == 1);
-                return cells && once;
+                return (cells && once).then_some(*node);
             }
-            _ => return false,
+            _ => return None,
         }
     }
 }

@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 
 use crate::ops::Prec;
 
-use super::{Loop, is_zero_fill, past_the_limit, store_covers, zero_fill_before};
+use super::{Loop, PastLimit, past_the_limit, store_covers, zero_fill_before, zero_fill_of};
 use crate::low_level::{Expr, Index, Program, Stmt};
 use crate::tnode::NodeId;
 
@@ -41,8 +41,8 @@ use crate::tnode::NodeId;
 pub fn fold_zero_fills(prog: &mut Program) {
     // Inlining a tensor skips its rounding to its own precision: only tensors as wide as the
     // widest of the program are folded here, where virtualization may inline them next.
-    let floats = || prog.nodes.values().map(|n| n.prec).filter(|p| *p != Prec::U32);
-    let Some(widest) = floats().max() else { return };
+    let floats = prog.nodes.values().map(|n| n.prec).filter(|p| *p != Prec::U32);
+    let Some(widest) = floats.max() else { return };
     let body = std::mem::take(&mut prog.body);
     let mut out: Vec<Stmt> = Vec::with_capacity(body.len());
     // Per tensor, its last zero fill in `out`, when nothing has touched the tensor since.
@@ -50,19 +50,9 @@ pub fn fold_zero_fills(prog: &mut Program) {
     for s in body {
         let s = match pointwise_update(&s) {
             Some((loops, node, idx)) if prog.nodes[&node].prec == widest => {
-                match filled.get(&node).copied() {
-                    Some(i) if is_zero_fill(&out[i], node, &prog.nodes[&node].dims) => {
-                        match store_covers(prog, node, &idx, &loops) {
-                            Some(past) => {
-                                out[i] = match past {
-                                    None => Stmt::Comment(FOLDED.into()),
-                                    Some(p) => past_the_limit(&out[i], p),
-                                };
-                                super::reads_as_const(s, node, 0.0)
-                            }
-                            None => s,
-                        }
-                    }
+                let past = store_covers(prog, node, &idx, &loops);
+                match (filled.get(&node), past) {
+                    (Some(&i), Some(past)) => onto_fill(&mut out, i, past, s, node),
                     _ => s,
                 }
             }
@@ -80,22 +70,18 @@ pub fn fold_zero_fills(prog: &mut Program) {
     prog.body = out;
 }
 
-/// The tensor `s` sets wholly to `+0`, if that is all it does.
-fn zero_fill_of(prog: &Program, s: &Stmt) -> Option<NodeId> {
-    let mut cur = s;
-    while let Stmt::For { body, .. } = cur {
-        match body.as_slice() {
-            [b] => cur = b,
-            _ => return None,
-        }
-    }
-    let Stmt::Set { node, .. } = cur else { return None };
-    let dims = &prog.nodes.get(node)?.dims;
-    is_zero_fill(s, *node, dims).then_some(*node)
-}
-
 /// The comment a folded fill leaves in the CPU schedule's output.
 const FOLDED: &str = "zero fill: the next accumulation reads +0 instead";
+
+/// `s` reading `+0` instead of `node`, whose fill `out[i]` becomes a comment, or stays for the
+/// cells past `s`'s dynamic limit.
+fn onto_fill(out: &mut [Stmt], i: usize, past: Option<PastLimit>, s: Stmt, node: NodeId) -> Stmt {
+    out[i] = match past {
+        None => Stmt::Comment(FOLDED.into()),
+        Some(p) => past_the_limit(&out[i], p),
+    };
+    super::reads_as_const(s, node, 0.0)
+}
 
 /// `s` with its read of the tensor it accumulates onto replaced by `+0` when a fill among
 /// `out` allows it (see the module documentation); the fill in `out` is then dropped or kept
@@ -103,11 +89,7 @@ const FOLDED: &str = "zero fill: the next accumulation reads +0 instead";
 pub(crate) fn fold(prog: &Program, out: &mut [Stmt], s: Stmt) -> Stmt {
     let Some((loops, node, idx)) = pointwise_update(&s) else { return s };
     let Some((i, past)) = zero_fill_before(prog, out, node, &idx, &loops) else { return s };
-    out[i] = match past {
-        None => Stmt::Comment(FOLDED.into()),
-        Some(p) => past_the_limit(&out[i], p),
-    };
-    super::reads_as_const(s, node, 0.0)
+    onto_fill(out, i, past, s, node)
 }
 
 /// The loops around a single store `node[idx] := value` whose value
