@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example suite -- --list
 //! cargo run --release --example suite -- --model gpt-w128-l4-c64 [--steps N] [--warmup W]
-//!     [--data-parallel]
+//!     [--data-parallel] [--backend gccjit|cuda|interp] [--debug-dir DIR]
 //! ```
 //!
 //! Prints one JSON object: the model, `step_s` (the median of the timed steps' wall times, after
@@ -32,7 +32,7 @@ use rocannl::tensor::nn::{Activation, Linear, LinearConfig, Mlp, MlpConfig, loss
 use rocannl::tensor::optim::StepOptions;
 use rocannl::tensor::parallel::Group;
 use rocannl::tensor::{
-    Adam, AdamW, Axes, Graph, Init, Optimizer, Session, SessionOptions, Sgd, Tensor,
+    Adam, AdamW, Axes, BackendKind, Graph, Init, Optimizer, Session, SessionOptions, Sgd, Tensor,
 };
 use serde_json::Value;
 
@@ -221,6 +221,7 @@ struct Args {
     warmup: usize,
     data_parallel: bool,
     debug_dir: Option<std::path::PathBuf>,
+    backend: BackendKind,
 }
 
 fn args() -> Result<Args, String> {
@@ -231,6 +232,7 @@ fn args() -> Result<Args, String> {
         warmup: 5,
         data_parallel: false,
         debug_dir: None,
+        backend: BackendKind::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -242,10 +244,13 @@ fn args() -> Result<Args, String> {
             "--warmup" => a.warmup = value()?.parse().map_err(|e| format!("--warmup: {e}"))?,
             "--data-parallel" => a.data_parallel = true,
             "--debug-dir" => a.debug_dir = Some(value()?.into()),
+            "--backend" => {
+                a.backend = BackendKind::from_name(&value()?).map_err(|e| e.to_string())?
+            }
             other => {
                 return Err(format!(
                     "unknown flag {other} (--list, --model M, --steps N, --warmup W, \
-                     --data-parallel, --debug-dir DIR)"
+                     --data-parallel, --debug-dir DIR, --backend B)"
                 ));
             }
         }
@@ -269,7 +274,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let p = problem(&cfg, &name).ok_or(format!("no model named {name}; --list lists them"))?;
     let (root, ranks) = group.as_ref().map_or((true, 1), |g| (g.is_root(), g.size()));
-    let mut opts = SessionOptions { data_parallel: group, ..SessionOptions::default() };
+    let mut opts =
+        SessionOptions { backend: a.backend, data_parallel: group, ..SessionOptions::default() };
     // Each routine's assignments, loop IR and generated source, for reading a profile.
     opts.compile.debug_dir = a.debug_dir.clone();
     let mut s = Session::with_options(&p.g, opts)?;

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 
 def evaluate(binary, doc_path, backend, precision, extra):
@@ -55,16 +56,29 @@ def close(a, b, precision):
     return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
 
 
+def compare(args, case_id, doc_path, extra, precision):
+    """One document in one precision, on the device and on the simulator."""
+    device = evaluate(args.bin, doc_path, args.backend, precision, extra)
+    sim = evaluate(args.bin, doc_path, "cuda-sim", precision, extra)
+    a, b = cells(device, "", {}), cells(sim, "", {})
+    bad = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b
+           or not close(a[k], b[k], precision or "f32")]
+    return {"case": case_id, "precision": precision or "default", "cells": len(a),
+            "ok": not bad, "first_differences": [(k, a.get(k), b.get(k)) for k in bad[:5]]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--cases", required=True)
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--report", required=True)
+    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                    help="documents compared at once (default: up to 8)")
     args = ap.parse_args()
-    results, failures = [], 0
     files = sorted(glob.glob(os.path.join(args.cases, "*.json")))
     with tempfile.TemporaryDirectory() as tmp:
+        tasks = []
         for f in files:
             case = json.load(open(f))
             if case.get("command") != "eval":
@@ -78,21 +92,15 @@ def main():
             extra = list(case.get("cli_args", []))
             if "--backend" in extra:
                 continue
-            precisions = [None, "f64"]
-            for precision in precisions:
-                device = evaluate(args.bin, doc_path, args.backend, precision, extra)
-                sim = evaluate(args.bin, doc_path, "cuda-sim", precision, extra)
-                a, b = cells(device, "", {}), cells(sim, "", {})
-                bad = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b
-                       or not close(a[k], b[k], precision or "f32")]
-                ok = not bad
-                failures += not ok
-                results.append({"case": case["id"], "precision": precision or "default",
-                                "cells": len(a), "ok": ok,
-                                "first_differences": [(k, a.get(k), b.get(k)) for k in bad[:5]]})
-                if not ok:
-                    print("MISMATCH %s (%s): %s" % (case["id"], precision or "default",
-                                                    results[-1]["first_differences"]))
+            tasks += [(case["id"], doc_path, extra, p) for p in (None, "f64")]
+        # Each document is its own pair of processes: they run side by side.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(lambda t: compare(args, *t), tasks))
+    failures = 0
+    for r in results:
+        failures += not r["ok"]
+        if not r["ok"]:
+            print("MISMATCH %s (%s): %s" % (r["case"], r["precision"], r["first_differences"]))
     with open(args.report, "w") as out:
         json.dump({"backend": args.backend, "results": results}, out, indent=1)
     compared = sum(r["cells"] for r in results)

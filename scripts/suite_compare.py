@@ -4,7 +4,10 @@
 one sitting, so that the machine's drift falls on every side alike.
 
     python3 scripts/suite_compare.py [--rounds R] [--steps N] [--models a,b] [--out results.json]
-        [--torch-python PATH] [--no-compile] [--jax-python PATH]
+        [--torch-python PATH] [--no-compile] [--jax-python PATH] [--device cuda]
+        [--suite-bin PATH]
+
+With --device cuda, rocannl runs on its cuda backend and PyTorch on the GPU (JAX is not run).
 
 Prints, per model, the median over rounds of each side's median step time and the ratios
 rocannl / other in steps per second (above 1: rocannl is faster), and writes every run's JSON
@@ -33,6 +36,12 @@ def cpu_name():
     return platform.processor() or "unknown"
 
 
+def gpu_name():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def run_json(cmd):
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
@@ -51,8 +60,14 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--jax-python", default=None,
                     help="a Python with jax installed: adds the JAX side (skipped without it)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: rocannl's cuda backend against PyTorch on the GPU")
+    ap.add_argument("--suite-bin", default=os.path.join(ROOT, "target", "release", "examples",
+                                                        "suite"),
+                    help="the built examples/suite.rs")
     a = ap.parse_args()
-    suite_bin = os.path.join(ROOT, "target", "release", "examples", "suite")
+    suite_bin = a.suite_bin
+    on_gpu = a.device == "cuda"
     torch_script = os.path.join(ROOT, "scripts", "reference", "suite.py")
     jax_script = os.path.join(ROOT, "scripts", "reference", "suite_jax.py")
     models = a.models.split(",") if a.models else subprocess.run(
@@ -60,15 +75,17 @@ def main():
     ).stdout.split()
     sides = {
         "rocannl": lambda m: [suite_bin, "--model", m, "--steps", str(a.steps),
-                              "--warmup", str(a.warmup)],
+                              "--warmup", str(a.warmup)] + (["--backend", "cuda"] if on_gpu
+                                                            else []),
         "torch": lambda m: [a.torch_python, torch_script, "--model", m, "--mode", "eager",
-                            "--steps", str(a.steps), "--warmup", str(a.warmup)],
+                            "--steps", str(a.steps), "--warmup", str(a.warmup),
+                            "--device", a.device],
     }
     if not a.no_compile:
         sides["torch.compile"] = lambda m: [a.torch_python, torch_script, "--model", m,
                                             "--mode", "compile", "--steps", str(a.steps),
-                                            "--warmup", str(a.warmup)]
-    if a.jax_python:
+                                            "--warmup", str(a.warmup), "--device", a.device]
+    if a.jax_python and not on_gpu:
         sides["jax"] = lambda m: [a.jax_python, jax_script, "--model", m, "--steps",
                                   str(a.steps), "--warmup", str(a.warmup)]
     runs = []
@@ -91,9 +108,11 @@ def main():
         ratios = ", ".join(f"{s} {v:.2f}x" for s, v in row["ratio"].items())
         print(f"{m:22} rocannl {1000 * med['rocannl']:8.2f} ms/step  ({ratios})", flush=True)
     with open(a.out, "w") as f:
-        json.dump({"cpu": cpu_name(), "cores": os.cpu_count(), "rounds": a.rounds,
+        json.dump({"cpu": cpu_name(), "cores": os.cpu_count(), "device": a.device,
+                   "gpu": gpu_name() if on_gpu else None, "rounds": a.rounds,
                    "steps": a.steps, "table": table, "runs": runs}, f, indent=1)
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; all runs in {a.out}")
+    gpu = f", GPU: {gpu_name()}" if on_gpu else ""
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores{gpu}; all runs in {a.out}")
 
 
 if __name__ == "__main__":

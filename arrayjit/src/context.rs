@@ -352,6 +352,16 @@ impl Context {
         };
         write_debug(dir, &format!("{name}.asgn.txt"), &asgn.to_string())?;
         write_debug(dir, &format!("{name}.ll.txt"), low_level)?;
+        // The simulator runs the kernels the cuda backend prints: their CUDA C too, so that it
+        // can be read (and compiled with NVRTC) on a machine without a GPU.
+        #[cfg(feature = "cuda")]
+        if self.backend.kind() == BackendKind::CudaSim && !interpreted {
+            write_debug(
+                dir,
+                &format!("{name}.cu"),
+                &crate::backend::cuda::render::render(prog).source,
+            )?;
+        }
         write_debug(dir, &format!("{name}.{ext}"), &source)
     }
 

@@ -162,7 +162,12 @@ fn compile_errors_are_typed() {
 #[test]
 fn context_without_device_is_no_device_else_conformance() {
     match Context::new(BackendKind::Cuda, CompileOptions::default()) {
-        Err(Error::NoDevice { reason }) => assert!(!reason.is_empty()),
+        Err(Error::NoDevice { reason }) => {
+            assert!(!reason.is_empty());
+            // The device check (`scripts/gpu_check.sh`) sets this: there, no device is a failure.
+            let required = rocannl_arrayjit::env::var_os("ROCANNL_REQUIRE_DEVICE").is_some();
+            assert!(!required, "ROCANNL_REQUIRE_DEVICE is set but: {reason}");
+        }
         Err(e) => panic!("expected NoDevice, got {e}"),
         Ok(_) => {
             for case in all_cases(&Prec::ALL) {
@@ -268,4 +273,44 @@ fn an_unusable_cache_folder_only_means_compiling() {
         module_cache::compile(&nvrtc, None, "matmul", &src, PTX_ARCH, false).unwrap();
     assert_eq!(outcome, CacheOutcome::Off);
     let _ = std::fs::remove_file(&blocker);
+}
+
+/// A routine's kernels split into translation units: in launch order, every kernel in exactly
+/// one unit, each unit the shared prelude and its kernels' text, each compiling on its own;
+/// one unit holding everything is the whole source.
+#[test]
+fn kernels_split_into_units_that_compile_alone() {
+    use rocannl_arrayjit::backend::cuda::compile::compile_units;
+    let case = softmax_case(Prec::F32, 3, 7);
+    let prog =
+        compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    let src = render::render(&prog);
+    assert!(src.kernels.len() > 1, "the case has several kernels");
+    assert_eq!(src.units(usize::MAX), vec![(src.source.clone(), 0..src.kernels.len())]);
+    let units = src.units(1);
+    assert_eq!(units.len(), src.kernels.len(), "a unit per kernel when each is over the size");
+    let prelude = prelude(Dialect::Cuda);
+    for (i, (text, range)) in units.iter().enumerate() {
+        assert_eq!(range, &(i..i + 1));
+        assert!(text.starts_with(&prelude));
+        assert_eq!(&text[prelude.len()..], &src.source[src.spans[i].clone()]);
+    }
+    let Some(nvrtc) = nvrtc() else { return };
+    let sources: Vec<String> = units.into_iter().map(|(t, _)| t).collect();
+    let (modules, _) = compile_units(&nvrtc, None, "softmax", &sources, PTX_ARCH, false).unwrap();
+    for (ptx, k) in modules.iter().zip(&src.kernels) {
+        let ptx = String::from_utf8_lossy(ptx);
+        assert!(ptx.contains(&format!(".entry {}(", k.name)), "{}", k.name);
+        let others = src.kernels.iter().filter(|o| o.name != k.name);
+        assert!(others.clone().all(|o| !ptx.contains(&format!(".entry {}(", o.name))));
+    }
+}
+
+/// NVRTC names the architectures it compiles SASS for, and the CUDA test target is one.
+#[test]
+fn nvrtc_lists_its_architectures() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let archs = nvrtc.supported_archs();
+    assert!(archs.contains(&90), "{archs:?}");
+    assert!(archs.windows(2).all(|w| w[0] < w[1]), "{archs:?}");
 }

@@ -290,6 +290,25 @@ fn debug_dir_receives_ir_and_source() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The simulator's debug output holds the kernels it runs and, for reading or compiling on a
+/// machine without a GPU, the CUDA C the cuda backend prints for the same kernels.
+#[cfg(feature = "cuda")]
+#[test]
+fn debug_dir_of_the_simulator_holds_the_cuda_source() {
+    let dir =
+        rocannl_arrayjit::env::temp_dir().join(format!("rocannl-debug-sim-{}", std::process::id()));
+    let opts = CompileOptions { debug_dir: Some(dir.clone()), ..CompileOptions::default() };
+    let case = matmul_case(2, 2, 2, Prec::F32);
+    let mut ctx = Context::new(BackendKind::CudaSim, opts).unwrap();
+    ctx.compile("mm", &case.asgn, &case.nodes).unwrap();
+    let cu = std::fs::read_to_string(dir.join("mm.cu")).unwrap();
+    let prog = compile_program("mm", &case.asgn, &case.nodes, &CompileOptions::default()).unwrap();
+    assert_eq!(cu, rocannl_arrayjit::backend::cuda::render::render(&prog).source);
+    assert!(cu.contains("__global__ void k0("), "{cu}");
+    assert!(dir.join("mm.kernels.txt").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn matmul_cpu_schedule() {
     let case = matmul_case(8, 8, 16, Prec::F32);

@@ -4,7 +4,7 @@ configured shapes, timed step by step.
 
     python3 scripts/reference/suite.py --list
     python3 scripts/reference/suite.py --model gpt-w128-l4-c64 [--mode eager|compile]
-        [--steps N] [--warmup W] [--threads T]
+        [--steps N] [--warmup W] [--threads T] [--device cpu|cuda]
 
 Prints one JSON object: the model, the mode, `step_s` (the median of the timed steps' wall
 times), `steps_per_s` (its inverse), `first_step_s` (from the start of the process, imports
@@ -167,6 +167,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
     with open(CONFIG) as f:
         cfg = json.load(f)
@@ -177,6 +178,10 @@ def main():
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model, x, y, loss_fn, opt, clip = problem(cfg, a.model)
+    if a.device == "cuda":
+        # The optimizer holds the parameters themselves: moved in place, it keeps them.
+        model.to("cuda")
+        x, y = x.to("cuda"), y.to("cuda")
     forward = torch.compile(model) if a.mode == "compile" else model
 
     def step():
@@ -203,7 +208,7 @@ def main():
         "model": a.model, "step_s": med, "steps_per_s": 1.0 / med,
         "first_step_s": first_step_s, "loss": loss,
         "params": sum(p.numel() for p in model.parameters()),
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "device": a.device,
     }))
 
 

@@ -47,7 +47,15 @@ fn probe(rank: usize, size: usize) -> Result<()> {
     }
     // SAFETY: as above.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err(missing("NCCL (libnccl)"));
+        // cudarc opens the development name; the runtime packages install only `.so.2`.
+        return Err(Error::Distributed {
+            rank,
+            size,
+            message: "NCCL is not found as libnccl.so on the library path (where only \
+                      libnccl.so.2 is installed, link it as libnccl.so in a folder on \
+                      LD_LIBRARY_PATH)"
+                .into(),
+        });
     }
     Ok(())
 }
@@ -59,7 +67,8 @@ pub(super) fn new_id() -> Result<[u8; 128]> {
     Ok(id.internal().map(|c| c as u8))
 }
 
-/// The number of CUDA devices.
+/// The number of CUDA devices (for placing MPI ranks on them).
+#[cfg(feature = "mpi")]
 pub(super) fn device_count() -> Result<usize> {
     probe(0, 1)?;
     let n = CudaContext::device_count()

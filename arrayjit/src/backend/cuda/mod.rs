@@ -6,8 +6,10 @@
 //! driver library and a device: without them [`Cuda::new`] returns [`Error::NoDevice`] before
 //! any cudarc call that could panic. Compiled modules are kept in the persistent compile
 //! cache ([`module_cache`]), so a process compiling a routine some earlier process compiled
-//! loads its PTX without running NVRTC.
+//! loads its module without running NVRTC. A routine's kernels are compiled in units side by
+//! side, to SASS for the device where NVRTC knows it ([`compile`]).
 
+pub mod compile;
 pub mod module_cache;
 pub mod nvrtc;
 pub mod render;
@@ -26,8 +28,8 @@ use crate::low_level::Program;
 use crate::ndarray::NdArray;
 use crate::tnode::{NodeId, TensorNode};
 
-/// The PTX target: compute capability 9.0 (H100/H200), JIT-compiled by the driver for newer
-/// devices.
+/// The PTX target where NVRTC knows no architecture at or below the device's
+/// ([`compile::target`]): compute capability 9.0 (H100/H200).
 pub const PTX_ARCH: &str = "compute_90";
 /// The SASS target checked in tests.
 pub const SASS_ARCH: &str = "sm_90";
@@ -75,6 +77,8 @@ pub struct Cuda {
     /// Every device allocation: tensors, arenas, scratch.
     pool: CachingPool<CudaSlice<u8>>,
     cache: Option<crate::cache::Cache>,
+    /// What NVRTC compiles to for this device ([`compile::target`]).
+    target: (String, bool),
 }
 
 impl std::fmt::Debug for Cuda {
@@ -90,6 +94,8 @@ impl Cuda {
         let ctx = CudaContext::new(0).map_err(driver_err)?;
         let stream = ctx.default_stream();
         let nvrtc = nvrtc::Nvrtc::load()?;
+        let cc = ctx.compute_capability().map_err(driver_err)?;
+        let target = compile::target(&nvrtc.supported_archs(), cc);
         Ok(Cuda {
             ctx,
             stream,
@@ -98,6 +104,7 @@ impl Cuda {
             routines: Vec::new(),
             pool: CachingPool::default(),
             cache: crate::cache::Cache::open(&opts.cache),
+            target,
         })
     }
 
@@ -148,21 +155,33 @@ impl Backend for Cuda {
 
     fn compile(&mut self, prog: &Program, _req: &BuildRequest) -> Result<Compiled, Error> {
         let src = render::render(prog);
-        let (ptx, outcome) = module_cache::compile(
+        let units = src.units(compile::UNIT_BYTES);
+        let sources: Vec<String> = units.iter().map(|(text, _)| text.clone()).collect();
+        let (arch, cubin) = (&self.target.0, self.target.1);
+        let (modules, outcome) = compile::compile_units(
             &self.nvrtc,
             self.cache.as_ref(),
             &prog.name,
-            &src.source,
-            PTX_ARCH,
-            false,
+            &sources,
+            arch,
+            cubin,
         )?;
-        let text = String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string();
-        let module =
-            self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text)).map_err(driver_err)?;
-        let mut kernels = Vec::new();
-        for k in src.kernels {
-            let f = module.load_function(&k.name).map_err(driver_err)?;
-            kernels.push((f, k));
+        let mut kernels = Vec::with_capacity(src.kernels.len());
+        let mut all = src.kernels.into_iter();
+        for ((_, range), mut bytes) in units.into_iter().zip(modules) {
+            if !cubin {
+                // PTX is text: the driver reads it up to its terminating NUL.
+                while bytes.last() == Some(&0) {
+                    bytes.pop();
+                }
+                bytes.push(0);
+            }
+            let module =
+                self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bytes)).map_err(driver_err)?;
+            for k in all.by_ref().take(range.len()) {
+                let f = module.load_function(&k.name).map_err(driver_err)?;
+                kernels.push((f, k));
+            }
         }
         let mut slots = FxHashMap::default();
         for a in &prog.arena.slots {

@@ -111,6 +111,25 @@ impl Nvrtc {
         if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS { (major, minor) } else { (0, 0) }
     }
 
+    /// The real architectures NVRTC compiles SASS for (`90` for `sm_90`), ascending; empty if
+    /// it does not say.
+    pub fn supported_archs(&self) -> Vec<i32> {
+        use cudarc::nvrtc::sys;
+        let mut n = 0;
+        // SAFETY: NVRTC is loaded (`self` exists); the pointer is valid for a write.
+        if unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) } != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Vec::new();
+        }
+        let mut archs = vec![0; n.max(0) as usize];
+        // SAFETY: the buffer holds the `n` entries NVRTC reported.
+        let r = unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) };
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Vec::new();
+        }
+        archs.sort_unstable();
+        archs
+    }
+
     /// The options every compile passes for `arch`. `--fmad=false`: every operation rounds as
     /// the interpreter does (the IR says `fma` where it wants one).
     pub fn options(arch: &str) -> Vec<String> {

@@ -22,6 +22,34 @@ pub struct CudaSource {
     pub source: String,
     /// The kernels, in the order they are launched.
     pub kernels: Vec<Kernel>,
+    /// Where each kernel's text lies in `source` (after the shared prelude, which ends where
+    /// the first begins): a unit of any run of kernels is the prelude and their text.
+    pub spans: Vec<std::ops::Range<usize>>,
+}
+
+impl CudaSource {
+    /// The kernels split into translation units of about `bytes` of kernel text each, in
+    /// launch order: each unit's source (the prelude and its kernels) and its kernels' indices.
+    /// The split depends on the text alone, so the same program always gives the same units
+    /// (and the same compile-cache keys) on any machine.
+    pub fn units(&self, bytes: usize) -> Vec<(String, std::ops::Range<usize>)> {
+        let prelude_end = self.spans.first().map_or(self.source.len(), |r| r.start);
+        let prelude = &self.source[..prelude_end];
+        let mut units = Vec::new();
+        let mut first = 0;
+        for (i, span) in self.spans.iter().enumerate() {
+            let size = span.end - self.spans[first].start;
+            if size >= bytes || i + 1 == self.spans.len() {
+                let text = &self.source[self.spans[first].start..span.end];
+                units.push((format!("{prelude}{text}"), first..i + 1));
+                first = i + 1;
+            }
+        }
+        if units.is_empty() {
+            units.push((self.source.clone(), 0..0));
+        }
+        units
+    }
 }
 
 /// Renders a program as CUDA C: its kernels ([`kernel_ir::lower`]), printed.
@@ -38,7 +66,9 @@ pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
     }
     let program_locals = prog.locals.len();
     let mut out = prelude(Dialect::Cuda);
+    let mut spans = Vec::with_capacity(kernels.len());
     for k in &kernels {
+        let start = out.len();
         // A kernel's own locals are printed as the program's are: with their precisions.
         let own = k.locals.iter().map(|(l, _)| l.0 as usize + 1).max().unwrap_or(0);
         if own > prog.locals.len() {
@@ -54,9 +84,10 @@ pub fn render_kernels(prog: &Program, kernels: Vec<Kernel>) -> CudaSource {
             seed_numbers: false,
         };
         kernel(&r, &mut out, k);
+        spans.push(start..out.len());
         prog.locals.truncate(program_locals);
     }
-    CudaSource { source: out, kernels }
+    CudaSource { source: out, kernels, spans }
 }
 
 fn kernel(r: &CRenderer<'_>, out: &mut String, k: &Kernel) {
