@@ -314,3 +314,27 @@ fn nvrtc_lists_its_architectures() {
     assert!(archs.contains(&90), "{archs:?}");
     assert!(archs.windows(2).all(|w| w[0] < w[1]), "{archs:?}");
 }
+
+/// The kernels compile to SASS for the GPUs before Hopper too: the backend compiles for the
+/// device's own architecture (`compile::target`), here an A100's `sm_80` (the oldest the bf16
+/// conversions of the prelude allow).
+#[test]
+fn every_case_compiles_for_ampere() {
+    use rocannl_arrayjit::backend::cuda::compile::target;
+    let Some(nvrtc) = nvrtc() else { return };
+    let archs = nvrtc.supported_archs();
+    for cc in [(8, 0)] {
+        let (arch, cubin) = target(&archs, cc);
+        assert!(cubin, "NVRTC {:?} lists {archs:?}", nvrtc.version());
+        for case in all_cases(&Prec::ALL) {
+            let prog =
+                compile_program(&case.name, &case.asgn, &case.nodes, &CompileOptions::default())
+                    .unwrap();
+            let src = render::render(&prog);
+            let sass = nvrtc
+                .compile(&case.name, &src.source, &arch, true)
+                .unwrap_or_else(|e| panic!("{} for {arch}: {e}", case.name));
+            assert_eq!(&sass[..4], b"\x7fELF", "{}: not a cubin", case.name);
+        }
+    }
+}
