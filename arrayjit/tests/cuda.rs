@@ -296,7 +296,7 @@ fn kernels_split_into_units_that_compile_alone() {
         assert_eq!(&text[prelude.len()..], &src.source[src.spans[i].clone()]);
     }
     let Some(nvrtc) = nvrtc() else { return };
-    let sources: Vec<String> = units.into_iter().map(|(t, _)| t).collect();
+    let sources: Vec<&str> = units.iter().map(|(t, _)| t.as_str()).collect();
     let (modules, _) = compile_units(&nvrtc, None, "softmax", &sources, PTX_ARCH, false).unwrap();
     for (ptx, k) in modules.iter().zip(&src.kernels) {
         let ptx = String::from_utf8_lossy(ptx);

@@ -235,7 +235,7 @@ impl BuildRequest {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BuildReport {
     /// Seconds per phase, in order (gccjit: `schedule`, `render`, `cache`, `codegen`,
-    /// `c compile`).
+    /// `c compile`; cuda: `render`, `nvrtc` (the cache's lookups included), `load`).
     pub phases: Vec<(&'static str, f64)>,
     /// What the compile cache did.
     pub cache: crate::cache::CacheOutcome,

@@ -47,7 +47,7 @@ pub fn compile_units(
     nvrtc: &Nvrtc,
     cache: Option<&Cache>,
     name: &str,
-    units: &[String],
+    units: &[&str],
     arch: &str,
     cubin: bool,
 ) -> Result<(Vec<Vec<u8>>, CacheOutcome), Error> {

@@ -154,9 +154,11 @@ impl Backend for Cuda {
     }
 
     fn compile(&mut self, prog: &Program, _req: &BuildRequest) -> Result<Compiled, Error> {
+        let clock = std::time::Instant::now();
         let src = render::render(prog);
         let units = src.units(compile::UNIT_BYTES);
-        let sources: Vec<String> = units.iter().map(|(text, _)| text.clone()).collect();
+        let rendered = clock.elapsed().as_secs_f64();
+        let sources: Vec<&str> = units.iter().map(|(text, _)| text.as_str()).collect();
         let (arch, cubin) = (&self.target.0, self.target.1);
         let (modules, outcome) = compile::compile_units(
             &self.nvrtc,
@@ -166,6 +168,7 @@ impl Backend for Cuda {
             arch,
             cubin,
         )?;
+        let compiled = clock.elapsed().as_secs_f64();
         let mut kernels = Vec::with_capacity(src.kernels.len());
         let mut all = src.kernels.into_iter();
         for ((_, range), mut bytes) in units.into_iter().zip(modules) {
@@ -183,6 +186,11 @@ impl Backend for Cuda {
                 kernels.push((f, k));
             }
         }
+        let phases = vec![
+            ("render", rendered),
+            ("nvrtc", compiled - rendered),
+            ("load", clock.elapsed().as_secs_f64() - compiled),
+        ];
         let mut slots = FxHashMap::default();
         for a in &prog.arena.slots {
             let node = prog.nodes.get(&a.node).ok_or(Error::UnknownNode(a.node.0))?;
@@ -195,7 +203,7 @@ impl Backend for Cuda {
             return Err(e);
         }
         self.routines.push(Some(r));
-        let report = BuildReport { phases: Vec::new(), cache: outcome };
+        let report = BuildReport { phases, cache: outcome };
         Ok(Compiled { routine: self.routines.len() - 1, listing: src.source, report })
     }
 
