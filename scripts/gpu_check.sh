@@ -18,6 +18,7 @@
 #                      (rocannl, char_gpt, moons and the test programs cuda-tests, nccl-tests)
 #   KEEP_GOING=1       run every step and list the failed ones at the end
 #   OUT=DIR            where reports are written (default target/gpu_check)
+# pipefail holds in every step's subshell too: a failing program before `| tee` fails the step.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 backend="${BACKEND:-cuda}"
@@ -76,7 +77,6 @@ device_info() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 }
 cuda_tests() {
-  set -o pipefail
   run_tests arrayjit cuda-tests -p rocannl-arrayjit --test cuda 2>&1 | tee "$out/cuda_tests.txt"
 }
 conformance() {
@@ -92,12 +92,10 @@ against_sim() {
     --report "$out/device_vs_sim.json"
 }
 examples_on_device() {
-  set -o pipefail
   "$examples/char_gpt" --backend cuda --steps 300 --json | tail -1 | tee "$out/char_gpt.json"
   "$examples/moons" --backend cuda --quick | tail -3
 }
 nccl_one_rank() {
-  set -o pipefail
   run_tests tensor nccl-tests -p rocannl-tensor --features nccl --test nccl 2>&1 \
     | tee "$out/nccl.txt"
 }

@@ -501,11 +501,8 @@ impl Session {
             return Ok(code);
         }
         let live = self.reaching(root, &diff);
-        for &t in diff.iter().rev() {
+        for &t in diff.iter().rev().filter(|t| live.contains(t)) {
             let source = self.graph.borrow().nodes[t.0 as usize].source.clone();
-            if !live.contains(&t) {
-                continue;
-            }
             if let Source::Op { op, .. } = source {
                 let cx = self.op_ctx(t, true, mode)?;
                 // The forward code of the same routine made every copy the gradients read.
