@@ -608,3 +608,37 @@ fn short_reductions_interleave_their_cells() {
         }
     }
 }
+
+/// A weight's gradient whose second factor is an expression (an activation's gradient times
+/// the incoming one): `c[i,j] = Σ_k a[k,i]·(g[k,j]·h[k,j])`. The factor is computed into a
+/// buffer laid out as `g` and `h` are (`[k, j]`: the fill reads and writes memory in order,
+/// not one cell per cache line as in the nest's order `[j, k]` it used to take), and the call
+/// gives the interpreter's bits.
+#[test]
+fn an_expression_operand_takes_the_layout_of_what_it_reads() {
+    let (m, k, n) = (48, 160, 96);
+    let case = accumulation(
+        "atb_of_an_expression",
+        "ijk",
+        &[m, n, k],
+        Arg(&[m, n], "i,j", Prec::F32),
+        &[
+            Arg(&[k, m], "k,i", Prec::F32),
+            Arg(&[k, n], "k,j", Prec::F32),
+            Arg(&[k, n], "k,j", Prec::F32),
+        ],
+        ScalarExpr::bin(
+            BinOp::Mul,
+            ScalarExpr::Arg(0),
+            ScalarExpr::bin(BinOp::Mul, ScalarExpr::Arg(1), ScalarExpr::Arg(2)),
+        ),
+        BinOp::Add,
+        true,
+    );
+    assert_eq!(kernel(&case), "gemm");
+    check(&case);
+    let text = scheduled(&case);
+    let call = text.lines().find(|l| l.contains("gemm f32")).unwrap_or_else(|| panic!("{text}"));
+    // `B`, the buffer: a row of `n` cells per reduction step, its columns contiguous.
+    assert!(call.contains(&format!("[@0; {n}, 1] (m {m}")), "{call}");
+}

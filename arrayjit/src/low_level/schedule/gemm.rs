@@ -380,12 +380,14 @@ fn operand(
     // Only loop variables of the nest (and symbols) may index the expression.
     let mut used: Vec<Loop> =
         loops.iter().filter(|l| e.indices().iter().any(|i| i.uses(l.var))).copied().collect();
-    if let Expr::Get(n, idx) = e {
-        // A plain read in another precision (a half-precision tensor): the buffer is laid out
-        // as the tensor is, so that filling it reads and writes memory in order. (In the nest's
-        // order, a transposed operand — a weight in a backward product — was read one cell
-        // per cache line.) The kernel takes the buffer's strides as they come.
-        used.sort_by_key(|l| std::cmp::Reverse(coeff(prog, *n, idx, l.var).abs()));
+    if let Some((n, idx)) = layout_source(e, &used) {
+        // The buffer is laid out as the tensor the expression reads is (a half-precision
+        // tensor, or the factors of a pointwise expression such as an activation's gradient),
+        // so that filling it reads and writes memory in order. (In the nest's order, the
+        // operand of a weight's gradient — reduction innermost — was a transposition of what
+        // it reads, one cell per cache line.) The kernel takes the buffer's strides as they
+        // come.
+        used.sort_by_key(|l| std::cmp::Reverse(coeff(prog, n, idx, l.var).abs()));
     }
     let dims: Vec<usize> = used.iter().map(|l| l.extent).collect();
     let id = prog.fresh_node_id();
@@ -394,6 +396,21 @@ fn operand(
     prog.scratch.push(Scratch { node: id, per_thread: false });
     let vars: Vec<Index> = used.iter().map(|l| Index::var(l.var)).collect();
     (Strided { node: id, idx: vars }, Some(Fill { node: id, used, value: e.clone() }))
+}
+
+/// The tensor read whose layout an operand's buffer takes: the first read of `e` indexed by
+/// every loop of `used` (the one a fill in that order streams through), if any.
+fn layout_source<'e>(e: &'e Expr, used: &[Loop]) -> Option<(NodeId, &'e [Index])> {
+    let mut found = None;
+    e.visit(&mut |x| {
+        if let Expr::Get(n, idx) = x
+            && found.is_none()
+            && used.iter().all(|l| idx.iter().any(|i| i.uses(l.var)))
+        {
+            found = Some((*n, idx.as_slice()));
+        }
+    });
+    found
 }
 
 /// An operand's buffer and how to fill it: `node[used loops] := value`, in the nest's loop
