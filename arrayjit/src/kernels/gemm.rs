@@ -318,13 +318,11 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
     // be compiled without the caller's target features. Nothing else on this thread touches
     // them until this call returns (the kernels do not call back).
     let bp: *mut T = PACK.with(|pack| words::<T>(&mut pack.borrow_mut(), nc_max * kc_max));
-    // A transposed `A` (a weight's gradient, `Xᵀ·dY`) is read one cache line per step and row
-    // tile, lines a row of `X` apart; when that is more than `PACK_A_STEP` bytes, its blocks are
-    // copied into row panels first.
-    let transposed_a = g.rsa != 0
-        && g.csa.unsigned_abs() > g.rsa.unsigned_abs()
-        && g.csa.unsigned_abs() * size_of::<T>() > PACK_A_STEP;
-    let ap: *mut T = if transposed_a {
+    // A transposed `A` (a weight's gradient, `Xᵀ·dY`: rows contiguous) is read one cache line
+    // per step and row tile, lines a row of `X` apart; when that is more than `PACK_A_STEP`
+    // bytes, its blocks are copied into row panels first.
+    let pack_a_blocks = g.rsa == 1 && g.csa.unsigned_abs() * size_of::<T>() > PACK_A_STEP;
+    let ap: *mut T = if pack_a_blocks {
         let rows = blk.mc.min(m).next_multiple_of(MR);
         PACK_A.with(|pack| words::<T>(&mut pack.borrow_mut(), rows * kc_max))
     } else {
@@ -339,7 +337,7 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
             let load = g.accumulate || pc > 0;
             for ic in (0..m).step_by(blk.mc) {
                 let mc = blk.mc.min(m - ic);
-                if transposed_a {
+                if pack_a_blocks {
                     // SAFETY: the block lies inside A; the buffer holds `mc` rounded up × `kc`.
                     unsafe { pack_a::<T, MR>(g, ic, mc, pc, kc, ap) };
                 }
@@ -349,7 +347,7 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
                     for ir in (0..mc).step_by(MR) {
                         let (i, j) = ((ic + ir) as isize, (jc + jr) as isize);
                         // A's rows of the tile: in place, or the tile's panel of the copy.
-                        let (a, rsa, csa) = if transposed_a {
+                        let (a, rsa, csa) = if pack_a_blocks {
                             // SAFETY: panel `ir / MR` of the buffer.
                             (unsafe { ap.add(ir * kc) }.cast_const(), 1, MR as isize)
                         } else {
@@ -394,10 +392,10 @@ unsafe fn driver<T: Elem, V: Lanes<E = T>, const MR: usize>(g: &Gemm<T>, blk: Bl
     }
 }
 
-/// Copies rows `ic..ic+mc` × steps `pc..pc+kc` of `A` into panels of `MR` rows, each laid out
-/// step by step (`MR` values per step, the last panel's missing rows left as they are: the
-/// micro-kernel reads a tile's valid rows only). For each step, the block's rows are read in
-/// their order in memory.
+/// Copies rows `ic..ic+mc` × steps `pc..pc+kc` of a transposed `A` (rows contiguous, `rsa` 1)
+/// into panels of `MR` rows, each laid out step by step (`MR` values per step, the last panel's
+/// missing rows left as they are: the micro-kernel reads a tile's valid rows only). For each
+/// step, the block's rows are read in their order in memory.
 #[inline(always)]
 unsafe fn pack_a<T: Elem, const MR: usize>(
     g: &Gemm<T>,
@@ -409,20 +407,13 @@ unsafe fn pack_a<T: Elem, const MR: usize>(
 ) {
     for p in 0..kc {
         // SAFETY: row `ic`, step `pc + p` of A.
-        let src = unsafe { g.a.offset(ic as isize * g.rsa + (pc + p) as isize * g.csa) };
+        let src = unsafe { g.a.offset(ic as isize + (pc + p) as isize * g.csa) };
         for r0 in (0..mc).step_by(MR) {
             let rows = MR.min(mc - r0);
             // SAFETY: panel `r0 / MR`, step `p` of the buffer (`mc` rounded up × `kc`).
             let dst = unsafe { out.add(r0 * kc + p * MR) };
-            if g.rsa == 1 {
-                // SAFETY: `rows` contiguous cells of A's block.
-                unsafe { std::ptr::copy_nonoverlapping(src.add(r0), dst, rows) };
-            } else {
-                for r in 0..rows {
-                    // SAFETY: a cell of A's block; inside the panel.
-                    unsafe { *dst.add(r) = *src.offset((r0 + r) as isize * g.rsa) };
-                }
-            }
+            // SAFETY: `rows` contiguous cells of A's block.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(r0), dst, rows) };
         }
     }
 }
