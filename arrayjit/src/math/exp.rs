@@ -50,15 +50,42 @@ pub(super) const TANH_POLY: [f32; 7] = [
     -0.333_333_22,
 ];
 
-/// `x` clamped to `[lo, hi]`; `nan` passes (both comparisons are false).
-fn clamp<E: Emit>(e: &mut E, x: E::F, lo: f32, hi: f32) -> E::F {
-    let x = e.keep(x);
-    let lo = e.f(lo);
-    let x = e.lt_select(x.clone(), lo.clone(), lo, x);
+/// `x` capped at `hi`; `nan` passes (the comparison is false).
+fn cap<E: Emit>(e: &mut E, x: E::F, hi: f32) -> E::F {
     let x = e.keep(x);
     let hi = e.f(hi);
     let x = e.lt_select(hi.clone(), x.clone(), hi, x);
     e.keep(x)
+}
+
+/// Below this input `exp` is `+0` (`e^-104` is under half the smallest subnormal).
+const EXP_ZERO_BELOW: f32 = -104.0;
+/// Below this input `exp2` is `+0`.
+const EXP2_ZERO_BELOW: f32 = -151.0;
+
+/// For an input `x` whose result is `+0` below `lo`: `x` kept, and the input to compute from
+/// (`0` in place of anything below `lo`, `x` elsewhere, `nan` kept); [`zero_below`] puts the
+/// `+0` back into the computed result.
+///
+/// Computing such a lane from `lo` itself would give the same `+0`, but through products that
+/// underflow, and an x86 processor (without flush-to-zero, which would change the bits of the
+/// subnormal results) finishes every vector instruction whose result underflows in a microcode
+/// assist about ten times slower than the instruction. A causal mask's `-inf` scores made half
+/// of a softmax's exponentials take that path. Computing them from `0` instead and selecting
+/// the `+0` afterwards gives the same bits without any underflow.
+fn safe_input<E: Emit>(e: &mut E, x: E::F, lo: f32) -> (E::F, E::F) {
+    let x = e.keep(x);
+    let lo = e.f(lo);
+    let zero = e.f(0.0);
+    let safe = e.lt_select(x.clone(), lo, zero, x.clone());
+    (x, safe)
+}
+
+/// `+0` where the input `x` is below `lo`, else the computed `y`.
+fn zero_below<E: Emit>(e: &mut E, x: E::F, lo: f32, y: E::F) -> E::F {
+    let lo = e.f(lo);
+    let zero = e.f(0.0);
+    e.lt_select(x, lo, zero, y)
 }
 
 /// `p · 2ⁿ` with `n` rounded into `t = n + ROUNDER`, in two exact power-of-two steps (so that
@@ -73,8 +100,9 @@ fn scale<E: Emit>(e: &mut E, p: E::F, t: E::F) -> E::F {
 /// `eˣ`: `x = n·ln2 + r` with `n` an integer and `|r| ≤ ln2/2`, `eʳ` by a polynomial, then
 /// scaled by `2ⁿ`.
 pub fn exp<E: Emit>(e: &mut E, x: E::F) -> E::F {
-    // Clamp to where the result is neither certainly infinite nor certainly zero.
-    let x = clamp(e, x, -104.0, 89.0);
+    let (input, x) = safe_input(e, x, EXP_ZERO_BELOW);
+    // Cap at where the result is certainly infinite.
+    let x = cap(e, x, 89.0);
     // n = round(x / ln2), as an integer in the low bits of `t` and as a float.
     let log2e = e.f(LOG2_E);
     let rounder = e.f(ROUNDER);
@@ -94,14 +122,16 @@ pub fn exp<E: Emit>(e: &mut E, x: E::F) -> E::F {
     let p = e.fma(p, r.clone(), one);
     let one = e.f(1.0);
     let p = e.fma(p, r, one);
-    scale(e, p, t)
+    let y = scale(e, p, t);
+    zero_below(e, input, EXP_ZERO_BELOW, y)
 }
 
 /// `2ˣ`: `x = n + r` with `n = round(x)` and `r` exact, `2ʳ = 1 + r·P(r)`, then scaled by
 /// `2ⁿ`.
 pub fn exp2<E: Emit>(e: &mut E, x: E::F) -> E::F {
     // Below -151 the result rounds to +0, above 129 to +inf.
-    let x = clamp(e, x, -151.0, 129.0);
+    let (input, x) = safe_input(e, x, EXP2_ZERO_BELOW);
+    let x = cap(e, x, 129.0);
     let rounder = e.f(ROUNDER);
     let t = e.add(x.clone(), rounder);
     let t = e.keep(t);
@@ -113,7 +143,8 @@ pub fn exp2<E: Emit>(e: &mut E, x: E::F) -> E::F {
     let p = horner(e, &r, &EXP2_POLY);
     let one = e.f(1.0);
     let p = e.fma(p, r, one);
-    scale(e, p, t)
+    let y = scale(e, p, t);
+    zero_below(e, input, EXP2_ZERO_BELOW, y)
 }
 
 /// `tanh x`: for `|x| < 0.9` the odd polynomial `a + a³·P(a²)`, else `1 - 2 / (e^{2a} + 1)`,
@@ -202,6 +233,29 @@ mod tests {
         let (t, y) = worst(tanh_f32, f64::tanh, every(1));
         eprintln!("exp: {e} ulps at {x:e}; exp2: {e2} ulps at {x2:e}; tanh: {t} ulps at {y:e}");
         assert!(e <= EXP_MAX_ULPS && e2 <= EXP2_MAX_ULPS && t <= TANH_MAX_ULPS);
+    }
+
+    #[test]
+    fn inputs_whose_result_is_zero_compute_nothing_that_underflows() {
+        use super::super::check::Underflows;
+        // The old clamp to these bounds computed the same `+0` for every input below them.
+        assert_eq!(exp_f32(EXP_ZERO_BELOW).to_bits(), 0);
+        assert_eq!(exp2_f32(EXP2_ZERO_BELOW).to_bits(), 0);
+        let huge = [f32::NEG_INFINITY, f32::MIN, -1e30, -1000.0];
+        for x in huge.into_iter().chain([-151.5, -104.5]) {
+            let mut e = Underflows::default();
+            assert_eq!(exp(&mut e, x).to_bits(), 0, "exp({x})");
+            assert_eq!(e.0, 0, "exp({x}) computed {} underflowing products", e.0);
+        }
+        for x in huge.into_iter().chain([-151.5]) {
+            let mut e = Underflows::default();
+            assert_eq!(exp2(&mut e, x).to_bits(), 0, "exp2({x})");
+            assert_eq!(e.0, 0, "exp2({x}) computed {} underflowing products", e.0);
+        }
+        // A subnormal result still rounds once through its product, which the count sees.
+        let mut e = Underflows::default();
+        assert_eq!(exp(&mut e, -100.0), (-100f64).exp() as f32);
+        assert!(e.0 > 0);
     }
 
     #[test]
