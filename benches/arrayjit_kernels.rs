@@ -17,8 +17,14 @@
 //! row sums of 512 × 64 (points contiguous), column sums of 512 × 64 (a bias gradient), the
 //! row maxima of 2048 rows of 16 read through a scaled, masked score (`fma(s, 0.25, mask)`),
 //! a 65 536-cell add, and `0.5·x·(1 + tanh(y))` over 65 536 cells. "elem/s": cells × points.
+//!
+//! `attention/<pass>/<model>`: the fused causal attention (`kernels::attention`), forward and
+//! backward, one thread, at the suite's attention shapes (batch, positions, heads, head width
+//! of gpt-w128-l2-c256, gpt-w96-l2-c128 and gpt-w128-l4-c64). "elem/s": the (query, key)
+//! pairs the causal mask leaves.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rocannl::arrayjit::kernels::attention::{self, Attention};
 use rocannl::arrayjit::kernels::bf16::{GemmBf16, gemm_bf16, has_native, reference};
 use rocannl::arrayjit::kernels::map::{MAX_INPUTS, MapAxisDesc, MapCode, MapDesc};
 use rocannl::arrayjit::kernels::{Gemm, Isa, gemm, rc_map_f32};
@@ -127,11 +133,69 @@ fn map_group(c: &mut Criterion) {
     group.finish();
 }
 
-/// The f32 products, then the bf16 ones.
+/// The f32 products, then the bf16 ones, then attention.
 fn bench(c: &mut Criterion) {
     gemm_f32_group(c);
     gemm_suite_group(c);
     gemm_bf16_group(c);
+    attention_group(c);
+}
+
+/// The fused causal attention at the suite's shapes, forward and backward.
+fn attention_group(c: &mut Criterion) {
+    let mut group = c.benchmark_group("attention");
+    group.sample_size(10);
+    let isa = Isa::host();
+    for (name, batch, positions, heads, width) in [
+        ("gpt-w128-l2-c256", 8, 256, 8, 16),
+        ("gpt-w96-l2-c128", 16, 128, 3, 32),
+        ("gpt-w128-l4-c64", 12, 64, 4, 32),
+    ] {
+        let a = Attention {
+            batch,
+            queries: positions,
+            keys: positions,
+            heads,
+            depth: width,
+            width,
+            causal: true,
+            scale: 1.0 / (width as f32).sqrt(),
+        };
+        let cells = batch * positions * heads * width;
+        let x: Vec<f32> = (0..cells).map(|i| ((i % 23) as f32 - 11.0) / 11.0).collect();
+        let mut out = vec![0f32; cells];
+        let mut lse = vec![0f32; batch * positions * heads];
+        let (mut dq, mut dk, mut dv) = (vec![0f32; cells], vec![0f32; cells], vec![0f32; cells]);
+        let seen = batch * heads * positions * (positions + 1) / 2;
+        group.throughput(Throughput::Elements(seen as u64));
+        let f = attention::Forward {
+            q: x.as_ptr(),
+            k: x.as_ptr(),
+            v: x.as_ptr(),
+            out: out.as_mut_ptr(),
+            lse: lse.as_mut_ptr(),
+        };
+        group.bench_function(BenchmarkId::new("forward", name), |bench| {
+            // SAFETY: dense tensors of the sizes' layouts.
+            bench.iter(|| unsafe { attention::forward(&a, f, 0..a.pairs(), isa) })
+        });
+        let b = attention::Backward {
+            q: x.as_ptr(),
+            k: x.as_ptr(),
+            v: x.as_ptr(),
+            out: out.as_ptr(),
+            lse: lse.as_ptr(),
+            d_out: x.as_ptr(),
+            d_q: dq.as_mut_ptr(),
+            d_k: dk.as_mut_ptr(),
+            d_v: dv.as_mut_ptr(),
+        };
+        group.bench_function(BenchmarkId::new("backward", name), |bench| {
+            // SAFETY: as above; the gradients are distinct buffers.
+            bench.iter(|| unsafe { attention::backward(&a, b, 0..a.pairs(), isa) })
+        });
+    }
+    group.finish();
 }
 
 /// The fused product `C = A·B` of `(m, k, n)` over the slices, in a layout: `nn` (both

@@ -15,6 +15,7 @@
 //! one cell or their order, so a kernel call gives the same bits as the interpreter running
 //! the nest.
 
+pub mod attention;
 pub mod bf16;
 pub mod gemm;
 pub mod map;

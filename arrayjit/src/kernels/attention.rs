@@ -1,0 +1,433 @@
+//! Fused scaled dot-product attention on the CPU: softmax(scale · Q·Kᵀ, masked)·V without the
+//! score tensor.
+//!
+//! The composite attention (a product for the scores, then mask, maximum, exponentials, sum and
+//! division, then a product with the values, and the gradients of each) writes and reads
+//! `batch × heads × queries × keys` cells several times in each direction: at a context of 256
+//! that is tens of MiB a layer, and causally half of it is masked work. These kernels never
+//! keep more than one row of scores: per (batch, head) pair they transpose the keys (and, for
+//! the gradient, the values) into a block the first-level cache holds, then walk the queries
+//! one row at a time over the keys the row may see (`t ≤ s` when causal: the keys past a query
+//! are skipped, not masked).
+//!
+//! - [`forward`] writes the output and the log-sum-exp of each row's scaled scores, which is
+//!   all the backward pass needs to recompute a row's probabilities exactly as the forward pass
+//!   had them.
+//! - [`backward`] accumulates the gradients of the queries, keys and values (any of them may be
+//!   absent) from the output's gradient, the output and the log-sum-exp, in one pass over the
+//!   rows: `D = Σₑ dO·O`, `P = exp(scale·q·k - lse)`, `dP = dO·Vᵀ`,
+//!   `dS = P·(dP - D)·scale`, then `dQ += dS·K`, `dK += dSᵀ·Q`, `dV += Pᵀ·dO`.
+//!
+//! Both run over a range of (batch, head) pairs, so that a caller may split the pairs across
+//! threads: distinct pairs read and write disjoint cells. Every tensor is dense and row-major:
+//! `q` is `[batch, queries, heads, depth]`, `k` is `[batch, keys, heads, depth]`, `v` is
+//! `[batch, keys, heads, width]`, the output `[batch, queries, heads, width]` and the
+//! log-sum-exp `[batch, queries, heads]` (the layouts of the library's attention tensors,
+//! positions in the batch row and heads in the output row).
+//!
+//! The exponential and logarithm are the library's ([`crate::math`]), so the kernels compute
+//! what every backend computes for them; the sums run in another order than the composite's
+//! nests, so the results agree with the composite to rounding, not bit for bit.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::Isa;
+use crate::math::{exp_f32, log_f32};
+
+/// The sizes of one attention call.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Attention {
+    /// Leading batch cells (every batch axis but the positions, flattened).
+    pub batch: usize,
+    /// Query positions `s`.
+    pub queries: usize,
+    /// Key (and value) positions `t`.
+    pub keys: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Width of a query and a key (the scores' reduction).
+    pub depth: usize,
+    /// Width of a value and of the output.
+    pub width: usize,
+    /// Whether query `s` sees only the keys `t ≤ s`.
+    pub causal: bool,
+    /// The factor of the scores (`1/√depth` for the usual attention).
+    pub scale: f32,
+}
+
+impl Attention {
+    /// The (batch, head) pairs: the range a whole call runs over.
+    pub fn pairs(&self) -> usize {
+        self.batch * self.heads
+    }
+
+    /// The keys query `s` sees.
+    fn seen(&self, s: usize) -> usize {
+        if self.causal { (s + 1).min(self.keys) } else { self.keys }
+    }
+}
+
+/// The pointers of a forward call.
+#[derive(Copy, Clone, Debug)]
+pub struct Forward {
+    /// Queries.
+    pub q: *const f32,
+    /// Keys.
+    pub k: *const f32,
+    /// Values.
+    pub v: *const f32,
+    /// The output, written.
+    pub out: *mut f32,
+    /// The log-sum-exp of each row's scaled scores, written.
+    pub lse: *mut f32,
+}
+
+/// The pointers of a backward call; a null gradient is not computed.
+#[derive(Copy, Clone, Debug)]
+pub struct Backward {
+    /// Queries.
+    pub q: *const f32,
+    /// Keys.
+    pub k: *const f32,
+    /// Values.
+    pub v: *const f32,
+    /// The forward output.
+    pub out: *const f32,
+    /// The forward log-sum-exp.
+    pub lse: *const f32,
+    /// The output's gradient.
+    pub d_out: *const f32,
+    /// The queries' gradient, accumulated onto (or null).
+    pub d_q: *mut f32,
+    /// The keys' gradient, accumulated onto (or null).
+    pub d_k: *mut f32,
+    /// The values' gradient, accumulated onto (or null).
+    pub d_v: *mut f32,
+}
+
+/// Per-thread scratch: the transposed keys and values of one pair and the rows of scores.
+#[derive(Default)]
+struct Scratch {
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    row: Vec<f32>,
+    row2: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// `a·b + c`, fused where the instruction set has it (the generic build would call the C
+/// library's `fmaf`).
+trait Madd {
+    fn madd(a: f32, b: f32, c: f32) -> f32;
+}
+
+struct Fused;
+struct Plain;
+
+impl Madd for Fused {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Madd for Plain {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// Runs `f` with the host's best instruction set enabled.
+macro_rules! dispatch {
+    ($isa:expr, $body:ident($($arg:expr),*)) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn go(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+                    // SAFETY: the caller's contract.
+                    unsafe { $body::<Fused>(a, p, pairs) }
+                }
+                // SAFETY: the caller's contract; the host has the features.
+                unsafe { go($($arg),*) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn go(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+                    // SAFETY: the caller's contract.
+                    unsafe { $body::<Fused>(a, p, pairs) }
+                }
+                // SAFETY: the caller's contract; the host has the features.
+                unsafe { go($($arg),*) }
+            }
+            // SAFETY: the caller's contract.
+            _ => unsafe { $body::<Plain>($($arg),*) },
+        }
+    };
+}
+
+/// The forward or backward pointers, passed through the dispatch.
+type Ptrs = Backward;
+
+/// Writes the output and log-sum-exp of the pairs `pairs` (each `batch · heads + head`).
+///
+/// # Safety
+/// Every pointer must address a dense tensor of the layout the module describes for `a`'s
+/// sizes; the output and log-sum-exp must not overlap the inputs; `pairs` within
+/// `0..a.pairs()`. Calls over disjoint ranges of pairs may run at the same time.
+pub unsafe fn forward(a: &Attention, f: Forward, pairs: Range<usize>, isa: Isa) {
+    let p = Backward {
+        q: f.q,
+        k: f.k,
+        v: f.v,
+        out: f.out,
+        lse: f.lse,
+        d_out: std::ptr::null(),
+        d_q: std::ptr::null_mut(),
+        d_k: std::ptr::null_mut(),
+        d_v: std::ptr::null_mut(),
+    };
+    dispatch!(isa, forward_pairs(a, p, pairs))
+}
+
+/// Accumulates the gradients of the pairs `pairs`.
+///
+/// # Safety
+/// As [`forward`]; the gradients (those not null) must not overlap any input or each other.
+pub unsafe fn backward(a: &Attention, b: Backward, pairs: Range<usize>, isa: Isa) {
+    dispatch!(isa, backward_pairs(a, b, pairs))
+}
+
+/// The transposed block `dst[j][t] = src[t][j]` of one pair: `rows` positions `step` apart,
+/// `cols` values each.
+///
+/// # Safety
+/// `src` addresses the pair's rows.
+#[inline(always)]
+unsafe fn transpose(src: *const f32, step: usize, rows: usize, cols: usize, dst: &mut Vec<f32>) {
+    dst.clear();
+    dst.resize(rows * cols, 0.0);
+    for t in 0..rows {
+        // SAFETY: row `t` of the pair.
+        let row = unsafe { std::slice::from_raw_parts(src.add(t * step), cols) };
+        for (j, &x) in row.iter().enumerate() {
+            dst[j * rows + t] = x;
+        }
+    }
+}
+
+/// Lanes of the register blocks the loops below are written in: a fixed-size array the
+/// compiler keeps in one or two vector registers (a loop carrying its sums through memory would
+/// wait on each store).
+const L: usize = 16;
+
+/// `row[t] = scale · Σ_d q[d]·kt[d][t]` for the `n` keys a query sees, `L` keys at a time.
+#[inline(always)]
+fn scores<M: Madd>(q: &[f32], kt: &[f32], keys: usize, n: usize, scale: f32, row: &mut [f32]) {
+    for t0 in (0..n).step_by(L) {
+        let w = L.min(n - t0);
+        let mut acc = [0.0f32; L];
+        for (d, &qd) in q.iter().enumerate() {
+            let kd = &kt[d * keys + t0..];
+            if w == L {
+                let kd: &[f32; L] = kd[..L].try_into().expect("a whole block");
+                for j in 0..L {
+                    acc[j] = M::madd(qd, kd[j], acc[j]);
+                }
+            } else {
+                for j in 0..w {
+                    acc[j] = M::madd(qd, kd[j], acc[j]);
+                }
+            }
+        }
+        for j in 0..w {
+            row[t0 + j] = acc[j] * scale;
+        }
+    }
+}
+
+/// The largest of `xs` (`-inf` when empty), over `L` partial maxima.
+#[inline(always)]
+fn max_of(xs: &[f32]) -> f32 {
+    let mut part = [f32::NEG_INFINITY; L];
+    let chunks = xs.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        let c: &[f32; L] = c.try_into().expect("a whole chunk");
+        for j in 0..L {
+            part[j] = if c[j] > part[j] { c[j] } else { part[j] };
+        }
+    }
+    rest.iter().chain(&part).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// The sum of `xs`, over `L` partial sums.
+#[inline(always)]
+fn sum_of(xs: &[f32]) -> f32 {
+    let mut part = [0.0f32; L];
+    let chunks = xs.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        let c: &[f32; L] = c.try_into().expect("a whole chunk");
+        for j in 0..L {
+            part[j] += c[j];
+        }
+    }
+    rest.iter().chain(&part).sum()
+}
+
+/// `out[j] = Σ_t w[t]·rows[t][j]` for rows `step` apart, `L` columns at a time in registers.
+///
+/// # Safety
+/// `rows` addresses `w.len()` rows of `out.len()` values, `step` apart.
+#[inline(always)]
+unsafe fn weighted_rows<M: Madd>(w: &[f32], rows: *const f32, step: usize, out: &mut [f32]) {
+    let cols = out.len();
+    for j0 in (0..cols).step_by(L) {
+        let width = L.min(cols - j0);
+        let mut acc = [0.0f32; L];
+        for (t, &wt) in w.iter().enumerate() {
+            // SAFETY: row `t`, columns `j0..j0 + width`.
+            let r = unsafe { std::slice::from_raw_parts(rows.add(t * step + j0), width) };
+            if width == L {
+                let r: &[f32; L] = r.try_into().expect("a whole block");
+                for j in 0..L {
+                    acc[j] = M::madd(wt, r[j], acc[j]);
+                }
+            } else {
+                for j in 0..width {
+                    acc[j] = M::madd(wt, r[j], acc[j]);
+                }
+            }
+        }
+        out[j0..j0 + width].copy_from_slice(&acc[..width]);
+    }
+}
+
+/// The forward pass over `pairs`.
+///
+/// # Safety
+/// As [`forward`].
+#[inline(always)]
+unsafe fn forward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+    let (h, d, e) = (a.heads, a.depth, a.width);
+    // Taken out of the thread-local: code inside a closure would be compiled without the
+    // caller's target features.
+    let mut scratch = SCRATCH.with(RefCell::take);
+    {
+        let s = &mut scratch;
+        s.row.resize(a.keys, 0.0);
+        s.acc.resize(e, 0.0);
+        for pair in pairs {
+            let (b, head) = (pair / h, pair % h);
+            // SAFETY (whole loop): offsets of this pair's cells in the dense tensors.
+            unsafe {
+                let k0 = p.k.add((b * a.keys * h + head) * d);
+                let v0 = p.v.add((b * a.keys * h + head) * e);
+                transpose(k0, h * d, a.keys, d, &mut s.kt);
+                for i in 0..a.queries {
+                    let n = a.seen(i);
+                    let cell = (b * a.queries + i) * h + head;
+                    let q = std::slice::from_raw_parts(p.q.add(cell * d), d);
+                    scores::<M>(q, &s.kt, a.keys, n, a.scale, &mut s.row);
+                    let row = &mut s.row[..n];
+                    let m = max_of(row);
+                    for x in row.iter_mut() {
+                        *x = exp_f32(*x - m);
+                    }
+                    let l = sum_of(row);
+                    weighted_rows::<M>(row, v0, h * e, &mut s.acc);
+                    // `out` came from `Forward::out`, a mutable pointer.
+                    let out = std::slice::from_raw_parts_mut(p.out.cast_mut().add(cell * e), e);
+                    for (o, &x) in out.iter_mut().zip(&s.acc) {
+                        *o = x / l;
+                    }
+                    *p.lse.cast_mut().add(cell) = m + log_f32(l);
+                }
+            }
+        }
+    }
+    SCRATCH.with(|c| c.replace(scratch));
+}
+
+/// The backward pass over `pairs`.
+///
+/// # Safety
+/// As [`backward`].
+#[inline(always)]
+unsafe fn backward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+    let (h, d, e) = (a.heads, a.depth, a.width);
+    // Taken out of the thread-local: code inside a closure would be compiled without the
+    // caller's target features.
+    let mut scratch = SCRATCH.with(RefCell::take);
+    {
+        let s = &mut scratch;
+        s.row.resize(a.keys, 0.0);
+        s.row2.resize(a.keys, 0.0);
+        s.acc.resize(d, 0.0);
+        for pair in pairs {
+            let (b, head) = (pair / h, pair % h);
+            // SAFETY (whole loop): offsets of this pair's cells in the dense tensors.
+            unsafe {
+                let k0 = (b * a.keys * h + head) * d;
+                let v0 = (b * a.keys * h + head) * e;
+                transpose(p.k.add(k0), h * d, a.keys, d, &mut s.kt);
+                transpose(p.v.add(v0), h * e, a.keys, e, &mut s.vt);
+                for i in 0..a.queries {
+                    let n = a.seen(i);
+                    let cell = (b * a.queries + i) * h + head;
+                    let q = std::slice::from_raw_parts(p.q.add(cell * d), d);
+                    let d_out = std::slice::from_raw_parts(p.d_out.add(cell * e), e);
+                    let out = std::slice::from_raw_parts(p.out.add(cell * e), e);
+                    let big_d = d_out.iter().zip(out).fold(0.0, |acc, (&g, &o)| M::madd(g, o, acc));
+                    let lse = *p.lse.add(cell);
+                    // P, then dP = dO·Vᵀ over the keys the row sees.
+                    scores::<M>(q, &s.kt, a.keys, n, 1.0, &mut s.row);
+                    let probs = &mut s.row[..n];
+                    for x in probs.iter_mut() {
+                        *x = exp_f32(*x * a.scale - lse);
+                    }
+                    let ds = &mut s.row2[..n];
+                    scores::<M>(d_out, &s.vt, a.keys, n, 1.0, ds);
+                    for (r, &pt) in ds.iter_mut().zip(probs.iter()) {
+                        *r = pt * (*r - big_d) * a.scale;
+                    }
+                    if !p.d_v.is_null() {
+                        for (t, &pt) in probs.iter().enumerate() {
+                            let dv = std::slice::from_raw_parts_mut(p.d_v.add(v0 + t * h * e), e);
+                            for (x, &g) in dv.iter_mut().zip(d_out) {
+                                *x = M::madd(pt, g, *x);
+                            }
+                        }
+                    }
+                    if !p.d_k.is_null() {
+                        for (t, &st) in ds.iter().enumerate() {
+                            let dk = std::slice::from_raw_parts_mut(p.d_k.add(k0 + t * h * d), d);
+                            for (x, &qd) in dk.iter_mut().zip(q) {
+                                *x = M::madd(st, qd, *x);
+                            }
+                        }
+                    }
+                    if !p.d_q.is_null() {
+                        weighted_rows::<M>(ds, p.k.add(k0), h * d, &mut s.acc);
+                        let dq = std::slice::from_raw_parts_mut(p.d_q.add(cell * d), d);
+                        for (x, &g) in dq.iter_mut().zip(&s.acc) {
+                            *x += g;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    SCRATCH.with(|c| c.replace(scratch));
+}
+
+#[cfg(test)]
+mod tests;
