@@ -5,18 +5,19 @@
 //! division, then a product with the values, and the gradients of each) writes and reads
 //! `batch × heads × queries × keys` cells several times in each direction: at a context of 256
 //! that is tens of MiB a layer, and causally half of it is masked work. These kernels never
-//! keep more than one row of scores: per (batch, head) pair they transpose the keys (and, for
-//! the gradient, the values) into a block the first-level cache holds, then walk the queries
-//! one row at a time over the keys the row may see (`t ≤ s` when causal: the keys past a query
-//! are skipped, not masked).
+//! keep more than a block of scores: per (batch, head) pair they transpose the keys (and, for
+//! the gradient, the values) into a block the first-level cache holds, then compute only the
+//! scores of the keys each query may see (`t ≤ s` when causal: the keys past a query are
+//! skipped, not masked).
 //!
 //! - [`forward`] writes the output and the log-sum-exp of each row's scaled scores, which is
 //!   all the backward pass needs to recompute a row's probabilities exactly as the forward pass
 //!   had them.
 //! - [`backward`] accumulates the gradients of the queries, keys and values (any of them may be
-//!   absent) from the output's gradient, the output and the log-sum-exp, in one pass over the
-//!   rows: `D = Σₑ dO·O`, `P = exp(scale·q·k - lse)`, `dP = dO·Vᵀ`,
-//!   `dS = P·(dP - D)·scale`, then `dQ += dS·K`, `dK += dSᵀ·Q`, `dV += Pᵀ·dO`.
+//!   absent) from the output's gradient, the output and the log-sum-exp, by blocks of keys:
+//!   `D = Σₑ dO·O`, `P = exp(scale·q·k - lse)`, `dP = dO·Vᵀ`, `dS = P·(dP - D)·scale`, then
+//!   `dQ += dS·K`, and the block's `dK += dSᵀ·Q` and `dV += Pᵀ·dO` as sums of outer products
+//!   kept in registers.
 //!
 //! Both run over a range of (batch, head) pairs, so that a caller may split the pairs across
 //! threads: distinct pairs read and write disjoint cells. Every tensor is dense and row-major:
@@ -113,6 +114,7 @@ struct Scratch {
     vt: Vec<f32>,
     row: Vec<f32>,
     row2: Vec<f32>,
+    rows: Vec<f32>,
     acc: Vec<f32>,
 }
 
@@ -225,8 +227,14 @@ unsafe fn transpose(src: *const f32, step: usize, rows: usize, cols: usize, dst:
 
 /// Lanes of the register blocks the loops below are written in: a fixed-size array the
 /// compiler keeps in one or two vector registers (a loop carrying its sums through memory would
-/// wait on each store).
+/// wait on each store). The rows they read are taken as `&[f32; L]`: indexed through a slice,
+/// each lane keeps its bounds check and the loop stays scalar.
 const L: usize = 16;
+
+/// Independent sums [`weighted_rows`] keeps in flight: a fused multiply-add waits for the one
+/// before it on the same sum, so one sum would run at the instruction's latency instead of its
+/// throughput.
+const CHAINS: usize = 4;
 
 /// `row[t] = scale · Σ_d q[d]·kt[d][t]` for the `n` keys a query sees, `L` keys at a time.
 #[inline(always)]
@@ -283,31 +291,49 @@ fn sum_of(xs: &[f32]) -> f32 {
     rest.iter().chain(&part).sum()
 }
 
-/// `out[j] = Σ_t w[t]·rows[t][j]` for rows `step` apart, `L` columns at a time in registers.
+/// `out[j] = Σ_t w[t]·rows[t][j]` for rows `step` apart, `L` columns at a time in registers,
+/// over `CHAINS` partial sums (rows taken `CHAINS` at a time, the rest onto the first sum).
 ///
 /// # Safety
 /// `rows` addresses `w.len()` rows of `out.len()` values, `step` apart.
 #[inline(always)]
 unsafe fn weighted_rows<M: Madd>(w: &[f32], rows: *const f32, step: usize, out: &mut [f32]) {
     let cols = out.len();
-    for j0 in (0..cols).step_by(L) {
-        let width = L.min(cols - j0);
-        let mut acc = [0.0f32; L];
-        for (t, &wt) in w.iter().enumerate() {
-            // SAFETY: row `t`, columns `j0..j0 + width`.
-            let r = unsafe { std::slice::from_raw_parts(rows.add(t * step + j0), width) };
-            if width == L {
-                let r: &[f32; L] = r.try_into().expect("a whole block");
-                for j in 0..L {
-                    acc[j] = M::madd(wt, r[j], acc[j]);
-                }
-            } else {
-                for j in 0..width {
-                    acc[j] = M::madd(wt, r[j], acc[j]);
-                }
-            }
+    // SAFETY (both closures): row `t`, `L` columns from `j0` (whole blocks only).
+    let row = |t: usize, j0: usize| -> [f32; L] {
+        let r = unsafe { std::slice::from_raw_parts(rows.add(t * step + j0), L) };
+        r.try_into().expect("a whole block")
+    };
+    let madd_row = |sums: &mut [f32; L], x: f32, r: &[f32; L]| {
+        for j in 0..L {
+            sums[j] = M::madd(x, r[j], sums[j]);
         }
-        out[j0..j0 + width].copy_from_slice(&acc[..width]);
+    };
+    let whole = cols / L * L;
+    let grouped = w.len() / CHAINS * CHAINS;
+    for j0 in (0..whole).step_by(L) {
+        let mut acc = [[0.0f32; L]; CHAINS];
+        for t in (0..grouped).step_by(CHAINS) {
+            let [a0, a1, a2, a3] = &mut acc;
+            madd_row(a0, w[t], &row(t, j0));
+            madd_row(a1, w[t + 1], &row(t + 1, j0));
+            madd_row(a2, w[t + 2], &row(t + 2, j0));
+            madd_row(a3, w[t + 3], &row(t + 3, j0));
+        }
+        for (t, &wt) in w.iter().enumerate().skip(grouped) {
+            madd_row(&mut acc[0], wt, &row(t, j0));
+        }
+        for j in 0..L {
+            out[j0 + j] = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(whole) {
+        let mut sum = 0.0;
+        for (t, &wt) in w.iter().enumerate() {
+            // SAFETY: row `t`, column `j`.
+            sum = M::madd(wt, unsafe { *rows.add(t * step + j) }, sum);
+        }
+        *o = sum;
     }
 }
 
@@ -363,70 +389,173 @@ unsafe fn forward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
 /// As [`backward`].
 #[inline(always)]
 unsafe fn backward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
-    let (h, d, e) = (a.heads, a.depth, a.width);
     // Taken out of the thread-local: code inside a closure would be compiled without the
     // caller's target features.
     let mut scratch = SCRATCH.with(RefCell::take);
-    {
-        let s = &mut scratch;
-        s.row.resize(a.keys, 0.0);
-        s.row2.resize(a.keys, 0.0);
+    for pair in pairs {
+        // SAFETY: the caller's contract.
+        unsafe { backward_pair::<M>(a, p, pair / a.heads, pair % a.heads, &mut scratch) };
+    }
+    SCRATCH.with(|c| c.replace(scratch));
+}
+
+/// The gradients of one (batch, head) pair, by blocks of `L` keys: for each block, the
+/// probabilities and score gradients of every query that sees it (`L` lanes a row, zero where
+/// the query does not see the key), then the block's key and value gradients as sums over
+/// those rows of outer products ([`outer_sums`]), in registers rather than a row update in
+/// memory for every (query, key) pair.
+///
+/// # Safety
+/// As [`backward`].
+#[inline(always)]
+unsafe fn backward_pair<M: Madd>(a: &Attention, p: Ptrs, b: usize, head: usize, s: &mut Scratch) {
+    let (h, d, e) = (a.heads, a.depth, a.width);
+    let cell = |i: usize| (b * a.queries + i) * h + head;
+    let (k0, v0) = ((b * a.keys * h + head) * d, (b * a.keys * h + head) * e);
+    // SAFETY (whole function): offsets of this pair's cells in the dense tensors.
+    unsafe {
+        transpose(p.k.add(k0), h * d, a.keys, d, &mut s.kt);
+        transpose(p.v.add(v0), h * e, a.keys, e, &mut s.vt);
+        // D = Σₑ dO·O for every query.
+        s.row2.clear();
+        for i in 0..a.queries {
+            let g = std::slice::from_raw_parts(p.d_out.add(cell(i) * e), e);
+            let o = std::slice::from_raw_parts(p.out.add(cell(i) * e), e);
+            s.row2.push(g.iter().zip(o).fold(0.0, |acc, (&g, &o)| M::madd(g, o, acc)));
+        }
         s.acc.resize(d, 0.0);
-        for pair in pairs {
-            let (b, head) = (pair / h, pair % h);
-            // SAFETY (whole loop): offsets of this pair's cells in the dense tensors.
-            unsafe {
-                let k0 = (b * a.keys * h + head) * d;
-                let v0 = (b * a.keys * h + head) * e;
-                transpose(p.k.add(k0), h * d, a.keys, d, &mut s.kt);
-                transpose(p.v.add(v0), h * e, a.keys, e, &mut s.vt);
-                for i in 0..a.queries {
-                    let n = a.seen(i);
-                    let cell = (b * a.queries + i) * h + head;
-                    let q = std::slice::from_raw_parts(p.q.add(cell * d), d);
-                    let d_out = std::slice::from_raw_parts(p.d_out.add(cell * e), e);
-                    let out = std::slice::from_raw_parts(p.out.add(cell * e), e);
-                    let big_d = d_out.iter().zip(out).fold(0.0, |acc, (&g, &o)| M::madd(g, o, acc));
-                    let lse = *p.lse.add(cell);
-                    // P, then dP = dO·Vᵀ over the keys the row sees.
-                    scores::<M>(q, &s.kt, a.keys, n, 1.0, &mut s.row);
-                    let probs = &mut s.row[..n];
-                    for x in probs.iter_mut() {
-                        *x = exp_f32(*x * a.scale - lse);
+        for t0 in (0..a.keys).step_by(L) {
+            let nb = L.min(a.keys - t0);
+            // Causally, the queries before the block see none of its keys.
+            let first = if a.causal { t0 } else { 0 };
+            if first >= a.queries {
+                break;
+            }
+            let rows = a.queries - first;
+            s.row.resize(rows * L, 0.0);
+            s.rows.resize(rows * L, 0.0);
+            for i in first..a.queries {
+                let w = if a.causal { nb.min(i + 1 - t0) } else { nb };
+                let r = (i - first) * L;
+                let (pr, sr) = (&mut s.row[r..r + L], &mut s.rows[r..r + L]);
+                let q = std::slice::from_raw_parts(p.q.add(cell(i) * d), d);
+                let g = std::slice::from_raw_parts(p.d_out.add(cell(i) * e), e);
+                block_row::<M>(
+                    a,
+                    (q, g),
+                    (&s.kt[t0..], &s.vt[t0..]),
+                    w,
+                    (*p.lse.add(cell(i)), s.row2[i]),
+                    pr,
+                    sr,
+                );
+                if !p.d_q.is_null() {
+                    weighted_rows::<M>(&sr[..w], p.k.add(k0 + t0 * h * d), h * d, &mut s.acc);
+                    let dq = std::slice::from_raw_parts_mut(p.d_q.add(cell(i) * d), d);
+                    for (x, &y) in dq.iter_mut().zip(&s.acc) {
+                        *x += y;
                     }
-                    let ds = &mut s.row2[..n];
-                    scores::<M>(d_out, &s.vt, a.keys, n, 1.0, ds);
-                    for (r, &pt) in ds.iter_mut().zip(probs.iter()) {
-                        *r = pt * (*r - big_d) * a.scale;
+                }
+            }
+            let at = |ptr: *mut f32, width: usize, base: usize| ptr.add(base + t0 * h * width);
+            if !p.d_v.is_null() {
+                let src = (p.d_out.add(cell(first) * e), h * e);
+                outer_sums::<M>(&s.row, rows, src, e, nb, (at(p.d_v, e, v0), h * e));
+            }
+            if !p.d_k.is_null() {
+                let src = (p.q.add(cell(first) * d), h * d);
+                outer_sums::<M>(&s.rows, rows, src, d, nb, (at(p.d_k, d, k0), h * d));
+            }
+        }
+    }
+}
+
+/// One query's row of a key block: the probabilities `pr[j] = exp(scale·q·kⱼ - lse)` and the
+/// score gradients `sr[j] = pr[j]·(dO·vⱼ - D)·scale` of the block's `w` keys it sees, zero in
+/// the other lanes. `kt` and `vt` are the transposed keys and values from the block's first key.
+#[inline(always)]
+fn block_row<M: Madd>(
+    a: &Attention,
+    (q, g): (&[f32], &[f32]),
+    (kt, vt): (&[f32], &[f32]),
+    w: usize,
+    (lse, big_d): (f32, f32),
+    pr: &mut [f32],
+    sr: &mut [f32],
+) {
+    pr.fill(0.0);
+    sr.fill(0.0);
+    scores::<M>(q, kt, a.keys, w, 1.0, pr);
+    scores::<M>(g, vt, a.keys, w, 1.0, sr);
+    let lane = |p: &mut f32, s: &mut f32| {
+        *p = exp_f32(*p * a.scale - lse);
+        *s = *p * (*s - big_d) * a.scale;
+    };
+    if w == L {
+        // Whole blocks as arrays: one vector per lane row (see [`L`]).
+        let pr: &mut [f32; L] = pr.try_into().expect("a lane row");
+        let sr: &mut [f32; L] = sr.try_into().expect("a lane row");
+        for j in 0..L {
+            lane(&mut pr[j], &mut sr[j]);
+        }
+    } else {
+        for j in 0..w {
+            lane(&mut pr[j], &mut sr[j]);
+        }
+    }
+}
+
+/// `dst[j][c] += Σᵢ coef[i][j]·src[i][c]` for the block's `nb` keys `j`: `coef` holds `rows`
+/// rows of `L` lanes, `src` as many rows of `cols` values (`(pointer, step)`), `dst` the block's
+/// rows (`(pointer, step)`). Four keys' sums of `L` columns are kept in registers over all the
+/// rows.
+///
+/// # Safety
+/// The pointers address those rows.
+#[inline(always)]
+unsafe fn outer_sums<M: Madd>(
+    coef: &[f32],
+    rows: usize,
+    (src, step): (*const f32, usize),
+    cols: usize,
+    nb: usize,
+    (dst, dst_step): (*mut f32, usize),
+) {
+    const G: usize = 4;
+    for c0 in (0..cols).step_by(L) {
+        let width = L.min(cols - c0);
+        for j0 in (0..nb).step_by(G) {
+            let mut acc = [[0.0f32; L]; G];
+            for i in 0..rows {
+                // SAFETY: row `i`, columns `c0..c0 + width`.
+                let row = unsafe { std::slice::from_raw_parts(src.add(i * step + c0), width) };
+                let v: [f32; L] = match row.try_into() {
+                    Ok(whole) => whole,
+                    Err(_) => {
+                        let mut v = [0.0f32; L];
+                        v[..width].copy_from_slice(row);
+                        v
                     }
-                    if !p.d_v.is_null() {
-                        for (t, &pt) in probs.iter().enumerate() {
-                            let dv = std::slice::from_raw_parts_mut(p.d_v.add(v0 + t * h * e), e);
-                            for (x, &g) in dv.iter_mut().zip(d_out) {
-                                *x = M::madd(pt, g, *x);
-                            }
-                        }
+                };
+                let cf: &[f32; L] = coef[i * L..i * L + L].try_into().expect("a lane row");
+                for (g, sums) in acc.iter_mut().enumerate() {
+                    let x = cf[j0 + g];
+                    for c in 0..L {
+                        sums[c] = M::madd(x, v[c], sums[c]);
                     }
-                    if !p.d_k.is_null() {
-                        for (t, &st) in ds.iter().enumerate() {
-                            let dk = std::slice::from_raw_parts_mut(p.d_k.add(k0 + t * h * d), d);
-                            for (x, &qd) in dk.iter_mut().zip(q) {
-                                *x = M::madd(st, qd, *x);
-                            }
-                        }
-                    }
-                    if !p.d_q.is_null() {
-                        weighted_rows::<M>(ds, p.k.add(k0), h * d, &mut s.acc);
-                        let dq = std::slice::from_raw_parts_mut(p.d_q.add(cell * d), d);
-                        for (x, &g) in dq.iter_mut().zip(&s.acc) {
-                            *x += g;
-                        }
-                    }
+                }
+            }
+            for (g, sums) in acc.iter().enumerate().take(nb - j0) {
+                // SAFETY: key `j0 + g` of the block, columns `c0..c0 + width`.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(dst.add((j0 + g) * dst_step + c0), width)
+                };
+                for (o, &x) in out.iter_mut().zip(sums) {
+                    *o += x;
                 }
             }
         }
     }
-    SCRATCH.with(|c| c.replace(scratch));
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ pub(super) const TANH_POLY: [f32; 7] = [
 ];
 
 /// `x` capped at `hi`; `nan` passes (the comparison is false).
+#[inline(always)]
 fn cap<E: Emit>(e: &mut E, x: E::F, hi: f32) -> E::F {
     let x = e.keep(x);
     let hi = e.f(hi);
@@ -73,6 +74,7 @@ const EXP2_ZERO_BELOW: f32 = -151.0;
 /// assist about ten times slower than the instruction. A causal mask's `-inf` scores made half
 /// of a softmax's exponentials take that path. Computing them from `0` instead and selecting
 /// the `+0` afterwards gives the same bits without any underflow.
+#[inline(always)]
 fn safe_input<E: Emit>(e: &mut E, x: E::F, lo: f32) -> (E::F, E::F) {
     let x = e.keep(x);
     let lo = e.f(lo);
@@ -82,6 +84,7 @@ fn safe_input<E: Emit>(e: &mut E, x: E::F, lo: f32) -> (E::F, E::F) {
 }
 
 /// `+0` where the input `x` is below `lo`, else the computed `y`.
+#[inline(always)]
 fn zero_below<E: Emit>(e: &mut E, x: E::F, lo: f32, y: E::F) -> E::F {
     let lo = e.f(lo);
     let zero = e.f(0.0);
@@ -90,6 +93,7 @@ fn zero_below<E: Emit>(e: &mut E, x: E::F, lo: f32, y: E::F) -> E::F {
 
 /// `p · 2ⁿ` with `n` rounded into `t = n + ROUNDER`, in two exact power-of-two steps (so that
 /// results in the subnormal range are rounded once, correctly).
+#[inline(always)]
 fn scale<E: Emit>(e: &mut E, p: E::F, t: E::F) -> E::F {
     let n = rounded_int(e, t);
     let (s1, s2) = pow2_factors(e, n);
@@ -99,6 +103,7 @@ fn scale<E: Emit>(e: &mut E, p: E::F, t: E::F) -> E::F {
 
 /// `eˣ`: `x = n·ln2 + r` with `n` an integer and `|r| ≤ ln2/2`, `eʳ` by a polynomial, then
 /// scaled by `2ⁿ`.
+#[inline(always)]
 pub fn exp<E: Emit>(e: &mut E, x: E::F) -> E::F {
     let (input, x) = safe_input(e, x, EXP_ZERO_BELOW);
     // Cap at where the result is certainly infinite.
@@ -181,7 +186,7 @@ pub fn tanh<E: Emit>(e: &mut E, x: E::F) -> E::F {
 /// assert_eq!(exp_f32(100.0), f32::INFINITY);
 /// assert_eq!(exp_f32(-200.0), 0.0);
 /// ```
-#[inline]
+#[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     exp(&mut super::Scalar, x)
 }

@@ -137,6 +137,7 @@ const MAGNITUDE: u32 = 0x7fff_ffff;
 const SIGN: u32 = 0x8000_0000;
 
 /// Horner's rule with fused multiply-adds: `((c₀·x + c₁)·x + …)`.
+#[inline(always)]
 fn horner<E: Emit>(e: &mut E, x: &E::F, coefs: &[f32]) -> E::F {
     let mut p = e.f(coefs[0]);
     for &c in &coefs[1..] {
@@ -194,6 +195,7 @@ fn int_to_f32<E: Emit>(e: &mut E, n: E::U) -> E::F {
 }
 
 /// `2ᵏ` for `-126 ≤ k ≤ 127` held as a word.
+#[inline(always)]
 fn pow2<E: Emit>(e: &mut E, k: E::U) -> E::F {
     let bias = e.u(127);
     let biased = e.uadd(k, bias);
@@ -203,6 +205,7 @@ fn pow2<E: Emit>(e: &mut E, k: E::U) -> E::F {
 
 /// The two normal factors `2^(n/2)` and `2^(n - n/2)` of `2ⁿ` (`|n| ≤ 252`), so that scaling
 /// by both rounds once, also into the subnormal range or to infinity.
+#[inline(always)]
 fn pow2_factors<E: Emit>(e: &mut E, n: E::U) -> (E::F, E::F) {
     let n = e.keep_u(n);
     let half = e.sar(n.clone(), 1);
@@ -212,6 +215,7 @@ fn pow2_factors<E: Emit>(e: &mut E, n: E::U) -> (E::F, E::F) {
 }
 
 /// The integer `n` rounded into the low bits of `t = v + ROUNDER`, as a word.
+#[inline(always)]
 fn rounded_int<E: Emit>(e: &mut E, t: E::F) -> E::U {
     let t_bits = e.to_bits(t);
     let rounder_bits = e.u(ROUNDER.to_bits());

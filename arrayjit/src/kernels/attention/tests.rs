@@ -72,6 +72,9 @@ fn sizes() -> Vec<Attention> {
         mk(1, 7, 3, 2, 3, 5, true),
         mk(1, 3, 7, 2, 5, 3, true),
         mk(1, 4, 9, 1, 16, 16, false),
+        // Several key blocks, a partial one, value rows wider than a register block.
+        mk(1, 20, 19, 2, 3, 5, true),
+        mk(1, 18, 18, 1, 2, 17, false),
         mk(2, 33, 33, 2, 16, 24, true),
     ]
 }
@@ -153,7 +156,7 @@ fn a_causal_query_ignores_later_keys_whatever_they_hold() {
 
 #[test]
 fn pairs_split_across_calls_give_the_same_bits() {
-    let a = sizes()[6];
+    let a = sizes()[8];
     let (q, k, v) = inputs(&a, 5);
     let (whole, whole_lse) = run_forward(&a, &q, &k, &v, Isa::host());
     let mut out = vec![0.0; whole.len()];
@@ -195,7 +198,7 @@ fn numeric_gradients(a: &Attention, x: &Inputs, w: &[f64]) -> [Vec<f64>; 3] {
 #[test]
 fn the_gradients_are_the_finite_differences_of_the_definition() {
     for isa in Isa::available() {
-        for (n, a) in sizes().iter().take(6).enumerate() {
+        for (n, a) in sizes().iter().take(8).enumerate() {
             let (q, k, v) = inputs(a, 20 + n as u64);
             let (out, lse) = run_forward(a, &q, &k, &v, isa);
             let w = values(out.len(), 99 + n as u64);
