@@ -147,36 +147,33 @@ impl Madd for Plain {
 
 /// Runs `f` with the host's best instruction set enabled.
 macro_rules! dispatch {
-    ($isa:expr, $body:ident($($arg:expr),*)) => {
+    ($isa:expr, $body:ident($a:expr, $p:ident: $ptrs:ty, $pairs:expr)) => {
         match $isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 #[target_feature(enable = "avx512f,avx2,fma")]
-                unsafe fn go(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+                unsafe fn go(a: &Attention, p: $ptrs, pairs: Range<usize>) {
                     // SAFETY: the caller's contract.
                     unsafe { $body::<Fused>(a, p, pairs) }
                 }
                 // SAFETY: the caller's contract; the host has the features.
-                unsafe { go($($arg),*) }
+                unsafe { go($a, $p, $pairs) }
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn go(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+                unsafe fn go(a: &Attention, p: $ptrs, pairs: Range<usize>) {
                     // SAFETY: the caller's contract.
                     unsafe { $body::<Fused>(a, p, pairs) }
                 }
                 // SAFETY: the caller's contract; the host has the features.
-                unsafe { go($($arg),*) }
+                unsafe { go($a, $p, $pairs) }
             }
             // SAFETY: the caller's contract.
-            _ => unsafe { $body::<Plain>($($arg),*) },
+            _ => unsafe { $body::<Plain>($a, $p, $pairs) },
         }
     };
 }
-
-/// The forward or backward pointers, passed through the dispatch.
-type Ptrs = Backward;
 
 /// Writes the output and log-sum-exp of the pairs `pairs` (each `batch · heads + head`).
 ///
@@ -185,18 +182,7 @@ type Ptrs = Backward;
 /// sizes; the output and log-sum-exp must not overlap the inputs; `pairs` within
 /// `0..a.pairs()`. Calls over disjoint ranges of pairs may run at the same time.
 pub unsafe fn forward(a: &Attention, f: Forward, pairs: Range<usize>, isa: Isa) {
-    let p = Backward {
-        q: f.q,
-        k: f.k,
-        v: f.v,
-        out: f.out,
-        lse: f.lse,
-        d_out: std::ptr::null(),
-        d_q: std::ptr::null_mut(),
-        d_k: std::ptr::null_mut(),
-        d_v: std::ptr::null_mut(),
-    };
-    dispatch!(isa, forward_pairs(a, p, pairs))
+    dispatch!(isa, forward_pairs(a, f: Forward, pairs))
 }
 
 /// Accumulates the gradients of the pairs `pairs`.
@@ -204,7 +190,7 @@ pub unsafe fn forward(a: &Attention, f: Forward, pairs: Range<usize>, isa: Isa) 
 /// # Safety
 /// As [`forward`]; the gradients (those not null) must not overlap any input or each other.
 pub unsafe fn backward(a: &Attention, b: Backward, pairs: Range<usize>, isa: Isa) {
-    dispatch!(isa, backward_pairs(a, b, pairs))
+    dispatch!(isa, backward_pairs(a, b: Backward, pairs))
 }
 
 /// The transposed block `dst[j][t] = src[t][j]` of one pair: `rows` positions `step` apart,
@@ -342,7 +328,7 @@ unsafe fn weighted_rows<M: Madd>(w: &[f32], rows: *const f32, step: usize, out: 
 /// # Safety
 /// As [`forward`].
 #[inline(always)]
-unsafe fn forward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+unsafe fn forward_pairs<M: Madd>(a: &Attention, p: Forward, pairs: Range<usize>) {
     let (h, d, e) = (a.heads, a.depth, a.width);
     // Taken out of the thread-local: code inside a closure would be compiled without the
     // caller's target features.
@@ -370,12 +356,11 @@ unsafe fn forward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
                     }
                     let l = sum_of(row);
                     weighted_rows::<M>(row, v0, h * e, &mut s.acc);
-                    // `out` came from `Forward::out`, a mutable pointer.
-                    let out = std::slice::from_raw_parts_mut(p.out.cast_mut().add(cell * e), e);
+                    let out = std::slice::from_raw_parts_mut(p.out.add(cell * e), e);
                     for (o, &x) in out.iter_mut().zip(&s.acc) {
                         *o = x / l;
                     }
-                    *p.lse.cast_mut().add(cell) = m + log_f32(l);
+                    *p.lse.add(cell) = m + log_f32(l);
                 }
             }
         }
@@ -388,7 +373,7 @@ unsafe fn forward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
 /// # Safety
 /// As [`backward`].
 #[inline(always)]
-unsafe fn backward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
+unsafe fn backward_pairs<M: Madd>(a: &Attention, p: Backward, pairs: Range<usize>) {
     // Taken out of the thread-local: code inside a closure would be compiled without the
     // caller's target features.
     let mut scratch = SCRATCH.with(RefCell::take);
@@ -408,7 +393,13 @@ unsafe fn backward_pairs<M: Madd>(a: &Attention, p: Ptrs, pairs: Range<usize>) {
 /// # Safety
 /// As [`backward`].
 #[inline(always)]
-unsafe fn backward_pair<M: Madd>(a: &Attention, p: Ptrs, b: usize, head: usize, s: &mut Scratch) {
+unsafe fn backward_pair<M: Madd>(
+    a: &Attention,
+    p: Backward,
+    b: usize,
+    head: usize,
+    s: &mut Scratch,
+) {
     let (h, d, e) = (a.heads, a.depth, a.width);
     let cell = |i: usize| (b * a.queries + i) * h + head;
     let (k0, v0) = ((b * a.keys * h + head) * d, (b * a.keys * h + head) * e);

@@ -570,6 +570,7 @@ unsafe fn registers<V: Lanes, const MR: usize, const FUSED: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::test_values as values;
 
     /// The nest the kernel replaces, cell by cell in reduction order.
     fn reference<T: Elem>(g: &Gemm<T>) {
@@ -585,19 +586,6 @@ mod tests {
                 unsafe { *c = t };
             }
         }
-    }
-
-    /// Deterministic values with many distinct roundings (and some exact zeros and negatives).
-    fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-            })
-            .collect()
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -288,6 +288,21 @@ const _: GemmFn<f64> = rc_gemm_f64;
 const _: GemmEpiFn<f32> = rc_gemm_epi_f32;
 const _: GemmEpiFn<f64> = rc_gemm_epi_f64;
 
+/// Deterministic values in `[-1, 1)` with many distinct roundings (and some exact zeros and
+/// negatives), for the kernels' tests.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,108 +63,28 @@ pub(super) fn assert_within(
     assert!(f(f32::NAN).is_nan(), "{name}(nan)");
 }
 
-/// The scalar arithmetic, counting the `f32` products, quotients and fused multiply-adds whose
-/// result underflows (is subnormal, or `0` from nonzero factors): each is a microcode assist on
-/// x86 processors, about ten times the cost of the instruction.
-#[derive(Default)]
-pub(super) struct Underflows(pub usize);
-
-impl Underflows {
-    fn count(&mut self, factors_nonzero: bool, r: f32) -> f32 {
-        let subnormal = r != 0.0 && r.abs() < f32::MIN_POSITIVE;
-        if subnormal || (r == 0.0 && factors_nonzero) {
-            self.0 += 1;
-        }
-        r
+/// Whether computing `f(x)` raised the processor's underflow flag: without flush-to-zero, an
+/// x86 core finishes every vector instruction whose result underflows (is subnormal, or `0`
+/// from nonzero factors) in a microcode assist, about ten times the instruction's cost. The
+/// scalar evaluation performs the operations the vector code performs, so the flag tells.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn underflows(f: fn(f32) -> f32, x: f32) -> bool {
+    use std::arch::asm;
+    use std::hint::black_box;
+    const UNDERFLOW: u32 = 1 << 4;
+    const EXCEPTION_FLAGS: u32 = 0x3f;
+    let mut csr = 0u32;
+    // SAFETY: reads and writes this thread's MXCSR, clearing only its sticky exception flags.
+    // The assembly counts as a side effect: `f` runs between the two reads, since its input
+    // and its result pass through `black_box` in between.
+    unsafe {
+        asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack));
+        let cleared = csr & !EXCEPTION_FLAGS;
+        asm!("ldmxcsr [{}]", in(reg) &cleared, options(nostack));
     }
-}
-
-impl super::Emit for Underflows {
-    type F = f32;
-    type U = u32;
-    type D = f64;
-    fn f(&mut self, c: f32) -> f32 {
-        c
-    }
-    fn u(&mut self, c: u32) -> u32 {
-        c
-    }
-    fn d(&mut self, c: f64) -> f64 {
-        c
-    }
-    fn add(&mut self, a: f32, b: f32) -> f32 {
-        a + b
-    }
-    fn sub(&mut self, a: f32, b: f32) -> f32 {
-        a - b
-    }
-    fn mul(&mut self, a: f32, b: f32) -> f32 {
-        self.count(a != 0.0 && b != 0.0, a * b)
-    }
-    fn div(&mut self, a: f32, b: f32) -> f32 {
-        self.count(a != 0.0 && b.is_finite(), a / b)
-    }
-    fn fma(&mut self, a: f32, b: f32, c: f32) -> f32 {
-        self.count(a != 0.0 && b != 0.0, a.mul_add(b, c))
-    }
-    fn lt_select(&mut self, a: f32, b: f32, x: f32, y: f32) -> f32 {
-        if a < b { x } else { y }
-    }
-    fn to_bits(&mut self, a: f32) -> u32 {
-        a.to_bits()
-    }
-    fn bits_to_f32(&mut self, a: u32) -> f32 {
-        f32::from_bits(a)
-    }
-    fn uadd(&mut self, a: u32, b: u32) -> u32 {
-        a.wrapping_add(b)
-    }
-    fn usub(&mut self, a: u32, b: u32) -> u32 {
-        a.wrapping_sub(b)
-    }
-    fn and(&mut self, a: u32, b: u32) -> u32 {
-        a & b
-    }
-    fn or(&mut self, a: u32, b: u32) -> u32 {
-        a | b
-    }
-    fn shl(&mut self, a: u32, s: u32) -> u32 {
-        a << s
-    }
-    fn sar(&mut self, a: u32, s: u32) -> u32 {
-        ((a as i32) >> s) as u32
-    }
-    fn widen(&mut self, a: f32) -> f64 {
-        a as f64
-    }
-    fn narrow(&mut self, a: f64) -> f32 {
-        self.count(a != 0.0, a as f32)
-    }
-    fn dadd(&mut self, a: f64, b: f64) -> f64 {
-        a + b
-    }
-    fn dsub(&mut self, a: f64, b: f64) -> f64 {
-        a - b
-    }
-    fn dmul(&mut self, a: f64, b: f64) -> f64 {
-        a * b
-    }
-    fn ddiv(&mut self, a: f64, b: f64) -> f64 {
-        a / b
-    }
-    fn dfma(&mut self, a: f64, b: f64, c: f64) -> f64 {
-        a.mul_add(b, c)
-    }
-    fn dlt_select(&mut self, a: f64, b: f64, x: f64, y: f64) -> f64 {
-        if a < b { x } else { y }
-    }
-    fn keep(&mut self, a: f32) -> f32 {
-        a
-    }
-    fn keep_u(&mut self, a: u32) -> u32 {
-        a
-    }
-    fn keep_d(&mut self, a: f64) -> f64 {
-        a
-    }
+    black_box(f(black_box(x)));
+    let mut after = 0u32;
+    // SAFETY: as above.
+    unsafe { asm!("stmxcsr [{}]", in(reg) &mut after, options(nostack)) };
+    after & UNDERFLOW != 0
 }

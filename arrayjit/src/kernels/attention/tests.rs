@@ -2,17 +2,9 @@
 
 use super::*;
 
-/// Deterministic values in `[-1, 1)`.
+/// Deterministic values in `[-1, 1)` ([`crate::kernels::test_values`]) as `f32`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0) as f32
-        })
-        .collect()
+    crate::kernels::test_values(n, seed).into_iter().map(|x| x as f32).collect()
 }
 
 struct Inputs {
@@ -176,6 +168,32 @@ fn pairs_split_across_calls_give_the_same_bits() {
     assert_eq!(lse, whole_lse);
 }
 
+/// Accumulates the gradients of `Σ out·w` onto `dq` (skipped when `None`), `dk` and `dv`, from
+/// the forward pass's `[q, k, v, out, lse]`.
+fn run_backward(
+    a: &Attention,
+    [q, k, v, out, lse]: [&[f32]; 5],
+    w: &[f32],
+    dq: Option<&mut [f32]>,
+    dk: &mut [f32],
+    dv: &mut [f32],
+    isa: Isa,
+) {
+    let b = Backward {
+        q: q.as_ptr(),
+        k: k.as_ptr(),
+        v: v.as_ptr(),
+        out: out.as_ptr(),
+        lse: lse.as_ptr(),
+        d_out: w.as_ptr(),
+        d_q: dq.map_or(std::ptr::null_mut(), |d| d.as_mut_ptr()),
+        d_k: dk.as_mut_ptr(),
+        d_v: dv.as_mut_ptr(),
+    };
+    // SAFETY: dense tensors of the sizes' layouts.
+    unsafe { backward(a, b, 0..a.pairs(), isa) };
+}
+
 /// The gradients of `Σ out·w` by central differences of the `f64` reference.
 fn numeric_gradients(a: &Attention, x: &Inputs, w: &[f64]) -> [Vec<f64>; 3] {
     let loss = |x: &Inputs| reference(a, x).0.iter().zip(w).map(|(o, w)| o * w).sum::<f64>();
@@ -206,19 +224,8 @@ fn the_gradients_are_the_finite_differences_of_the_definition() {
             let start = |len: usize, seed| values(len, seed);
             let (mut dq, mut dk, mut dv) =
                 (start(q.len(), 1), start(k.len(), 2), start(v.len(), 3));
-            let b = Backward {
-                q: q.as_ptr(),
-                k: k.as_ptr(),
-                v: v.as_ptr(),
-                out: out.as_ptr(),
-                lse: lse.as_ptr(),
-                d_out: w.as_ptr(),
-                d_q: dq.as_mut_ptr(),
-                d_k: dk.as_mut_ptr(),
-                d_v: dv.as_mut_ptr(),
-            };
-            // SAFETY: dense tensors of the sizes' layouts.
-            unsafe { backward(a, b, 0..a.pairs(), isa) };
+            let fwd = [&q[..], &k, &v, &out, &lse];
+            run_backward(a, fwd, &w, Some(&mut dq), &mut dk, &mut dv, isa);
             let x = Inputs { q: widen(&q), k: widen(&k), v: widen(&v) };
             let want = numeric_gradients(a, &x, &widen(&w));
             for ((name, got, seed), want) in
@@ -240,19 +247,9 @@ fn a_null_gradient_is_skipped_and_the_others_unchanged() {
     let w = values(out.len(), 8);
     let grads = |want_q: bool| {
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-        let b = Backward {
-            q: q.as_ptr(),
-            k: k.as_ptr(),
-            v: v.as_ptr(),
-            out: out.as_ptr(),
-            lse: lse.as_ptr(),
-            d_out: w.as_ptr(),
-            d_q: if want_q { dq.as_mut_ptr() } else { std::ptr::null_mut() },
-            d_k: dk.as_mut_ptr(),
-            d_v: dv.as_mut_ptr(),
-        };
-        // SAFETY: dense tensors of the sizes' layouts.
-        unsafe { backward(&a, b, 0..a.pairs(), Isa::host()) };
+        let fwd = [&q[..], &k, &v, &out, &lse];
+        let d_q = want_q.then_some(&mut dq[..]);
+        run_backward(&a, fwd, &w, d_q, &mut dk, &mut dv, Isa::host());
         (dq, dk, dv)
     };
     let (dq, dk, dv) = grads(true);
