@@ -68,6 +68,10 @@ fn sizes() -> Vec<Attention> {
         mk(1, 20, 19, 2, 3, 5, true),
         mk(1, 18, 18, 1, 2, 17, false),
         mk(2, 33, 33, 2, 16, 24, true),
+        // Several blocks of query rows (64 a block), the last one partial.
+        mk(1, 70, 70, 2, 3, 5, true),
+        // So many keys that a block has 8 rows: two blocks, the last one partial.
+        mk(1, 9, 2100, 1, 2, 3, false),
     ]
 }
 
@@ -123,17 +127,18 @@ fn the_forward_pass_is_the_attention_of_its_definition() {
 }
 
 #[test]
-fn a_causal_query_ignores_later_keys_whatever_they_hold() {
+fn a_causal_query_ignores_later_keys_whatever_finite_values_they_hold() {
     let a = sizes()[1];
     let (q, k, v) = inputs(&a, 3);
     let (out, _) = run_forward(&a, &q, &k, &v, Isa::host());
-    // Position 2's output reads keys 0..=2 only: overwrite keys and values past it.
+    // Position 2's output reads keys 0..=2 only: overwrite keys and values past it with huge
+    // finite values (a masked key's weight is an exact 0).
     let (mut k2, mut v2) = (k.clone(), v.clone());
     for b in 0..a.batch {
         for t in 3..a.keys {
             let kc = (b * a.keys + t) * a.heads;
             k2[kc * a.depth..(kc + a.heads) * a.depth].fill(1e30);
-            v2[kc * a.width..(kc + a.heads) * a.width].fill(f32::NAN);
+            v2[kc * a.width..(kc + a.heads) * a.width].fill(-3e38);
         }
     }
     let (out2, _) = run_forward(&a, &q, &k2, &v2, Isa::host());
@@ -216,7 +221,8 @@ fn numeric_gradients(a: &Attention, x: &Inputs, w: &[f64]) -> [Vec<f64>; 3] {
 #[test]
 fn the_gradients_are_the_finite_differences_of_the_definition() {
     for isa in Isa::available() {
-        for (n, a) in sizes().iter().take(8).enumerate() {
+        // The widest case and the longest (its differences would take seconds) only forward.
+        for (n, a) in sizes().iter().enumerate().filter(|(n, _)| *n != 8 && *n != 10) {
             let (q, k, v) = inputs(a, 20 + n as u64);
             let (out, lse) = run_forward(a, &q, &k, &v, isa);
             let w = values(out.len(), 99 + n as u64);
