@@ -203,6 +203,95 @@ pub enum Asgn {
         /// The source.
         fetch: FetchOp,
     },
+    /// Scaled dot-product attention, forward or backward, as one operation
+    /// ([`AttentionAsgn`]).
+    Attention(Box<AttentionAsgn>),
+}
+
+/// Scaled dot-product attention over (batch, head) pairs: `out = softmax(scale·q·kᵀ)·v` per
+/// pair, the softmax over the keys each query sees, with the log-sum-exp of each row's scaled
+/// scores kept in `lse` for the gradient. The tensors' axes are `q` `[batch…, s, h, d]`, `k`
+/// `[batch…, t, h, d]`, `v` `[batch…, t, h, e]`, `out` `[batch…, s, h, e]` and `lse`
+/// `[batch…, s, h]` (the batch axes equal). The native CPU backend calls a fused kernel
+/// ([`crate::kernels::attention`]); the others compute it as loop nests over the scores.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionAsgn {
+    /// Queries.
+    pub q: NodeId,
+    /// Keys.
+    pub k: NodeId,
+    /// Values.
+    pub v: NodeId,
+    /// The output (written by the forward pass).
+    pub out: NodeId,
+    /// Each row's log-sum-exp (written by the forward pass).
+    pub lse: NodeId,
+    /// Query `s` sees the keys `t ≤ s` only.
+    pub causal: bool,
+    /// The scores' factor.
+    pub scale: f64,
+    /// `None`: the forward pass. Otherwise the backward pass, accumulating onto these.
+    pub grads: Option<AttentionGrads>,
+    /// A dynamic size of the first batch axis: its runtime symbol (the pairs past it are not
+    /// computed).
+    pub batch_limit: Option<Symbol>,
+}
+
+/// The gradients a backward [`AttentionAsgn`] reads and accumulates onto.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionGrads {
+    /// The output's gradient.
+    pub d_out: NodeId,
+    /// The queries' gradient, if wanted.
+    pub d_q: Option<NodeId>,
+    /// The keys' gradient, if wanted.
+    pub d_k: Option<NodeId>,
+    /// The values' gradient, if wanted.
+    pub d_v: Option<NodeId>,
+}
+
+impl AttentionAsgn {
+    /// The nodes written: the output and log-sum-exp forward, the gradients backward.
+    pub fn written(&self) -> Vec<NodeId> {
+        match &self.grads {
+            None => vec![self.out, self.lse],
+            Some(g) => [g.d_q, g.d_k, g.d_v].into_iter().flatten().collect(),
+        }
+    }
+
+    /// The nodes read.
+    pub fn read(&self) -> Vec<NodeId> {
+        let mut out = vec![self.q, self.k, self.v];
+        if let Some(g) = &self.grads {
+            out.extend([self.out, self.lse, g.d_out]);
+            out.extend([g.d_q, g.d_k, g.d_v].into_iter().flatten());
+        }
+        out
+    }
+}
+
+impl fmt::Display for AttentionAsgn {
+    /// `n5, n6 := attention(n1, n2, n3; causal, scale=0.25)`, or
+    /// `n7, n8, n9 += attention_grad(n1, n2, n3, n5, n6, n10; causal, scale=0.25)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = |ns: &[NodeId]| ns.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ");
+        let opts = format!(
+            "{}scale={}{}",
+            if self.causal { "causal, " } else { "" },
+            fmt_f64(self.scale),
+            self.batch_limit.map_or(String::new(), |s| format!(", batch to {s}"))
+        );
+        let inputs = [self.q, self.k, self.v];
+        match &self.grads {
+            None => {
+                write!(f, "{} := attention({}; {opts})", names(&self.written()), names(&inputs))
+            }
+            Some(g) => {
+                let read = [self.q, self.k, self.v, self.out, self.lse, g.d_out];
+                write!(f, "{} += attention_grad({}; {opts})", names(&self.written()), names(&read))
+            }
+        }
+    }
 }
 
 impl Asgn {
@@ -211,6 +300,7 @@ impl Asgn {
         let mut out = Vec::new();
         self.visit(&mut |a| match a {
             Asgn::Accum { lhs, .. } | Asgn::Fetch { lhs, .. } => out.push(*lhs),
+            Asgn::Attention(a) => out.extend(a.written()),
             _ => {}
         });
         out.sort();
@@ -227,6 +317,10 @@ impl Asgn {
                 out.extend(rhs.iter().copied());
             }
             Asgn::Fetch { lhs, .. } => out.push(*lhs),
+            Asgn::Attention(a) => {
+                out.extend(a.written());
+                out.extend(a.read());
+            }
             _ => {}
         });
         out.sort();
@@ -273,6 +367,7 @@ impl Asgn {
                 writeln!(f)
             }
             Asgn::Fetch { lhs, fetch } => writeln!(f, "{lhs} := {fetch}"),
+            Asgn::Attention(a) => writeln!(f, "{a}"),
         }
     }
 }

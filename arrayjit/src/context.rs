@@ -226,6 +226,16 @@ impl Context {
         once: bool,
     ) -> Result<Routine, Error> {
         let (mut prog, front_phases) = crate::front_end(name, asgn, nodes, &self.opts)?;
+        // Only native code calls the fused attention kernel; every other backend (and a routine
+        // run once, which may be interpreted) computes it as ordinary nests.
+        let attention_calls = self.backend.kind() == BackendKind::Gccjit
+            && self.opts.kernel_calls
+            && !self.opts.bounds_check
+            && !once
+            && attention_in_f32(&prog);
+        if !attention_calls {
+            crate::low_level::expand_attention(&mut prog);
+        }
         // Intermediates without a buffer share one arena of the routine's own.
         crate::low_level::memory::plan_arena(&mut prog, |n| self.backend.has_buffer(n));
         let need = estimate(&prog, |n| self.backend.has_buffer(n));
@@ -522,4 +532,17 @@ fn write_debug(dir: &Path, file: &str, text: &str) -> Result<(), Error> {
     let io = |source| Error::Io { path: path.display().to_string(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
     std::fs::write(&path, text).map_err(io)
+}
+
+/// Whether every attention call of the program is on `f32` tensors (the kernel's precision).
+fn attention_in_f32(prog: &crate::low_level::Program) -> bool {
+    let mut ok = true;
+    for s in &prog.body {
+        s.visit(&mut |s| {
+            if let crate::low_level::Stmt::Attention(a) = s {
+                ok &= a.nodes().iter().all(|n| prog.nodes[n].prec == crate::ops::Prec::F32);
+            }
+        });
+    }
+    ok
 }

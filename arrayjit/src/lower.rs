@@ -24,10 +24,13 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::assignments::{Asgn, FetchOp, ScalarExpr};
+use crate::assignments::{Asgn, AttentionAsgn, FetchOp, ScalarExpr};
 use crate::error::Error;
 use crate::indexing::{AxisIndex, Projections, Symbol};
-use crate::low_level::{Expr, Guard, IdxVar, Index, Limit, Program, RuntimeCheck, Stmt, Var};
+use crate::kernels::attention::Attention;
+use crate::low_level::{
+    AttentionCall, Expr, Guard, IdxVar, Index, Limit, Program, RuntimeCheck, Stmt, Var,
+};
 use crate::ops::{BinOp, Prec, TernOp, UnOp};
 use crate::tnode::{NodeId, NodeTable, TensorNode, row_major_strides};
 
@@ -100,7 +103,85 @@ fn lower_into(prog: &mut Program, asgn: &Asgn, out: &mut Vec<Stmt>) -> Result<()
             };
             lower_accum(prog, &acc, out)
         }
+        Asgn::Attention(a) => lower_attention(prog, a, out),
     }
+}
+
+/// Loops over the (batch, head) pairs around one attention call each, parallel; the first
+/// batch axis stops at its dynamic size, if it has one.
+fn lower_attention(
+    prog: &mut Program,
+    a: &AttentionAsgn,
+    out: &mut Vec<Stmt>,
+) -> Result<(), Error> {
+    let (sizes, batch) = attention_sizes(prog, a)?;
+    if let Some(sym) = a.batch_limit {
+        register_symbol(prog, sym);
+    }
+    let bvars: Vec<(Var, usize)> = batch.iter().map(|&n| (prog.fresh_var(), n)).collect();
+    let head = prog.fresh_var();
+    let pair = crate::low_level::attention::pair_index(&bvars, head, sizes.heads);
+    let call = AttentionCall { asgn: a.clone(), sizes, batch_dims: batch, pair };
+    // The heads innermost, a call per pair; the pool splits the outer loops.
+    let call = Stmt::Attention(Box::new(call));
+    let (extent, body) = (sizes.heads, vec![call]);
+    let mut nest = vec![Stmt::For { var: head, extent, limit: None, parallel: true, body }];
+    let limit = a.batch_limit.map(|size| Limit { size, per: 1 });
+    for (k, &(var, extent)) in bvars.iter().enumerate().rev() {
+        let limit = limit.filter(|_| k == 0);
+        nest = vec![Stmt::For { var, extent, limit, parallel: true, body: nest }];
+    }
+    out.extend(nest);
+    Ok(())
+}
+
+/// The sizes of an attention and its batch axes, from its tensors, which must have the axes
+/// [`Asgn::Attention`] describes (else an error naming the tensor and both shapes).
+fn attention_sizes(prog: &Program, a: &AttentionAsgn) -> Result<(Attention, Vec<usize>), Error> {
+    let dims =
+        |n: NodeId| prog.nodes.get(&n).map(|t| t.dims.clone()).ok_or(Error::UnknownNode(n.0));
+    let bad = |reason: String| Error::InvalidAssignment { lhs: a.out.0, reason };
+    let q = dims(a.q)?;
+    if q.len() < 3 {
+        return Err(bad(format!("attention queries of {} axes, not [batch…, s, h, d]", q.len())));
+    }
+    let nb = q.len() - 3;
+    let batch = q[..nb].to_vec();
+    let (s, h, d) = (q[nb], q[nb + 1], q[nb + 2]);
+    let (k, v) = (dims(a.k)?, dims(a.v)?);
+    let t = k.get(nb).copied().unwrap_or(0);
+    let e = v.last().copied().unwrap_or(0);
+    let with = |tail: &[usize]| batch.iter().chain(tail).copied().collect::<Vec<usize>>();
+    let mut expect = vec![
+        ("keys", a.k, with(&[t, h, d])),
+        ("values", a.v, with(&[t, h, e])),
+        ("output", a.out, with(&[s, h, e])),
+        ("log-sum-exp", a.lse, with(&[s, h])),
+    ];
+    if let Some(g) = &a.grads {
+        expect.push(("output gradient", g.d_out, with(&[s, h, e])));
+        let grads = [(g.d_q, &q), (g.d_k, &k), (g.d_v, &v)];
+        expect.extend(grads.into_iter().filter_map(|(n, w)| Some(("gradient", n?, w.clone()))));
+    }
+    for (what, node, want) in expect {
+        let got = dims(node)?;
+        if got != want || t == 0 {
+            return Err(bad(format!(
+                "attention {what} of dims {got:?}, expected {want:?} (queries {q:?}, {t} keys)"
+            )));
+        }
+    }
+    let sizes = Attention {
+        batch: batch.iter().product(),
+        queries: s,
+        keys: t,
+        heads: h,
+        depth: d,
+        width: e,
+        causal: a.causal,
+        scale: a.scale as f32,
+    };
+    Ok((sizes, batch))
 }
 
 /// The row-major offset of the cell at `idx` (as made by [`Program::fill_loops`]) in a tensor of `dims`.

@@ -325,6 +325,7 @@ impl CRenderer<'_> {
             }
             Stmt::Gemm(g) => self.gemm(out, g, depth),
             Stmt::Map(m) => self.map(out, m, depth),
+            Stmt::Attention(a) => self.attention(out, a, depth),
         }
     }
 
@@ -422,6 +423,22 @@ impl CRenderer<'_> {
         let _ = writeln!(out, "{pad}  {t} *const p[] = {{{}}};", ptrs.join(", "));
         let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
         let _ = writeln!(out, "{pad}  rc_map_{}(p, d);", m.prec.name());
+        let _ = writeln!(out, "{pad}}}");
+    }
+
+    /// A call of the fused attention (the listing of a native routine).
+    fn attention(&self, out: &mut String, a: &crate::low_level::AttentionCall, depth: usize) {
+        let pad = "  ".repeat(depth);
+        let desc: Vec<String> = a.descriptor().iter().map(|i| self.index(i)).collect();
+        let ptrs: Vec<String> = a
+            .pointers()
+            .iter()
+            .map(|n| n.map_or("0".to_string(), |n| Self::ptr_name(n).to_string()))
+            .collect();
+        let _ = writeln!(out, "{pad}{{");
+        let _ = writeln!(out, "{pad}  float *const p[] = {{{}}};", ptrs.join(", "));
+        let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
+        let _ = writeln!(out, "{pad}  rc_attention_f32(p, d);");
         let _ = writeln!(out, "{pad}}}");
     }
 

@@ -14,6 +14,7 @@ use half::{bf16, f16};
 use super::host::{HostArena, HostBuffers};
 use super::{Backend, BackendKind, BuildReport, BuildRequest, CompileOptions};
 use crate::error::Error;
+use crate::kernels::attention::POINTERS;
 use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
 use crate::ndarray::NdArray;
 use crate::ops::{BinOp, Prec, TernOp, UnOp, uniform};
@@ -85,6 +86,9 @@ enum IStmt {
     Gemm(Box<IGemm>),
     /// A call of the map kernel, run as the nest it stands for.
     Map(Box<IMap>),
+    /// A call of the fused attention: the tensors' buffers (in the kernel's order, `None` for a
+    /// gradient not wanted) and the descriptor's words.
+    Attention(Box<([Option<usize>; POINTERS], Vec<Lin>)>),
 }
 
 /// A [`crate::low_level::Map`] resolved: the operands' buffers and first cells (the result
@@ -365,6 +369,20 @@ impl Resolver<'_> {
                 let desc = m.descriptor().iter().map(|i| self.lin(i)).collect();
                 IStmt::Map(Box::new(IMap { operands, desc, prec: m.prec }))
             }
+            Stmt::Attention(a) => {
+                let bufs = a.pointers().map(|n| {
+                    n.map(|n| {
+                        let next = self.bufs.len();
+                        let buf = *self.buf_of.entry(n).or_insert(next);
+                        if buf == next {
+                            self.bufs.push(n);
+                        }
+                        buf
+                    })
+                });
+                let desc = a.descriptor().iter().map(|i| self.lin(i)).collect();
+                IStmt::Attention(Box::new((bufs, desc)))
+            }
         })
     }
 }
@@ -514,6 +532,7 @@ impl Machine<'_> {
                 }
                 IStmt::Gemm(g) => self.gemm(g, env, locals)?,
                 IStmt::Map(m) => self.map(m, env)?,
+                IStmt::Attention(a) => self.attention(&a.0, &a.1, env)?,
             }
         }
         Ok(())
@@ -684,6 +703,66 @@ impl Machine<'_> {
                 t = if single { r.apply_f32(t as f32, x as f32) as f64 } else { r.apply(t, x) };
             }
             self.store_flat(out_buf, cell[0], t)?;
+        }
+        Ok(())
+    }
+
+    /// One pair of a fused attention, by the kernel itself (the nests it stands for are
+    /// [`crate::low_level::expand_attention`]'s, which is what this backend's routines run):
+    /// each tensor's buffer checked to be `f32` and to hold the cells the sizes address.
+    fn attention(
+        &self,
+        bufs: &[Option<usize>; POINTERS],
+        desc: &[Lin],
+        env: &[i64],
+    ) -> Result<(), Error> {
+        use crate::kernels::attention::{self as att, Attention, DESC_LEN};
+        let mut words = [0i64; DESC_LEN];
+        for (w, l) in words.iter_mut().zip(desc) {
+            *w = l.eval(env);
+        }
+        let (a, backward, pair) = Attention::from_descriptor(&words);
+        let (b, s, t, h) = (a.batch, a.queries, a.keys, a.heads);
+        let need = [
+            s * a.depth,
+            t * a.depth,
+            t * a.width,
+            s * a.width,
+            s,
+            s * a.width,
+            s * a.depth,
+            t * a.depth,
+            t * a.width,
+        ];
+        let mut ptrs = [std::ptr::null_mut::<f32>(); POINTERS];
+        for (k, buf) in bufs.iter().enumerate() {
+            let Some(buf) = *buf else { continue };
+            let view = &self.views[buf];
+            if view.prec != Prec::F32 || view.len < b * h * need[k] || pair >= a.pairs() {
+                return Err(Error::Verify {
+                    pass: "interpreter",
+                    reason: format!(
+                        "attention tensor n{} of {} cells in {} for {a:?}, pair {pair}",
+                        self.nodes[buf].0,
+                        view.len,
+                        view.prec.name()
+                    ),
+                });
+            }
+            ptrs[k] = view.ptr.cast();
+        }
+        let isa = crate::kernels::Isa::host();
+        // SAFETY: each buffer is an f32 tensor holding the cells the sizes address (checked
+        // above); the results are distinct nodes from the inputs (the verifier's contract).
+        unsafe {
+            if backward {
+                let [q, k, v, out, lse, d_out, d_q, d_k, d_v] = ptrs;
+                let g = att::Backward { q, k, v, out, lse, d_out, d_q, d_k, d_v };
+                att::backward(&a, g, pair..pair + 1, isa);
+            } else {
+                let [q, k, v, out, lse, ..] = ptrs;
+                att::forward(&a, att::Forward { q, k, v, out, lse }, pair..pair + 1, isa);
+            }
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! scores of one block of queries at a time: per (batch, head) pair, the scores of a block of
 //! query rows against the keys its last query sees fill a buffer the second-level cache holds
 //! (causally, the keys past the block are never computed), the softmax runs over it in place,
-//! and every product is a call of the library's matrix product ([`super::gemm`]), whose strides
+//! and every product is a call of the library's matrix product ([`super::gemm()`]), whose strides
 //! read the queries, keys and values where they lie — heads interleaved, keys transposed — with
 //! no copy.
 //!
@@ -195,6 +195,86 @@ pub unsafe fn forward(a: &Attention, f: Forward, pairs: Range<usize>, isa: Isa) 
 pub unsafe fn backward(a: &Attention, b: Backward, pairs: Range<usize>, isa: Isa) {
     dispatch!(isa, backward_pairs(a, b: Backward, pairs))
 }
+
+/// The number of `i64` words of a call's descriptor (see [`rc_attention_f32`]).
+pub const DESC_LEN: usize = 10;
+
+/// The pointers a call takes, in order: `q, k, v, out, lse, d_out, d_q, d_k, d_v` (the
+/// forward pass reads the first five).
+pub const POINTERS: usize = 9;
+
+impl Attention {
+    /// The descriptor words of a call of `pair` ([`rc_attention_f32`]).
+    pub fn descriptor(&self, backward: bool, pair: usize) -> [i64; DESC_LEN] {
+        [
+            backward as i64,
+            self.batch as i64,
+            self.queries as i64,
+            self.keys as i64,
+            self.heads as i64,
+            self.depth as i64,
+            self.width as i64,
+            self.causal as i64,
+            self.scale.to_bits() as i64,
+            pair as i64,
+        ]
+    }
+
+    /// The sizes, the pass (backward or not) and the pair of a descriptor.
+    pub fn from_descriptor(d: &[i64; DESC_LEN]) -> (Attention, bool, usize) {
+        let a = Attention {
+            batch: d[1] as usize,
+            queries: d[2] as usize,
+            keys: d[3] as usize,
+            heads: d[4] as usize,
+            depth: d[5] as usize,
+            width: d[6] as usize,
+            causal: d[7] != 0,
+            scale: f32::from_bits(d[8] as u32),
+        };
+        (a, d[0] != 0, d[9] as usize)
+    }
+}
+
+/// The signature generated code calls [`rc_attention_f32`] with: `(pointers, descriptor)`.
+pub type AttentionFn = unsafe extern "C" fn(*const *mut f32, *const i64);
+
+/// The entry point generated code calls (through the run table), with the host's best
+/// instruction set: the forward or backward pass of one (batch, head) pair, as the
+/// descriptor's words say ([`Attention::descriptor`]); the pointers in the order of
+/// [`POINTERS`], null for a gradient not wanted.
+///
+/// # Safety
+/// `desc` must point at [`DESC_LEN`] words and `ptrs` at [`POINTERS`] pointers; the tensors
+/// as [`forward`] and [`backward`] require.
+pub unsafe extern "C" fn rc_attention_f32(ptrs: *const *mut f32, desc: *const i64) {
+    // SAFETY: the caller's contract.
+    let (d, p) =
+        unsafe { (&*desc.cast::<[i64; DESC_LEN]>(), &*ptrs.cast::<[*mut f32; POINTERS]>()) };
+    let (a, backward_pass, pair) = Attention::from_descriptor(d);
+    let isa = Isa::host();
+    if backward_pass {
+        let b = Backward {
+            q: p[0],
+            k: p[1],
+            v: p[2],
+            out: p[3],
+            lse: p[4],
+            d_out: p[5],
+            d_q: p[6],
+            d_k: p[7],
+            d_v: p[8],
+        };
+        // SAFETY: the caller's contract.
+        unsafe { backward(&a, b, pair..pair + 1, isa) }
+    } else {
+        let f = Forward { q: p[0], k: p[1], v: p[2], out: p[3], lse: p[4] };
+        // SAFETY: the caller's contract.
+        unsafe { forward(&a, f, pair..pair + 1, isa) }
+    }
+}
+
+const _: AttentionFn = rc_attention_f32;
 
 /// A (batch, head) pair, and where its rows lie in the tensors.
 #[derive(Copy, Clone)]

@@ -20,6 +20,7 @@
 //! [`Program`] (`program.rs`) and the printer (`print.rs`); this file keeps the analyses over
 //! statement lists.
 
+pub mod attention;
 pub mod cse;
 pub mod dse;
 pub mod estimate;
@@ -43,6 +44,7 @@ use rustc_hash::FxHashMap;
 use crate::ops::{BinOp, TernOp, UnOp};
 use crate::tnode::NodeId;
 
+pub use attention::{AttentionCall, expand_attention};
 pub use expr::{Expr, fmt_indices};
 pub use gemm::{Epilogue, Gemm, GemmAxis, GemmOperand};
 pub use index::{IdxVar, Index, LocalId, Var};
@@ -59,6 +61,7 @@ pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
             Stmt::Set { node, .. } => out.push(*node),
             Stmt::Gemm(g) => out.extend(g.operands().map(|o| o.node)),
             Stmt::Map(m) => out.extend(m.operands().map(|o| o.node)),
+            Stmt::Attention(a) => out.extend(a.nodes()),
             _ => {}
         });
         s.visit_exprs(&mut |e| {
@@ -171,6 +174,7 @@ pub fn flops(prog: &Program) -> u64 {
             Stmt::Map(m) => {
                 mult.saturating_mul(m.points_total() as u64).saturating_mul(m.flops_per_point())
             }
+            Stmt::Attention(a) => mult.saturating_mul(2 * a.steps() as u64),
             Stmt::Comment(_) => 0,
         }
     }

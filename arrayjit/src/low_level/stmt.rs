@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::{Expr, Gemm, Index, LocalId, Map, Var};
+use super::{AttentionCall, Expr, Gemm, Index, LocalId, Map, Var};
 use crate::indexing::Symbol;
 use crate::tnode::NodeId;
 
@@ -65,6 +65,9 @@ pub enum Stmt {
     /// A call of the map kernel: a pointwise map or a reduction (introduced by the CPU
     /// schedule).
     Map(Box<Map>),
+    /// One (batch, head) pair of a fused attention (introduced by lowering; expanded into
+    /// ordinary nests for every backend but the native one, [`super::attention`]).
+    Attention(Box<AttentionCall>),
 }
 
 impl Stmt {

@@ -78,6 +78,14 @@ fn walk(
             let read = m.accumulate.then_some(m.out.node);
             record_call(uses, pos, m.inputs.iter().map(|o| o.node).chain(read), m.out.node);
         }
+        // An attention call reads its inputs many times and writes its results; each result
+        // also counts as read, so that no pass removes the call for one unread result (an
+        // inference routine never reads the log-sum-exp).
+        Stmt::Attention(a) => {
+            for w in a.asgn.written() {
+                record_call(uses, pos, a.nodes().into_iter(), w);
+            }
+        }
     }
 }
 

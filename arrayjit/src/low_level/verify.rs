@@ -81,6 +81,7 @@ impl Verifier<'_> {
                 g.epilogue.as_ref().map_or(Ok(()), |e| self.epilogue(g, e))
             }
             Stmt::Map(m) => self.map(m),
+            Stmt::Attention(a) => self.attention(a),
         }
     }
 
@@ -164,6 +165,21 @@ impl Verifier<'_> {
 
     /// Checks a map call: its precision, descriptor, axes and operands, then that it stays
     /// inside every operand for every value of the loops around it.
+    /// Every tensor of an attention call is a known, materialized `f32` node, its pair index
+    /// uses the loops around it.
+    fn attention(&self, a: &super::AttentionCall) -> Result<(), String> {
+        for n in a.nodes() {
+            self.access(n, &[])?;
+            if self.prog.nodes[&n].prec != Prec::F32 {
+                return Err(format!(
+                    "attention call on {n} in {}",
+                    self.prog.nodes[&n].prec.name()
+                ));
+            }
+        }
+        self.index(&a.pair)
+    }
+
     fn map(&self, m: &super::Map) -> Result<(), String> {
         if !matches!(m.prec, Prec::F32 | Prec::F64) {
             return Err(format!("map in {}", m.prec.name()));

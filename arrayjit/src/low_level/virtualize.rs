@@ -155,6 +155,11 @@ fn collect(
                 t.uses.entry(o.node).or_default().pinned = true;
             }
         }
+        Stmt::Attention(a) => {
+            for n in a.nodes() {
+                t.uses.entry(n).or_default().pinned = true;
+            }
+        }
         Stmt::SetLocal { value, .. } => {
             let pos = t.sites.len();
             t.sites.push(Site { path: path.clone(), loops: loops.clone() });
@@ -314,7 +319,9 @@ fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
     match &mut body[*first] {
         Stmt::For { body, .. } | Stmt::If { body, .. } => site_value_mut(body, rest),
         Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => value,
-        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) => unreachable!("a site is an assignment"),
+        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Attention(_) => {
+            unreachable!("a site is an assignment")
+        }
     }
 }
 

@@ -5,11 +5,12 @@
 use gccjit::{BinaryOp, ComparisonOp, LValue, RValue, ToRValue, Type};
 
 use super::codegen::{
-    HELPER_GEMM_BF16, HELPER_GEMM_EPI_F32, HELPER_GEMM_EPI_F64, HELPER_GEMM_F32, HELPER_GEMM_F64,
-    HELPER_MAP_F32, HELPER_MAP_F64, HELPER_REPORT,
+    HELPER_ATTENTION_F32, HELPER_GEMM_BF16, HELPER_GEMM_EPI_F32, HELPER_GEMM_EPI_F64,
+    HELPER_GEMM_F32, HELPER_GEMM_F64, HELPER_MAP_F32, HELPER_MAP_F64, HELPER_REPORT,
 };
 use super::emit::Gen;
-use crate::low_level::{Gemm, Index, Map};
+use crate::kernels::attention::POINTERS;
+use crate::low_level::{AttentionCall, Gemm, Index, Map};
 use crate::ops::Prec;
 use crate::tnode::NodeId;
 
@@ -78,6 +79,39 @@ impl<'c> Gen<'c> {
         };
         let f = self.helper(k, fty);
         let call = self.ctx.new_call_through_ptr(None, f, &args);
+        self.block.add_eval(None, call);
+    }
+
+    /// A call of the fused attention through the run table: the tensors' first cells (null for
+    /// a gradient not wanted) and the descriptor's words in local arrays.
+    pub(super) fn attention(&mut self, a: &AttentionCall) {
+        let arr = self.words("attention_desc", &a.descriptor());
+        let elem_ptr = self.storage_type(Prec::F32).make_pointer();
+        let ptrs_ty = self.ctx.new_array_type(None, elem_ptr, POINTERS as u64);
+        let name = self.name("attention_ptrs");
+        let ptrs = self.func.new_local(None, ptrs_ty, name);
+        for (k, node) in a.pointers().into_iter().enumerate() {
+            let value = match node {
+                Some(n) => self.ptrs[&n].to_rvalue(),
+                None => self.ctx.new_null(elem_ptr),
+            };
+            let slot = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(k as i64));
+            self.block.add_assignment(None, slot, value);
+        }
+        let fty = self.ctx.new_function_pointer_type(
+            None,
+            self.ctx.new_type::<()>(),
+            &[elem_ptr.make_pointer(), self.t.i64.make_pointer()],
+            false,
+        );
+        let f = self.helper(HELPER_ATTENTION_F32, fty);
+        let first_ptr = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(0));
+        let first_word = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(0));
+        let call = self.ctx.new_call_through_ptr(
+            None,
+            f,
+            &[first_ptr.get_address(None), first_word.get_address(None)],
+        );
         self.block.add_eval(None, call);
     }
 

@@ -67,8 +67,10 @@ pub const HELPER_MAP_F64: usize = 9;
 pub const HELPER_GEMM_EPI_F32: usize = 10;
 /// [`crate::kernels::rc_gemm_epi_f64`].
 pub const HELPER_GEMM_EPI_F64: usize = 11;
+/// [`crate::kernels::attention::rc_attention_f32`].
+pub const HELPER_ATTENTION_F32: usize = 12;
 /// The number of helpers in the run table.
-pub const HELPERS: usize = 12;
+pub const HELPERS: usize = 13;
 
 /// Where a build goes.
 pub enum Output<'a> {

@@ -89,6 +89,8 @@ fn helpers() -> [usize; codegen::HELPERS] {
     h[codegen::HELPER_GEMM_BF16] = crate::kernels::rc_gemm_bf16 as *const () as usize;
     h[codegen::HELPER_MAP_F32] = crate::kernels::rc_map_f32 as *const () as usize;
     h[codegen::HELPER_MAP_F64] = crate::kernels::rc_map_f64 as *const () as usize;
+    h[codegen::HELPER_ATTENTION_F32] =
+        crate::kernels::attention::rc_attention_f32 as *const () as usize;
     h
 }
 

@@ -233,6 +233,10 @@ impl Access {
                     a.writes.insert(m.out.node);
                     a.reads.extend(m.operands().map(|o| o.node));
                 }
+                Stmt::Attention(c) => {
+                    a.writes.extend(c.asgn.written());
+                    a.reads.extend(c.nodes());
+                }
                 _ => {}
             });
             s.visit_exprs(&mut |e| {
