@@ -67,6 +67,12 @@ pub trait Op: fmt::Debug {
     fn reads_only(&self, _mode: crate::Mode) -> Option<usize> {
         None
     }
+    /// Tensors the operation keeps besides its result, written by its forward assignment and
+    /// read by its gradient (a softmax's row statistics), given the result's dims: the dims of
+    /// each. The session gives each a node of the result's precision ([`OpCtx::aux`]).
+    fn aux_dims(&self, _out_dims: &[usize]) -> Vec<Vec<usize>> {
+        Vec::new()
+    }
     /// The forward assignment(s).
     fn forward(&self, cx: &OpCtx) -> Asgn;
     /// The gradient assignments, accumulating (`+=`) into the gradients of the arguments that
@@ -98,6 +104,8 @@ pub struct OpCtx {
     pub arg_grads: Vec<Option<NodeId>>,
     /// The mode of the routine being generated ([`crate::Mode`]).
     pub mode: crate::Mode,
+    /// The nodes of the operation's kept tensors ([`Op::aux_dims`]), in order.
+    pub aux: Vec<NodeId>,
 }
 
 const G_SLOT: usize = usize::MAX;
@@ -280,6 +288,7 @@ mod tests {
             out_grad: Some(NodeId(3)),
             arg_grads: vec![Some(NodeId(4)), None],
             mode: crate::Mode::Train,
+            aux: vec![],
         };
         let a = cx.grad(0, &mul(G, x(1))).unwrap();
         assert_eq!(a.to_string().trim(), "n4[i0] add= mul(n3[i0], n1[i0])  over [i0:4]");

@@ -165,6 +165,26 @@ fn attention_and_transformer() {
 }
 
 #[test]
+fn scaled_dot_product_attention() {
+    // Queries, keys and values as params: every gradient of the one operation, causal or not,
+    // with more keys than queries (cross attention) and two batch axes.
+    for causal in [false, true] {
+        check(&format!("attention causal={causal}"), |g| {
+            let p = |name: &str, pos: usize, width: usize, seed: f64| {
+                let n = 2 * 2 * pos * 2 * width;
+                g.param(
+                    name,
+                    ParamSpec::new(Axes::new().batch(&[2, 2, pos]).output(&[2, width]))
+                        .init(Init::Values(spread(n, -1.5 + seed, 1.5 + seed))),
+                )
+            };
+            let (q, k, v) = (p("q", 3, 3, 0.0), p("k", 4, 3, 0.1), p("v", 4, 2, -0.2));
+            (vec![q.clone(), k.clone(), v.clone()], q.attention(&k, &v, causal, 0.7))
+        });
+    }
+}
+
+#[test]
 fn modules_share_their_params_across_applications() {
     use rocannl_tensor::nn::{
         Module,

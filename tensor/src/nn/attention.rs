@@ -1,10 +1,12 @@
 //! Multi-head attention and a pre-norm transformer block.
 //!
 //! Sequences keep positions in the batch row (`... s | d`): queries, keys and values are
-//! `... s | h e` (heads and head width in the output row). Scores use OCANNL's spec
-//! `... s | h d; ... t | h d => ... s | t -> h`, putting key positions `t` on the input row so
-//! that softmax and the weighted sum reduce over it. The output projection's width is inferred
-//! from the residual connection.
+//! `... s | h e` (heads and head width in the output row). The scores, their softmax over the
+//! keys and the weighted sum of the values are one operation, [`Tensor::attention`], which the
+//! native backend runs without storing the scores; written as parts, the scores would be the
+//! einsum `... s | h d; ... t | h d => ... s | t -> h` (key positions `t` on the input row),
+//! masked by [`causal_mask`]. The output projection's width is inferred from the residual
+//! connection.
 
 use crate::Axes;
 use crate::graph::{Graph, ParamSpec, Tensor};
@@ -161,11 +163,8 @@ impl MultiHeadAttention {
             with_bias(self.wk.matmul(x), &self.bk),
             with_bias(self.wv.matmul(x), &self.bv),
         );
-        let scores = q.einsum(" ... s | h d; ... t | h d => ... s | t -> h", &k);
-        let scores = scores.scale(1.0 / (self.cfg.head_dim as f64).sqrt());
-        let scores = if self.cfg.causal { causal_mask(&scores) } else { scores };
-        let probs = scores.softmax("... s | t -> h => ... s | 0 -> h");
-        let ctx = probs.einsum(" ... s | t -> h; ... t | h e => ... s | h e", &v);
+        let scale = 1.0 / (self.cfg.head_dim as f64).sqrt();
+        let ctx = q.attention(&k, &v, self.cfg.causal, scale);
         with_bias(self.wo.matmul(&ctx), &self.bo)
     }
 }

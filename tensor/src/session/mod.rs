@@ -100,6 +100,8 @@ pub struct Session {
     grad: FxHashMap<TensorId, NodeId>,
     /// Nodes that are not tensors of the graph (optimizer state, scratch, scalars).
     extra: FxHashMap<NodeId, TensorNode>,
+    /// The nodes of the tensors each operation keeps besides its result ([`Session::aux_of`]).
+    aux: FxHashMap<TensorId, Vec<NodeId>>,
     next_node: u32,
     proj: FxHashMap<TensorId, Vec<Arc<Projections>>>,
     /// Leaves whose host data or initialization has been written.
@@ -188,6 +190,7 @@ impl Session {
             value: FxHashMap::default(),
             grad: FxHashMap::default(),
             extra: FxHashMap::default(),
+            aux: FxHashMap::default(),
             next_node: 0,
             proj: FxHashMap::default(),
             ready: FxHashSet::default(),
@@ -403,7 +406,30 @@ impl Session {
         } else {
             (None, vec![])
         };
-        Ok(OpCtx { out, args: arg_nodes, proj, out_grad, arg_grads, mode })
+        let aux = self.aux_of(t)?;
+        Ok(OpCtx { out, args: arg_nodes, proj, out_grad, arg_grads, mode, aux })
+    }
+
+    /// The nodes of the tensors an operation keeps besides its result ([`crate::op::Op::aux_dims`]),
+    /// made the first time they are asked for: intermediates of the result's precision.
+    fn aux_of(&mut self, t: TensorId) -> Result<Vec<NodeId>> {
+        if let Some(a) = self.aux.get(&t) {
+            return Ok(a.clone());
+        }
+        let op = match &self.graph.borrow().nodes[t.0 as usize].source {
+            Source::Op { op, .. } => op.clone(),
+            Source::Leaf(_) => return Ok(vec![]),
+        };
+        let mut nodes = Vec::new();
+        for (k, dims) in op.aux_dims(&self.dims(t)?).into_iter().enumerate() {
+            let n = self.fresh_node();
+            let label = format!("{}_kept{k}", self.graph.tensor(t).label());
+            let node = TensorNode::new(n, &label, &dims, self.prec_of(t), MemoryMode::Virtual);
+            self.extra.insert(n, node);
+            nodes.push(n);
+        }
+        self.aux.insert(t, nodes.clone());
+        Ok(nodes)
     }
 
     fn is_param(&self, t: TensorId) -> bool {
