@@ -235,6 +235,9 @@ impl Context {
             && attention_in_f32(&prog);
         if !attention_calls {
             crate::low_level::expand_attention(&mut prog);
+            if cfg!(debug_assertions) {
+                crate::low_level::verify::verify(&prog, "attention expansion")?;
+            }
         }
         // Intermediates without a buffer share one arena of the routine's own.
         crate::low_level::memory::plan_arena(&mut prog, |n| self.backend.has_buffer(n));
