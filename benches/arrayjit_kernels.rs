@@ -20,7 +20,8 @@
 //!
 //! `attention/<pass>/<model>`: the fused causal attention (`kernels::attention`), forward and
 //! backward, one thread, at the suite's attention shapes (batch, positions, heads, head width
-//! of gpt-w128-l2-c256, gpt-w96-l2-c128 and gpt-w128-l4-c64). "elem/s": the (query, key)
+//! of gpt-w128-l2-c256, gpt-w96-l2-c128, gpt-w128-l4-c64, gpt-w64-l3-c32 and gpt-w64-l2-c16).
+//! "elem/s": the (query, key)
 //! pairs the causal mask leaves.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -150,6 +151,8 @@ fn attention_group(c: &mut Criterion) {
         ("gpt-w128-l2-c256", 8, 256, 8, 16),
         ("gpt-w96-l2-c128", 16, 128, 3, 32),
         ("gpt-w128-l4-c64", 12, 64, 4, 32),
+        ("gpt-w64-l3-c32", 64, 32, 2, 32),
+        ("gpt-w64-l2-c16", 32, 16, 4, 16),
     ] {
         let a = Attention {
             batch,

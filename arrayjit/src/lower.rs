@@ -115,21 +115,29 @@ fn lower_attention(
     out: &mut Vec<Stmt>,
 ) -> Result<(), Error> {
     let (sizes, batch) = attention_sizes(prog, a)?;
-    if let Some(sym) = a.batch_limit {
-        register_symbol(prog, sym);
+    let pairs = sizes.pairs();
+    // One call per pair in one parallel loop, which the pool splits (over the heads too: a
+    // batch of one still runs on every thread). A dynamic batch: a loop over the first batch
+    // axis, stopping at its size, around the loop over the pairs of one of its cells.
+    let limit = a.batch_limit.filter(|_| !batch.is_empty());
+    let (outer, per) = match limit {
+        Some(size) => {
+            register_symbol(prog, size);
+            let per = pairs / batch[0].max(1);
+            (Some((prog.fresh_var(), batch[0], Limit { size, per: 1 })), per)
+        }
+        None => (None, pairs),
+    };
+    let p = prog.fresh_var();
+    let mut pair = Index::var(p);
+    if let Some((b0, _, _)) = outer {
+        pair = Index::new(vec![(per as i64, IdxVar::Loop(b0)), (1, IdxVar::Loop(p))], 0);
     }
-    let bvars: Vec<(Var, usize)> = batch.iter().map(|&n| (prog.fresh_var(), n)).collect();
-    let head = prog.fresh_var();
-    let pair = crate::low_level::attention::pair_index(&bvars, head, sizes.heads);
     let call = AttentionCall { asgn: a.clone(), sizes, batch_dims: batch, pair };
-    // The heads innermost, a call per pair; the pool splits the outer loops.
-    let call = Stmt::Attention(Box::new(call));
-    let (extent, body) = (sizes.heads, vec![call]);
-    let mut nest = vec![Stmt::For { var: head, extent, limit: None, parallel: true, body }];
-    let limit = a.batch_limit.map(|size| Limit { size, per: 1 });
-    for (k, &(var, extent)) in bvars.iter().enumerate().rev() {
-        let limit = limit.filter(|_| k == 0);
-        nest = vec![Stmt::For { var, extent, limit, parallel: true, body: nest }];
+    let body = vec![Stmt::Attention(Box::new(call))];
+    let mut nest = vec![Stmt::For { var: p, extent: per, limit: None, parallel: true, body }];
+    if let Some((var, extent, limit)) = outer {
+        nest = vec![Stmt::For { var, extent, limit: Some(limit), parallel: true, body: nest }];
     }
     out.extend(nest);
     Ok(())

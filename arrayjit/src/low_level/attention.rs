@@ -21,7 +21,7 @@
 
 use std::fmt;
 
-use super::{Expr, IdxVar, Index, Limit, LocalId, Program, Stmt, Var};
+use super::{Expr, Index, Limit, LocalId, Program, Stmt, Var};
 use crate::assignments::AttentionAsgn;
 use crate::kernels::attention::{Attention, DESC_LEN};
 use crate::ops::{BinOp, Prec, TernOp, UnOp};
@@ -481,16 +481,4 @@ impl<'a> Nests<'a> {
         body.push(l.set(grad, &cell, sum));
         l.wrap(body)
     }
-}
-
-/// The pair index `Σ batchᵢ·strideᵢ + head` of the loop variables over the batch axes and the
-/// heads.
-pub fn pair_index(batch: &[(Var, usize)], head: Var, heads: usize) -> Index {
-    let mut stride = heads as i64;
-    let mut terms = vec![(1, IdxVar::Loop(head))];
-    for &(v, extent) in batch.iter().rev() {
-        terms.push((stride, IdxVar::Loop(v)));
-        stride *= extent as i64;
-    }
-    Index::new(terms, 0)
 }
