@@ -361,23 +361,24 @@ unsafe fn block_scores<M: Madd>(
 
 /// Softmax of one row of scores in place: the first `n` (seen) cells become
 /// `exp(scale·x - m) / l` (`m` their maximum, `l` the sum of the exponentials), the others 0;
-/// returns the log-sum-exp `m + log l` of the scaled scores. Each pass is its own loop, the
-/// maximum and the sum over `L` partial results, so that every loop is vectorized (a loop
-/// carrying one running sum stays scalar, and so would the exponential inside it).
+/// returns the log-sum-exp `m + log l` of the scaled scores. Each pass is its own loop over the
+/// whole row, the masked cells `-inf` until their exponential makes them 0 (selected by
+/// position, not by a shorter loop: a causal row's seen cells are rarely a whole number of
+/// vectors, and a loop's remainder runs one cell at a time), the maximum and the sum over `L`
+/// partial results, so that every loop is vectorized (a loop carrying one running sum stays
+/// scalar, and so would the exponential inside it).
 #[inline(always)]
 fn softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 {
-    let (seen, masked) = row.split_at_mut(n);
-    masked.fill(0.0);
-    for x in seen.iter_mut() {
-        *x *= scale;
+    for (t, x) in row.iter_mut().enumerate() {
+        *x = if t < n { *x * scale } else { f32::NEG_INFINITY };
     }
-    let m = max_of(seen);
-    for x in seen.iter_mut() {
+    let m = max_of(row);
+    for x in row.iter_mut() {
         *x = exp_f32(*x - m);
     }
-    let l = sum_of(seen);
+    let l = sum_of(row);
     let r = 1.0 / l;
-    for x in seen.iter_mut() {
+    for x in row.iter_mut() {
         *x *= r;
     }
     m + log_f32(l)
@@ -400,7 +401,21 @@ fn max_of(xs: &[f32]) -> f32 {
             part[j] = if c[j] > part[j] { c[j] } else { part[j] };
         }
     }
-    rest.iter().chain(&part).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    halve(&mut part, |a, b| if b > a { b } else { a });
+    rest.iter().fold(part[0], |m, &x| if x > m { x } else { m })
+}
+
+/// Folds `L` partial results into `part[0]` by halves (eight pairs, then four, two, one: each
+/// step one vector operation), instead of one lane after another.
+#[inline(always)]
+fn halve(part: &mut [f32; L], f: impl Fn(f32, f32) -> f32) {
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            part[j] = f(part[j], part[j + w]);
+        }
+    }
 }
 
 /// The sum of `xs`, over `L` partial sums.
@@ -415,7 +430,8 @@ fn sum_of(xs: &[f32]) -> f32 {
             part[j] += c[j];
         }
     }
-    rest.iter().chain(&part).sum()
+    halve(&mut part, |a, b| a + b);
+    rest.iter().fold(part[0], |s, &x| s + x)
 }
 
 /// The forward pass over `pairs`.
@@ -557,16 +573,14 @@ unsafe fn backward_block<M: Madd>(
 
 /// One row's probabilities and score gradients in place: the first `n` (seen) cells of `pr`
 /// (scores) become `P = exp(scale·x - lse)` and of `dp` (`dO·vₜ`) become
-/// `dS = P·(dP - D)·scale`; the masked cells become 0 in both.
+/// `dS = P·(dP - D)·scale`; the masked cells become 0 in both (selected by position over the
+/// whole row, so that the loop is vectorized to its end, as in [`softmax_row`]).
 #[inline(always)]
 fn score_grads(pr: &mut [f32], dp: &mut [f32], n: usize, (lse, big_d): (f32, f32), scale: f32) {
-    let (seen, masked) = pr.split_at_mut(n);
-    masked.fill(0.0);
-    let (seen_dp, masked_dp) = dp.split_at_mut(n);
-    masked_dp.fill(0.0);
-    for (x, g) in seen.iter_mut().zip(seen_dp) {
-        *x = exp_f32(*x * scale - lse);
-        *g = *x * (*g - big_d) * scale;
+    for (t, (x, g)) in pr.iter_mut().zip(dp.iter_mut()).enumerate() {
+        let seen = t < n;
+        *x = exp_f32(if seen { *x * scale - lse } else { f32::NEG_INFINITY });
+        *g = if seen { *x * (*g - big_d) * scale } else { 0.0 };
     }
 }
 
