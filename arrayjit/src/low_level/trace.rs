@@ -70,31 +70,27 @@ fn walk(
         // cell, and writes the result.
         Stmt::Gemm(g) => {
             let read = g.accumulate.then_some(g.c.node);
-            record_call(uses, pos, [g.a.node, g.b.node].into_iter().chain(read), g.c.node);
+            record_call(uses, pos, [g.a.node, g.b.node].into_iter().chain(read), [g.c.node]);
         }
         // A map reads its inputs (and the result, when a reduction accumulates) and writes
         // the result; a reduction reads its inputs many times per cell.
         Stmt::Map(m) => {
             let read = m.accumulate.then_some(m.out.node);
-            record_call(uses, pos, m.inputs.iter().map(|o| o.node).chain(read), m.out.node);
+            record_call(uses, pos, m.inputs.iter().map(|o| o.node).chain(read), [m.out.node]);
         }
         // An attention call reads its inputs many times and writes its results; each result
         // also counts as read, so that no pass removes the call for one unread result (an
         // inference routine never reads the log-sum-exp).
-        Stmt::Attention(a) => {
-            for w in a.asgn.written() {
-                record_call(uses, pos, a.nodes().into_iter(), w);
-            }
-        }
+        Stmt::Attention(a) => record_call(uses, pos, a.nodes().into_iter(), a.asgn.written()),
     }
 }
 
-/// A kernel call at the next position: reads (not once per cell), then one write.
+/// A kernel call at the next position: reads (not once per cell), then its writes.
 fn record_call(
     uses: &mut FxHashMap<NodeId, NodeUse>,
     pos: &mut usize,
     reads: impl Iterator<Item = NodeId>,
-    written: NodeId,
+    written: impl IntoIterator<Item = NodeId>,
 ) {
     *pos += 1;
     for n in reads {
@@ -103,9 +99,11 @@ fn record_call(
         u.read_positions.push(*pos);
         u.reads_once_per_cell = false;
     }
-    let u = uses.entry(written).or_insert_with(fresh_use);
-    u.write_sites += 1;
-    u.write_positions.push(*pos);
+    for w in written {
+        let u = uses.entry(w).or_insert_with(fresh_use);
+        u.write_sites += 1;
+        u.write_positions.push(*pos);
+    }
 }
 
 fn fresh_use() -> NodeUse {

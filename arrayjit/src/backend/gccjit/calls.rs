@@ -83,51 +83,52 @@ impl<'c> Gen<'c> {
     }
 
     /// A call of the fused attention through the run table: the tensors' first cells (null for
-    /// a gradient not wanted) and the descriptor's words in local arrays.
+    /// a gradient not wanted) and the descriptor's words.
     pub(super) fn attention(&mut self, a: &AttentionCall) {
-        let arr = self.words("attention_desc", &a.descriptor());
         let elem_ptr = self.storage_type(Prec::F32).make_pointer();
-        let ptrs_ty = self.ctx.new_array_type(None, elem_ptr, POINTERS as u64);
-        let name = self.name("attention_ptrs");
-        let ptrs = self.func.new_local(None, ptrs_ty, name);
-        for (k, node) in a.pointers().into_iter().enumerate() {
-            let value = match node {
+        let cells: Vec<RValue<'c>> = a
+            .pointers()
+            .into_iter()
+            .map(|n| match n {
                 Some(n) => self.ptrs[&n].to_rvalue(),
                 None => self.ctx.new_null(elem_ptr),
-            };
-            let slot = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(k as i64));
-            self.block.add_assignment(None, slot, value);
-        }
-        let fty = self.ctx.new_function_pointer_type(
-            None,
-            self.ctx.new_type::<()>(),
-            &[elem_ptr.make_pointer(), self.t.i64.make_pointer()],
-            false,
-        );
-        let f = self.helper(HELPER_ATTENTION_F32, fty);
-        let first_ptr = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(0));
-        let first_word = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(0));
-        let call = self.ctx.new_call_through_ptr(
-            None,
-            f,
-            &[first_ptr.get_address(None), first_word.get_address(None)],
-        );
-        self.block.add_eval(None, call);
+            })
+            .collect();
+        debug_assert_eq!(cells.len(), POINTERS);
+        self.pointers_call("attention", HELPER_ATTENTION_F32, Prec::F32, &cells, &a.descriptor());
     }
 
     /// A call of the map kernel through the run table: the operands' first cells and the
-    /// descriptor's words in local arrays.
+    /// descriptor's words.
     pub(super) fn map(&mut self, m: &Map) {
-        let arr = self.words("map_desc", &m.descriptor());
-        let elem_ptr = self.storage_type(m.prec).make_pointer();
-        let n = 1 + m.inputs.len();
-        let ptrs_ty = self.ctx.new_array_type(None, elem_ptr, n as u64);
-        let name = self.name("map_ptrs");
+        let cells: Vec<RValue<'c>> = m
+            .operands()
+            .map(|o| {
+                let off = self.index(&o.offset);
+                let base = self.ptrs[&o.node].to_rvalue();
+                self.ctx.new_array_access(None, base, off).get_address(None)
+            })
+            .collect();
+        let k = if m.prec == Prec::F64 { HELPER_MAP_F64 } else { HELPER_MAP_F32 };
+        self.pointers_call("map", k, m.prec, &cells, &m.descriptor());
+    }
+
+    /// `helper(ptrs, desc)` for the kernels that take their tensors as an array of pointers
+    /// (of `prec`'s storage type) and their sizes as an array of `i64` words, both locals.
+    fn pointers_call(
+        &mut self,
+        what: &str,
+        helper: usize,
+        prec: Prec,
+        cells: &[RValue<'c>],
+        desc: &[Index],
+    ) {
+        let arr = self.words(&format!("{what}_desc"), desc);
+        let elem_ptr = self.storage_type(prec).make_pointer();
+        let ptrs_ty = self.ctx.new_array_type(None, elem_ptr, cells.len() as u64);
+        let name = self.name(&format!("{what}_ptrs"));
         let ptrs = self.func.new_local(None, ptrs_ty, name);
-        for (k, o) in m.operands().enumerate() {
-            let off = self.index(&o.offset);
-            let base = self.ptrs[&o.node].to_rvalue();
-            let cell = self.ctx.new_array_access(None, base, off).get_address(None);
+        for (k, &cell) in cells.iter().enumerate() {
             let slot = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(k as i64));
             self.block.add_assignment(None, slot, cell);
         }
@@ -137,8 +138,7 @@ impl<'c> Gen<'c> {
             &[elem_ptr.make_pointer(), self.t.i64.make_pointer()],
             false,
         );
-        let k = if m.prec == Prec::F64 { HELPER_MAP_F64 } else { HELPER_MAP_F32 };
-        let f = self.helper(k, fty);
+        let f = self.helper(helper, fty);
         let first_ptr = self.ctx.new_array_access(None, ptrs.to_rvalue(), self.long(0));
         let first_word = self.ctx.new_array_access(None, arr.to_rvalue(), self.long(0));
         let call = self.ctx.new_call_through_ptr(
