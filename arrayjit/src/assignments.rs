@@ -206,6 +206,67 @@ pub enum Asgn {
     /// Scaled dot-product attention, forward or backward, as one operation
     /// ([`AttentionAsgn`]).
     Attention(Box<AttentionAsgn>),
+    /// A table lookup by integer ids, or its gradient ([`GatherAsgn`]).
+    Gather(Box<GatherAsgn>),
+}
+
+/// A lookup of a table's cells by integer ids (an embedding): `out[t…, r…] = table[r…,
+/// ids[t…]]`, or backward `table[r…, ids[t…]] += out[t…, r…]` (then `table` is the table's
+/// gradient and `out` the output's). The table's axes are `[r…, vocab]` or `[vocab, r…]`
+/// (`vocab_first`), the ids' `[t…]`, the output's `[t…, r…]`. An id that is not an integer in
+/// `0..vocab` selects nothing (its output cells are `−0`; backward it adds nothing). The native
+/// CPU backend calls a kernel ([`crate::kernels::gather`]); the others compute it as loop
+/// nests over the vocabulary ([`crate::low_level::gather`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatherAsgn {
+    /// The table (its gradient, backward).
+    pub table: NodeId,
+    /// The ids.
+    pub ids: NodeId,
+    /// The output (its gradient, backward).
+    pub out: NodeId,
+    /// The table's first axis is the vocabulary (else its last).
+    pub vocab_first: bool,
+    /// The gradient: `table += scatter(out)`.
+    pub backward: bool,
+    /// A dynamic size of the ids' first axis: its runtime symbol (the tokens past it are not
+    /// looked up, and add nothing backward).
+    pub batch_limit: Option<Symbol>,
+}
+
+impl GatherAsgn {
+    /// The node written: the output, or the table's gradient.
+    pub fn written(&self) -> NodeId {
+        if self.backward { self.table } else { self.out }
+    }
+
+    /// The nodes read (the gradient backward, onto which it accumulates, included).
+    pub fn read(&self) -> Vec<NodeId> {
+        if self.backward {
+            vec![self.ids, self.out, self.table]
+        } else {
+            vec![self.table, self.ids]
+        }
+    }
+}
+
+impl fmt::Display for GatherAsgn {
+    /// `n3 := gather(n1, n2)`, or `n5 += gather_grad(n2, n4)`; `vocab first` and the batch's
+    /// symbol after a semicolon when they apply.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut opts = Vec::new();
+        if self.vocab_first {
+            opts.push("vocab first".to_string());
+        }
+        if let Some(s) = self.batch_limit {
+            opts.push(format!("batch to {s}"));
+        }
+        let opts = if opts.is_empty() { String::new() } else { format!("; {}", opts.join(", ")) };
+        match self.backward {
+            false => write!(f, "{} := gather({}, {}{opts})", self.out, self.table, self.ids),
+            true => write!(f, "{} += gather_grad({}, {}{opts})", self.table, self.ids, self.out),
+        }
+    }
 }
 
 /// Scaled dot-product attention over (batch, head) pairs: `out = softmax(scale·q·kᵀ)·v` per
@@ -301,6 +362,7 @@ impl Asgn {
         self.visit(&mut |a| match a {
             Asgn::Accum { lhs, .. } | Asgn::Fetch { lhs, .. } => out.push(*lhs),
             Asgn::Attention(a) => out.extend(a.written()),
+            Asgn::Gather(g) => out.push(g.written()),
             _ => {}
         });
         out.sort();
@@ -320,6 +382,10 @@ impl Asgn {
             Asgn::Attention(a) => {
                 out.extend(a.written());
                 out.extend(a.read());
+            }
+            Asgn::Gather(g) => {
+                out.push(g.written());
+                out.extend(g.read());
             }
             _ => {}
         });
@@ -368,6 +434,7 @@ impl Asgn {
             }
             Asgn::Fetch { lhs, fetch } => writeln!(f, "{lhs} := {fetch}"),
             Asgn::Attention(a) => writeln!(f, "{a}"),
+            Asgn::Gather(g) => writeln!(f, "{g}"),
         }
     }
 }

@@ -226,18 +226,17 @@ impl Context {
         once: bool,
     ) -> Result<Routine, Error> {
         let (mut prog, front_phases) = crate::front_end(name, asgn, nodes, &self.opts)?;
-        // Only native code calls the fused attention kernel; every other backend (and a routine
-        // run once, which may be interpreted) computes it as ordinary nests.
-        let attention_calls = self.backend.kind() == BackendKind::Gccjit
+        // Only native code calls the attention and lookup kernels; every other backend (and a
+        // routine run once, which may be interpreted, or one whose accesses are all checked)
+        // computes them as ordinary nests.
+        let native = self.backend.kind() == BackendKind::Gccjit
             && self.opts.kernel_calls
             && !self.opts.bounds_check
-            && !once
-            && attention_in_f32(&prog);
-        if !attention_calls {
-            crate::low_level::expand_attention(&mut prog);
-            if cfg!(debug_assertions) {
-                crate::low_level::verify::verify(&prog, "attention expansion")?;
-            }
+            && !once;
+        let before = prog.body.len();
+        crate::low_level::expand_calls(&mut prog, |p, c| native && kernel_takes(p, c));
+        if cfg!(debug_assertions) && prog.body.len() != before {
+            crate::low_level::verify::verify(&prog, "kernel call expansion")?;
         }
         // Intermediates without a buffer share one arena of the routine's own.
         crate::low_level::memory::plan_arena(&mut prog, |n| self.backend.has_buffer(n));
@@ -537,15 +536,19 @@ fn write_debug(dir: &Path, file: &str, text: &str) -> Result<(), Error> {
     std::fs::write(&path, text).map_err(io)
 }
 
-/// Whether every attention call of the program is on `f32` tensors (the kernel's precision).
-fn attention_in_f32(prog: &crate::low_level::Program) -> bool {
-    let mut ok = true;
-    for s in &prog.body {
-        s.visit(&mut |s| {
-            if let crate::low_level::Stmt::Attention(a) = s {
-                ok &= a.nodes().iter().all(|n| prog.nodes[n].prec == crate::ops::Prec::F32);
-            }
-        });
+/// Whether the kernel of `call` takes its tensors' precisions: `f32` tensors (and `u32` or
+/// `f32` ids for a lookup).
+fn kernel_takes(prog: &crate::low_level::Program, call: &crate::low_level::Call) -> bool {
+    use crate::low_level::Call;
+    use crate::ops::Prec;
+    let prec = |n: &crate::tnode::NodeId| prog.nodes[n].prec;
+    match call {
+        Call::Attention(a) => a.nodes().iter().all(|n| prec(n) == Prec::F32),
+        Call::Gather(g) => {
+            let a = &g.asgn;
+            prec(&a.table) == Prec::F32
+                && prec(&a.out) == Prec::F32
+                && matches!(prec(&a.ids), Prec::U32 | Prec::F32)
+        }
     }
-    ok
 }

@@ -24,12 +24,14 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::assignments::{Asgn, AttentionAsgn, FetchOp, ScalarExpr};
+use crate::assignments::{Asgn, AttentionAsgn, FetchOp, GatherAsgn, ScalarExpr};
 use crate::error::Error;
 use crate::indexing::{AxisIndex, Projections, Symbol};
 use crate::kernels::attention::Attention;
+use crate::kernels::gather::Gather;
 use crate::low_level::{
-    AttentionCall, Expr, Guard, IdxVar, Index, Limit, Program, RuntimeCheck, Stmt, Var,
+    AttentionCall, Call, Expr, GatherCall, Guard, IdxVar, Index, Limit, Program, RuntimeCheck,
+    Stmt, Var,
 };
 use crate::ops::{BinOp, Prec, TernOp, UnOp};
 use crate::tnode::{NodeId, NodeTable, TensorNode, row_major_strides};
@@ -104,6 +106,7 @@ fn lower_into(prog: &mut Program, asgn: &Asgn, out: &mut Vec<Stmt>) -> Result<()
             lower_accum(prog, &acc, out)
         }
         Asgn::Attention(a) => lower_attention(prog, a, out),
+        Asgn::Gather(g) => lower_gather(prog, g, out),
     }
 }
 
@@ -134,13 +137,64 @@ fn lower_attention(
         pair = Index::new(vec![(per as i64, IdxVar::Loop(b0)), (1, IdxVar::Loop(p))], 0);
     }
     let call = AttentionCall { asgn: a.clone(), sizes, batch_dims: batch, pair };
-    let body = vec![Stmt::Attention(Box::new(call))];
+    let body = vec![Stmt::Call(Box::new(Call::Attention(call)))];
     let mut nest = vec![Stmt::For { var: p, extent: per, limit: None, parallel: true, body }];
     if let Some((var, extent, limit)) = outer {
         nest = vec![Stmt::For { var, extent, limit: Some(limit), parallel: true, body: nest }];
     }
     out.extend(nest);
     Ok(())
+}
+
+/// One parallel loop over the parts of a lookup (tokens forward, the table's rows backward)
+/// around one call each ([`crate::low_level::gather`]).
+fn lower_gather(prog: &mut Program, g: &GatherAsgn, out: &mut Vec<Stmt>) -> Result<(), Error> {
+    let (sizes, token_dims, row_dims) = gather_sizes(prog, g)?;
+    if let Some(s) = g.batch_limit.filter(|_| !token_dims.is_empty()) {
+        register_symbol(prog, s);
+    }
+    let g =
+        GatherAsgn { batch_limit: g.batch_limit.filter(|_| !token_dims.is_empty()), ..g.clone() };
+    let (parts, count) = crate::low_level::gather::parts(&sizes, g.backward);
+    let p = prog.fresh_var();
+    let start = Index::new(vec![(count as i64, IdxVar::Loop(p))], 0);
+    let call = GatherCall { asgn: g, sizes, token_dims, row_dims, start, count };
+    let body = vec![Stmt::Call(Box::new(Call::Gather(call)))];
+    out.push(Stmt::For { var: p, extent: parts, limit: None, parallel: true, body });
+    Ok(())
+}
+
+/// The sizes and layout of a lookup, the ids' axes and the table's other axes, from its
+/// tensors, which must have the axes [`Asgn::Gather`] describes (else an error naming the
+/// tensor and the shapes).
+fn gather_sizes(prog: &Program, g: &GatherAsgn) -> Result<(Gather, Vec<usize>, Vec<usize>), Error> {
+    let node = |n: NodeId| prog.nodes.get(&n).ok_or(Error::UnknownNode(n.0));
+    let (table, ids, out) = (node(g.table)?, node(g.ids)?, node(g.out)?);
+    let bad = |reason: String| Error::InvalidAssignment { lhs: g.written().0, reason };
+    let (vocab, row_dims) = match (g.vocab_first, table.dims.split_first(), table.dims.split_last())
+    {
+        (true, Some((v, rest)), _) => (*v, rest.to_vec()),
+        (false, _, Some((v, rest))) => (*v, rest.to_vec()),
+        _ => return Err(bad("a lookup's table has no axes".into())),
+    };
+    let want: Vec<usize> = ids.dims.iter().chain(&row_dims).copied().collect();
+    if out.dims != want || vocab == 0 {
+        return Err(bad(format!(
+            "lookup output of dims {:?}, expected {want:?} (ids {:?}, table {:?})",
+            out.dims, ids.dims, table.dims
+        )));
+    }
+    let rows: usize = row_dims.iter().product();
+    let (row_step, vocab_step) = if g.vocab_first { (1, rows) } else { (vocab, 1) };
+    let sizes = Gather {
+        tokens: ids.dims.iter().product(),
+        rows,
+        vocab,
+        row_step,
+        vocab_step,
+        ids_f32: ids.prec == Prec::F32,
+    };
+    Ok((sizes, ids.dims.clone(), row_dims))
 }
 
 /// The sizes of an attention and its batch axes, from its tensors, which must have the axes

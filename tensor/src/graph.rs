@@ -101,6 +101,8 @@ pub(crate) enum IdCount {
     Fixed(usize),
     /// The last output axis of this tensor (a classifier's logits).
     LastOutputOf(TensorId),
+    /// The first input axis of this tensor (a table looked up, [`Tensor::lookup`]).
+    FirstInputOf(TensorId),
 }
 
 pub(crate) struct GraphInner {

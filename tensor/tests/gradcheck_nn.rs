@@ -130,6 +130,16 @@ fn layer_norm_and_embedding() {
         let e = Embedding::new(g, "emb", EmbeddingConfig::new(3, 2)).apply(&ids);
         (g.params(), e)
     });
+    // A table with two output axes, ids with two batch axes, ids repeated and one unused.
+    check("lookup", |g| {
+        let t = g.param(
+            "t",
+            ParamSpec::new(Axes::new().input(&[4]).output(&[2, 3]))
+                .init(Init::Values(spread(24, -1.0, 1.0))),
+        );
+        let ids = g.ndarray("ids", Axes::new().batch(&[2, 3]), &[3.0, 0.0, 3.0, 1.0, 1.0, 3.0]);
+        (vec![t.clone()], t.lookup(&ids).tanh())
+    });
 }
 
 #[test]

@@ -325,7 +325,7 @@ impl CRenderer<'_> {
             }
             Stmt::Gemm(g) => self.gemm(out, g, depth),
             Stmt::Map(m) => self.map(out, m, depth),
-            Stmt::Attention(a) => self.attention(out, a, depth),
+            Stmt::Call(c) => self.call(out, c, depth),
         }
     }
 
@@ -427,18 +427,25 @@ impl CRenderer<'_> {
     }
 
     /// A call of the fused attention (the listing of a native routine).
-    fn attention(&self, out: &mut String, a: &crate::low_level::AttentionCall, depth: usize) {
+    fn call(&self, out: &mut String, c: &crate::low_level::Call, depth: usize) {
         let pad = "  ".repeat(depth);
-        let desc: Vec<String> = a.descriptor().iter().map(|i| self.index(i)).collect();
-        let ptrs: Vec<String> = a
+        let desc: Vec<String> = c.descriptor().iter().map(|i| self.index(i)).collect();
+        let ptrs: Vec<String> = c
             .pointers()
             .iter()
-            .map(|n| n.map_or("0".to_string(), |n| Self::ptr_name(n).to_string()))
+            .map(|n| match n {
+                None => "0".to_string(),
+                // The kernels read other precisions (a lookup's ids) through the same array.
+                Some(n) if self.prog.nodes[n].prec != Prec::F32 => {
+                    format!("(float *){}", Self::ptr_name(*n))
+                }
+                Some(n) => Self::ptr_name(*n).to_string(),
+            })
             .collect();
         let _ = writeln!(out, "{pad}{{");
         let _ = writeln!(out, "{pad}  float *const p[] = {{{}}};", ptrs.join(", "));
         let _ = writeln!(out, "{pad}  const long long d[] = {{{}}};", desc.join(", "));
-        let _ = writeln!(out, "{pad}  rc_attention_f32(p, d);");
+        let _ = writeln!(out, "{pad}  {}(p, d);", c.kernel().name());
         let _ = writeln!(out, "{pad}}}");
     }
 

@@ -671,7 +671,7 @@ impl Launch<'_> {
                 let x = self.eval(value, t, compute)?;
                 t.locals[local.0 as usize] = prec.round(x);
             }
-            Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Attention(_) => {
+            Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Call(_) => {
                 return Err(self.check("a CPU kernel call in a GPU kernel".into()));
             }
         }

@@ -14,8 +14,7 @@ use half::{bf16, f16};
 use super::host::{HostArena, HostBuffers};
 use super::{Backend, BackendKind, BuildReport, BuildRequest, CompileOptions};
 use crate::error::Error;
-use crate::kernels::attention::POINTERS;
-use crate::low_level::{Expr, IdxVar, Index, Program, Stmt, Var};
+use crate::low_level::{Expr, IdxVar, Index, Kernel, Program, Stmt, Var};
 use crate::ndarray::NdArray;
 use crate::ops::{BinOp, Prec, TernOp, UnOp, uniform};
 use crate::tnode::{NodeId, TensorNode, row_major_strides};
@@ -86,9 +85,9 @@ enum IStmt {
     Gemm(Box<IGemm>),
     /// A call of the map kernel, run as the nest it stands for.
     Map(Box<IMap>),
-    /// A call of the fused attention: the tensors' buffers (in the kernel's order, `None` for a
-    /// gradient not wanted) and the descriptor's words.
-    Attention(Box<([Option<usize>; POINTERS], Vec<Lin>)>),
+    /// A kernel call (attention, a lookup): the kernel, the tensors' buffers (in the kernel's
+    /// order, `None` for a gradient not wanted) and the descriptor's words.
+    Call(Box<(Kernel, Vec<Option<usize>>, Vec<Lin>)>),
 }
 
 /// A [`crate::low_level::Map`] resolved: the operands' buffers and first cells (the result
@@ -369,8 +368,8 @@ impl Resolver<'_> {
                 let desc = m.descriptor().iter().map(|i| self.lin(i)).collect();
                 IStmt::Map(Box::new(IMap { operands, desc, prec: m.prec }))
             }
-            Stmt::Attention(a) => {
-                let bufs = a.pointers().map(|n| {
+            Stmt::Call(c) => {
+                let bufs = c.pointers().into_iter().map(|n| {
                     n.map(|n| {
                         let next = self.bufs.len();
                         let buf = *self.buf_of.entry(n).or_insert(next);
@@ -380,8 +379,9 @@ impl Resolver<'_> {
                         buf
                     })
                 });
-                let desc = a.descriptor().iter().map(|i| self.lin(i)).collect();
-                IStmt::Attention(Box::new((bufs, desc)))
+                let bufs = bufs.collect();
+                let desc = c.descriptor().iter().map(|i| self.lin(i)).collect();
+                IStmt::Call(Box::new((c.kernel(), bufs, desc)))
             }
         })
     }
@@ -532,7 +532,10 @@ impl Machine<'_> {
                 }
                 IStmt::Gemm(g) => self.gemm(g, env, locals)?,
                 IStmt::Map(m) => self.map(m, env)?,
-                IStmt::Attention(a) => self.attention(&a.0, &a.1, env)?,
+                IStmt::Call(c) => match c.0 {
+                    Kernel::AttentionF32 => self.attention(&c.1, &c.2, env)?,
+                    Kernel::GatherF32 => self.gather(&c.1, &c.2, env)?,
+                },
             }
         }
         Ok(())
@@ -707,16 +710,52 @@ impl Machine<'_> {
         Ok(())
     }
 
+    /// One part of a lookup, by the kernel itself (the nests it stands for are
+    /// [`crate::low_level::expand_calls`]'s, which is what this backend's routines run): the
+    /// table and output checked to be `f32`, the ids `u32` or `f32`, each holding the cells the
+    /// sizes address.
+    fn gather(&self, bufs: &[Option<usize>], desc: &[Lin], env: &[i64]) -> Result<(), Error> {
+        use crate::kernels::gather::{DESC_LEN, Gather};
+        let mut words = [0i64; DESC_LEN];
+        for (w, l) in words.iter_mut().zip(desc) {
+            *w = l.eval(env);
+        }
+        let (g, backward, start, count, used) = Gather::from_descriptor(&words);
+        let table_cells =
+            (g.rows.max(1) - 1) * g.row_step + (g.vocab.max(1) - 1) * g.vocab_step + 1;
+        let ids_prec = if g.ids_f32 { Prec::F32 } else { Prec::U32 };
+        let want = [(Prec::F32, table_cells), (ids_prec, g.tokens), (Prec::F32, g.tokens * g.rows)];
+        let mut ptrs = [std::ptr::null_mut::<f32>(); 3];
+        for (k, (buf, (prec, cells))) in bufs.iter().zip(want).enumerate() {
+            let view = buf.map(|b| (b, &self.views[b]));
+            match view {
+                Some((_, v)) if v.prec == prec && v.len >= cells => ptrs[k] = v.ptr.cast(),
+                _ => {
+                    return Err(Error::Verify {
+                        pass: "interpreter",
+                        reason: format!("lookup tensor {k} does not fit {g:?}"),
+                    });
+                }
+            }
+        }
+        let [table, ids, out] = ptrs;
+        // SAFETY: each buffer holds the cells the sizes address in the kernel's precisions
+        // (checked above); the result is a distinct node from the inputs.
+        unsafe {
+            if backward {
+                g.backward(table, ids.cast_const().cast(), out, start, count, used);
+            } else {
+                g.forward(table, ids.cast_const().cast(), out, start, count, used);
+            }
+        }
+        Ok(())
+    }
+
     /// One pair of a fused attention, by the kernel itself (the nests it stands for are
-    /// [`crate::low_level::expand_attention`]'s, which is what this backend's routines run):
+    /// [`crate::low_level::expand_calls`]'s, which is what this backend's routines run):
     /// each tensor's buffer checked to be `f32` and to hold the cells the sizes address.
-    fn attention(
-        &self,
-        bufs: &[Option<usize>; POINTERS],
-        desc: &[Lin],
-        env: &[i64],
-    ) -> Result<(), Error> {
-        use crate::kernels::attention::{self as att, Attention, DESC_LEN};
+    fn attention(&self, bufs: &[Option<usize>], desc: &[Lin], env: &[i64]) -> Result<(), Error> {
+        use crate::kernels::attention::{self as att, Attention, DESC_LEN, POINTERS};
         let mut words = [0i64; DESC_LEN];
         for (w, l) in words.iter_mut().zip(desc) {
             *w = l.eval(env);
@@ -735,7 +774,7 @@ impl Machine<'_> {
             t * a.width,
         ];
         let mut ptrs = [std::ptr::null_mut::<f32>(); POINTERS];
-        for (k, buf) in bufs.iter().enumerate() {
+        for (k, buf) in bufs.iter().enumerate().take(POINTERS) {
             let Some(buf) = *buf else { continue };
             let view = &self.views[buf];
             if view.prec != Prec::F32 || view.len < b * h * need[k] || pair >= a.pairs() {

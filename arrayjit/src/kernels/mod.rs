@@ -17,6 +17,7 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod gather;
 pub mod gemm;
 pub mod map;
 pub mod simd;

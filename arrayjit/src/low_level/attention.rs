@@ -9,7 +9,7 @@
 //! Every other backend (the interpreter, CUDA, the C listing; the native one in bounds-check
 //! mode, which checks every access of generated code, and for routines run once) gets the
 //! same computation as ordinary nests over a score tensor `P` of `[batch…, s, h, t]` cells
-//! (and its gradient `dS` backward), from [`expand_attention`], run before the memory plan so
+//! (and its gradient `dS` backward), from [`super::expand_calls`], run before the memory plan so
 //! that those two get arena slots like any intermediate:
 //!
 //! ```text
@@ -114,30 +114,14 @@ impl fmt::Display for AttentionCall {
     }
 }
 
-/// The first id of the score tensors [`expand_attention`] adds: a range no context hands out
+/// The first id of the score tensors the expansion adds: a range no context hands out
 /// (contexts number their nodes from 0), so an expansion never names another tensor.
 pub const SCORE_NODES: u32 = 0xF000_0000;
 
-/// Replaces every top-level statement holding attention calls by the ordinary nests of each
-/// call's attention (see the module documentation), adding their score tensors to the
-/// program.
-pub fn expand_attention(prog: &mut Program) {
-    let body = std::mem::take(&mut prog.body);
-    let mut out = Vec::with_capacity(body.len());
-    for s in body {
-        let mut calls = Vec::new();
-        s.visit(&mut |s| {
-            if let Stmt::Attention(c) = s {
-                calls.push((**c).clone());
-            }
-        });
-        match calls.first() {
-            // Lowering puts all pairs of one assignment under one statement.
-            Some(call) => out.extend(Nests::new(prog, call).build()),
-            None => out.push(s),
-        }
-    }
-    prog.body = out;
+/// The ordinary nests of one attention's calls (see the module documentation), adding their
+/// score tensors to the program.
+pub(super) fn expand(prog: &mut Program, call: &AttentionCall) -> Vec<Stmt> {
+    Nests::new(prog, call).build()
 }
 
 /// The builder of one attention's nests.

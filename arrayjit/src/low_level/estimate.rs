@@ -140,7 +140,7 @@ pub fn estimate(prog: &Program, exists: impl Fn(NodeId) -> bool) -> Estimate {
                 (g.rows_per_call() as u64 * g.n.extent as u64).saturating_mul(g.k.extent as u64),
             ),
             Stmt::Map(m) => mult.saturating_mul(m.points_total() as u64),
-            Stmt::Attention(a) => mult.saturating_mul(a.steps() as u64),
+            Stmt::Call(c) => mult.saturating_mul(c.steps() as u64),
             Stmt::Comment(_) => 0,
         }
     }

@@ -211,7 +211,7 @@ fn overwrites_before_reading(s: &Stmt, node: &TensorNode) -> bool {
                 // Counted as a read of every operand: it is not known to write every cell.
                 Stmt::Gemm(g) => self.reads |= g.operands().iter().any(|o| o.node == self.node.id),
                 Stmt::Map(m) => self.reads |= m.operands().any(|o| o.node == self.node.id),
-                Stmt::Attention(a) => self.reads |= a.nodes().contains(&self.node.id),
+                Stmt::Call(c) => self.reads |= c.nodes().contains(&self.node.id),
                 Stmt::Comment(_) => {}
             }
         }

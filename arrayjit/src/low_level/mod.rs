@@ -21,10 +21,12 @@
 //! statement lists.
 
 pub mod attention;
+pub mod call;
 pub mod cse;
 pub mod dse;
 pub mod estimate;
 mod expr;
+pub mod gather;
 mod gemm;
 mod index;
 pub mod map;
@@ -44,8 +46,10 @@ use rustc_hash::FxHashMap;
 use crate::ops::{BinOp, TernOp, UnOp};
 use crate::tnode::NodeId;
 
-pub use attention::{AttentionCall, expand_attention};
+pub use attention::AttentionCall;
+pub use call::{Call, Kernel, expand_calls};
 pub use expr::{Expr, fmt_indices};
+pub use gather::GatherCall;
 pub use gemm::{Epilogue, Gemm, GemmAxis, GemmOperand};
 pub use index::{IdxVar, Index, LocalId, Var};
 pub use map::{Map, MapAxis, MapOperand};
@@ -61,7 +65,7 @@ pub fn nodes_of(body: &[Stmt]) -> Vec<NodeId> {
             Stmt::Set { node, .. } => out.push(*node),
             Stmt::Gemm(g) => out.extend(g.operands().map(|o| o.node)),
             Stmt::Map(m) => out.extend(m.operands().map(|o| o.node)),
-            Stmt::Attention(a) => out.extend(a.nodes()),
+            Stmt::Call(c) => out.extend(c.nodes()),
             _ => {}
         });
         s.visit_exprs(&mut |e| {
@@ -174,7 +178,7 @@ pub fn flops(prog: &Program) -> u64 {
             Stmt::Map(m) => {
                 mult.saturating_mul(m.points_total() as u64).saturating_mul(m.flops_per_point())
             }
-            Stmt::Attention(a) => mult.saturating_mul(2 * a.steps() as u64),
+            Stmt::Call(c) => mult.saturating_mul(2 * c.steps() as u64),
             Stmt::Comment(_) => 0,
         }
     }

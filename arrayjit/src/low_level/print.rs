@@ -73,8 +73,8 @@ pub fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::Map(m) => {
             let _ = writeln!(out, "{pad}{m}");
         }
-        Stmt::Attention(a) => {
-            let _ = writeln!(out, "{pad}{a}");
+        Stmt::Call(c) => {
+            let _ = writeln!(out, "{pad}{c}");
         }
     }
 }

@@ -24,7 +24,7 @@ fn simplify_stmt(s: &mut Stmt) {
             let v = std::mem::replace(value, Expr::Const(0.0));
             *value = simplify(v);
         }
-        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Attention(_) => {}
+        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Call(_) => {}
     }
 }
 

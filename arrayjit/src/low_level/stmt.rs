@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::{AttentionCall, Expr, Gemm, Index, LocalId, Map, Var};
+use super::{Call, Expr, Gemm, Index, LocalId, Map, Var};
 use crate::indexing::Symbol;
 use crate::tnode::NodeId;
 
@@ -65,9 +65,10 @@ pub enum Stmt {
     /// A call of the map kernel: a pointwise map or a reduction (introduced by the CPU
     /// schedule).
     Map(Box<Map>),
-    /// One (batch, head) pair of a fused attention (introduced by lowering; expanded into
-    /// ordinary nests for every backend but the native one, [`super::attention`]).
-    Attention(Box<AttentionCall>),
+    /// A kernel call: one (batch, head) pair of a fused attention, one part of a table lookup
+    /// (introduced by lowering; expanded into ordinary nests for every backend but the native
+    /// one, [`super::call`]).
+    Call(Box<Call>),
 }
 
 impl Stmt {

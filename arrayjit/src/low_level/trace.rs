@@ -81,7 +81,7 @@ fn walk(
         // An attention call reads its inputs many times and writes its results; each result
         // also counts as read, so that no pass removes the call for one unread result (an
         // inference routine never reads the log-sum-exp).
-        Stmt::Attention(a) => record_call(uses, pos, a.nodes().into_iter(), a.asgn.written()),
+        Stmt::Call(c) => record_call(uses, pos, c.nodes().into_iter(), c.written()),
     }
 }
 

@@ -81,7 +81,7 @@ impl Verifier<'_> {
                 g.epilogue.as_ref().map_or(Ok(()), |e| self.epilogue(g, e))
             }
             Stmt::Map(m) => self.map(m),
-            Stmt::Attention(a) => self.attention(a),
+            Stmt::Call(c) => self.call(c),
         }
     }
 
@@ -163,23 +163,23 @@ impl Verifier<'_> {
         Ok(())
     }
 
-    /// Checks a map call: its precision, descriptor, axes and operands, then that it stays
-    /// inside every operand for every value of the loops around it.
-    /// Every tensor of an attention call is a known, materialized node; its pair index uses
+    /// Every tensor of a kernel call is a known, materialized node; its own index uses
     /// the loops around it. (Any precision: a call not on `f32` is expanded into nests before a
     /// backend sees it.)
-    fn attention(&self, a: &super::AttentionCall) -> Result<(), String> {
-        for n in a.nodes() {
+    fn call(&self, c: &super::Call) -> Result<(), String> {
+        for n in c.nodes() {
             if !self.prog.nodes.contains_key(&n) {
-                return Err(format!("attention call on unknown node {n}"));
+                return Err(format!("kernel call on unknown node {n}: {c}"));
             }
             if self.prog.virtual_nodes.contains(&n) {
-                return Err(format!("attention call on virtualized node {n}"));
+                return Err(format!("kernel call on virtualized node {n}: {c}"));
             }
         }
-        self.index(&a.pair)
+        self.index(c.index())
     }
 
+    /// Checks a map call: its precision, descriptor, axes and operands, then that it stays
+    /// inside every operand for every value of the loops around it.
     fn map(&self, m: &super::Map) -> Result<(), String> {
         if !matches!(m.prec, Prec::F32 | Prec::F64) {
             return Err(format!("map in {}", m.prec.name()));

@@ -155,8 +155,8 @@ fn collect(
                 t.uses.entry(o.node).or_default().pinned = true;
             }
         }
-        Stmt::Attention(a) => {
-            for n in a.nodes() {
+        Stmt::Call(c) => {
+            for n in c.nodes() {
                 t.uses.entry(n).or_default().pinned = true;
             }
         }
@@ -319,7 +319,7 @@ fn site_value_mut<'a>(body: &'a mut [Stmt], path: &[usize]) -> &'a mut Expr {
     match &mut body[*first] {
         Stmt::For { body, .. } | Stmt::If { body, .. } => site_value_mut(body, rest),
         Stmt::Set { value, .. } | Stmt::SetLocal { value, .. } => value,
-        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Attention(_) => {
+        Stmt::Comment(_) | Stmt::Gemm(_) | Stmt::Map(_) | Stmt::Call(_) => {
             unreachable!("a site is an assignment")
         }
     }

@@ -165,6 +165,9 @@ impl Graph {
                     IdCount::LastOutputOf(logits) => {
                         *self.tensor(logits).rows().ok()?.output.last()?
                     }
+                    IdCount::FirstInputOf(table) => {
+                        *self.tensor(table).rows().ok()?.input.first()?
+                    }
                 };
                 Some((n, u.reader))
             })

@@ -1,5 +1,6 @@
-//! Embeddings: a table lookup written as a one-hot product, so its gradient is the usual
-//! compose gradient; the same table read the other way is a tied output layer.
+//! Embeddings: a table looked up by ids ([`Tensor::lookup`], a row copied per id and each
+//! row's gradient added back, not a one-hot product, which would cost a factor of the
+//! vocabulary more); the same table read the other way is a tied output layer.
 
 use crate::Axes;
 use crate::graph::{Graph, IdCount, ParamSpec, Tensor};
@@ -77,7 +78,7 @@ impl Embedding {
     }
 
     /// The rows for `ids` (a tensor without output axes holding ids as values):
-    /// `table * onehot(ids)`.
+    /// [`Tensor::lookup`] of the table.
     #[track_caller]
     pub fn apply(&self, ids: &Tensor) -> Tensor {
         let _within = ids.graph().within("Embedding::apply");
@@ -86,10 +87,8 @@ impl Embedding {
             IdCount::Fixed(self.vocab),
             format!("the embedding '{}'", self.table.label()),
         );
-        let onehot =
-            ids.eq(&ids.graph().range(self.vocab)).named(&format!("one_hot({})", ids.label()));
         // Labelled after the table and the ids, so that messages name the lookup.
-        self.table.matmul(&onehot).named(&format!("{}[{}]", self.table.label(), ids.label()))
+        self.table.lookup(ids).named(&format!("{}[{}]", self.table.label(), ids.label()))
     }
 
     /// The table used as a linear layer back to the ids (weight tying, as GPT-2's head):

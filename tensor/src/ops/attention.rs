@@ -14,11 +14,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use rocannl_arrayjit::assignments::{Asgn, AttentionAsgn, AttentionGrads};
-use rocannl_arrayjit::indexing::AxisIndex;
 use rocannl_shape::logic::Logic;
 use rocannl_shape::spec::EinsumSpec;
 use rocannl_shape::var::ShapeId;
 
+use super::batch_limit;
 use crate::error::Error;
 use crate::graph::Tensor;
 use crate::op::{Op, OpCtx};
@@ -74,13 +74,6 @@ impl ScaledDotProduct {
             batch_limit: batch_limit(cx),
         }
     }
-}
-
-/// The runtime size of the result's first axis when it is a dynamic batch.
-fn batch_limit(cx: &OpCtx) -> Option<rocannl_arrayjit::indexing::Symbol> {
-    let p = cx.proj.first()?;
-    let AxisIndex::Iterator(first) = p.project_lhs.first()? else { return None };
-    p.dynamic.iter().find(|(it, _)| it == first).map(|(_, size)| *size)
 }
 
 impl Tensor {

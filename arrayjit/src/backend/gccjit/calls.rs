@@ -1,16 +1,17 @@
-//! Calls out of a step: the shape-generic kernels (`rc_gemm_*`, `rc_map_*`) and the
-//! bounds-check report, all reached through the run table ([`super::codegen::RunTable`]) so
-//! that machine code holds no address of the process that built it.
+//! Calls out of a step: the shape-generic kernels (`rc_gemm_*`, `rc_map_*`, attention and
+//! lookups) and the bounds-check report, all reached through the run table
+//! ([`super::codegen::RunTable`]) so that machine code holds no address of the process that
+//! built it.
 
 use gccjit::{BinaryOp, ComparisonOp, LValue, RValue, ToRValue, Type};
 
 use super::codegen::{
-    HELPER_ATTENTION_F32, HELPER_GEMM_BF16, HELPER_GEMM_EPI_F32, HELPER_GEMM_EPI_F64,
-    HELPER_GEMM_F32, HELPER_GEMM_F64, HELPER_MAP_F32, HELPER_MAP_F64, HELPER_REPORT,
+    HELPER_ATTENTION_F32, HELPER_GATHER_F32, HELPER_GEMM_BF16, HELPER_GEMM_EPI_F32,
+    HELPER_GEMM_EPI_F64, HELPER_GEMM_F32, HELPER_GEMM_F64, HELPER_MAP_F32, HELPER_MAP_F64,
+    HELPER_REPORT,
 };
 use super::emit::Gen;
-use crate::kernels::attention::POINTERS;
-use crate::low_level::{AttentionCall, Gemm, Index, Map};
+use crate::low_level::{Call, Gemm, Index, Kernel, Map};
 use crate::ops::Prec;
 use crate::tnode::NodeId;
 
@@ -82,20 +83,24 @@ impl<'c> Gen<'c> {
         self.block.add_eval(None, call);
     }
 
-    /// A call of the fused attention through the run table: the tensors' first cells (null for
-    /// a gradient not wanted) and the descriptor's words.
-    pub(super) fn attention(&mut self, a: &AttentionCall) {
+    /// A kernel call (the fused attention, a lookup) through the run table: the tensors' first
+    /// cells as `float *` (null for a gradient not wanted; a lookup's ids cast) and the
+    /// descriptor's words.
+    pub(super) fn call(&mut self, c: &Call) {
         let elem_ptr = self.storage_type(Prec::F32).make_pointer();
-        let cells: Vec<RValue<'c>> = a
+        let cells: Vec<RValue<'c>> = c
             .pointers()
             .into_iter()
             .map(|n| match n {
-                Some(n) => self.ptrs[&n].to_rvalue(),
+                Some(n) => self.ctx.new_cast(None, self.ptrs[&n].to_rvalue(), elem_ptr),
                 None => self.ctx.new_null(elem_ptr),
             })
             .collect();
-        debug_assert_eq!(cells.len(), POINTERS);
-        self.pointers_call("attention", HELPER_ATTENTION_F32, Prec::F32, &cells, &a.descriptor());
+        let (what, helper) = match c.kernel() {
+            Kernel::AttentionF32 => ("attention", HELPER_ATTENTION_F32),
+            Kernel::GatherF32 => ("gather", HELPER_GATHER_F32),
+        };
+        self.pointers_call(what, helper, Prec::F32, &cells, &c.descriptor());
     }
 
     /// A call of the map kernel through the run table: the operands' first cells and the

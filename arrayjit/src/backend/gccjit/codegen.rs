@@ -69,8 +69,10 @@ pub const HELPER_GEMM_EPI_F32: usize = 10;
 pub const HELPER_GEMM_EPI_F64: usize = 11;
 /// [`crate::kernels::attention::rc_attention_f32`].
 pub const HELPER_ATTENTION_F32: usize = 12;
+/// [`crate::kernels::gather::rc_gather_f32`].
+pub const HELPER_GATHER_F32: usize = 13;
 /// The number of helpers in the run table.
-pub const HELPERS: usize = 13;
+pub const HELPERS: usize = 14;
 
 /// Where a build goes.
 pub enum Output<'a> {

@@ -280,10 +280,9 @@ impl Canon {
                 }
                 Stmt::Map(Box::new(m))
             }
-            Stmt::Attention(a) => {
-                let mut a = a.map_nodes(|n| self.node(n));
-                a.pair = self.index(&a.pair);
-                Stmt::Attention(Box::new(a))
+            Stmt::Call(c) => {
+                let c = c.map_nodes(|n| self.node(n));
+                Stmt::Call(Box::new(c.map_index(|i| self.index(i))))
             }
         }
     }
@@ -362,7 +361,7 @@ fn rebase(s: &Stmt, node_base: u32, local_base: u32) -> Stmt {
             }
             Stmt::Map(Box::new(m))
         }
-        Stmt::Attention(a) => Stmt::Attention(Box::new(a.map_nodes(n))),
+        Stmt::Call(c) => Stmt::Call(Box::new(c.map_nodes(n))),
         Stmt::Comment(c) => Stmt::Comment(c.clone()),
     }
 }

@@ -352,7 +352,7 @@ impl<'c> Gen<'c> {
             }
             Stmt::Gemm(g) => self.gemm(g),
             Stmt::Map(m) => self.map(m),
-            Stmt::Attention(a) => self.attention(a),
+            Stmt::Call(c) => self.call(c),
         }
     }
 

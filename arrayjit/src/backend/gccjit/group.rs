@@ -180,7 +180,7 @@ impl Walk<'_> {
             Stmt::SetLocal { value, .. } => self.expr(value)?,
             Stmt::Gemm(g) => self.gemm(g)?,
             // Its cells are not a function of one row: it joins no group.
-            Stmt::Attention(_) => return None,
+            Stmt::Call(_) => return None,
             Stmt::Map(m) => {
                 let axes: Vec<_> = m.cells.iter().chain(&m.points).collect();
                 let out: Vec<(i64, usize)> = axes.iter().map(|a| (a.out, a.extent)).collect();

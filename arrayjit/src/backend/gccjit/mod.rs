@@ -91,6 +91,7 @@ fn helpers() -> [usize; codegen::HELPERS] {
     h[codegen::HELPER_MAP_F64] = crate::kernels::rc_map_f64 as *const () as usize;
     h[codegen::HELPER_ATTENTION_F32] =
         crate::kernels::attention::rc_attention_f32 as *const () as usize;
+    h[codegen::HELPER_GATHER_F32] = crate::kernels::gather::rc_gather_f32 as *const () as usize;
     h
 }
 

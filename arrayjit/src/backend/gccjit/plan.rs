@@ -169,7 +169,7 @@ pub fn work(s: &Stmt) -> usize {
             // Each point: its reads and operations.
             Stmt::Map(m) => mult.saturating_mul(m.points_total().saturating_mul(1 + m.code.len())),
             // Three scalar operations per multiply-add, as a product.
-            Stmt::Attention(a) => mult.saturating_mul(3 * a.steps()),
+            Stmt::Call(c) => mult.saturating_mul(3 * c.steps()),
             Stmt::Comment(_) => 0,
         }
     }

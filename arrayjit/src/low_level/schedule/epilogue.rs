@@ -233,8 +233,8 @@ impl Access {
                     a.writes.insert(m.out.node);
                     a.reads.extend(m.operands().map(|o| o.node));
                 }
-                Stmt::Attention(c) => {
-                    a.writes.extend(c.asgn.written());
+                Stmt::Call(c) => {
+                    a.writes.extend(c.written());
                     a.reads.extend(c.nodes());
                 }
                 _ => {}

@@ -70,7 +70,7 @@ fn allowed(s: &Stmt, copy: NodeId, around: &mut Vec<Var>, calls: &mut usize) -> 
             g.bf16_pairs && g.prec == Prec::F32 && g.epilogue.is_none() && around.iter().all(moves)
         }
         Stmt::Map(m) => m.operands().all(|o| o.node != copy),
-        Stmt::Attention(a) => !a.nodes().contains(&copy),
+        Stmt::Call(c) => !c.nodes().contains(&copy),
         Stmt::Set { node, value, .. } => *node != copy && !value.reads(copy),
         Stmt::SetLocal { value, .. } => !value.reads(copy),
     }
