@@ -161,6 +161,23 @@ fn every_model_of_the_suite_trains_a_step() {
 }
 
 #[test]
+fn the_lookup_scale_example_runs_both_ways() {
+    for way in [&[][..], &["--onehot"][..]] {
+        let out = Command::new(example("lookup_scale"))
+            .args(["--vocab", "300", "--dim", "8", "--tokens", "40", "--reps", "1"])
+            .args(way)
+            .output()
+            .expect("run lookup_scale");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_str(stdout.trim()).expect("JSON");
+        let want = if way.is_empty() { "lookup" } else { "onehot" };
+        assert_eq!(v["way"], want, "{v}");
+        assert!(num(&v, "run_s") > 0.0 && num(&v, "vocab") == 300.0, "{v}");
+    }
+}
+
+#[test]
 fn the_suite_plot_draws_every_model_of_the_committed_results() {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("ratios.svg");
