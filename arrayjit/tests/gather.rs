@@ -239,3 +239,60 @@ fn mismatched_tensors_are_an_error_not_a_crash() {
         assert!(err.contains("lookup output of dims [6, 2], expected [6, 3]"), "{err}");
     }
 }
+
+#[test]
+fn the_printed_forms_are_stable() {
+    let c = Case { tokens: vec![2, 3], rows: vec![4], vocab: 5, vocab_first: false };
+    let b = build(&c, Prec::F32, Prec::U32, None);
+    expect_test::expect![[r#"
+        n3 := gather(n0, n1)
+        n4 := constant(0)
+        n4 += gather_grad(n1, n2)
+    "#]]
+    .assert_eq(&b.asgn.to_string());
+    let text = |kind| {
+        let mut ctx = Context::new(kind, CompileOptions::default()).unwrap();
+        ctx.compile("lookup", &b.asgn, &b.nodes).unwrap().low_level_text().to_string()
+    };
+    let native = text(BackendKind::Gccjit);
+    let calls: Vec<&str> = native.lines().filter(|l| l.contains(" part ")).map(str::trim).collect();
+    expect_test::expect![[r#"
+        [
+            "n3 := gather(n0, n1) part v0, 1 long",
+            "n4 += gather_grad(n1, n2) part v3, 1 long",
+        ]
+    "#]]
+    .assert_debug_eq(&calls);
+    expect_test::expect![[r#"
+        # n3 := gather(n0, n1)
+        for v4 in 0..2 par {
+          for v5 in 0..3 par {
+            for v6 in 0..4 par {
+              t0 := -0
+              for v7 in 0..5 {
+                t0 := add(t0, where(eq(n1[v4, v5], index(v7)), n0[v6, v7], -0))
+              }
+              n3[v4, v5, v6] := t0
+            }
+          }
+        }
+        for v1 in 0..4 par {
+          for v2 in 0..5 par {
+            n4[v1, v2] := 0
+          }
+        }
+        # n4 += gather_grad(n1, n2)
+        for v10 in 0..4 par {
+          for v11 in 0..5 par {
+            t1 := n4[v10, v11]
+            for v8 in 0..2 {
+              for v9 in 0..3 {
+                t1 := add(t1, where(eq(n1[v8, v9], index(v11)), n2[v8, v9, v10], -0))
+              }
+            }
+            n4[v10, v11] := t1
+          }
+        }
+    "#]]
+    .assert_eq(&text(BackendKind::Interp));
+}

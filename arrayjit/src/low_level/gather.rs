@@ -107,9 +107,10 @@ impl GatherCall {
 }
 
 impl fmt::Display for GatherCall {
-    /// The assignment's text and the part: `n3 := gather(n1, n2) part 16*v0 + 16`.
+    /// The assignment's text and the part, its first token (row, backward) and length:
+    /// `n3 := gather(n1, n2) part 16*v0, 16 long`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} part {} + {}", self.asgn, self.start, self.count)
+        write!(f, "{} part {}, {} long", self.asgn, self.start, self.count)
     }
 }
 
