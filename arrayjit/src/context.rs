@@ -233,9 +233,9 @@ impl Context {
             && self.opts.kernel_calls
             && !self.opts.bounds_check
             && !once;
-        let before = prog.body.len();
-        crate::low_level::expand_calls(&mut prog, |p, c| native && kernel_takes(p, c));
-        if cfg!(debug_assertions) && prog.body.len() != before {
+        let expanded =
+            crate::low_level::expand_calls(&mut prog, |p, c| native && kernel_takes(p, c));
+        if cfg!(debug_assertions) && expanded {
             crate::low_level::verify::verify(&prog, "kernel call expansion")?;
         }
         // Intermediates without a buffer share one arena of the routine's own.

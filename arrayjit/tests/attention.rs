@@ -11,7 +11,7 @@ use rocannl_arrayjit::assignments::{Asgn, AttentionAsgn, AttentionGrads, FetchOp
 use rocannl_arrayjit::indexing::Symbol;
 use rocannl_arrayjit::ops::Prec;
 use rocannl_arrayjit::tnode::{NodeId, NodeTable};
-use rocannl_arrayjit::{BackendKind, CompileOptions, Context, NdArray};
+use rocannl_arrayjit::{BackendKind, CompileOptions, Context};
 
 /// The sizes of a case: batch axes, queries, keys, heads, depth, width.
 #[derive(Clone, Debug)]
@@ -140,16 +140,9 @@ fn run(
     values: &[Vec<f64>; 4],
     bindings: &[(Symbol, i64)],
 ) -> (String, Vec<Vec<f64>>) {
-    let mut ctx = Context::new(kind, opts).unwrap();
-    let r = ctx.compile("attention", &b.asgn, &b.nodes).unwrap();
-    for (id, vals) in b.inputs.iter().zip(values) {
-        let node = b.nodes.get(*id).unwrap();
-        ctx.ensure_buffer(node).unwrap();
-        ctx.write(*id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap()).unwrap();
-    }
-    ctx.run(&r, bindings).unwrap();
-    let outs = b.outputs.iter().map(|o| ctx.read(*o).unwrap().to_f64_vec()).collect();
-    (r.low_level_text().to_string(), outs)
+    let inputs: Vec<(NodeId, &[f64])> =
+        b.inputs.iter().zip(values).map(|(&n, v)| (n, v.as_slice())).collect();
+    compile_and_run(kind, opts, (&b.asgn, &b.nodes), &inputs, &b.outputs, bindings)
 }
 
 fn cases() -> Vec<Sizes> {

@@ -130,8 +130,9 @@ impl fmt::Display for Call {
 }
 
 /// Replaces every top-level statement holding calls that `native` refuses by the ordinary nests
-/// of its operation (adding the tensors those need to the program).
-pub fn expand_calls(prog: &mut Program, native: impl Fn(&Program, &Call) -> bool) {
+/// of its operation (adding the tensors those need to the program); whether it replaced any.
+pub fn expand_calls(prog: &mut Program, native: impl Fn(&Program, &Call) -> bool) -> bool {
+    let mut expanded = false;
     let body = std::mem::take(&mut prog.body);
     let mut out = Vec::with_capacity(body.len());
     for s in body {
@@ -143,12 +144,16 @@ pub fn expand_calls(prog: &mut Program, native: impl Fn(&Program, &Call) -> bool
         });
         // Lowering puts all calls of one assignment under one statement.
         match calls.first() {
-            Some(call) if !native(prog, call) => match call {
-                Call::Attention(a) => out.extend(super::attention::expand(prog, a)),
-                Call::Gather(g) => out.extend(super::gather::expand(prog, g)),
-            },
+            Some(call) if !native(prog, call) => {
+                expanded = true;
+                match call {
+                    Call::Attention(a) => out.extend(super::attention::expand(prog, a)),
+                    Call::Gather(g) => out.extend(super::gather::expand(prog, g)),
+                }
+            }
             _ => out.push(s),
         }
     }
     prog.body = out;
+    expanded
 }

@@ -58,6 +58,29 @@ pub fn proj(
     }
 }
 
+/// Compiles `asgn` on `kind`, writes `values` into the `inputs`, runs it with `bindings`, and
+/// returns the routine's low-level text and the `outputs`' values.
+#[allow(dead_code)]
+pub fn compile_and_run(
+    kind: BackendKind,
+    opts: CompileOptions,
+    (asgn, nodes): (&Asgn, &NodeTable),
+    inputs: &[(NodeId, &[f64])],
+    outputs: &[NodeId],
+    bindings: &[(Symbol, i64)],
+) -> (String, Vec<Vec<f64>>) {
+    let mut ctx = Context::new(kind, opts).unwrap();
+    let r = ctx.compile("routine", asgn, nodes).unwrap();
+    for &(id, vals) in inputs {
+        let node = nodes.get(id).unwrap();
+        ctx.ensure_buffer(node).unwrap();
+        ctx.write(id, &NdArray::from_f64(node.prec, &node.dims, vals).unwrap()).unwrap();
+    }
+    ctx.run(&r, bindings).unwrap();
+    let outs = outputs.iter().map(|o| ctx.read(*o).unwrap().to_f64_vec()).collect();
+    (r.low_level_text().to_string(), outs)
+}
+
 pub fn host(nodes: &mut NodeTable, label: &str, dims: &[usize], prec: Prec) -> NodeId {
     nodes.add(label, dims, prec, MemoryMode::HostVisible)
 }
